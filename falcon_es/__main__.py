@@ -1,0 +1,3 @@
+from falcon_es.cli import run
+
+run()

@@ -1,0 +1,43 @@
+"""The one place that wires the application: engine, store, inline projections,
+and (for the controller) the ports' adapters. Part of the composition root, with
+the CLI; the core modules never import projections, handlers or adapters."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy.engine import Engine
+
+from falcon_es import db
+from falcon_es.clock import Clock, WallClock
+from falcon_es.settings import Settings
+from falcon_es.store import EventStore
+from falcon_es.task import TaskStates
+from projections.job_table import JobTableProjection
+
+
+@dataclasses.dataclass
+class App:
+    settings: Settings
+    engine: Engine
+    clock: Clock
+    store: EventStore
+    tasks: TaskStates
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None) -> App:
+    engine = engine or db.make_engine(settings.db_url)
+    clock = clock or WallClock()
+    tasks = TaskStates()
+    store = EventStore(engine, clock, projections=[tasks, JobTableProjection(tasks, settings.language)])
+    return App(settings, engine, clock, store, tasks)
+
+
+def load_task_states(app: App) -> None:
+    """Fold the log once at start so handlers see every task's state."""
+    for batch in app.store.read_batches(0, batch_size=5000):
+        app.tasks.fold(batch)
+        app.tasks.committed()

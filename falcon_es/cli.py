@@ -1,0 +1,457 @@
+"""The ``falcon-es`` command line (also ``python -m falcon_es``).
+
+Human-readable tables by default, ``--json`` for scripts. Exit codes: 0 success,
+1 the command ran and found a problem (a replay difference, a failed check),
+2 bad input, 3 the database cannot be used.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import sqlalchemy as sa
+from tabulate import tabulate
+
+from falcon_es import chart, db, job_rows, registry
+from falcon_es.bootstrap import App, open_app
+from falcon_es.settings import Settings, SettingsError
+from falcon_es.store import RecordedEvent
+from falcon_es.tpu import TopologyError
+
+EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Failure(click.ClickException):
+    """One clear line for the user, and an exit code that means something."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"falcon-es: {self.message}", err=True)
+
+
+def _friendly(func: F) -> F:
+    """Turn the errors users can cause into one line each, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (registry.RegistryError, job_rows.JobRowError, SettingsError,
+                db.DatabaseUrlError, TopologyError) as error:
+            raise Failure(str(error)) from error
+        except sa.exc.OperationalError as error:
+            raise Failure(_database_problem(error), EXIT_DATABASE) from error
+        except sa.exc.ProgrammingError as error:
+            raise Failure(_database_problem(error), EXIT_DATABASE) from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _database_problem(error: sa.exc.DBAPIError) -> str:
+    text = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+    if "no such table" in text or "doesn't exist" in text:
+        return f"the database has no Falcon-ES schema ({text}); run: falcon-es db upgrade"
+    return f"database error: {text}"
+
+
+def _app(ctx: click.Context) -> App:
+    app: App | None = ctx.obj.get("app")
+    if app is None:
+        app = open_app(ctx.obj["settings"])
+        ctx.obj["app"] = app
+        ctx.call_on_close(app.close)
+    return app
+
+
+
+
+
+def _emit(rows: Sequence[Mapping[str, Any]], as_json: bool, columns: Sequence[str] | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps([_jsonable(r) for r in rows], indent=2, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("(none)")
+        return
+    columns = columns or list(rows[0].keys())
+    click.echo(tabulate([[_cell(r.get(c)) for c in columns] for r in rows], headers=columns))
+
+
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in row.items()}
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", "db_url", envvar="FALCON_DB_URL", default=None,
+              help="Database URL (default sqlite:///falcon.db; MySQL: mysql+pymysql://...).")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default=None,
+              help="Language of rendered Messages (default FALCON_LANG or en).")
+@click.pass_context
+def main(ctx: click.Context, db_url: str | None, lang: str | None) -> None:
+    """Falcon-ES: event-sourced TPU resource manager for GKE."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as error:
+        raise Failure(str(error)) from error
+    overrides: dict[str, Any] = {}
+    if db_url:
+        overrides["db_url"] = db_url
+    if lang:
+        overrides["language"] = lang
+    ctx.obj = {"settings": Settings(**{**settings.__dict__, **overrides})}
+
+
+# ----------------------------------------------------------------------- db
+
+
+@main.group("db")
+def db_group() -> None:
+    """Create or check the database schema."""
+
+
+@db_group.command("upgrade")
+@click.pass_context
+@_friendly
+def db_upgrade(ctx: click.Context) -> None:
+    """Apply the migrations (creates task_events, clusters, job, ...)."""
+    app = _app(ctx)
+    db.upgrade(app.engine)
+    click.echo(f"database at revision {db.current_revision(app.engine)}")
+
+
+@db_group.command("check")
+@click.option("--table", default="job", show_default=True, help="Name of the upper layer's job table.")
+@click.pass_context
+@_friendly
+def db_check(ctx: click.Context, table: str) -> None:
+    """Check that an existing job table has every column Falcon-ES reads and writes."""
+    problems = db.check_job_table(_app(ctx).engine, table)
+    if not problems:
+        click.echo(f"{table}: all {len(db.JOB_COLUMN_KINDS)} columns present with usable types")
+        return
+    for problem in problems:
+        click.echo(str(problem).replace("job.", f"{table}.", 1), err=True)
+    sys.exit(EXIT_PROBLEM)
+
+
+# ----------------------------------------------------------------------- clusters
+
+
+@main.group("cluster")
+def cluster_group() -> None:
+    """Register clusters and change their status."""
+
+
+@cluster_group.command("add")
+@click.argument("name")
+@click.option("--project", required=True)
+@click.option("--location", required=True, help="Zone or region of the GKE cluster.")
+@click.option("--tpu-type", required=True)
+@click.option("--gcs-bucket", required=True, help="Bucket for task logs.")
+@click.option("--reservation", default=None, help="Default reservation for its pools.")
+@click.option("--status", default="active", type=click.Choice(registry.CLUSTER_STATUSES))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def cluster_add(ctx: click.Context, name: str, project: str, location: str, tpu_type: str,
+                gcs_bucket: str, reservation: str | None, status: str, as_json: bool) -> None:
+    """Register a GKE cluster."""
+    cluster = registry.add_cluster(
+        _app(ctx).store, name=name, project=project, location=location, tpu_type=tpu_type,
+        gcs_bucket=gcs_bucket, default_reservation=reservation, status=status,
+    )
+    if as_json:
+        click.echo(json.dumps(cluster.as_dict(), indent=2))
+    else:
+        click.echo(f"registered {cluster.name} ({cluster.tpu_type}, {cluster.status}) id {cluster.id}")
+
+
+@cluster_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def cluster_list(ctx: click.Context, as_json: bool) -> None:
+    """List registered clusters."""
+    with _app(ctx).engine.connect() as conn:
+        rows = [c.as_dict() for c in registry.list_clusters(conn)]
+    _emit(rows, as_json, ["name", "tpu_type", "status", "project", "location",
+                          "default_reservation", "gcs_bucket", "id"])
+
+
+@cluster_group.command("set-status")
+@click.argument("name")
+@click.argument("status", type=click.Choice(registry.CLUSTER_STATUSES))
+@click.pass_context
+@_friendly
+def cluster_set_status(ctx: click.Context, name: str, status: str) -> None:
+    """Set a cluster active, in maintenance or offline."""
+    cluster = registry.set_status(_app(ctx).store, name, status)
+    click.echo(f"{cluster.name} is {cluster.status}")
+
+
+# ----------------------------------------------------------------------- tasks
+
+
+@main.group("task")
+def task_group() -> None:
+    """Act as the upper layer: submit, list, show and abort tasks."""
+
+
+def _read_spec_file(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise Failure(f"spec file {path}: {error.strerror}") from error
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Failure(f"spec file {path}: not valid JSON at line {error.lineno} "
+                      f"column {error.colno}: {error.msg}") from error
+    if not isinstance(spec, dict):
+        raise Failure(f"spec file {path}: expected a JSON object, found {type(spec).__name__}")
+    return spec
+
+
+@task_group.command("submit")
+@click.option("--actor", required=True, help="Who submits (FIFO and round-robin key).")
+@click.option("--name", required=True, help="Display name of the task.")
+@click.option("--tpu-type")
+@click.option("--topology")
+@click.option("--image")
+@click.option("--command", "command", multiple=True, help="Repeat for each argv element.")
+@click.option("--supply-mode", type=click.Choice(["reservation", "on-demand", "flex-start"]))
+@click.option("--timeout", "timeout", type=int, help="Seconds from dispatch to timeout.")
+@click.option("--spec-file", type=click.Path(dir_okay=False), help="A JSON task spec.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
+                topology: str | None, image: str | None, command: tuple[str, ...],
+                supply_mode: str | None, timeout: int | None, spec_file: str | None,
+                as_json: bool) -> None:
+    """Insert a Pending row, as the upper layer does; prints the task id."""
+    spec: dict[str, Any] = _read_spec_file(spec_file) if spec_file else {}
+    flags = {"tpu_type": tpu_type, "topology": topology, "image": image,
+             "command": list(command) or None, "supply_mode": supply_mode,
+             "timeout_seconds": timeout}
+    spec.update({k: v for k, v in flags.items() if v is not None})
+    missing = [k for k in ("tpu_type", "topology", "image") if k not in spec]
+    if missing:
+        raise Failure("task submit: missing " + ", ".join(
+            f"--{m.replace('_', '-')}" for m in missing) + " (or put them in --spec-file)")
+    app = _app(ctx)
+    task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec, now=app.clock.now())
+    click.echo(json.dumps({"id": task_id}) if as_json else task_id)
+
+
+TASK_COLUMNS = ["id", "name", "actor", "status", "reason", "message", "created_at"]
+
+
+@task_group.command("list")
+@click.option("--status", default=None, help="Only tasks in this status.")
+@click.option("--limit", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
+    """List tasks with their Status / Reason / Message."""
+    rows = job_rows.list_rows(_app(ctx).engine, status=status, limit=limit)
+    _emit(rows, as_json, None if as_json else TASK_COLUMNS)
+
+
+@task_group.command("show")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Show one task's row."""
+    row = job_rows.get_row(_app(ctx).engine, task_id)
+    if as_json:
+        click.echo(json.dumps(_jsonable(row), indent=2, ensure_ascii=False))
+    else:
+        width = max(len(k) for k in row)
+        for key, value in row.items():
+            click.echo(f"{key.ljust(width)}  {_cell(value)}")
+
+
+@task_group.command("abort")
+@click.argument("task_id")
+@click.pass_context
+@_friendly
+def task_abort(ctx: click.Context, task_id: str) -> None:
+    """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
+    app = _app(ctx)
+    before = job_rows.request_abort(app.engine, task_id, app.clock.now())
+    click.echo(f"{task_id}: Aborting (was {before})")
+
+
+# ----------------------------------------------------------------------- the log
+
+
+@main.command("chart")
+@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid")
+def chart_command(fmt: str) -> None:
+    """Print the task state chart (Mermaid or DOT)."""
+    click.echo(chart.to_mermaid() if fmt == "mermaid" else chart.to_dot())
+
+
+def _event_row(record: RecordedEvent) -> dict[str, Any]:
+    return {
+        "seq": record.seq, "stream_id": record.stream_id, "version": record.version,
+        "recorded_at": record.recorded_at, "type": record.type_name,
+        "data": record.event.to_data(), "causation_id": record.meta.get("causation_id"),
+        "correlation_id": record.meta.get("correlation_id"), "actor": record.meta.get("actor"),
+    }
+
+
+@main.command("history")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """A task's events in order: time, type, data, causation and actor."""
+    records = _app(ctx).store.read_stream(task_id)
+    if not records:
+        raise Failure(f"task {task_id!r} has no events in the log", EXIT_PROBLEM)
+    rows = [_event_row(r) for r in records]
+    _emit(rows, as_json, None if as_json else
+          ["version", "recorded_at", "type", "actor", "causation_id", "data"])
+
+
+@main.command("events")
+@click.option("--after", type=int, default=0, help="Start after this seq.")
+@click.option("--follow", is_flag=True, help="Keep printing new events as they commit.")
+@click.option("--poll", type=float, default=1.0, help="Seconds between polls with --follow.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+@_friendly
+def events_command(ctx: click.Context, after: int, follow: bool, poll: float, as_json: bool) -> None:
+    """Tail the log."""
+    store = _app(ctx).store
+    position = after
+    while True:
+        for record in store.read_after(position):
+            row = _event_row(record)
+            if as_json:
+                click.echo(json.dumps(_jsonable(row), ensure_ascii=False))
+            else:
+                click.echo(f"{row['seq']:>8}  {_cell(row['recorded_at'])}  {row['stream_id']}"
+                           f"  v{row['version']}  {row['type']}  {json.dumps(row['data'], ensure_ascii=False)}")
+            position = record.seq
+        if not follow:
+            return
+        try:
+            time.sleep(poll)
+        except KeyboardInterrupt:
+            return
+
+
+@main.command("replay")
+@click.option("--verify", "mode", flag_value="verify", help="Rebuild into scratch and diff with live.")
+@click.option("--rebuild", "mode", flag_value="rebuild", help="Rebuild the live projections in place.")
+@click.option("--until", "until", default=None, help="A seq or an ISO time: the state as of then.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: bool) -> None:
+    """Replay the log: verify, rebuild, or time-travel (--until)."""
+    from projections import replay as rp
+
+    app = _app(ctx)
+    lang = app.settings.language
+    if until is not None:
+        seq = _position(app, until)
+        rows = rp.state_rows(rp.fold_log(app.store, until=seq), lang)
+        if as_json:
+            _emit(rows, True)
+        else:
+            click.echo(f"state as of seq {seq}")
+            _emit(rows, False, ["id", "name", "actor", "status", "reason", "message", "updated_at"])
+        return
+    if mode == "rebuild":
+        states = rp.fold_log(app.store)
+        with app.engine.begin() as conn:
+            count = rp.rebuild(conn, states, lang)
+        click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
+        return
+    if mode == "verify":
+        differences = rp.verify(app.engine, app.store, lang)
+        if as_json:
+            click.echo(json.dumps([_jsonable(d.__dict__) for d in differences], indent=2))
+        elif differences:
+            for difference in differences:
+                click.echo(str(difference))
+        if differences:
+            click.echo(f"replay differs from the live projections in {len(differences)} value(s)", err=True)
+            sys.exit(EXIT_PROBLEM)
+        if not as_json:
+            click.echo(f"replay of {app.store.head()} events matches the live projections")
+        return
+    raise Failure("replay: choose --verify, --rebuild or --until SEQ|ISO-TIME")
+
+
+def _position(app: App, until: str) -> int:
+    if until.isdigit():
+        return int(until)
+    try:
+        moment = dt.datetime.fromisoformat(until)
+    except ValueError:
+        raise Failure(f"--until {until!r}: expected a seq number or an ISO time "
+                      "such as 2026-11-29T12:00:00") from None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return app.store.seq_at(moment)
+
+
+# ----------------------------------------------------------------------- benchmarks
+
+
+@main.group("bench")
+def bench_group() -> None:
+    """Benchmarks, reported as ratios against a baseline measured in the same run."""
+
+
+@bench_group.command("store")
+@click.option("--events", "count", type=int, default=20_000, show_default=True)
+@click.option("--tick", type=int, default=100, show_default=True, help="Events per tick transaction.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def bench_store(ctx: click.Context, count: int, tick: int, as_json: bool) -> None:
+    """Append with inline projection vs raw INSERTs; replay vs raw scan."""
+    from falcon_es import bench
+
+    report = bench.store_benchmark(ctx.obj["settings"], events=count, tick=tick)
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
+def run() -> None:
+    main(prog_name="falcon-es")
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,117 @@
+"""Database engines and the schema lifecycle (Alembic migrations shipped in ``schema``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from falcon_es.tables import JOB_COLUMN_KINDS
+
+DEFAULT_URL = "sqlite:///falcon.db"
+
+
+class DatabaseUrlError(ValueError):
+    """The database URL cannot be used (bad syntax or an unsupported dialect)."""
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine tuned per dialect: SQLite in WAL with immediate write transactions,
+    MySQL/MariaDB through PyMySQL in READ COMMITTED."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as error:
+        raise DatabaseUrlError(f"database URL {url!r} is not a valid URL") from error
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        engine = sa.create_engine(parsed, **kwargs)
+        _make_sqlite_transactions_immediate(engine)
+        return engine
+    if backend in ("mysql", "mariadb"):
+        if parsed.get_driver_name() != "pymysql":
+            raise DatabaseUrlError(
+                f"database URL {url!r}: use the PyMySQL driver (mysql+pymysql://...)"
+            )
+        return sa.create_engine(
+            parsed, isolation_level="READ COMMITTED", pool_pre_ping=True, pool_recycle=3600,
+            **kwargs,
+        )
+    raise DatabaseUrlError(
+        f"database URL {url!r}: unsupported dialect {backend!r} (use sqlite or mysql+pymysql)"
+    )
+
+
+def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+    """pysqlite defers BEGIN; take the write lock at BEGIN so appends serialize cleanly."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(importlib.resources.files("schema")))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(engine), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnProblem:
+    column: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"job.{self.column}: {self.problem}"
+
+
+def check_job_table(engine: Engine, table: str = "job") -> list[ColumnProblem]:
+    """Compare an existing job table (the upper layer's) with what Falcon-ES needs."""
+    inspector = sa.inspect(engine)
+    if not inspector.has_table(table):
+        return [ColumnProblem("*", f"table {table!r} does not exist")]
+    found = {c["name"]: c["type"] for c in inspector.get_columns(table)}
+    problems: list[ColumnProblem] = []
+    for name, kind in JOB_COLUMN_KINDS.items():
+        if name not in found:
+            problems.append(ColumnProblem(name, f"missing (expected {kind.__name__})"))
+        elif not _compatible(found[name], kind):
+            problems.append(
+                ColumnProblem(name, f"has type {found[name]}, expected {kind.__name__}")
+            )
+    return problems
+
+
+def _compatible(actual: sa.types.TypeEngine, kind: type[sa.types.TypeEngine]) -> bool:
+    if kind is sa.JSON:
+        # MariaDB reports JSON columns as LONGTEXT; SQLite as JSON or TEXT.
+        return isinstance(actual, (sa.JSON, sa.String))
+    return isinstance(actual, kind)

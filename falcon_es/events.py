@@ -1,0 +1,434 @@
+"""Every event type Falcon-ES records, in one place.
+
+Events are immutable facts. Each is a frozen dataclass registered by its class name,
+carries a schema version, and is serialised to JSON-friendly ``data``. Older stored
+versions are upcast on read (see ``UPCASTERS``); stored rows are never rewritten.
+
+The task stream's event names are also the state chart's event names
+(``falcon_es.chart``), so "is this fact allowed now?" has exactly one answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import typing
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+JsonDict = dict[str, Any]
+
+
+class UnknownEventType(LookupError):
+    """A stored row names an event type this code does not know."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Base of all events. ``schema_version`` is the class's current version."""
+
+    schema_version: ClassVar[int] = 1
+    #: True for events that fold an abort the upper layer wrote into the job row.
+    #: The job-table projection may overwrite a row in status ``Aborting`` only then.
+    folds_abort: ClassVar[bool] = False
+    #: Failure reason set when the event moves a task to ``Failed``.
+    failure_reason: ClassVar[str | None] = None
+
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+    def failure(self) -> str | None:
+        """The Reason a task gets when this event moves it to ``Failed``."""
+        return self.failure_reason
+
+    def to_data(self) -> JsonDict:
+        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------- task stream
+# Intake and scheduling (Pending/Waiting)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskAccepted(Event):
+    """A `job` row passed validation and entered the log."""
+
+    name: str
+    actor: str
+    spec: JsonDict
+    tpu_type: str
+    topology: str
+    submitted_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRejected(Event):
+    """A `job` row failed validation; ``reason`` becomes the job's Reason."""
+
+    name: str
+    actor: str
+    reason: str
+    field: str
+    detail: str
+
+    def failure(self) -> str | None:
+        return self.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMatchingCluster(Event):
+    failure_reason: ClassVar[str | None] = "NoMatchingCluster"
+    tpu_type: str
+    registered_tpu_types: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoActiveCluster(Event):
+    """Clusters of the TPU type exist but none is active; the task keeps waiting."""
+
+    tpu_type: str
+    clusters: tuple[JsonDict, ...]  # {"name": ..., "status": ...}
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterChosen(Event):
+    """Decision log: which clusters were considered and why this one won."""
+
+    cluster_id: str
+    cluster_name: str
+    topology: str
+    why: str  # idle-pool | queue-depth | only-candidate | tie-break
+    candidates: tuple[JsonDict, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRequeued(Event):
+    """The chosen cluster left `active` while the task waited in its queue."""
+
+    from_cluster_id: str
+    from_cluster_name: str
+    cluster_status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPicked(Event):
+    """Decision log: the task took its queue's acquisition slot."""
+
+    cluster_id: str
+    topology: str
+    why: str  # only-waiting | fifo | round-robin
+    candidates: tuple[JsonDict, ...]
+    last_actor: str | None
+
+
+# Provisioning
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationInsufficient(Event):
+    reservation: str
+    remaining: int
+    needed: int
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolReused(Event):
+    pool_name: str
+    from_task: str | None
+    supply_mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolCreateRequested(Event):
+    """Intent: create the pool. Re-issued after a crash until an outcome follows."""
+
+    pool_name: str
+    supply_mode: str
+    machine_type: str
+    node_count: int
+    reservation: str | None
+    scale_down_unneeded_seconds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolCreateStarted(Event):
+    pool_name: str
+    operation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolNotVisible(Event):
+    """A get 404'd inside the create-visibility grace; keep the lease and look again."""
+
+    pool_name: str
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodesNotReady(Event):
+    pool_name: str
+    ready: int
+    total: int
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolReady(Event):
+    pool_name: str
+    nodes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolFailed(Event):
+    failure_reason: ClassVar[str | None] = "NodePoolFailed"
+    pool_name: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolTimedOut(Event):
+    failure_reason: ClassVar[str | None] = "NodePoolTimeout"
+    pool_name: str
+    waited_seconds: int
+
+
+# Dispatch and status
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSubmitRequested(Event):
+    job_name: str
+    pool_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSubmitted(Event):
+    job_name: str
+    job_uid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSubmitFailed(Event):
+    failure_reason: ClassVar[str | None] = "JobSubmitFailed"
+    job_name: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodsPending(Event):
+    """Pods exist but are not running; ``diagnosis`` is the upstream root cause."""
+
+    diagnosis: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodsRunning(Event):
+    active: int
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSucceeded(Event):
+    succeeded: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFailed(Event):
+    failure_reason: ClassVar[str | None] = "JobFailed"
+    cause: str
+    exit_code: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTimedOut(Event):
+    failure_reason: ClassVar[str | None] = "Timeout"
+    timeout_seconds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDeleteRequested(Event):
+    job_name: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDeleted(Event):
+    job_name: str
+
+
+# Abort
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortRequested(Event):
+    folds_abort: ClassVar[bool] = True
+    requested_at: dt.datetime | None
+    phase: str  # the Status/Reason the task was in
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortIgnored(Event):
+    """The abort arrived after the task had ended; the row goes back to its result."""
+
+    folds_abort: ClassVar[bool] = True
+    status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskAborted(Event):
+    phase: str
+
+
+# Deprovisioning (after any terminal outcome, abort included)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolRetained(Event):
+    pool_name: str
+    for_task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolDeleteRequested(Event):
+    pool_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolDeleted(Event):
+    pool_name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolDeleteFailed(Event):
+    pool_name: str
+    error: str
+    attempt: int
+
+
+# ------------------------------------------------------------- streams of their own
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRegistered(Event):
+    cluster_id: str
+    name: str
+    project: str
+    location: str
+    tpu_type: str
+    gcs_bucket: str
+    default_reservation: str | None
+    status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterStatusChanged(Event):
+    cluster_id: str
+    name: str
+    old_status: str
+    new_status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OrphanPoolFound(Event):
+    cluster_id: str
+    pool_name: str
+    owner_task: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class OrphanPoolDeleted(Event):
+    cluster_id: str
+    pool_name: str
+
+
+TASK_EVENTS: tuple[type[Event], ...] = (
+    TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
+    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
+    NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
+    NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
+    JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
+    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
+    NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
+)
+OTHER_EVENTS: tuple[type[Event], ...] = (
+    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted,
+)
+
+REGISTRY: Mapping[str, type[Event]] = MappingProxyType(
+    {cls.__name__: cls for cls in TASK_EVENTS + OTHER_EVENTS}
+)
+
+Upcaster = Callable[[JsonDict], JsonDict]
+#: (type name, stored version) -> function returning the data of version + 1.
+UPCASTERS: Mapping[tuple[str, int], Upcaster] = MappingProxyType({})
+
+
+def decode(
+    type_name: str,
+    schema_version: int,
+    data: JsonDict,
+    *,
+    registry: Mapping[str, type[Event]] = REGISTRY,
+    upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
+) -> Event:
+    """Build the typed event from a stored row, upcasting old versions in a chain."""
+    try:
+        cls = registry[type_name]
+    except KeyError:
+        raise UnknownEventType(f"unknown event type {type_name!r}") from None
+    version = schema_version
+    while version < cls.schema_version:
+        try:
+            data = upcasters[(type_name, version)](dict(data))
+        except KeyError:
+            raise UnknownEventType(
+                f"no upcaster for {type_name} v{version} -> v{version + 1}"
+            ) from None
+        version += 1
+    return cls(**_from_json(cls, data))
+
+
+def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
+    conversions = _CONVERSIONS.get(cls) or _conversions(cls)
+    if not conversions:
+        return data
+    out = dict(data)
+    for name, convert in conversions:
+        value = out.get(name)
+        if value is not None:
+            out[name] = convert(value)
+    return out
+
+
+def _conversions(cls: type[Event]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """Fields whose JSON form differs from their Python form (datetimes, tuples)."""
+    found: list[tuple[str, Callable[[Any], Any]]] = []
+    for name, hint in typing.get_type_hints(cls).items():
+        text = str(hint)
+        if "ClassVar" in text:
+            continue
+        if "datetime" in text:
+            found.append((name, _parse_datetime))
+        elif "tuple" in text:
+            found.append((name, tuple))
+    return tuple(found)
+
+
+def _parse_datetime(value: Any) -> Any:
+    return dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+_CONVERSIONS: Mapping[type[Event], tuple[tuple[str, Callable[[Any], Any]], ...]] = (
+    MappingProxyType({cls: _conversions(cls) for cls in REGISTRY.values()})
+)

@@ -1,0 +1,72 @@
+"""What the upper layer does to the ``job`` table: insert Pending rows, request aborts.
+
+The CLI's ``task`` commands use these so a standalone install behaves like production.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from falcon_es import chart
+from falcon_es.tables import job
+
+TERMINAL = tuple(sorted(chart.TERMINAL_STATUSES))
+
+
+class JobRowError(LookupError):
+    """A job-table request that cannot be carried out (names the task and why)."""
+
+
+def submit(
+    engine: Engine, *, name: str, actor: str, spec: Mapping[str, Any], now: dt.datetime,
+    task_id: str | None = None,
+) -> str:
+    task_id = task_id or uuid.uuid4().hex
+    with engine.begin() as conn:
+        conn.execute(job.insert().values(
+            id=task_id, name=name, actor=actor, spec=dict(spec), status=chart.PENDING,
+            reason=None, message=None, created_at=now, updated_at=now,
+        ))
+    return task_id
+
+
+def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
+    """Set Aborting as the upper layer does; returns the status the task had."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(job.c.status).where(job.c.id == task_id).with_for_update()
+        ).first()
+        if row is None:
+            raise JobRowError(f"task {task_id!r} does not exist")
+        if row.status in TERMINAL:
+            raise JobRowError(f"task {task_id} has already ended ({row.status}); nothing to abort")
+        if row.status == chart.ABORTING:
+            return row.status
+        conn.execute(job.update().where(job.c.id == task_id).values(
+            status=chart.ABORTING, aborting_at=now, updated_at=now,
+        ))
+    return row.status
+
+
+def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    query = sa.select(job).order_by(job.c.created_at, job.c.id)
+    if status:
+        query = query.where(job.c.status == status)
+    if limit:
+        query = query.limit(limit)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def get_row(engine: Engine, task_id: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(job).where(job.c.id == task_id)).first()
+    if row is None:
+        raise JobRowError(f"task {task_id!r} does not exist")
+    return dict(row._mapping)

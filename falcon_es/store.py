@@ -1,0 +1,210 @@
+"""The event store: an append-only ``task_events`` log with optimistic concurrency.
+
+One ``append`` is one transaction (one controller tick): it locks the one-row log head,
+checks every stream's expected version, inserts the events with consecutive ``seq``
+values, runs the inline projections on the same connection, and commits. Holding the
+head lock until commit makes ``seq`` order equal commit order on MySQL too, so a reader
+following ``seq > checkpoint`` never skips a late commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from falcon_es import events as ev
+from falcon_es.clock import Clock
+from falcon_es.tables import log_head, task_events
+
+
+class ConcurrencyError(RuntimeError):
+    """A stream's version differs from the one the writer expected; nothing was written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """Who asked for an event and what caused it (stored beside the event's data)."""
+
+    actor: str
+    causation_id: str | None = None
+    correlation_id: str | None = None
+    controller: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamAppend:
+    """Events for one stream. ``expected_version`` None appends wherever the stream ends
+    (for streams nobody races on, such as the cluster registry's)."""
+
+    stream_id: str
+    expected_version: int | None
+    events: tuple[ev.Event, ...]
+    meta: Meta
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedEvent:
+    seq: int
+    stream_id: str
+    version: int
+    event: ev.Event
+    meta: Mapping[str, Any]
+    recorded_at: dt.datetime
+
+    @property
+    def type_name(self) -> str:
+        return self.event.type_name
+
+
+class InlineProjection(Protocol):
+    """A view written in the append's own transaction."""
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None: ...
+
+    def committed(self) -> None: ...
+
+    def discarded(self) -> None: ...
+
+
+class EventStore:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        projections: Sequence[InlineProjection] = (),
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.projections = tuple(projections)
+
+    # ------------------------------------------------------------------ writing
+    def append(
+        self, appends: Sequence[StreamAppend], *, extra: Iterable[Any] = ()
+    ) -> list[RecordedEvent]:
+        """Append all streams' events atomically; raise ``ConcurrencyError`` on a
+        version mismatch. ``extra`` are callables run on the same connection before
+        commit (for writes that must commit with the events)."""
+        appends = [a for a in appends if a.events]
+        if not appends:
+            return []
+        try:
+            with self.engine.begin() as conn:
+                recorded = self._append(conn, appends)
+                for projection in self.projections:
+                    projection.apply(conn, recorded)
+                for write in extra:
+                    write(conn)
+        except sa.exc.IntegrityError as error:
+            self._discard()
+            raise ConcurrencyError(f"concurrent append detected: {error.orig}") from error
+        except BaseException:
+            self._discard()
+            raise
+        for projection in self.projections:
+            projection.committed()
+        return recorded
+
+    def _discard(self) -> None:
+        for projection in self.projections:
+            projection.discarded()
+
+    def _append(self, conn: Connection, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
+        head = conn.execute(
+            sa.select(log_head.c.last_seq).where(log_head.c.id == 1).with_for_update()
+        ).scalar_one()
+        stream_ids = [a.stream_id for a in appends]
+        if len(set(stream_ids)) != len(stream_ids):
+            raise ValueError("each stream may appear once per append")
+        current = _stream_versions(conn, stream_ids)
+        for a in appends:
+            have = current.get(a.stream_id, 0)
+            if a.expected_version is not None and have != a.expected_version:
+                raise ConcurrencyError(
+                    f"stream {a.stream_id}: expected version {a.expected_version}, "
+                    f"found {have}"
+                )
+        now = self.clock.now()
+        rows: list[dict[str, Any]] = []
+        recorded: list[RecordedEvent] = []
+        seq = head
+        for a in appends:
+            version = current.get(a.stream_id, 0)
+            meta = a.meta.to_data()
+            for event in a.events:
+                seq += 1
+                version += 1
+                rows.append({
+                    "seq": seq, "stream_id": a.stream_id, "version": version,
+                    "type": event.type_name, "schema_version": event.schema_version,
+                    "data": event.to_data(), "meta": meta, "recorded_at": now,
+                })
+                recorded.append(RecordedEvent(seq, a.stream_id, version, event, meta, now))
+        conn.execute(task_events.insert(), rows)
+        conn.execute(log_head.update().where(log_head.c.id == 1).values(last_seq=seq))
+        return recorded
+
+    # ------------------------------------------------------------------ reading
+    def head(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(log_head.c.last_seq)).scalar_one()
+
+    def read_stream(self, stream_id: str) -> list[RecordedEvent]:
+        query = (
+            sa.select(task_events)
+            .where(task_events.c.stream_id == stream_id)
+            .order_by(task_events.c.version)
+        )
+        with self.engine.connect() as conn:
+            return [to_recorded(row) for row in conn.execute(query)]
+
+    def read_after(
+        self, position: int, *, batch_size: int = 2000, until: int | None = None
+    ) -> Iterator[RecordedEvent]:
+        """Every event with ``seq > position`` (and ``<= until``), read in batches."""
+        for batch in self.read_batches(position, batch_size=batch_size, until=until):
+            yield from batch
+
+    def read_batches(
+        self, position: int, *, batch_size: int = 2000, until: int | None = None
+    ) -> Iterator[list[RecordedEvent]]:
+        while True:
+            query = sa.select(task_events).where(task_events.c.seq > position)
+            if until is not None:
+                query = query.where(task_events.c.seq <= until)
+            query = query.order_by(task_events.c.seq).limit(batch_size)
+            with self.engine.connect() as conn:
+                batch = [to_recorded(row) for row in conn.execute(query)]
+            if not batch:
+                return
+            yield batch
+            position = batch[-1].seq
+
+    def seq_at(self, moment: dt.datetime) -> int:
+        """The last seq recorded at or before ``moment`` (for time-travel views)."""
+        query = sa.select(sa.func.max(task_events.c.seq)).where(
+            task_events.c.recorded_at <= moment
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar() or 0
+
+
+def _stream_versions(conn: Connection, stream_ids: Sequence[str]) -> dict[str, int]:
+    query = (
+        sa.select(task_events.c.stream_id, sa.func.max(task_events.c.version))
+        .where(task_events.c.stream_id.in_(stream_ids))
+        .group_by(task_events.c.stream_id)
+    )
+    return {stream_id: version for stream_id, version in conn.execute(query)}
+
+
+def to_recorded(row: Any) -> RecordedEvent:
+    event = ev.decode(row.type, row.schema_version, row.data)
+    return RecordedEvent(row.seq, row.stream_id, row.version, event, row.meta, row.recorded_at)

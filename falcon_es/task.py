@@ -1,0 +1,233 @@
+"""The task aggregate: a task's state folded from its stream.
+
+``evolve`` is pure and uses the compiled chart table, so folding a million events costs
+dictionary look-ups, not state-machine engine calls. Handlers decide from a
+``TaskState``; projections render it into the job table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from falcon_es import chart
+from falcon_es import events as ev
+
+#: Events that describe a pool after the task ended: they add a note to the Message
+#: and leave the main message (the task's result) alone.
+_NOTE_EVENTS = (
+    ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
+    ev.NodePoolDeleteFailed,
+)
+#: Events that change no field shown to users besides the log itself.
+_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskState:
+    task_id: str
+    state: str = chart.NEW
+    version: int = 0
+    failure_reason: str | None = None
+    name: str = ""
+    actor: str = ""
+    spec: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tpu_type: str = ""
+    topology: str = ""
+    submitted_at: dt.datetime | None = None
+    cluster_id: str | None = None
+    cluster_name: str | None = None
+    node_pool_name: str | None = None
+    supply_mode: str | None = None
+    job_name: str | None = None
+    job_uid: str | None = None
+    dispatched_at: dt.datetime | None = None
+    aborting_at: dt.datetime | None = None
+    aborted_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    #: Structured message: the catalog key (an event type) and its arguments.
+    message_key: str | None = None
+    message_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    note_key: str | None = None
+    note_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Provisioning bookkeeping the handlers need (which step is in flight).
+    pool_intent: str | None = None  # create-requested | create-started | ready
+    job_intent: str | None = None  # submit-requested | submitted | delete-requested
+    pool_disposition: str | None = None  # retained | delete-requested | deleted
+    last_event_at: dt.datetime | None = None
+    phase_started_at: dt.datetime | None = None
+
+    @property
+    def status(self) -> str:
+        return chart.status_of(self.state)
+
+    @property
+    def reason(self) -> str | None:
+        if self.status == chart.PENDING:
+            return chart.pending_reason(self.state)
+        if self.status == chart.FAILED:
+            return self.failure_reason
+        return None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in chart.TERMINAL_STATUSES
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.status == chart.PENDING and self.reason in chart.SLOT_REASONS
+
+
+def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskState:
+    """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it."""
+    target = chart.next_state(state.task_id, state.state, event.type_name)
+    changes: dict[str, Any] = {
+        "state": target,
+        "version": state.version + 1,
+        "updated_at": recorded_at,
+        "last_event_at": recorded_at,
+    }
+    if target != state.state:
+        changes["phase_started_at"] = recorded_at
+    if chart.status_of(target) == chart.FAILED and state.status != chart.FAILED:
+        changes["failure_reason"] = event.failure()
+    if chart.status_of(target) in chart.TERMINAL_STATUSES and state.finished_at is None:
+        changes["finished_at"] = recorded_at
+    if isinstance(event, _NOTE_EVENTS):
+        changes["note_key"] = event.type_name
+        changes["note_args"] = event.to_data()
+    elif not isinstance(event, _SILENT_EVENTS):
+        changes["message_key"] = event.type_name
+        changes["message_args"] = event.to_data()
+    changes.update(_fields_from(event, state, recorded_at))
+    return dataclasses.replace(state, **changes)
+
+
+def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str, Any]:
+    match event:
+        case ev.TaskAccepted() | ev.TaskRejected():
+            fields: dict[str, Any] = {"name": event.name, "actor": event.actor}
+            if isinstance(event, ev.TaskAccepted):
+                fields.update(
+                    spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
+                    submitted_at=event.submitted_at,
+                )
+            return fields
+        case ev.ClusterChosen():
+            return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+        case ev.TaskRequeued():
+            return {"cluster_id": None, "cluster_name": None}
+        case ev.NodePoolReused():
+            return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
+                    "pool_intent": "ready"}
+        case ev.NodePoolCreateRequested():
+            return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
+                    "pool_intent": "create-requested"}
+        case ev.NodePoolCreateStarted():
+            return {"pool_intent": "create-started"}
+        case ev.NodePoolReady():
+            return {"pool_intent": "ready"}
+        case ev.JobSubmitRequested():
+            return {"job_name": event.job_name, "job_intent": "submit-requested"}
+        case ev.JobSubmitted():
+            return {"job_name": event.job_name, "job_uid": event.job_uid,
+                    "job_intent": "submitted", "dispatched_at": at}
+        case ev.JobDeleteRequested():
+            return {"job_intent": "delete-requested"}
+        case ev.JobDeleted():
+            return {"job_intent": "deleted"}
+        case ev.AbortRequested():
+            return {"aborting_at": event.requested_at or at}
+        case ev.TaskAborted():
+            return {"aborted_at": at}
+        case ev.NodePoolRetained():
+            return {"pool_disposition": "retained"}
+        case ev.NodePoolDeleteRequested():
+            return {"pool_disposition": "delete-requested"}
+        case ev.NodePoolDeleted():
+            return {"pool_disposition": "deleted"}
+    return {}
+
+
+def fold(task_id: str, recorded: list[tuple[ev.Event, dt.datetime]]) -> TaskState:
+    state = TaskState(task_id)
+    for event, at in recorded:
+        state = evolve(state, event, at)
+    return state
+
+
+TASK_EVENT_TYPES = frozenset(cls.__name__ for cls in ev.TASK_EVENTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One task's state before and after the events of one append."""
+
+    before: TaskState
+    after: TaskState
+    folds_abort: bool
+
+
+class TaskStates:
+    """Every task's current state, folded inline with each append.
+
+    Writes are staged during the append's transaction and become visible only after
+    it commits, so a rolled-back tick leaves no trace here either.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, TaskState] = {}
+        self._staged: dict[str, TaskState] = {}
+        self._changes: dict[str, Change] = {}
+
+    def get(self, task_id: str) -> TaskState | None:
+        return self._staged.get(task_id) or self._states.get(task_id)
+
+    def __contains__(self, task_id: str) -> bool:
+        return self.get(task_id) is not None
+
+    def all(self) -> list[TaskState]:
+        return list({**self._states, **self._staged}.values())
+
+    def live(self) -> list[TaskState]:
+        return [s for s in self.all() if not s.is_terminal]
+
+    def fold(self, recorded: Any) -> list[Change]:
+        """Fold recorded events (``store.RecordedEvent``-like) into staged states."""
+        changes: list[Change] = []
+        for record in recorded:
+            if record.event.type_name not in TASK_EVENT_TYPES:
+                continue
+            before = self.get(record.stream_id) or TaskState(record.stream_id)
+            after = evolve(before, record.event, record.recorded_at)
+            self._staged[record.stream_id] = after
+            previous = self._changes.get(record.stream_id)
+            folds_abort = record.event.folds_abort or bool(previous and previous.folds_abort)
+            self._changes[record.stream_id] = Change(
+                previous.before if previous else before, after, folds_abort
+            )
+            changes.append(self._changes[record.stream_id])
+        return changes
+
+    def apply(self, conn: Any, recorded: Any) -> None:
+        self.fold(recorded)
+
+    def changes(self) -> list[Change]:
+        """Per task, the net change made by the append in progress."""
+        return list(self._changes.values())
+
+    def committed(self) -> None:
+        self._states.update(self._staged)
+        self._staged.clear()
+        self._changes.clear()
+
+    def discarded(self) -> None:
+        self._staged.clear()
+        self._changes.clear()
+
+    def forget(self, task_ids: Any) -> None:
+        """Drop cached states (after a concurrency error another writer won)."""
+        for task_id in task_ids:
+            self._states.pop(task_id, None)

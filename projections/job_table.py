@@ -1,0 +1,106 @@
+"""The job-table projection: Status / Reason / Message and scheduling fields.
+
+Written inline, in the append's transaction. The upper layer writes ``Aborting`` into
+the same rows at any moment, so every write is a compare-and-set done by the database
+itself: a row whose status is ``Aborting`` keeps that status (and gets no Reason) unless
+the events being written fold the abort. All other columns follow the log, so a replay
+reproduces the row whatever the interleaving was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from falcon_es import chart
+from falcon_es.store import RecordedEvent
+from falcon_es.tables import job
+from falcon_es.task import Change, TaskState, TaskStates
+from projections.messages import task_message
+
+#: Columns this projection owns (everything Falcon-ES writes back).
+PROJECTED_COLUMNS = (
+    "status", "reason", "message", "cluster_id", "node_pool_name", "job_uid",
+    "dispatched_at", "aborted_at", "finished_at", "updated_at",
+)
+
+
+_ABORT_STATUSES = frozenset({chart.ABORTING, chart.ABORTED})
+
+
+def row_values(state: TaskState, lang: str) -> dict[str, Any]:
+    """The projected column values of one task (the fold of its stream)."""
+    status = chart.PENDING if state.status == chart.NEW else state.status
+    return {
+        "status": status,
+        "reason": state.reason,
+        "message": task_message(state, lang),
+        "cluster_id": state.cluster_id,
+        "node_pool_name": state.node_pool_name,
+        "job_uid": state.job_uid,
+        "dispatched_at": state.dispatched_at,
+        "aborted_at": state.aborted_at,
+        "finished_at": state.finished_at,
+        "updated_at": state.updated_at,
+    }
+
+
+def _cas_update() -> sa.Update:
+    """UPDATE with the abort guard evaluated on the row's current status.
+
+    MySQL evaluates SET assignments left to right and later ones see earlier results,
+    so ``status`` is assigned last: every CASE reads the status before this write.
+    """
+    keep_abort = sa.and_(job.c.status == chart.ABORTING, sa.bindparam("b_folds_abort") == 0)
+    assignments: list[tuple[Any, Any]] = [
+        (job.c.reason, sa.case((keep_abort, None), else_=sa.bindparam("b_reason"))),
+    ]
+    for column in PROJECTED_COLUMNS:
+        if column not in ("status", "reason"):
+            assignments.append((job.c[column], sa.bindparam(f"b_{column}")))
+    assignments.append(
+        (job.c.status, sa.case((keep_abort, job.c.status), else_=sa.bindparam("b_status")))
+    )
+    return (
+        job.update()
+        .where(job.c.id == sa.bindparam("b_id"))
+        .ordered_values(*assignments)
+    )
+
+
+class JobTableProjection:
+    """Inline projection: after ``TaskStates`` folded an append, write each changed row."""
+
+    def __init__(self, states: TaskStates, lang: str = "en") -> None:
+        self.states = states
+        self.lang = lang
+        self._update = _cas_update()
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        write_rows(conn, self.states.changes(), self.lang, self._update)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+def write_rows(
+    conn: Connection, changes: Iterable[Change], lang: str, update: sa.Update | None = None
+) -> int:
+    params = []
+    for change in changes:
+        values = row_values(change.after, lang)
+        row = {f"b_{k}": v for k, v in values.items()}
+        row["b_id"] = change.after.task_id
+        abort_folded = change.folds_abort or change.after.status in _ABORT_STATUSES
+        row["b_folds_abort"] = 1 if abort_folded else 0
+        params.append(row)
+    if not params:
+        return 0
+    result = conn.execute(update if update is not None else _cas_update(), params)
+    return result.rowcount

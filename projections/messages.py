@@ -1,0 +1,154 @@
+"""The message catalog: human-readable Messages rendered from structured event data.
+
+Messages are never stored in events, only their arguments, so wording and language
+(``FALCON_LANG=en|zh``) can change and the job table be rebuilt by replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from falcon_es.task import TaskState
+
+Args = Mapping[str, Any]
+Template = str | Callable[[Args], str]
+
+#: How many tasks ahead a waiting Message names before it says "and N more".
+AHEAD_NAMED = 3
+
+
+def _clusters(args: Args) -> str:
+    return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
+
+
+def _types(args: Args) -> str:
+    return ", ".join(args["registered_tpu_types"]) or "-"
+
+
+def _exit(args: Args) -> str:
+    return args["cause"]
+
+
+EN: Mapping[str, Template] = MappingProxyType({
+    "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
+    "TaskRejected": "invalid task spec: {field}: {detail}",
+    "NoMatchingCluster": lambda a: (
+        f"no cluster serves TPU type {a['tpu_type']}; registered TPU types: {_types(a)}"
+    ),
+    "NoActiveCluster": lambda a: (
+        f"waiting for an active {a['tpu_type']} cluster: {_clusters(a)}"
+    ),
+    "ClusterChosen": "queued on {cluster_name} ({topology})",
+    "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
+    "TaskPicked": "provisioning on {topology}",
+    "ReservationInsufficient": (
+        "reservation {reservation} has {remaining} slice(s) free, {needed} needed; "
+        "retry {attempt}"
+    ),
+    "NodePoolReused": "reusing node pool {pool_name}",
+    "NodePoolCreateRequested": (
+        "creating node pool {pool_name} ({supply_mode}, {node_count} x {machine_type})"
+    ),
+    "NodePoolCreateStarted": "creating node pool {pool_name} (operation {operation})",
+    "NodePoolNotVisible": "node pool {pool_name} not visible yet; looking again (attempt {attempt})",
+    "NodesNotReady": "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})",
+    "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
+    "NodePoolFailed": "node pool {pool_name} failed: {error}",
+    "NodePoolTimedOut": "node pool {pool_name} not ready after {waited_seconds}s",
+    "JobSubmitRequested": "submitting Job {job_name}",
+    "JobSubmitted": "Job {job_name} submitted; waiting for pods",
+    "JobSubmitFailed": "Job {job_name} could not be submitted: {error}",
+    "PodsPending": "pods pending: {diagnosis}",
+    "PodsRunning": "{active}/{total} active",
+    "JobSucceeded": "succeeded ({succeeded} pod(s))",
+    "JobFailed": _exit,
+    "TaskTimedOut": "timed out after {timeout_seconds}s; Job deleted",
+    "AbortRequested": "abort requested while {phase}",
+    "AbortIgnored": "abort ignored: the task had already {status}",
+    "TaskAborted": "aborted while {phase}",
+    "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
+    "NodePoolDeleteRequested": "deleting node pool {pool_name}",
+    "NodePoolDeleted": "node pool {pool_name} deleted",
+    "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+    "position": "#{position}, {ahead} ahead{names}",
+    "position-first": "#1, next in line",
+    "more": "{count} more",
+})
+
+ZH: Mapping[str, Template] = MappingProxyType({
+    "TaskAccepted": "已接收，正在为 {tpu_type} {topology} 选择集群",
+    "TaskRejected": "任务规格无效：{field}：{detail}",
+    "NoMatchingCluster": lambda a: (
+        f"没有集群提供 TPU 类型 {a['tpu_type']}；已注册的 TPU 类型：{_types(a)}"
+    ),
+    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：{_clusters(a)}",
+    "ClusterChosen": "已排队于 {cluster_name} ({topology})",
+    "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
+    "TaskPicked": "正在 {topology} 上准备资源",
+    "ReservationInsufficient": (
+        "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个；第 {attempt} 次重试"
+    ),
+    "NodePoolReused": "复用节点池 {pool_name}",
+    "NodePoolCreateRequested": (
+        "正在创建节点池 {pool_name}（{supply_mode}，{node_count} x {machine_type}）"
+    ),
+    "NodePoolCreateStarted": "正在创建节点池 {pool_name}（操作 {operation}）",
+    "NodePoolNotVisible": "节点池 {pool_name} 暂不可见，稍后重试（第 {attempt} 次）",
+    "NodesNotReady": "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
+    "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
+    "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
+    "NodePoolTimedOut": "节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+    "JobSubmitRequested": "正在提交 Job {job_name}",
+    "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
+    "JobSubmitFailed": "Job {job_name} 提交失败：{error}",
+    "PodsPending": "Pod 等待中：{diagnosis}",
+    "PodsRunning": "{active}/{total} 运行中",
+    "JobSucceeded": "已成功（{succeeded} 个 Pod）",
+    "JobFailed": _exit,
+    "TaskTimedOut": "运行超过 {timeout_seconds} 秒超时，Job 已删除",
+    "AbortRequested": "在 {phase} 阶段请求中止",
+    "AbortIgnored": "忽略中止：任务已 {status}",
+    "TaskAborted": "已在 {phase} 阶段中止",
+    "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
+    "NodePoolDeleteRequested": "正在删除节点池 {pool_name}",
+    "NodePoolDeleted": "节点池 {pool_name} 已删除",
+    "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+    "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
+    "position-first": "队列位置 #1，下一个",
+    "more": "另外 {count} 个",
+})
+
+CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
+SEPARATOR: Mapping[str, str] = MappingProxyType({"en": "; ", "zh": "；"})
+
+
+def render(key: str, args: Args, lang: str = "en") -> str:
+    template = CATALOGS[lang].get(key) or EN[key]
+    if callable(template):
+        return template(args)
+    return template.format(**args)
+
+
+def task_message(state: TaskState, lang: str = "en") -> str | None:
+    """The Message of a task: its latest statement, then the latest pool note."""
+    parts = []
+    if state.message_key:
+        parts.append(render(state.message_key, state.message_args, lang))
+    if state.note_key:
+        parts.append(render(state.note_key, state.note_args, lang))
+    return SEPARATOR[lang].join(parts) or None
+
+
+def position_message(
+    position: int, ahead: Sequence[tuple[str, str]], lang: str = "en"
+) -> str:
+    """'#3, 2 ahead (user-a: profiling-v7x, user-b: benchmark-v7x)' for a waiting task."""
+    if position == 1:
+        return render("position-first", {}, lang)
+    named = [f"{actor}: {name}" for actor, name in ahead[:AHEAD_NAMED]]
+    if len(ahead) > AHEAD_NAMED:
+        named.append(render("more", {"count": len(ahead) - AHEAD_NAMED}, lang))
+    names = f" ({', '.join(named)})" if named else ""
+    return render("position", {"position": position, "ahead": len(ahead), "names": names}, lang)

@@ -1,0 +1,85 @@
+"""Shared fixtures: every store/projection test runs on SQLite and on MariaDB.
+
+MariaDB is required, never skipped: a test session that cannot reach it fails with a
+message saying how to start it. Each session works in its own scratch database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from falcon_es import db
+from falcon_es.bootstrap import App, open_app
+from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
+from falcon_es.tables import metadata
+
+MYSQL_SERVER = os.environ.get("FALCON_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
+START = dt.datetime(2026, 11, 1, 9, 0, 0)
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    """A fresh MariaDB database for this test session (dropped afterwards)."""
+    server = sa.create_engine(MYSQL_SERVER + "/", isolation_level="AUTOCOMMIT")
+    name = f"falcon_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        with server.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+    except sa.exc.OperationalError as error:
+        pytest.fail(
+            f"MariaDB/MySQL is required for these tests and is unreachable at {MYSQL_SERVER} "
+            f"({error.orig}). Start it (start-stop-daemon --start --oknodo --background "
+            "--exec /usr/sbin/mariadbd) or set FALCON_TEST_MYSQL_URL.",
+            pytrace=False,
+        )
+    url = f"{MYSQL_SERVER}/{name}?charset=utf8mb4"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    yield url
+    with server.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+    server.dispose()
+
+
+def _empty_mysql(url: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+        conn.exec_driver_sql("INSERT INTO log_head (id, last_seq) VALUES (1, 0)")
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database on each dialect."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'falcon.db'}"
+        engine = db.make_engine(url)
+        db.upgrade(engine)
+        engine.dispose()
+        return url
+    url = request.getfixturevalue("mysql_url")
+    _empty_mysql(url)
+    return url
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(START)
+
+
+@pytest.fixture
+def app(db_url: str, clock: VirtualClock) -> Iterator[App]:
+    application = open_app(Settings(db_url=db_url), clock)
+    yield application
+    application.close()

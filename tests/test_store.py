@@ -1,0 +1,114 @@
+"""The event store: optimistic concurrency, atomic multi-stream appends, reads, upcasting."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from types import MappingProxyType
+from typing import ClassVar
+
+import pytest
+import sqlalchemy as sa
+
+from falcon_es import events as ev
+from falcon_es.bootstrap import App
+from falcon_es.store import ConcurrencyError, Meta, StreamAppend
+from falcon_es.tables import task_events
+
+META = Meta(actor="tester", causation_id="c-1", correlation_id="corr-1")
+
+
+def accepted(name: str = "t") -> ev.TaskAccepted:
+    return ev.TaskAccepted(name, "user-a", {"image": "i"}, "v6e", "2x2", dt.datetime(2026, 11, 1, 8))
+
+
+def test_append_assigns_versions_and_consecutive_seq(app: App) -> None:
+    recorded = app.store.append([
+        StreamAppend("a", 0, (accepted("a"), ev.NoActiveCluster("v6e", ())), META),
+        StreamAppend("b", 0, (accepted("b"),), META),
+    ])
+    assert [(r.stream_id, r.version, r.seq) for r in recorded] == [("a", 1, 1), ("a", 2, 2), ("b", 1, 3)]
+    assert app.store.head() == 3
+    again = app.store.append([StreamAppend("a", 2, (ev.NoActiveCluster("v6e", ()),), META)])
+    assert again[0].version == 3 and again[0].seq == 4
+
+
+def test_wrong_expected_version_writes_nothing_in_any_stream(app: App) -> None:
+    app.store.append([StreamAppend("a", 0, (accepted("a"),), META)])
+    with pytest.raises(ConcurrencyError, match="stream a: expected version 0, found 1"):
+        app.store.append([
+            StreamAppend("b", 0, (accepted("b"),), META),
+            StreamAppend("a", 0, (accepted("a"),), META),
+        ])
+    assert app.store.read_stream("b") == []
+    assert app.store.head() == 1
+    assert app.tasks.get("b") is None
+
+
+def test_illegal_transition_rolls_back_the_whole_tick(app: App) -> None:
+    from falcon_es.chart import IllegalTransition
+
+    with pytest.raises(IllegalTransition, match="task x: event JobSucceeded is not allowed in state New"):
+        app.store.append([
+            StreamAppend("ok", 0, (accepted("ok"),), META),
+            StreamAppend("x", 0, (ev.JobSucceeded(1),), META),
+        ])
+    assert app.store.head() == 0
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(task_events)).scalar() == 0
+
+
+def test_read_stream_and_read_after_in_batches(app: App) -> None:
+    for i in range(7):
+        app.store.append([StreamAppend(f"s{i}", 0, (accepted(f"s{i}"),), META)])
+    batches = list(app.store.read_batches(2, batch_size=2))
+    assert [[r.seq for r in b] for b in batches] == [[3, 4], [5, 6], [7]]
+    assert [r.seq for r in app.store.read_after(5)] == [6, 7]
+    assert [r.seq for r in app.store.read_after(0, until=2)] == [1, 2]
+    (only,) = app.store.read_stream("s3")
+    assert only.event == accepted("s3")
+    assert only.meta == {"actor": "tester", "causation_id": "c-1", "correlation_id": "corr-1"}
+
+
+def test_recorded_at_keeps_microseconds(app: App, clock) -> None:
+    clock.advance(0.123456)
+    app.store.append([StreamAppend("a", 0, (accepted(),), META)])
+    (record,) = app.store.read_stream("a")
+    assert record.recorded_at.microsecond == 123456
+
+
+def test_seq_at_finds_the_position_at_a_moment(app: App, clock) -> None:
+    app.store.append([StreamAppend("a", 0, (accepted("a"),), META)])
+    moment = clock.now()
+    clock.advance(60)
+    app.store.append([StreamAppend("b", 0, (accepted("b"),), META)])
+    assert app.store.seq_at(moment) == 1
+    assert app.store.seq_at(moment - dt.timedelta(seconds=1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Renamed(ev.Event):
+    """Version 2 renamed ``size`` to ``slices`` and added ``unit``."""
+
+    schema_version: ClassVar[int] = 2
+    slices: int
+    unit: str
+
+
+def test_upcaster_chain_turns_old_data_into_the_current_version() -> None:
+    registry = MappingProxyType({"Renamed": Renamed})
+    upcasters = MappingProxyType({
+        ("Renamed", 1): lambda d: {"slices": d.pop("size"), "unit": "slice"},
+    })
+    event = ev.decode("Renamed", 1, {"size": 4}, registry=registry, upcasters=upcasters)
+    assert event == Renamed(slices=4, unit="slice")
+    assert ev.decode("Renamed", 2, {"slices": 2, "unit": "vm"}, registry=registry,
+                     upcasters=upcasters) == Renamed(2, "vm")
+    with pytest.raises(ev.UnknownEventType, match="no upcaster for Renamed v1"):
+        ev.decode("Renamed", 1, {"size": 4}, registry=registry, upcasters=MappingProxyType({}))
+
+
+def test_every_registered_event_round_trips_through_json() -> None:
+    for name, cls in ev.REGISTRY.items():
+        assert name == cls.__name__
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
