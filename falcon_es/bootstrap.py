@@ -8,6 +8,8 @@ import dataclasses
 
 from sqlalchemy.engine import Engine
 
+from falcon_es.runtime import Controller
+
 from falcon_es import db
 from falcon_es.clock import Clock, WallClock
 from falcon_es.settings import Settings
@@ -41,3 +43,23 @@ def load_task_states(app: App) -> None:
     for batch in app.store.read_batches(0, batch_size=5000):
         app.tasks.fold(batch)
         app.tasks.committed()
+
+
+def build_controller(app: App, *, ports: object = None, handlers: tuple | None = None) -> Controller:
+    """The controller loop wired to this app's store, views and ports."""
+    from falcon_es.context import HandlerContext
+    from falcon_es.inbox import JobInbox
+    from falcon_es.registry import list_clusters
+    from falcon_es.runtime import Controller
+    from handlers import HANDLERS
+
+    inbox = JobInbox(app.engine)
+
+    def make_context() -> HandlerContext:
+        with app.engine.connect() as conn:
+            clusters = list_clusters(conn)
+        return HandlerContext(app.settings, app.clock.now(), app.tasks, clusters, inbox, ports)
+
+    load_task_states(app)
+    return Controller(app.store, app.tasks, handlers or HANDLERS, make_context,
+                      controller_id=app.settings.controller_id)

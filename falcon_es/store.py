@@ -48,6 +48,11 @@ class StreamAppend:
     expected_version: int | None
     events: tuple[ev.Event, ...]
     meta: Meta
+    #: Optional per-event metadata (one per event) when causes differ within a tick.
+    metas: tuple[Meta, ...] | None = None
+
+    def meta_of(self, index: int) -> Meta:
+        return self.metas[index] if self.metas else self.meta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +142,8 @@ class EventStore:
         seq = head
         for a in appends:
             version = current.get(a.stream_id, 0)
-            meta = a.meta.to_data()
-            for event in a.events:
+            for index, event in enumerate(a.events):
+                meta = a.meta_of(index).to_data()
                 seq += 1
                 version += 1
                 rows.append({

@@ -1,0 +1,15 @@
+"""Handlers: small functions ``handler(tick, ctx)``, one module per concern.
+
+``HANDLERS`` is the order in which a tick runs them: inputs first (intake, aborts),
+then decisions from the current views.
+"""
+
+from __future__ import annotations
+
+from falcon_es.runtime import Handler
+from handlers import intake
+
+HANDLERS: tuple[Handler, ...] = (
+    intake.accept_new_rows,
+    intake.notice_abort_requests,
+)

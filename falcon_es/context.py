@@ -1,0 +1,28 @@
+"""What a handler may read during a tick: settings, the time, task states, the cluster
+registry, the upper layer's inbox, and the ports (None where a backend is not wired)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from falcon_es.inbox import JobInbox
+from falcon_es.registry import Cluster
+from falcon_es.settings import Settings
+from falcon_es.spec import SpecLimits
+from falcon_es.task import TaskStates
+
+
+@dataclasses.dataclass
+class HandlerContext:
+    settings: Settings
+    now: dt.datetime
+    tasks: TaskStates
+    clusters: list[Cluster]
+    inbox: JobInbox
+    ports: Any = None
+
+    @property
+    def spec_limits(self) -> SpecLimits:
+        return SpecLimits(self.settings.default_timeout_seconds, self.settings.max_timeout_seconds)

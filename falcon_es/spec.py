@@ -1,0 +1,249 @@
+"""The task spec (JSON in ``job.spec``): parsing and validation.
+
+A bad spec fails its own task with a Reason and a Message naming the field and what
+was expected; it never raises past intake. Nothing a spec says can make the Job
+privileged, mount host paths, use the host network, or leave its namespace or
+service account: such fields are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
+
+SUPPLY_MODES = ("reservation", "on-demand", "flex-start")
+SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable")
+
+#: Fields that would reach into the pod's security boundary. Refused, not ignored.
+FORBIDDEN_FIELDS = frozenset({
+    "privileged", "securitycontext", "security_context", "hostpath", "host_path",
+    "hostnetwork", "host_network", "hostpid", "host_pid", "hostipc", "host_ipc",
+    "namespace", "serviceaccount", "service_account", "serviceaccountname",
+    "service_account_name", "volumes", "volumemounts", "volume_mounts", "capabilities",
+    "nodename", "node_name", "automountserviceaccounttoken", "runasuser", "run_as_user",
+})
+KNOWN_FIELDS = frozenset({
+    "image", "command", "args", "env", "tpu_type", "topology", "supply_mode",
+    "timeout_seconds", "display_name", "sim",
+})
+MAX_STRING = 4096
+MAX_LIST = 256
+MAX_ENV = 128
+MAX_ENV_VALUE = 32 * 1024
+MAX_SPEC_BYTES = 256 * 1024
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# An OCI reference: [registry[:port]/]path[:tag][@digest], no whitespace or control chars.
+_IMAGE = re.compile(
+    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+
+
+class SpecError(ValueError):
+    """Why a spec is rejected: a Reason for the job table, the field, and a detail."""
+
+    def __init__(self, reason: str, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.reason = reason
+        self.field = field
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLimits:
+    default_timeout_seconds: int = 24 * 3600
+    max_timeout_seconds: int = 7 * 24 * 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class SimBehaviour:
+    duration_seconds: float = 300.0
+    outcome: str = "succeed"
+    exit_code: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    image: str
+    tpu_type: str
+    topology: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    supply_mode: str | None = None
+    timeout_seconds: int = 24 * 3600
+    display_name: str | None = None
+    sim: SimBehaviour = SimBehaviour()
+
+    def to_data(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["command"] = list(self.command)
+        data["args"] = list(self.args)
+        data["env"] = {k: v for k, v in self.env}
+        return data
+
+
+def load_spec(raw: Any) -> Any:
+    """Decode the stored spec (text or already-decoded JSON)."""
+    if raw is None:
+        raise SpecError("InvalidSpec", "spec", "missing: expected a JSON object")
+    if isinstance(raw, (bytes, bytearray)):
+        raw = raw.decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError("InvalidSpec", "spec", f"{len(raw)} bytes, at most {MAX_SPEC_BYTES}")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, RecursionError) as error:
+            raise SpecError("InvalidSpec", "spec", f"not valid JSON ({_short(str(error))})") from None
+    return raw
+
+
+def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
+    data = load_spec(raw)
+    if not isinstance(data, Mapping):
+        raise SpecError("InvalidSpec", "spec", f"expected a JSON object, found {_kind(data)}")
+    for key in data:
+        if not isinstance(key, str):
+            raise SpecError("UnknownField", "spec", f"field names must be strings, found {key!r}")
+        if key.lower().replace("-", "_") in FORBIDDEN_FIELDS or key.lower() in FORBIDDEN_FIELDS:
+            raise SpecError("ForbiddenField", _short(key),
+                            "not allowed: a task cannot set pod security, host access, "
+                            "volumes, namespace or service account")
+    unknown = sorted(k for k in data if k not in KNOWN_FIELDS)
+    if unknown:
+        raise SpecError("UnknownField", _short(unknown[0]),
+                        f"unknown field; expected one of {', '.join(sorted(KNOWN_FIELDS))}")
+    image = _string(data, "image", required=True)
+    if not _IMAGE.match(image):
+        raise SpecError("InvalidField", "image", f"{_short(image)!r} is not an image reference")
+    tpu_type = _string(data, "tpu_type", required=True)
+    if tpu_type not in TPU_TYPES:
+        raise SpecError("UnknownTpuType", "tpu_type",
+                        f"{_short(tpu_type)!r}; expected one of {', '.join(sorted(TPU_TYPES))}")
+    topology = _string(data, "topology", required=True)
+    try:
+        slice_shape(tpu_type, topology)
+    except TopologyError as error:
+        raise SpecError("InvalidTopology", "topology", _short(str(error), 300)) from None
+    supply_mode = data.get("supply_mode")
+    if supply_mode in ("", None):
+        supply_mode = None
+    elif supply_mode not in SUPPLY_MODES:
+        raise SpecError("InvalidField", "supply_mode",
+                        f"{_short(repr(supply_mode))}; expected one of {', '.join(SUPPLY_MODES)} or empty")
+    timeout = data.get("timeout_seconds", limits.default_timeout_seconds)
+    if not _is_int(timeout) or timeout <= 0:
+        raise SpecError("InvalidField", "timeout_seconds",
+                        f"{_short(repr(timeout))}; expected a positive whole number of seconds")
+    if timeout > limits.max_timeout_seconds:
+        raise SpecError("InvalidField", "timeout_seconds",
+                        f"{timeout} exceeds the ceiling of {limits.max_timeout_seconds}")
+    display_name = data.get("display_name")
+    if display_name is not None:
+        display_name = _string(data, "display_name", max_length=255)
+    return TaskSpec(
+        image=image, tpu_type=tpu_type, topology=topology,
+        command=_strings(data, "command"), args=_strings(data, "args"), env=_env(data),
+        supply_mode=supply_mode, timeout_seconds=timeout, display_name=display_name,
+        sim=_sim(data.get("sim")),
+    )
+
+
+def _string(data: Mapping[str, Any], field: str, *, required: bool = False,
+            max_length: int = MAX_STRING) -> str:
+    value = data.get(field)
+    if value is None:
+        if required:
+            raise SpecError("MissingField", field, "required")
+        return ""
+    if not isinstance(value, str):
+        raise SpecError("InvalidField", field, f"expected a string, found {_kind(value)}")
+    if not value.strip():
+        raise SpecError("InvalidField", field, "must not be empty")
+    if len(value) > max_length:
+        raise SpecError("InvalidField", field, f"{len(value)} characters, at most {max_length}")
+    if any(ord(c) < 32 and c not in "\t\n" for c in value):
+        raise SpecError("InvalidField", field, "contains control characters")
+    return value
+
+
+def _strings(data: Mapping[str, Any], field: str) -> tuple[str, ...]:
+    value = data.get(field)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError("InvalidField", field, f"expected a list of strings, found {_kind(value)}")
+    if len(value) > MAX_LIST:
+        raise SpecError("InvalidField", field, f"{len(value)} items, at most {MAX_LIST}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise SpecError("InvalidField", f"{field}[{index}]", f"expected a string, found {_kind(item)}")
+        if len(item) > MAX_STRING:
+            raise SpecError("InvalidField", f"{field}[{index}]", f"{len(item)} characters, at most {MAX_STRING}")
+        if "\x00" in item:
+            raise SpecError("InvalidField", f"{field}[{index}]", "contains a NUL character")
+    return tuple(value)
+
+
+def _env(data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = data.get("env")
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidField", "env", f"expected an object of NAME: value, found {_kind(value)}")
+    if len(value) > MAX_ENV:
+        raise SpecError("InvalidField", "env", f"{len(value)} variables, at most {MAX_ENV}")
+    pairs = []
+    for name, val in value.items():
+        if not _ENV_NAME.match(name):
+            raise SpecError("InvalidField", f"env.{_short(name, 40)}", "not a valid variable name")
+        if not isinstance(val, str):
+            raise SpecError("InvalidField", f"env.{name}", f"expected a string, found {_kind(val)}")
+        if len(val) > MAX_ENV_VALUE or "\x00" in val:
+            raise SpecError("InvalidField", f"env.{name}", f"value too long or contains NUL (at most {MAX_ENV_VALUE})")
+        pairs.append((name, val))
+    return tuple(sorted(pairs))
+
+
+def _sim(value: Any) -> SimBehaviour:
+    if value is None:
+        return SimBehaviour()
+    if not isinstance(value, Mapping):
+        raise SpecError("InvalidField", "sim", f"expected an object, found {_kind(value)}")
+    allowed = {"duration_seconds", "outcome", "exit_code"}
+    unknown = sorted(k for k in value if k not in allowed)
+    if unknown:
+        raise SpecError("UnknownField", f"sim.{_short(str(unknown[0]), 40)}",
+                        f"unknown field; expected one of {', '.join(sorted(allowed))}")
+    duration = value.get("duration_seconds", SimBehaviour.duration_seconds)
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration <= 10**7:
+        raise SpecError("InvalidField", "sim.duration_seconds", "expected seconds between 0 and 10000000")
+    outcome = value.get("outcome", "succeed")
+    if outcome not in SIM_OUTCOMES:
+        raise SpecError("InvalidField", "sim.outcome",
+                        f"{_short(repr(outcome))}; expected one of {', '.join(SIM_OUTCOMES)}")
+    exit_code = value.get("exit_code")
+    if exit_code is not None and (not _is_int(exit_code) or not 0 <= exit_code <= 255):
+        raise SpecError("InvalidField", "sim.exit_code", "expected a whole number 0-255")
+    return SimBehaviour(float(duration), outcome, exit_code)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """Bound what a bad spec can put into a Message."""
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,44 @@
+"""Intake: new ``job`` rows enter the log (accepted or rejected); abort requests the
+upper layer wrote are folded into the log."""
+
+from __future__ import annotations
+
+from falcon_es import chart
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.runtime import Tick
+from falcon_es.spec import SpecError, parse_spec
+
+INTAKE_BATCH = 5000
+
+
+def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
+    """Validate each new row's spec; a bad spec fails that task alone."""
+    for row in ctx.inbox.new_rows(limit=INTAKE_BATCH):
+        if tick.state(row.id) is not None:
+            continue
+        actor = f"upper-layer:{row.actor}"
+        try:
+            spec = parse_spec(row.spec_raw, ctx.spec_limits)
+        except SpecError as error:
+            tick.emit(row.id, ev.TaskRejected(row.name, row.actor, error.reason, error.field,
+                                              error.detail), actor=actor)
+            continue
+        tick.emit(row.id, ev.TaskAccepted(
+            name=row.name, actor=row.actor, spec=spec.to_data(), tpu_type=spec.tpu_type,
+            topology=spec.topology, submitted_at=row.created_at,
+        ), actor=actor)
+
+
+def notice_abort_requests(tick: Tick, ctx: HandlerContext) -> None:
+    """Rows the upper layer set to ``Aborting`` that the log has not folded yet."""
+    for row in ctx.inbox.abort_rows():
+        state = tick.state(row.id)
+        if state is not None and state.status in (chart.ABORTING,):
+            continue
+        if state is not None and state.is_terminal:
+            tick.emit(row.id, ev.AbortIgnored(state.status), actor="upper-layer")
+            continue
+        phase = "New" if state is None or state.status == chart.NEW else (
+            f"{state.status}/{state.reason}" if state.reason else state.status)
+        tick.emit(row.id, ev.AbortRequested(row.aborting_at, phase), actor="upper-layer")

@@ -1,0 +1,56 @@
+"""Intake: new rows are accepted or rejected into the log; aborts are folded."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from falcon_es import job_rows
+from falcon_es.bootstrap import App, build_controller
+from falcon_es.tables import job
+
+SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
+
+
+def row(app: App, task_id: str) -> dict:
+    return job_rows.get_row(app.engine, task_id)
+
+
+def test_valid_row_is_accepted_and_projected(app: App) -> None:
+    task_id = job_rows.submit(app.engine, name="bench", actor="user-a", spec=SPEC, now=app.clock.now())
+    build_controller(app).tick()
+    assert (row(app, task_id)["status"], row(app, task_id)["reason"]) == ("Pending", "Waiting")
+    (record,) = app.store.read_stream(task_id)
+    assert record.type_name == "TaskAccepted"
+    assert record.meta["actor"] == "upper-layer:user-a"
+
+
+def test_malformed_json_fails_only_that_task(app: App) -> None:
+    good = job_rows.submit(app.engine, name="ok", actor="a", spec=SPEC, now=app.clock.now())
+    with app.engine.begin() as conn:
+        conn.execute(job.insert().values(id="bad", name="bad", actor="a", status="Pending",
+                                         created_at=app.clock.now()))
+        conn.execute(sa.text("UPDATE job SET spec = :s WHERE id = 'bad'"), {"s": json.dumps("{not json")})
+    build_controller(app).tick()
+    bad = row(app, "bad")
+    assert (bad["status"], bad["reason"]) == ("Failed", "InvalidSpec")
+    assert "spec" in bad["message"]
+    assert row(app, good)["reason"] == "Waiting"
+
+
+def test_forbidden_field_is_rejected_with_its_name(app: App) -> None:
+    task_id = job_rows.submit(app.engine, name="x", actor="a", spec={**SPEC, "privileged": True},
+                              now=app.clock.now())
+    build_controller(app).tick()
+    assert row(app, task_id)["reason"] == "ForbiddenField"
+    assert row(app, task_id)["message"].startswith("invalid task spec: privileged: not allowed")
+
+
+def test_abort_before_intake_and_after_the_end(app: App) -> None:
+    controller = build_controller(app)
+    early = job_rows.submit(app.engine, name="e", actor="a", spec=SPEC, now=app.clock.now())
+    job_rows.request_abort(app.engine, early, app.clock.now())
+    controller.tick()
+    assert row(app, early)["status"] == "Aborting"
+    assert [r.type_name for r in app.store.read_stream(early)] == ["AbortRequested"]
