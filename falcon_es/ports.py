@@ -1,0 +1,173 @@
+"""Ports: the controller's only way to touch the outside world.
+
+Each port has a simulated implementation (``falcon_es.adapters.sim``, the embedded
+default) and a Google Cloud / Kubernetes one (``falcon_es.adapters.gcp``). Handlers
+see only these types, never which backend runs. Errors cross the boundary as
+``PortError`` with a portable ``code`` and the API's own words in ``message``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from falcon_es.clock import Clock
+from falcon_es.registry import Cluster
+from falcon_es.tpu import SliceShape
+
+# PortError codes
+NOT_FOUND = "NOT_FOUND"
+ALREADY_EXISTS = "ALREADY_EXISTS"
+QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+STOCKOUT = "STOCKOUT"
+RETRYABLE = "RETRYABLE"  # 429, concurrent operation (FAILED_PRECONDITION), 5xx
+INVALID = "INVALID"  # the request itself was refused (400 other than the above)
+PERMISSION_DENIED = "PERMISSION_DENIED"
+FAILED = "FAILED"
+
+
+class PortError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolSpec:
+    """Everything needed to create a TPU node pool for one task."""
+
+    cluster: Cluster
+    name: str  # deterministic: falcon-<...>
+    shape: SliceShape
+    supply_mode: str  # reservation | on-demand | flex-start
+    reservation: str | None
+    scale_down_unneeded_seconds: int
+    labels: Mapping[str, str]  # managed-by=falcon, falcon-task, falcon-topology, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolInfo:
+    cluster_name: str
+    name: str
+    status: str  # PROVISIONING | RUNNING | RECONCILING | STOPPING | ERROR
+    labels: Mapping[str, str]
+    node_count: int
+    status_message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    id: str
+    done: bool
+    error: str | None = None  # the API's words when the operation failed
+    error_code: str | None = None  # a PortError code for the failure
+
+
+class NodePools(Protocol):
+    def create(self, spec: NodePoolSpec) -> Operation: ...
+    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation: ...
+    def get(self, cluster: Cluster, name: str) -> NodePoolInfo: ...  # PortError(NOT_FOUND)
+    def delete(self, cluster: Cluster, name: str) -> Operation | None: ...  # None: already gone
+    def list(self, cluster: Cluster) -> list[NodePoolInfo]: ...
+
+
+class Reservations(Protocol):
+    def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    name: str
+    uid: str
+    task_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCounts:
+    registered: int
+    ready: int
+
+
+class EdgeCluster(Protocol):
+    """One edge GKE cluster's Kubernetes API."""
+
+    def submit_job(self, manifest: Mapping[str, Any]) -> JobRef: ...  # PortError(ALREADY_EXISTS)
+    def get_job(self, name: str) -> JobRef | None: ...
+    def delete_job(self, name: str) -> None: ...  # not found is success
+    def node_counts(self, pool_name: str) -> NodeCounts: ...
+    def diagnose_pending(self, job_name: str) -> str | None: ...  # root cause, upstream first
+
+
+class EdgeClusters(Protocol):
+    def for_cluster(self, cluster: Cluster) -> EdgeCluster: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PodObservation:
+    name: str
+    phase: str  # Pending | Running | Succeeded | Failed
+    reason: str | None = None  # OOMKilled, ErrImagePull, Unschedulable, ...
+    exit_code: int | None = None
+    message: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobObservation:
+    """What an informer saw of one Job and its Pods, published on the edge-events bus.
+
+    ``resource_version`` orders observations of one Job (larger is newer); the pair
+    (job_uid, resource_version) identifies an observation for de-duplication.
+    """
+
+    cluster_name: str
+    job_name: str
+    job_uid: str
+    task_id: str
+    resource_version: int
+    active: int
+    succeeded: int
+    failed: int
+    completions: int
+    pods: tuple[PodObservation, ...]
+    observed_at: dt.datetime
+    condition: str | None = None  # Complete | Failed | None
+
+    def to_data(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["observed_at"] = self.observed_at.isoformat()
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> JobObservation:
+        values = dict(data)
+        values["pods"] = tuple(PodObservation(**p) for p in values["pods"])
+        values["observed_at"] = dt.datetime.fromisoformat(values["observed_at"])
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class BusMessage:
+    id: str
+    data: Mapping[str, Any]
+    attributes: Mapping[str, str]
+
+
+class Bus(Protocol):
+    """At-least-once, possibly out-of-order delivery (Pub/Sub semantics)."""
+
+    def publish(self, topic: str, data: Mapping[str, Any], *, ordering_key: str = "",
+                attributes: Mapping[str, str] | None = None) -> str: ...
+    def pull(self, subscription: str, max_messages: int = 1000) -> Sequence[BusMessage]: ...
+    def ack(self, subscription: str, message_ids: Sequence[str]) -> None: ...
+
+
+@dataclasses.dataclass
+class Ports:
+    node_pools: NodePools
+    reservations: Reservations
+    edges: EdgeClusters
+    bus: Bus
+    clock: Clock
