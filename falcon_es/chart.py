@@ -190,10 +190,37 @@ def pending_reason(state: str) -> str | None:
     return state.split(".", 1)[1] if "." in state else None
 
 
-def to_mermaid() -> str:
-    from statemachine.contrib.diagram import formatter  # imported lazily: CLI only
+def _edges(include_self: bool) -> dict[tuple[str, str], list[str]]:
+    """Edges between states with the events that take them, from the compiled table."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for (source, event), target in sorted(TRANSITIONS.items()):
+        if source == target and not include_self:
+            continue
+        edges.setdefault((source, target), []).append(event)
+    return edges
 
-    return formatter.render(TaskChart, "mermaid")
+
+def _mermaid_id(state: str) -> str:
+    return state.split(".")[-1]
+
+
+def to_mermaid(include_self: bool = True) -> str:
+    """Mermaid stateDiagram written from the compiled table (so it shows exactly what
+    folds enforce), with Pending drawn as the compound state it is."""
+    lines = ["stateDiagram-v2", "    direction LR", "    [*] --> New"]
+    lines.append("    state Pending {")
+    lines.append("        [*] --> Waiting")
+    for (source, target), names in _edges(include_self).items():
+        if source.startswith("Pending.") and target.startswith("Pending."):
+            lines.append(f"        {_mermaid_id(source)} --> {_mermaid_id(target)}: {', '.join(names)}")
+    lines.append("    }")
+    for (source, target), names in _edges(include_self).items():
+        if source.startswith("Pending.") and target.startswith("Pending."):
+            continue
+        lines.append(f"    {_mermaid_id(source)} --> {_mermaid_id(target)}: {', '.join(names)}")
+    for status in sorted(TERMINAL_STATUSES):
+        lines.append(f"    {status} --> [*]")
+    return "\n".join(lines)
 
 
 def to_dot() -> str:
