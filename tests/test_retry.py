@@ -1,0 +1,190 @@
+"""Backoff policy, per-API configuration from the environment, and in-place retries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falcon_es import retry
+from falcon_es.ports import RETRYABLE, PortError
+from falcon_es.retry import Backoff, RetriesExhausted, RetryConfigError, RetryPolicies
+
+NOW = dt.datetime(2026, 11, 1, 9, 0, 0)
+
+
+def test_base_delay_grows_by_the_multiplier_until_the_cap() -> None:
+    backoff = Backoff(initial=1, maximum=10, multiplier=2, jitter=0, attempts=10)
+    assert [backoff.base_delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_huge_attempt_numbers_stay_at_the_cap_without_overflow() -> None:
+    backoff = Backoff(initial=0.5, maximum=30, multiplier=3, jitter=0.5, attempts=10)
+    assert backoff.base_delay(10**6) == 30
+    assert Backoff(initial=2, maximum=9, multiplier=1).base_delay(10**9) == 2
+
+
+def test_zero_jitter_is_exact_and_jitter_is_reproducible_with_a_seed() -> None:
+    exact = Backoff(initial=3, maximum=100, multiplier=2, jitter=0)
+    assert exact.delay(3, random.Random(1)) == 12
+    jittered = Backoff(initial=3, maximum=100, multiplier=2, jitter=0.5)
+    first = [jittered.delay(n, random.Random(7)) for n in range(1, 6)]
+    second = [jittered.delay(n, random.Random(7)) for n in range(1, 6)]
+    assert first == second
+    assert any(d != jittered.base_delay(n) for n, d in enumerate(first, start=1))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    initial=st.floats(0.01, 50), factor=st.floats(1, 100), multiplier=st.floats(1, 5),
+    jitter=st.floats(0, 1), attempt=st.integers(1, 10_000), seed=st.integers(0, 2**32),
+)
+def test_jittered_delay_stays_within_the_spread_and_below_the_cap(
+    initial: float, factor: float, multiplier: float, jitter: float, attempt: int, seed: int,
+) -> None:
+    backoff = Backoff(initial=initial, maximum=initial * factor, multiplier=multiplier,
+                      jitter=jitter, attempts=5)
+    base = backoff.base_delay(attempt)
+    delay = backoff.delay(attempt, random.Random(seed))
+    assert initial <= base <= backoff.maximum
+    assert base * (1 - jitter) - 1e-9 <= delay <= min(backoff.maximum, base * (1 + jitter)) + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"initial": 0}, "initial=0 must be positive"),
+        ({"initial": 5, "maximum": 1}, "max=1 must be at least initial=5"),
+        ({"multiplier": 0.5}, "multiplier=0.5 must be at least 1"),
+        ({"jitter": 1.5}, "jitter=1.5 must be between 0 and 1"),
+        ({"attempts": 0}, "attempts=0 must be at least 1"),
+    ],
+)
+def test_impossible_backoffs_are_refused_with_the_field_named(fields: dict, words: str) -> None:
+    with pytest.raises(RetryConfigError, match=words):
+        Backoff(**fields)
+
+
+def test_attempts_count_the_first_call() -> None:
+    backoff = Backoff(attempts=3)
+    assert not backoff.exhausted(1)
+    assert not backoff.exhausted(2)
+    assert backoff.exhausted(3)
+
+
+def test_every_external_api_has_a_default_policy() -> None:
+    policies = RetryPolicies()
+    assert set(policies.backoffs) == {"gke", "compute", "kubernetes", "pubsub"}
+    assert policies.for_api("gke").maximum >= policies.for_api("kubernetes").maximum
+
+
+def test_an_unknown_api_is_named_in_the_error() -> None:
+    with pytest.raises(RetryConfigError, match="no retry policy for API 'storage'"):
+        RetryPolicies().for_api("storage")
+
+
+def test_environment_overrides_one_api_and_leaves_the_others() -> None:
+    policies = RetryPolicies.from_env({
+        "FALCON_RETRY_GKE_INITIAL": "2.5", "FALCON_RETRY_GKE_MAX": "600",
+        "FALCON_RETRY_GKE_ATTEMPTS": "20", "FALCON_RETRY_GKE_JITTER": "0",
+        "FALCON_RETRY_PUBSUB_MULTIPLIER": "3", "FALCON_RETRY_COMPUTE_MAX": "",
+    })
+    assert policies.for_api("gke") == Backoff(2.5, 600, 2.0, 0.0, 20)
+    assert policies.for_api("pubsub").multiplier == 3
+    assert policies.for_api("compute") == retry.DEFAULT_BACKOFFS["compute"]
+    assert policies.for_api("kubernetes") == retry.DEFAULT_BACKOFFS["kubernetes"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "words"),
+    [
+        ({"FALCON_RETRY_GKE_ATTEMPTS": "many"},
+         "FALCON_RETRY_GKE_ATTEMPTS='many': expected a whole number"),
+        ({"FALCON_RETRY_KUBERNETES_JITTER": "lots"},
+         "FALCON_RETRY_KUBERNETES_JITTER='lots': expected a number"),
+        ({"FALCON_RETRY_COMPUTE_MAX": "1", "FALCON_RETRY_COMPUTE_INITIAL": "5"},
+         r"FALCON_RETRY_COMPUTE_\*: backoff: max=1.0 must be at least initial=5.0"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(environ: dict, words: str) -> None:
+    with pytest.raises(RetryConfigError, match=words):
+        RetryPolicies.from_env(environ)
+
+
+def test_a_policy_set_must_cover_every_api() -> None:
+    with pytest.raises(RetryConfigError, match="no backoff for compute, kubernetes, pubsub"):
+        RetryPolicies({"gke": Backoff()})
+
+
+def test_decide_gives_the_attempt_count_and_the_due_time_for_the_message() -> None:
+    policies = RetryPolicies({**retry.DEFAULT_BACKOFFS,
+                              "gke": Backoff(initial=10, maximum=300, jitter=0, attempts=4)})
+    third = policies.decide("gke", 3, NOW, random.Random(0))
+    assert (third.attempt, third.attempts, third.delay_seconds) == (3, 4, 40)
+    assert third.due_at == NOW + dt.timedelta(seconds=40)
+    assert third.describe() == "attempt 3 of 4 failed, next in 40s"
+    last = policies.decide("gke", 4, NOW, random.Random(0))
+    assert last.exhausted and last.due_at is None
+    assert last.describe() == "gave up after 4 of 4 attempts"
+
+
+def _policies(attempts: int) -> RetryPolicies:
+    return RetryPolicies({**retry.DEFAULT_BACKOFFS,
+                          "kubernetes": Backoff(initial=1, maximum=4, jitter=0, attempts=attempts)})
+
+
+def _is_retryable(error: BaseException) -> bool:
+    return isinstance(error, PortError) and error.code == RETRYABLE
+
+
+def test_call_with_retry_sleeps_the_backoff_between_attempts_and_returns() -> None:
+    slept: list[float] = []
+    retried: list[tuple[int, float]] = []
+    outcomes = iter([PortError(RETRYABLE, "429"), PortError(RETRYABLE, "503"), "ok"])
+
+    def call() -> str:
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    result = retry.call_with_retry(
+        call, api="kubernetes", policies=_policies(5), is_retryable=_is_retryable,
+        sleep=slept.append, rng=random.Random(0),
+        on_retry=lambda attempt, delay, error: retried.append((attempt, delay)),
+    )
+    assert result == "ok"
+    assert slept == [1, 2]
+    assert retried == [(1, 1), (2, 2)]
+
+
+def test_call_with_retry_gives_up_after_the_configured_attempts() -> None:
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise PortError(RETRYABLE, "concurrent operation in progress")
+
+    with pytest.raises(RetriesExhausted, match="kubernetes: gave up after 3 attempts") as info:
+        retry.call_with_retry(call, api="kubernetes", policies=_policies(3),
+                              is_retryable=_is_retryable, sleep=lambda s: None,
+                              rng=random.Random(0))
+    assert len(calls) == 3
+    assert isinstance(info.value.last_error, PortError)
+
+
+def test_call_with_retry_does_not_retry_a_permanent_error() -> None:
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise PortError("PERMISSION_DENIED", "container.nodePools.create denied")
+
+    with pytest.raises(PortError, match="PERMISSION_DENIED"):
+        retry.call_with_retry(call, api="kubernetes", policies=_policies(5),
+                              is_retryable=_is_retryable, sleep=lambda s: None,
+                              rng=random.Random(0))
+    assert calls == [1]
