@@ -1,0 +1,1 @@
+"""Google Cloud and Kubernetes backends of the ports (google-cloud-* clients, kubernetes)."""
