@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from falcon_es.clock import Clock
 from falcon_es.registry import Cluster
 from falcon_es.tpu import SliceShape
+
+#: Bus topics: edge Job/Pod observations (informers -> controller) and the ops stream.
+EDGE_EVENTS_TOPIC = "falcon-edge-events"
+TASK_EVENTS_TOPIC = "falcon-task-events"
 
 # PortError codes
 NOT_FOUND = "NOT_FOUND"
@@ -54,6 +58,8 @@ class NodePoolInfo:
     name: str
     status: str  # PROVISIONING | RUNNING | RECONCILING | STOPPING | ERROR
     labels: Mapping[str, str]
+    #: The nodes the pool is sized for (the slice's hosts); registered / Ready nodes
+    #: come from EdgeCluster.node_counts.
     node_count: int
     status_message: str = ""
 
@@ -127,6 +133,7 @@ class JobObservation:
     job_uid: str
     task_id: str
     resource_version: int
+    #: Pods in phase Running (Kubernetes' status.active also counts Pending pods).
     active: int
     succeeded: int
     failed: int
@@ -171,3 +178,6 @@ class Ports:
     edges: EdgeClusters
     bus: Bus
     clock: Clock
+    #: The next moment the backend's world changes by itself (the sim backend), so an
+    #: idle controller on a virtual clock can jump there; None for real backends.
+    next_due: Callable[[], dt.datetime | None] | None = None
