@@ -16,6 +16,7 @@ from falcon_es.settings import Settings
 from falcon_es.store import EventStore
 from falcon_es.task import TaskStates
 from projections.job_table import JobTableProjection
+from projections.queues import QueueView
 
 
 @dataclasses.dataclass
@@ -25,6 +26,7 @@ class App:
     clock: Clock
     store: EventStore
     tasks: TaskStates
+    queue_view: QueueView | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -34,12 +36,16 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     engine = engine or db.make_engine(settings.db_url)
     clock = clock or WallClock()
     tasks = TaskStates()
-    store = EventStore(engine, clock, projections=[tasks, JobTableProjection(tasks, settings.language)])
-    return App(settings, engine, clock, store, tasks)
+    queue_view = QueueView(tasks, settings.language)
+    store = EventStore(engine, clock, projections=[tasks, JobTableProjection(tasks, settings.language), queue_view])
+    return App(settings, engine, clock, store, tasks, queue_view)
 
 
 def load_task_states(app: App) -> None:
     """Fold the log once at start so handlers see every task's state."""
+    if app.queue_view is not None:
+        app.queue_view.load(app.store.read_batches(0, batch_size=5000))
+        return
     for batch in app.store.read_batches(0, batch_size=5000):
         app.tasks.fold(batch)
         app.tasks.committed()
@@ -58,7 +64,8 @@ def build_controller(app: App, *, ports: object = None, handlers: tuple | None =
     def make_context() -> HandlerContext:
         with app.engine.connect() as conn:
             clusters = list_clusters(conn)
-        return HandlerContext(app.settings, app.clock.now(), app.tasks, clusters, inbox, ports)
+        return HandlerContext(app.settings, app.clock.now(), app.tasks, clusters, inbox, ports,
+                              queues=app.queue_view.book if app.queue_view else None)
 
     load_task_states(app)
     return Controller(app.store, app.tasks, handlers or HANDLERS, make_context,

@@ -9,6 +9,7 @@ from typing import Any
 
 from falcon_es.inbox import JobInbox
 from falcon_es.registry import Cluster
+from falcon_es.scheduling import QueueBook
 from falcon_es.settings import Settings
 from falcon_es.spec import SpecLimits
 from falcon_es.task import TaskStates
@@ -22,6 +23,8 @@ class HandlerContext:
     clusters: list[Cluster]
     inbox: JobInbox
     ports: Any = None
+    #: The scheduler's queue index (kept current by the queue view projection).
+    queues: QueueBook | None = None
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -127,8 +127,9 @@ class TaskPicked(Event):
     cluster_id: str
     topology: str
     why: str  # only-waiting | fifo | round-robin
-    candidates: tuple[JsonDict, ...]
+    candidates: tuple[JsonDict, ...]  # the earliest actors' heads (at most 10)
     last_actor: str | None
+    actors_waiting: int = 0  # how many actors had a candidate
 
 
 # Provisioning

@@ -7,9 +7,12 @@ then decisions from the current views.
 from __future__ import annotations
 
 from falcon_es.runtime import Handler
-from handlers import intake
+from handlers import intake, scheduling
 
 HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,
     intake.notice_abort_requests,
+    scheduling.requeue_from_inactive_clusters,
+    scheduling.choose_clusters,
+    scheduling.fill_free_slots,
 )

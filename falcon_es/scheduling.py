@@ -1,0 +1,484 @@
+"""The scheduling policy: cluster choice, the queue book, the pick rule, positions.
+
+Pure core: no database, no handlers. ``QueueBook`` is the controller's in-memory index
+of every live task's place in the (cluster, topology) queues. It is updated
+incrementally from task states (``sync``), never rebuilt per tick, so a pick costs
+O(log n): each queue keeps one FIFO per actor (a sorted list keyed by submit time,
+then id) and a sorted list of the actors' heads.
+
+The rules (DESIGN §8):
+
+- Cluster choice: candidates are the active clusters of the task's TPU type. A cluster
+  holding an idle, retained pool of the task's topology wins; otherwise the one whose
+  (cluster, topology) queue is shortest; ties go to the cluster name, then its id.
+- One acquisition slot per queue. A task takes it when picked and keeps it until it is
+  Running or terminal. A slot holder being aborted keeps the slot until the abort ends
+  (its pool create or Job submit may still be in flight).
+- Pick: each actor's earliest waiting task is a candidate; when several actors have
+  one, the actor served last in this queue is skipped; the earliest submitted of the
+  rest wins.
+- Positions: the order in which the waiting tasks would be picked if nothing else
+  arrived (the pick rule simulated forward), so a position means what it says.
+
+Handlers mutate the book speculatively while a tick decides (so later decisions in
+the same tick see earlier ones); every mutation is journaled, ``commit`` forgets the
+journal once the tick's events are durable and ``rollback`` restores the book when
+they are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import heapq
+from collections.abc import Callable, Collection, Iterator
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from falcon_es import chart
+from falcon_es.registry import Cluster
+from falcon_es.task import TaskState
+
+QueueKey = tuple[str, str]  # (cluster_id, topology)
+Order = tuple[dt.datetime, str]  # (submitted_at, task_id): FIFO order within an actor
+
+ACTIVE = "active"
+#: How many actors' heads a TaskPicked event lists (the earliest ones); the event also
+#: carries how many actors had a candidate.
+CANDIDATES_RECORDED = 10
+
+# Why a cluster won.
+WHY_IDLE_POOL = "idle-pool"
+WHY_QUEUE_DEPTH = "queue-depth"
+WHY_ONLY_CANDIDATE = "only-candidate"
+WHY_TIE_BREAK = "tie-break"
+# Why a task was picked.
+WHY_ONLY_WAITING = "only-waiting"
+WHY_FIFO = "fifo"
+WHY_ROUND_ROBIN = "round-robin"
+
+# Where a task sits in the book.
+UNPLACED = "unplaced"  # Pending/Waiting, no cluster chosen yet (keyed by TPU type)
+WAITING = "waiting"  # Pending/Waiting in a queue
+SLOT = "slot"  # holds its queue's acquisition slot
+RUNNING = "running"
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """What the scheduler needs to know about one task."""
+
+    task_id: str
+    actor: str
+    name: str
+    submitted_at: dt.datetime
+    tpu_type: str
+    topology: str
+
+    @property
+    def order(self) -> Order:
+        return (self.submitted_at, self.task_id)
+
+    @classmethod
+    def of(cls, state: TaskState) -> Entry:
+        return cls(state.task_id, state.actor, state.name, state.submitted_at or _EPOCH,
+                   state.tpu_type, state.topology)
+
+
+Place = tuple[str, Any]  # (kind, QueueKey or TPU type)
+
+
+def place_of(state: TaskState, current: Place | None) -> Place | None:
+    """Where a task in ``state`` belongs, given where the book has it now."""
+    status = state.status
+    if status == chart.PENDING:
+        reason = state.reason
+        if reason == "Waiting":
+            if state.cluster_id is None:
+                return (UNPLACED, state.tpu_type)
+            return (WAITING, (state.cluster_id, state.topology))
+        if reason in chart.SLOT_REASONS and state.cluster_id is not None:
+            return (SLOT, (state.cluster_id, state.topology))
+        return None
+    if status == chart.RUNNING and state.cluster_id is not None:
+        return (RUNNING, (state.cluster_id, state.topology))
+    if status == chart.ABORTING and current is not None and current[0] == SLOT:
+        return current
+    return None
+
+
+# --------------------------------------------------------------------- decisions
+
+
+@dataclasses.dataclass(frozen=True)
+class PickDecision:
+    """The winner of a free slot and the record of why (for TaskPicked)."""
+
+    queue: QueueKey
+    winner: Entry
+    why: str
+    candidates: tuple[dict[str, Any], ...]
+    actors_waiting: int
+    last_actor: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterChoice:
+    cluster: Cluster
+    why: str
+    candidates: tuple[dict[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMatch:
+    """No cluster of the TPU type is registered at all: the task fails."""
+
+    registered_tpu_types: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoneActive:
+    """Clusters of the TPU type exist but none is active: the task keeps waiting."""
+
+    clusters: tuple[dict[str, Any], ...]
+
+
+def choose_cluster(
+    tpu_type: str,
+    topology: str,
+    clusters: Sequence[Cluster],
+    depth: Callable[[QueueKey], int],
+    idle_pools: Collection[QueueKey],
+) -> ClusterChoice | NoMatch | NoneActive:
+    """Pick the cluster for a task; ``depth(key)`` is the number of tasks queued or
+    acquiring in a (cluster, topology) queue; ``idle_pools`` holds the queues where an
+    idle, retained pool of that topology sits."""
+    of_type = [c for c in clusters if c.tpu_type == tpu_type]
+    if not of_type:
+        return NoMatch(tuple(sorted({c.tpu_type for c in clusters})))
+    active = [c for c in of_type if c.status == ACTIVE]
+    if not active:
+        return NoneActive(tuple({"name": c.name, "status": c.status}
+                                for c in sorted(of_type, key=lambda c: (c.name, c.id))))
+    rows = []
+    for cluster in sorted(active, key=lambda c: (c.name, c.id)):
+        key = (cluster.id, topology)
+        rows.append((cluster, depth(key), key in idle_pools))
+    candidates = tuple({"cluster_id": c.id, "name": c.name, "queued": queued, "idle_pool": idle}
+                       for c, queued, idle in rows)
+    if len(rows) == 1:
+        return ClusterChoice(rows[0][0], WHY_ONLY_CANDIDATE, candidates)
+    with_pool = [r for r in rows if r[2]]
+    if with_pool:
+        best = min(with_pool, key=lambda r: (r[1], r[0].name, r[0].id))
+        return ClusterChoice(best[0], WHY_IDLE_POOL, candidates)
+    fewest = min(r[1] for r in rows)
+    best_rows = [r for r in rows if r[1] == fewest]
+    why = WHY_QUEUE_DEPTH if len(best_rows) == 1 else WHY_TIE_BREAK
+    return ClusterChoice(best_rows[0][0], why, candidates)
+
+
+# --------------------------------------------------------------------- the queues
+
+
+class _Queue:
+    """One (cluster, topology) queue: per-actor FIFOs, their heads, the slot, running."""
+
+    __slots__ = ("key", "fifo", "heads", "waiting", "holders", "running", "last_actor")
+
+    def __init__(self, key: QueueKey) -> None:
+        self.key = key
+        self.fifo: dict[str, SortedList] = {}  # actor -> SortedList[Order]
+        self.heads: SortedList = SortedList()  # (submitted_at, task_id, actor)
+        self.waiting: dict[str, Entry] = {}
+        self.holders: set[str] = set()
+        self.running: set[str] = set()
+        self.last_actor: str | None = None
+
+    def add(self, entry: Entry) -> None:
+        fifo = self.fifo.get(entry.actor)
+        order = entry.order
+        if fifo is None:
+            fifo = self.fifo[entry.actor] = SortedList()
+        elif order < fifo[0]:
+            self.heads.remove((*fifo[0], entry.actor))
+        else:
+            fifo.add(order)
+            self.waiting[entry.task_id] = entry
+            return
+        fifo.add(order)
+        self.heads.add((*order, entry.actor))
+        self.waiting[entry.task_id] = entry
+
+    def remove(self, entry: Entry) -> None:
+        fifo = self.fifo[entry.actor]
+        order = entry.order
+        was_head = fifo[0] == order
+        fifo.remove(order)
+        del self.waiting[entry.task_id]
+        if not was_head:
+            return
+        self.heads.remove((*order, entry.actor))
+        if fifo:
+            self.heads.add((*fifo[0], entry.actor))
+        else:
+            del self.fifo[entry.actor]
+
+    @property
+    def depth(self) -> int:
+        return len(self.waiting) + len(self.holders)
+
+    def is_empty(self) -> bool:
+        return not (self.waiting or self.holders or self.running) and self.last_actor is None
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSnapshot:
+    """One queue as the view shows it."""
+
+    key: QueueKey
+    holders: tuple[str, ...]
+    waiting: tuple[Entry, ...]  # in pick order
+    running: int
+    last_actor: str | None
+
+
+class QueueBook:
+    """Every live task's place in the queues, with an undo journal per tick."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, tuple[Place, Entry]] = {}
+        self._queues: dict[QueueKey, _Queue] = {}
+        self._unplaced: dict[str, dict[str, Entry]] = {}
+        self._idle_pools: dict[str, QueueKey] = {}  # pool name -> queue
+        self._undo_tasks: dict[str, tuple[Place, Entry] | None] = {}
+        self._undo_last: dict[QueueKey, str | None] = {}
+        self._undo_pools: dict[str, QueueKey | None] = {}
+        self._owner: object = None
+        #: Queues whose pick order changed since their positions were last written.
+        self.changed: set[QueueKey] = set()
+
+    # ---------------------------------------------------------------- journal
+    def begin(self, owner: object) -> None:
+        """Start deciding for ``owner`` (a tick); leftovers of an earlier owner whose
+        events never reached the log are rolled back first."""
+        if self._owner is not owner:
+            self.rollback()
+            self._owner = owner
+
+    def commit(self) -> None:
+        self._undo_tasks.clear()
+        self._undo_last.clear()
+        self._undo_pools.clear()
+        self._owner = None
+
+    def rollback(self) -> None:
+        for task_id, previous in self._undo_tasks.items():
+            self._move(task_id, previous)
+        for key, actor in self._undo_last.items():
+            self._queue(key).last_actor = actor
+            self.changed.add(key)
+        for pool, key in self._undo_pools.items():
+            if key is None:
+                self._idle_pools.pop(pool, None)
+            else:
+                self._idle_pools[pool] = key
+        self.commit()
+
+    # ---------------------------------------------------------------- updates
+    def sync(self, state: TaskState) -> None:
+        """Put the task where its state says it belongs (idempotent)."""
+        current = self._where.get(state.task_id)
+        target = place_of(state, current[0] if current else None)
+        if target is None:
+            if current is not None:
+                self._journal(state.task_id, current)
+                self._move(state.task_id, None)
+            return
+        if current is not None and current[0] == target:
+            return
+        entry = current[1] if current is not None else Entry.of(state)
+        self._journal(state.task_id, current)
+        self._move(state.task_id, (target, entry))
+
+    def served(self, key: QueueKey, actor: str) -> None:
+        queue = self._queue(key)
+        if queue.last_actor == actor:
+            return
+        self._undo_last.setdefault(key, queue.last_actor)
+        queue.last_actor = actor
+        self.changed.add(key)
+
+    def pool_retained(self, pool_name: str, key: QueueKey) -> None:
+        self._undo_pools.setdefault(pool_name, self._idle_pools.get(pool_name))
+        self._idle_pools[pool_name] = key
+
+    def pool_gone(self, pool_name: str) -> None:
+        if pool_name in self._idle_pools:
+            self._undo_pools.setdefault(pool_name, self._idle_pools[pool_name])
+            del self._idle_pools[pool_name]
+
+    def _journal(self, task_id: str, current: tuple[Place, Entry] | None) -> None:
+        if task_id not in self._undo_tasks:
+            self._undo_tasks[task_id] = current
+
+    def _move(self, task_id: str, target: tuple[Place, Entry] | None) -> None:
+        current = self._where.pop(task_id, None)
+        if current is not None:
+            (kind, key), entry = current
+            if kind == UNPLACED:
+                group = self._unplaced[key]
+                del group[task_id]
+                if not group:
+                    del self._unplaced[key]
+            else:
+                queue = self._queues[key]
+                if kind == WAITING:
+                    queue.remove(entry)
+                    self.changed.add(key)
+                elif kind == SLOT:
+                    queue.holders.discard(task_id)
+                else:
+                    queue.running.discard(task_id)
+                if queue.is_empty():
+                    del self._queues[key]
+        if target is None:
+            return
+        (kind, key), entry = target
+        self._where[task_id] = target
+        if kind == UNPLACED:
+            self._unplaced.setdefault(key, {})[task_id] = entry
+            return
+        queue = self._queue(key)
+        if kind == WAITING:
+            queue.add(entry)
+            self.changed.add(key)
+        elif kind == SLOT:
+            queue.holders.add(task_id)
+        else:
+            queue.running.add(task_id)
+
+    def _queue(self, key: QueueKey) -> _Queue:
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(key)
+        return queue
+
+    # ---------------------------------------------------------------- reading
+    def place(self, task_id: str) -> Place | None:
+        found = self._where.get(task_id)
+        return found[0] if found else None
+
+    def depth(self, key: QueueKey) -> int:
+        queue = self._queues.get(key)
+        return queue.depth if queue else 0
+
+    def idle_pool_queues(self) -> frozenset[QueueKey]:
+        return frozenset(self._idle_pools.values())
+
+    def queue_keys(self) -> list[QueueKey]:
+        return sorted(self._queues)
+
+    def free_queues(self) -> list[QueueKey]:
+        """Queues with waiting tasks and nobody holding the slot, in a stable order."""
+        return sorted(k for k, q in self._queues.items() if q.waiting and not q.holders)
+
+    def waiting_queues(self) -> list[QueueKey]:
+        return sorted(k for k, q in self._queues.items() if q.waiting)
+
+    def waiting(self, key: QueueKey) -> list[Entry]:
+        """The queue's waiting tasks in submit order."""
+        queue = self._queues.get(key)
+        return sorted(queue.waiting.values(), key=lambda e: e.order) if queue else []
+
+    def waiting_count(self, key: QueueKey) -> int:
+        queue = self._queues.get(key)
+        return len(queue.waiting) if queue else 0
+
+    def holders(self, key: QueueKey) -> tuple[str, ...]:
+        queue = self._queues.get(key)
+        return tuple(sorted(queue.holders)) if queue else ()
+
+    def running(self, key: QueueKey) -> int:
+        queue = self._queues.get(key)
+        return len(queue.running) if queue else 0
+
+    def last_actor(self, key: QueueKey) -> str | None:
+        queue = self._queues.get(key)
+        return queue.last_actor if queue else None
+
+    def unplaced(self) -> dict[str, list[Entry]]:
+        """Tasks with no cluster yet, per TPU type, in submit order."""
+        return {t: sorted(g.values(), key=lambda e: e.order)
+                for t, g in sorted(self._unplaced.items())}
+
+    def waiting_total(self) -> int:
+        return sum(len(q.waiting) for q in self._queues.values())
+
+    # ---------------------------------------------------------------- the rule
+    def decide(self, key: QueueKey) -> PickDecision | None:
+        """Who gets this queue's slot now: O(log n), no mutation."""
+        queue = self._queues.get(key)
+        if queue is None or not queue.heads:
+            return None
+        heads = queue.heads
+        first = heads[0]
+        if len(heads) > 1 and first[2] == queue.last_actor:
+            chosen, why = heads[1], WHY_ROUND_ROBIN
+        else:
+            chosen = first
+            why = WHY_ONLY_WAITING if len(queue.waiting) == 1 else WHY_FIFO
+        winner = queue.waiting[chosen[1]]
+        candidates = tuple(
+            {"task_id": task_id, "actor": actor, "name": queue.waiting[task_id].name,
+             "submitted_at": submitted.isoformat(),
+             **({"skipped": "served last"} if actor == queue.last_actor and len(heads) > 1
+                else {})}
+            for submitted, task_id, actor in heads.islice(0, CANDIDATES_RECORDED)
+        )
+        return PickDecision(key, winner, why, candidates, len(heads), queue.last_actor)
+
+    def pick_order(self, key: QueueKey) -> list[Entry]:
+        """The waiting tasks in the order the pick rule would take them if nothing
+        else arrived: O(n log a) for n tasks of a actors."""
+        queue = self._queues.get(key)
+        if queue is None:
+            return []
+        return list(_simulate(queue))
+
+    def snapshot(self, key: QueueKey) -> QueueSnapshot:
+        return QueueSnapshot(key, self.holders(key), tuple(self.pick_order(key)),
+                             self.running(key), self.last_actor(key))
+
+    def check(self) -> None:
+        """Raise AssertionError if an internal invariant is broken (tests use it)."""
+        for key, queue in self._queues.items():
+            assert len(queue.holders) <= 1, f"queue {key} has holders {queue.holders}"
+            assert len(queue.heads) == len(queue.fifo), f"queue {key}: heads and FIFOs differ"
+            assert sum(len(f) for f in queue.fifo.values()) == len(queue.waiting)
+            for actor, fifo in queue.fifo.items():
+                assert (*fifo[0], actor) in queue.heads
+
+
+def _simulate(queue: _Queue) -> Iterator[Entry]:
+    streams = {actor: iter(fifo) for actor, fifo in queue.fifo.items()}
+    heap = [(next(stream), actor) for actor, stream in streams.items()]
+    heapq.heapify(heap)
+    last = queue.last_actor
+    waiting = queue.waiting
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        if heap[0][1] == last and len(heap) > 1:
+            skipped = pop(heap)
+            order, actor = pop(heap)
+            push(heap, skipped)
+        else:
+            order, actor = pop(heap)
+        yield waiting[order[1]]
+        last = actor
+        following = next(streams[actor], None)
+        if following is not None:
+            push(heap, (following, actor))

@@ -1,0 +1,120 @@
+"""Scheduling: where each accepted task queues and when it takes its queue's slot.
+
+Three handlers, run in this order after intake in every tick:
+
+1. ``requeue_from_inactive_clusters`` -- waiting tasks queued on a cluster that is now
+   in maintenance or offline leave that queue (TaskRequeued); tasks acquiring or
+   running there stay.
+2. ``choose_clusters`` -- every task without a cluster (just accepted, just re-queued,
+   or waiting for an active cluster) gets one (ClusterChosen), fails when no cluster
+   serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
+   clusters and their status (NoActiveCluster, appended again only when that changes).
+3. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
+   cluster picks one task (TaskPicked), all queues in the same tick.
+
+Each decision event records the candidates and why the winner won, so
+``falcon-es history ID`` explains a task's whole wait. The handlers update the
+controller's ``QueueBook`` as they emit (it journals and is confirmed or rolled back
+with the tick's append), so a decision sees the ones made before it in the same tick.
+"""
+
+from __future__ import annotations
+
+from falcon_es import chart
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.registry import Cluster
+from falcon_es.runtime import Tick
+from falcon_es.scheduling import (
+    ACTIVE, ClusterChoice, NoMatch, NoneActive, QueueBook, choose_cluster,
+)
+from falcon_es.task import TaskState
+
+
+def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
+    """The book, brought up to date with what earlier handlers emitted this tick."""
+    book: QueueBook = ctx.queues
+    book.begin(tick)
+    for state in tick.touched():
+        book.sync(state)
+    return book
+
+
+def _is_waiting(state: TaskState | None) -> bool:
+    return state is not None and state.status == chart.PENDING and state.reason == "Waiting"
+
+
+def requeue_from_inactive_clusters(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    clusters = {c.id: c for c in ctx.clusters}
+    for key in book.waiting_queues():
+        cluster = clusters.get(key[0])
+        if cluster is not None and cluster.status == ACTIVE:
+            continue
+        name = cluster.name if cluster else key[0]
+        status = cluster.status if cluster else "unregistered"
+        for entry in book.waiting(key):
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state):
+                if state is not None:
+                    book.sync(state)
+                continue
+            after = tick.emit(entry.task_id, ev.TaskRequeued(key[0], name, status))
+            if after is not None:
+                book.sync(after)
+
+
+def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    idle_pools = book.idle_pool_queues()
+    for tpu_type, entries in book.unplaced().items():
+        for entry in entries:
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state) or state.cluster_id is not None:
+                if state is not None:
+                    book.sync(state)
+                continue
+            choice = choose_cluster(tpu_type, entry.topology, ctx.clusters, book.depth,
+                                    idle_pools)
+            event = _decision_event(choice, state)
+            if event is None:
+                continue
+            after = tick.emit(entry.task_id, event)
+            if after is not None:
+                book.sync(after)
+
+
+def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskState) -> ev.Event | None:
+    if isinstance(choice, ClusterChoice):
+        return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.topology,
+                                choice.why, choice.candidates)
+    if isinstance(choice, NoMatch):
+        return ev.NoMatchingCluster(state.tpu_type, choice.registered_tpu_types)
+    unchanged = (state.message_key == "NoActiveCluster"
+                 and list(state.message_args.get("clusters", ())) == list(choice.clusters))
+    return None if unchanged else ev.NoActiveCluster(state.tpu_type, choice.clusters)
+
+
+def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    clusters: dict[str, Cluster] = {c.id: c for c in ctx.clusters}
+    for key in book.free_queues():
+        cluster = clusters.get(key[0])
+        if cluster is None or cluster.status != ACTIVE:
+            continue
+        while (decision := book.decide(key)) is not None:
+            state = tick.state(decision.winner.task_id)
+            if not _is_waiting(state) or state.cluster_id != key[0]:
+                if state is None:
+                    break
+                book.sync(state)
+                continue
+            after = tick.emit(decision.winner.task_id, ev.TaskPicked(
+                cluster_id=key[0], topology=key[1], why=decision.why,
+                candidates=decision.candidates, last_actor=decision.last_actor,
+                actors_waiting=decision.actors_waiting,
+            ))
+            book.served(key, decision.winner.actor)
+            if after is not None:
+                book.sync(after)
+            break

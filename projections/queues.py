@@ -1,0 +1,237 @@
+"""The queue view: per (cluster, topology) queue the slot holder, the waiting tasks in
+pick order with their positions, the running count and the actor served last; and the
+waiting tasks' position Message in the job table.
+
+``QueueView`` is an inline projection registered after ``TaskStates`` and the job-table
+projection. In each append's transaction it folds the append's task changes into the
+scheduler's ``QueueBook`` (which the scheduling handlers already updated while they
+decided) and rewrites, in one batched UPDATE, the Message of the waiting tasks whose
+position text changed, only in queues whose pick order changed. Running in the append's
+own transaction, after the job-table rows were written, it commits with the tick's
+events and covers events from every handler. A row the upper layer set to
+``Aborting`` is never touched (``WHERE status = 'Pending'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from falcon_es import chart
+from falcon_es import events as ev
+from falcon_es.registry import Cluster
+from falcon_es.scheduling import WAITING, Entry, QueueBook, QueueKey
+from falcon_es.store import RecordedEvent
+from falcon_es.tables import job
+from falcon_es.task import Change, TaskStates
+from projections.messages import position_message
+
+#: Events that take a retained pool out of the idle set.
+_POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)
+
+
+class _Ahead(Sequence[tuple[str, str]]):
+    """The first ``count`` tasks of a pick order as (actor, name), without copying."""
+
+    __slots__ = ("order", "count")
+
+    def __init__(self, order: Sequence[Entry], count: int) -> None:
+        self.order = order
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, str]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [(e.actor, e.name) for e in self.order[: self.count][index]]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        entry = self.order[index % self.count]
+        return (entry.actor, entry.name)
+
+
+def positions(order: Sequence[Entry], lang: str) -> Iterator[tuple[str, str]]:
+    """(task id, Message) for each waiting task of one queue, in pick order."""
+    for index, entry in enumerate(order):
+        yield entry.task_id, position_message(index + 1, _Ahead(order, index), lang)
+
+
+def position_update() -> sa.Update:
+    """The batched refresh: never touches a row that is no longer Pending (an abort)."""
+    return (
+        job.update()
+        .where(job.c.id == sa.bindparam("b_id"), job.c.status == chart.PENDING)
+        .values(message=sa.bindparam("b_message"))
+    )
+
+
+def write_positions(conn: Connection, rows: Sequence[tuple[str, str]]) -> int:
+    """One executemany UPDATE for all rows; returns the rows written."""
+    if not rows:
+        return 0
+    conn.execute(position_update(), [{"b_id": task_id, "b_message": m} for task_id, m in rows])
+    return len(rows)
+
+
+class QueueView:
+    """Inline projection keeping the ``QueueBook`` and the waiting positions current."""
+
+    def __init__(self, tasks: TaskStates, lang: str = "en", book: QueueBook | None = None) -> None:
+        self.tasks = tasks
+        self.lang = lang
+        self.book = book if book is not None else QueueBook()
+        self._written: dict[str, str] = {}  # task id -> position Message in the row
+        self._staged: dict[str, str] = {}
+        self._refreshed: set[QueueKey] = set()
+        self._update = position_update()
+        #: Rows written by the last refresh (for the benchmark and tests).
+        self.last_refresh_rows = 0
+
+    # ------------------------------------------------------------ InlineProjection
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        self.fold(self.tasks.changes(), recorded)
+        self.refresh(conn)
+
+    def committed(self) -> None:
+        self.book.commit()
+        self._written.update(self._staged)
+        self._staged.clear()
+        self.book.changed -= self._refreshed
+        self._refreshed.clear()
+
+    def discarded(self) -> None:
+        self.book.rollback()
+        self._staged.clear()
+        self._refreshed.clear()
+
+    # ------------------------------------------------------------ folding
+    def fold(self, changes: Iterable[Change], recorded: Sequence[RecordedEvent]) -> None:
+        """Fold task changes (in log order) and the decisions they record."""
+        book = self.book
+        for change in changes:
+            self._written.pop(change.after.task_id, None)
+            book.sync(change.after)
+            place = book.place(change.after.task_id)
+            if place is not None and place[0] == WAITING:
+                book.changed.add(place[1])
+        for record in recorded:
+            event = record.event
+            if isinstance(event, ev.TaskPicked):
+                state = self.tasks.get(record.stream_id)
+                if state is not None:
+                    book.served((event.cluster_id, event.topology), state.actor)
+            elif isinstance(event, ev.NodePoolRetained):
+                state = self.tasks.get(record.stream_id)
+                if state is not None and state.cluster_id is not None:
+                    book.pool_retained(event.pool_name, (state.cluster_id, state.topology))
+            elif isinstance(event, _POOL_GONE):
+                book.pool_gone(event.pool_name)
+
+    def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
+        """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
+        first and hands over its per-event changes, so slot and last-actor history is
+        replayed in order."""
+        for batch in batches:
+            changes = self.tasks.fold(batch)
+            self.fold(changes, batch)
+            self.tasks.committed()
+            self.book.commit()
+        # The job table already holds the positions of the folded log (they commit
+        # with the events), so nothing needs rewriting until a queue changes again.
+        self.book.changed.clear()
+
+    # ------------------------------------------------------------ positions
+    def pending_positions(self) -> list[tuple[str, str]]:
+        """Rows whose position Message differs from what the job table holds, for the
+        queues whose order changed."""
+        rows: list[tuple[str, str]] = []
+        written = self._written
+        for key in sorted(self.book.changed):
+            order = self.book.pick_order(key)
+            for task_id, message in positions(order, self.lang):
+                if written.get(task_id) != message:
+                    rows.append((task_id, message))
+        return rows
+
+    def refresh(self, conn: Connection) -> int:
+        """Write the changed positions in one batched UPDATE (within the append)."""
+        if not self.book.changed:
+            self.last_refresh_rows = 0
+            return 0
+        rows = self.pending_positions()
+        if rows:
+            conn.execute(self._update, [{"b_id": t, "b_message": m} for t, m in rows])
+        self._staged.update(rows)
+        self._refreshed = set(self.book.changed)
+        self.last_refresh_rows = len(rows)
+        return len(rows)
+
+    def all_positions(self) -> list[tuple[str, str]]:
+        """Every waiting task's position Message (what a rebuild writes)."""
+        rows: list[tuple[str, str]] = []
+        for key in self.book.waiting_queues():
+            rows.extend(positions(self.book.pick_order(key), self.lang))
+        return rows
+
+
+# ------------------------------------------------------------------ the view
+
+
+def queue_rows(
+    view: QueueView, clusters: Mapping[str, Cluster], tasks: TaskStates | None = None,
+) -> list[dict[str, Any]]:
+    """The queue view for people and scripts: one dict per queue."""
+    book = view.book
+    tasks = tasks if tasks is not None else view.tasks
+    rows = []
+    for key in book.queue_keys():
+        cluster_id, topology = key
+        cluster = clusters.get(cluster_id)
+        holders = []
+        for task_id in book.holders(key):
+            state = tasks.get(task_id)
+            holders.append({
+                "task_id": task_id,
+                "actor": state.actor if state else None,
+                "name": state.name if state else None,
+                "status": state.status if state else None,
+                "reason": state.reason if state else None,
+            })
+        order = book.pick_order(key)
+        waiting = [
+            {"position": index + 1, "task_id": e.task_id, "actor": e.actor, "name": e.name,
+             "submitted_at": e.submitted_at.isoformat(),
+             "message": message}
+            for index, (e, (_, message)) in enumerate(zip(order, positions(order, view.lang)))
+        ]
+        rows.append({
+            "cluster_id": cluster_id,
+            "cluster": cluster.name if cluster else None,
+            "cluster_status": cluster.status if cluster else None,
+            "tpu_type": cluster.tpu_type if cluster else None,
+            "topology": topology,
+            "slot_holder": holders[0] if holders else None,
+            "waiting_count": len(waiting),
+            "waiting": waiting,
+            "running": book.running(key),
+            "last_actor": book.last_actor(key),
+        })
+    return rows
+
+
+def unplaced_rows(view: QueueView) -> list[dict[str, Any]]:
+    """Tasks still waiting for a cluster (none active for their TPU type)."""
+    return [
+        {"tpu_type": tpu_type, "task_id": e.task_id, "actor": e.actor, "name": e.name,
+         "submitted_at": e.submitted_at.isoformat()}
+        for tpu_type, entries in view.book.unplaced().items() for e in entries
+    ]
