@@ -1,0 +1,77 @@
+"""What the simulated GKE and Kubernetes sides of one cluster share: its identity, its
+seeded random streams, and the API's validation rules (so a bad name or label fails
+here the way it would against the real API)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import re
+from collections.abc import Mapping
+
+from falcon_es.adapters.sim.config import ClusterBehaviour, JobDefaults, SimClusterConfig
+
+#: A GKE node pool name (the API's own regex; 40 characters at most).
+POOL_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
+#: An RFC 1123 label, as Kubernetes requires of a Job name (63 characters at most).
+DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+#: Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
+SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterIdentity:
+    name: str
+    project: str
+    location: str
+    tpu_types: tuple[str, ...]
+    config: SimClusterConfig
+    behaviour: ClusterBehaviour
+    jobs: JobDefaults
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}/clusters/{self.name}"
+
+    def pool_path(self, pool: str) -> str:
+        return f"{self.path}/nodePools/{pool}"
+
+    def reservation_path(self, reservation: str) -> str:
+        return f"projects/{self.project}/zones/{self.location}/reservations/{reservation}"
+
+
+def random_streams(seed: int, cluster: str) -> dict[str, random.Random]:
+    """Independent streams per cluster and concern: adding a cluster, or turning on
+    delivery faults, leaves every other stream's draws unchanged."""
+    return {name: random.Random(f"{seed}:{cluster}:{name}")
+            for name in ("gke", "kube", "delivery")}
+
+
+def suffix(rng: random.Random, length: int = 5) -> str:
+    return "".join(rng.choice(SUFFIX_CHARS) for _ in range(length))
+
+
+def label_problem(labels: object) -> str | None:
+    """Why these labels would be refused by Kubernetes, or None when they are valid."""
+    if not isinstance(labels, Mapping):
+        return f"expected a map of strings, found {type(labels).__name__}"
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            return f"label {key!r}: keys and values must be strings"
+        prefix, _, name = key.rpartition("/")
+        if not _LABEL_NAME.match(name) or (prefix and not _LABEL_PREFIX.match(prefix)):
+            return (f'Invalid value: "{key}": name part must consist of alphanumeric characters, '
+                    "'-', '_' or '.', and must start and end with an alphanumeric character")
+        if not _LABEL_VALUE.match(value):
+            return (f'Invalid value: "{value}": a valid label must be an empty string or consist '
+                    "of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                    "alphanumeric character (at most 63 characters)")
+    return None
+
+
+def seconds_after(moment: dt.datetime, seconds: float) -> dt.datetime:
+    return moment + dt.timedelta(seconds=seconds)

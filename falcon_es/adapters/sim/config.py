@@ -1,0 +1,537 @@
+"""What the simulated world does, read from a JSON file (``--sim-config``).
+
+Every knob has a default so an empty object is a valid world: clusters that the
+registry names but the file does not describe behave like ``defaults``. Latencies are
+seconds, either a number or ``[low, high]`` (drawn uniformly from the world's seeded
+random stream); per-supply-mode knobs take one such value or an object keyed by
+``reservation`` / ``on-demand`` / ``flex-start``. Reservation ``count`` and ``in_use``
+count **VMs (hosts)**, as Compute's specific reservations do: a v6e 4x4 slice uses 4.
+
+A bad file fails with one line naming the file, the place in it and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from falcon_es.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
+from falcon_es.spec import SIM_OUTCOMES, SUPPLY_MODES
+from falcon_es.tpu import TPU_TYPES
+
+RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
+DEFAULT_CONFIG_RESOURCE = "default_config.json"
+
+
+class SimConfigError(ValueError):
+    """The simulator configuration cannot describe a world (says where and why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A duration in seconds drawn uniformly from [low, high] (a fixed value when equal)."""
+
+    low: float
+    high: float
+
+    def draw(self, rng: random.Random) -> float:
+        """Whole milliseconds: timestamps stay readable and survive any DATETIME(3+)."""
+        return self.low if self.low == self.high else round(rng.uniform(self.low, self.high), 3)
+
+    def to_data(self) -> float | list[float]:
+        return self.low if self.low == self.high else [self.low, self.high]
+
+
+def fixed(seconds: float) -> Span:
+    return Span(float(seconds), float(seconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultRule:
+    """Which attempts fail: the first ``first_n`` always, then each with ``probability``."""
+
+    probability: float = 0.0
+    first_n: int = 0
+
+    def hits(self, index: int, rng: random.Random) -> bool:
+        """Always draws once, so enabling ``first_n`` does not shift later draws."""
+        roll = rng.random()
+        return index < self.first_n or roll < self.probability
+
+
+@dataclasses.dataclass(frozen=True)
+class StockoutConfig:
+    """Pools that come up RUNNING with 0/N nodes; ``duration`` None means for good."""
+
+    supply_modes: tuple[str, ...] = (FLEX_START,)
+    probability: float = 0.0
+    first_n: int = 0
+    duration: Span | None = Span(600.0, 1800.0)
+
+    @property
+    def rule(self) -> FaultRule:
+        return FaultRule(self.probability, self.first_n)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuotaConfig:
+    """Creates whose operation fails with TPUS_PER_TPU_FAMILY quota words.
+
+    ``tpu_chip_limit`` is the explicit rule: chips of live pools in ``supply_modes`` on
+    the cluster may not exceed it (reservation pools need no quota, as on GKE).
+    """
+
+    supply_modes: tuple[str, ...] = (ON_DEMAND, FLEX_START)
+    probability: float = 0.0
+    first_n: int = 0
+    tpu_chip_limit: int | None = None
+    failure_after: Span = Span(20.0, 60.0)
+
+    @property
+    def rule(self) -> FaultRule:
+        return FaultRule(self.probability, self.first_n)
+
+
+def _by_mode(reservation: Span, on_demand: Span, flex_start: Span) -> Callable[[], Mapping[str, Span]]:
+    return lambda: MappingProxyType({RESERVATION: reservation, ON_DEMAND: on_demand,
+                                     FLEX_START: flex_start})
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterBehaviour:
+    create_latency: Mapping[str, Span] = dataclasses.field(default_factory=_by_mode(
+        Span(60.0, 120.0), Span(120.0, 240.0), Span(300.0, 900.0)))
+    delete_latency: Span = Span(30.0, 90.0)
+    #: After create, get/list answer 404 for this long (eventual consistency).
+    visibility_delay: Mapping[str, Span] = dataclasses.field(default_factory=_by_mode(
+        fixed(0), fixed(0), Span(10.0, 30.0)))
+    #: From RUNNING (or the end of a stockout) until the slice's nodes register.
+    node_register_delay: Mapping[str, Span] = dataclasses.field(default_factory=_by_mode(
+        Span(20.0, 40.0), Span(30.0, 60.0), Span(60.0, 180.0)))
+    node_ready_lag: Span = Span(5.0, 15.0)
+    stockout: StockoutConfig = StockoutConfig()
+    quota: QuotaConfig = QuotaConfig()
+    delete_failures: FaultRule = FaultRule()
+    #: GKE leaves a pool whose create failed in status ERROR until someone deletes it.
+    failed_pool_remains: bool = True
+    #: None: unlimited; else a create/delete beyond it gets GKE's 429 words.
+    max_concurrent_operations: int | None = None
+    #: CPU nodes of the cluster (no TPU); they appear in "0/N nodes are available".
+    system_nodes: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationConfig:
+    name: str
+    count: int  # VMs
+    in_use: int = 0  # VMs used by something other than Falcon's pools
+    machine_type: str | None = None  # None: any machine of the cluster's TPU type
+
+
+@dataclasses.dataclass(frozen=True)
+class SimClusterConfig:
+    """A cluster of the world; the identity fields also let a demo register it."""
+
+    name: str
+    project: str | None = None  # None: the registry's value for the cluster
+    location: str | None = None
+    tpu_types: tuple[str, ...] = ()
+    gcs_bucket: str | None = None
+    default_reservation: str | None = None
+    reservations: tuple[ReservationConfig, ...] = ()
+    behaviour: ClusterBehaviour = ClusterBehaviour()
+
+    @property
+    def tpu_type(self) -> str:
+        return self.tpu_types[0] if self.tpu_types else ""
+
+    def reservation(self, name: str) -> ReservationConfig | None:
+        short = name.rsplit("/", 1)[-1]
+        return next((r for r in self.reservations if r.name == short), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDefaults:
+    """Job behaviour when a task's ``spec.sim`` says nothing."""
+
+    duration_seconds: float = 300.0
+    outcome: str = "succeed"
+    exit_code: int | None = None
+    pod_start: Span = Span(5.0, 15.0)
+    image_pull_backoff_seconds: float = 20.0
+    #: TPU nodes carry google.com/tpu=present:NoSchedule; pods must tolerate it.
+    enforce_tpu_taint: bool = True
+    #: Kubernetes' own default when a Job does not set spec.backoffLimit.
+    default_backoff_limit: int = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class DeliveryFaults:
+    """How the simulated informers mistreat edge events on their way to the bus."""
+
+    topic: str = EDGE_EVENTS_TOPIC
+    late_probability: float = 0.0
+    max_late_seconds: float = 30.0
+    duplicate_probability: float = 0.0
+    #: Held back until the Job's next observation has been delivered (or the hold ends).
+    reorder_probability: float = 0.0
+    reorder_max_hold_seconds: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BusConfig:
+    ack_deadline_seconds: float = 60.0
+    #: topic -> its subscriptions; a topic without subscriptions drops what it gets
+    #: (the ops stream has none by default: nobody in-process reads it).
+    subscriptions: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({
+            EDGE_EVENTS_TOPIC: (EDGE_EVENTS_TOPIC,), TASK_EVENTS_TOPIC: ()}))
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    seed: int = 0
+    clusters: tuple[SimClusterConfig, ...] = ()
+    defaults: ClusterBehaviour = ClusterBehaviour()
+    jobs: JobDefaults = JobDefaults()
+    delivery: DeliveryFaults = DeliveryFaults()
+    bus: BusConfig = BusConfig()
+    source: str = "<defaults>"
+
+    def cluster(self, name: str) -> SimClusterConfig | None:
+        return next((c for c in self.clusters if c.name == name), None)
+
+    @classmethod
+    def from_data(cls, data: Any, source: str = "<data>") -> SimConfig:
+        return _Parser(source).config(data)
+
+
+def load_sim_config(path: str | Path | None = None) -> SimConfig:
+    """The file's world, or the packaged default world (three clusters) when None."""
+    if path is None:
+        text = resources.files(__package__).joinpath(DEFAULT_CONFIG_RESOURCE).read_text("utf-8")
+        source = f"{__package__}/{DEFAULT_CONFIG_RESOURCE}"
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as error:
+            raise SimConfigError(f"sim config {source}: cannot read ({error.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SimConfigError(
+            f"sim config {source}: not valid JSON (line {error.lineno} column {error.colno}: "
+            f"{error.msg})"
+        ) from None
+    return SimConfig.from_data(data, source)
+
+
+_BEHAVIOUR_KEYS = frozenset({
+    "create_latency_seconds", "delete_latency_seconds", "visibility_delay_seconds",
+    "node_register_seconds", "node_ready_lag_seconds", "stockout", "quota",
+    "delete_failures", "failed_pool_remains", "max_concurrent_operations", "system_nodes",
+})
+_CLUSTER_KEYS = frozenset({
+    "name", "project", "location", "tpu_types", "tpu_type", "gcs_bucket",
+    "default_reservation", "reservations",
+}) | _BEHAVIOUR_KEYS
+
+
+class _Parser:
+    """Strict: an unknown key is a typo until proven otherwise, so it is refused."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, what: str) -> SimConfigError:
+        return SimConfigError(f"sim config {self.source}: {where}: {what}")
+
+    def config(self, data: Any) -> SimConfig:
+        data = self.obj(data, "top level", {"seed", "defaults", "clusters", "jobs",
+                                            "delivery", "bus"})
+        defaults = self.behaviour(data.get("defaults", {}), "defaults", ClusterBehaviour())
+        raw_clusters = data.get("clusters", [])
+        if not isinstance(raw_clusters, list):
+            raise self.fail("clusters", f"expected a list of objects, found {_kind(raw_clusters)}")
+        clusters = tuple(self.cluster(c, f"clusters[{i}]", defaults)
+                         for i, c in enumerate(raw_clusters))
+        names = [c.name for c in clusters]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise self.fail("clusters", f"cluster {duplicates[0]!r} is described twice")
+        return SimConfig(
+            seed=self.integer(data.get("seed", 0), "seed", minimum=None),
+            clusters=clusters, defaults=defaults,
+            jobs=self.jobs(data.get("jobs", {}), "jobs"),
+            delivery=self.delivery(data.get("delivery", {}), "delivery"),
+            bus=self.bus(data.get("bus", {}), "bus"),
+            source=self.source,
+        )
+
+    def cluster(self, data: Any, where: str, defaults: ClusterBehaviour) -> SimClusterConfig:
+        data = self.obj(data, where, _CLUSTER_KEYS)
+        name = self.text(data.get("name"), f"{where}.name")
+        where = f"clusters[{name}]"
+        if "tpu_types" in data and "tpu_type" in data:
+            raise self.fail(where, "give tpu_types or tpu_type, not both")
+        raw_types = data.get("tpu_types", [data["tpu_type"]] if "tpu_type" in data else [])
+        if not isinstance(raw_types, list):
+            raise self.fail(f"{where}.tpu_types", f"expected a list, found {_kind(raw_types)}")
+        for index, tpu in enumerate(raw_types):
+            if tpu not in TPU_TYPES:
+                raise self.fail(f"{where}.tpu_types[{index}]",
+                                f"{tpu!r} is not a TPU type; expected one of {', '.join(TPU_TYPES)}")
+        raw_reservations = data.get("reservations", [])
+        if not isinstance(raw_reservations, list):
+            raise self.fail(f"{where}.reservations",
+                            f"expected a list of objects, found {_kind(raw_reservations)}")
+        reservations = tuple(self.reservation(r, f"{where}.reservations[{i}]")
+                             for i, r in enumerate(raw_reservations))
+        default_reservation = self.optional_text(data, "default_reservation", where)
+        return SimClusterConfig(
+            name=name,
+            project=self.optional_text(data, "project", where),
+            location=self.optional_text(data, "location", where),
+            tpu_types=tuple(raw_types),
+            gcs_bucket=self.optional_text(data, "gcs_bucket", where),
+            default_reservation=default_reservation,
+            reservations=reservations,
+            behaviour=self.behaviour({k: v for k, v in data.items() if k in _BEHAVIOUR_KEYS},
+                                     where, defaults),
+        )
+
+    def reservation(self, data: Any, where: str) -> ReservationConfig:
+        data = self.obj(data, where, {"name", "count", "in_use", "machine_type"})
+        name = self.text(data.get("name"), f"{where}.name")
+        count = self.integer(data.get("count"), f"{where}.count")
+        in_use = self.integer(data.get("in_use", 0), f"{where}.in_use")
+        if in_use > count:
+            raise self.fail(f"{where}.in_use", f"{in_use} exceeds count {count}")
+        machine = data.get("machine_type")
+        return ReservationConfig(name, count, in_use,
+                                 None if machine is None else self.text(machine, f"{where}.machine_type"))
+
+    def behaviour(self, data: Any, where: str, base: ClusterBehaviour) -> ClusterBehaviour:
+        data = self.obj(data, where, _BEHAVIOUR_KEYS)
+        changes: dict[str, Any] = {}
+        for key, field in (("create_latency_seconds", "create_latency"),
+                           ("visibility_delay_seconds", "visibility_delay"),
+                           ("node_register_seconds", "node_register_delay")):
+            if key in data:
+                changes[field] = self.per_mode(data[key], f"{where}.{key}", getattr(base, field))
+        if "delete_latency_seconds" in data:
+            changes["delete_latency"] = self.span(data["delete_latency_seconds"],
+                                                  f"{where}.delete_latency_seconds")
+        if "node_ready_lag_seconds" in data:
+            changes["node_ready_lag"] = self.span(data["node_ready_lag_seconds"],
+                                                  f"{where}.node_ready_lag_seconds")
+        if "stockout" in data:
+            changes["stockout"] = self.stockout(data["stockout"], f"{where}.stockout", base.stockout)
+        if "quota" in data:
+            changes["quota"] = self.quota(data["quota"], f"{where}.quota", base.quota)
+        if "delete_failures" in data:
+            rule = self.obj(data["delete_failures"], f"{where}.delete_failures",
+                            {"probability", "first_n"})
+            changes["delete_failures"] = FaultRule(
+                self.probability(rule.get("probability", base.delete_failures.probability),
+                                 f"{where}.delete_failures.probability"),
+                self.integer(rule.get("first_n", base.delete_failures.first_n),
+                             f"{where}.delete_failures.first_n"),
+            )
+        if "failed_pool_remains" in data:
+            changes["failed_pool_remains"] = self.boolean(data["failed_pool_remains"],
+                                                          f"{where}.failed_pool_remains")
+        if "max_concurrent_operations" in data:
+            limit = data["max_concurrent_operations"]
+            changes["max_concurrent_operations"] = (
+                None if limit is None
+                else self.integer(limit, f"{where}.max_concurrent_operations", minimum=1))
+        if "system_nodes" in data:
+            changes["system_nodes"] = self.integer(data["system_nodes"], f"{where}.system_nodes")
+        return dataclasses.replace(base, **changes)
+
+    def stockout(self, data: Any, where: str, base: StockoutConfig) -> StockoutConfig:
+        data = self.obj(data, where, {"supply_modes", "probability", "first_n", "duration_seconds"})
+        duration = base.duration
+        if "duration_seconds" in data:
+            raw = data["duration_seconds"]
+            duration = None if raw is None else self.span(raw, f"{where}.duration_seconds")
+        return StockoutConfig(
+            supply_modes=self.modes(data.get("supply_modes", list(base.supply_modes)),
+                                    f"{where}.supply_modes"),
+            probability=self.probability(data.get("probability", base.probability),
+                                         f"{where}.probability"),
+            first_n=self.integer(data.get("first_n", base.first_n), f"{where}.first_n"),
+            duration=duration,
+        )
+
+    def quota(self, data: Any, where: str, base: QuotaConfig) -> QuotaConfig:
+        data = self.obj(data, where, {"supply_modes", "probability", "first_n",
+                                      "tpu_chip_limit", "failure_after_seconds"})
+        limit = data.get("tpu_chip_limit", base.tpu_chip_limit)
+        return QuotaConfig(
+            supply_modes=self.modes(data.get("supply_modes", list(base.supply_modes)),
+                                    f"{where}.supply_modes"),
+            probability=self.probability(data.get("probability", base.probability),
+                                         f"{where}.probability"),
+            first_n=self.integer(data.get("first_n", base.first_n), f"{where}.first_n"),
+            tpu_chip_limit=None if limit is None else self.integer(limit, f"{where}.tpu_chip_limit"),
+            failure_after=(self.span(data["failure_after_seconds"], f"{where}.failure_after_seconds")
+                           if "failure_after_seconds" in data else base.failure_after),
+        )
+
+    def jobs(self, data: Any, where: str) -> JobDefaults:
+        data = self.obj(data, where, {"duration_seconds", "outcome", "exit_code",
+                                      "pod_start_seconds", "image_pull_backoff_seconds",
+                                      "enforce_tpu_taint", "default_backoff_limit"})
+        base = JobDefaults()
+        outcome = data.get("outcome", base.outcome)
+        if outcome not in SIM_OUTCOMES:
+            raise self.fail(f"{where}.outcome",
+                            f"{outcome!r}; expected one of {', '.join(SIM_OUTCOMES)}")
+        exit_code = data.get("exit_code")
+        return JobDefaults(
+            duration_seconds=self.seconds(data.get("duration_seconds", base.duration_seconds),
+                                          f"{where}.duration_seconds"),
+            outcome=outcome,
+            exit_code=None if exit_code is None else self.integer(exit_code, f"{where}.exit_code",
+                                                                  maximum=255),
+            pod_start=(self.span(data["pod_start_seconds"], f"{where}.pod_start_seconds")
+                       if "pod_start_seconds" in data else base.pod_start),
+            image_pull_backoff_seconds=self.seconds(
+                data.get("image_pull_backoff_seconds", base.image_pull_backoff_seconds),
+                f"{where}.image_pull_backoff_seconds"),
+            enforce_tpu_taint=self.boolean(data.get("enforce_tpu_taint", base.enforce_tpu_taint),
+                                           f"{where}.enforce_tpu_taint"),
+            default_backoff_limit=self.integer(
+                data.get("default_backoff_limit", base.default_backoff_limit),
+                f"{where}.default_backoff_limit"),
+        )
+
+    def delivery(self, data: Any, where: str) -> DeliveryFaults:
+        data = self.obj(data, where, {f.name for f in dataclasses.fields(DeliveryFaults)})
+        base = DeliveryFaults()
+        return DeliveryFaults(
+            topic=self.text(data.get("topic", base.topic), f"{where}.topic"),
+            late_probability=self.probability(data.get("late_probability", 0.0),
+                                              f"{where}.late_probability"),
+            max_late_seconds=self.seconds(data.get("max_late_seconds", base.max_late_seconds),
+                                          f"{where}.max_late_seconds"),
+            duplicate_probability=self.probability(data.get("duplicate_probability", 0.0),
+                                                   f"{where}.duplicate_probability"),
+            reorder_probability=self.probability(data.get("reorder_probability", 0.0),
+                                                 f"{where}.reorder_probability"),
+            reorder_max_hold_seconds=self.seconds(
+                data.get("reorder_max_hold_seconds", base.reorder_max_hold_seconds),
+                f"{where}.reorder_max_hold_seconds"),
+        )
+
+    def bus(self, data: Any, where: str) -> BusConfig:
+        data = self.obj(data, where, {"ack_deadline_seconds", "subscriptions"})
+        base = BusConfig()
+        subscriptions = base.subscriptions
+        if "subscriptions" in data:
+            raw = self.obj(data["subscriptions"], f"{where}.subscriptions", None)
+            parsed: dict[str, tuple[str, ...]] = {}
+            for topic, names in raw.items():
+                if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                    raise self.fail(f"{where}.subscriptions.{topic}",
+                                    "expected a list of subscription names")
+                parsed[topic] = tuple(names)
+            every = [n for names in parsed.values() for n in names]
+            duplicates = sorted({n for n in every if every.count(n) > 1})
+            if duplicates:
+                raise self.fail(f"{where}.subscriptions",
+                                f"subscription {duplicates[0]!r} is attached to two topics")
+            subscriptions = MappingProxyType(parsed)
+        deadline = self.seconds(data.get("ack_deadline_seconds", base.ack_deadline_seconds),
+                                f"{where}.ack_deadline_seconds")
+        if deadline <= 0:
+            raise self.fail(f"{where}.ack_deadline_seconds", "must be positive")
+        return BusConfig(deadline, subscriptions)
+
+    def per_mode(self, value: Any, where: str, base: Mapping[str, Span]) -> Mapping[str, Span]:
+        if isinstance(value, Mapping):
+            unknown = sorted(k for k in value if k not in SUPPLY_MODES)
+            if unknown:
+                raise self.fail(f"{where}.{unknown[0]}",
+                                f"not a supply mode; expected {', '.join(SUPPLY_MODES)}")
+            merged = dict(base)
+            merged.update({mode: self.span(v, f"{where}.{mode}") for mode, v in value.items()})
+            return MappingProxyType(merged)
+        span = self.span(value, where)
+        return MappingProxyType({mode: span for mode in SUPPLY_MODES})
+
+    def span(self, value: Any, where: str) -> Span:
+        if isinstance(value, list):
+            if len(value) != 2:
+                raise self.fail(where, f"expected seconds or [low, high], found a list of {len(value)}")
+            low = self.seconds(value[0], f"{where}[0]")
+            high = self.seconds(value[1], f"{where}[1]")
+            if high < low:
+                raise self.fail(where, f"[{low}, {high}]: high is below low")
+            return Span(low, high)
+        return fixed(self.seconds(value, where))
+
+    def modes(self, value: Any, where: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or any(m not in SUPPLY_MODES for m in value):
+            raise self.fail(where, f"expected a list drawn from {', '.join(SUPPLY_MODES)}")
+        return tuple(value)
+
+    def obj(self, value: Any, where: str, allowed: set[str] | frozenset[str] | None) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(where, f"expected an object, found {_kind(value)}")
+        if allowed is not None:
+            unknown = sorted(k for k in value if k not in allowed)
+            if unknown:
+                raise self.fail(f"{where}.{unknown[0]}" if where != "top level" else unknown[0],
+                                f"unknown key; expected one of {', '.join(sorted(allowed))}")
+        return value
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(where, f"expected a non-empty string, found {_kind(value)}")
+        return value
+
+    def optional_text(self, data: Mapping[str, Any], key: str, where: str) -> str | None:
+        value = data.get(key)
+        return None if value is None else self.text(value, f"{where}.{key}")
+
+    def integer(self, value: Any, where: str, *, minimum: int | None = 0,
+                maximum: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"expected a whole number, found {_kind(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(where, f"{value} is below {minimum}")
+        if maximum is not None and value > maximum:
+            raise self.fail(where, f"{value} is above {maximum}")
+        return value
+
+    def seconds(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise self.fail(where, f"expected seconds (a number >= 0), found {_kind(value)} {value!r}")
+        return float(value)
+
+    def probability(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise self.fail(where, f"expected a probability between 0 and 1, found {value!r}")
+        return float(value)
+
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"expected true or false, found {_kind(value)}")
+        return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return "a list"
+    return {dict: "an object", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)

@@ -1,0 +1,461 @@
+"""Simulated GKE node pools of one cluster: operations, latency, quota, stockouts.
+
+A create returns a long-running operation at once; the pool is PROVISIONING (and
+invisible to get/list for the create-visibility window), then RUNNING when the
+operation ends, and its nodes register after a delay -- or, in a stockout, not for a
+while or never. Multi-host slices are atomic: all nodes arrive together. A failed
+create leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made
+from a SPECIFIC reservation hold their VMs of it from create until deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from falcon_es.ports import (
+    ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, NodePoolInfo,
+    NodePoolSpec, Operation, PortError,
+)
+from falcon_es.registry import Cluster
+from falcon_es.spec import SUPPLY_MODES
+from falcon_es.tpu import TPU_TYPES, SliceShape
+
+from falcon_es.adapters.sim.common import (
+    POOL_NAME, ClusterIdentity, label_problem, seconds_after, suffix,
+)
+from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
+from falcon_es.adapters.sim.timeline import Timeline
+
+if TYPE_CHECKING:
+    from falcon_es.adapters.sim.world import SimWorld
+
+PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", "ERROR"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+@dataclasses.dataclass
+class SimNode:
+    name: str
+    ready: bool = False
+    pod: str | None = None  # "<job>/<pod>" bound to it; a TPU pod takes the whole VM
+    shared: bool = False  # a CPU system node: pods without TPUs share it
+
+
+@dataclasses.dataclass
+class SimOperation:
+    id: str
+    kind: str  # CREATE_NODE_POOL | DELETE_NODE_POOL
+    pool: str
+    started_at: dt.datetime
+    done: bool = False
+    error: str | None = None
+    error_code: str | None = None
+
+    def view(self) -> Operation:
+        return Operation(self.id, self.done, self.error, self.error_code)
+
+
+@dataclasses.dataclass
+class SimPool:
+    name: str
+    supply_mode: str
+    reservation: str | None
+    shape: SliceShape
+    labels: Mapping[str, str]
+    scale_down_unneeded_seconds: int
+    created_at: dt.datetime
+    visible_at: dt.datetime
+    create_operation: str
+    status: str = PROVISIONING
+    status_message: str = ""
+    delete_operation: str | None = None
+    running_at: dt.datetime | None = None
+    deleted_at: dt.datetime | None = None
+    holds_reservation: bool = False
+    stocked_out: bool = False
+    stockout_ends_at: dt.datetime | None = None  # None while stocked out: for good
+    nodes: list[SimNode] = dataclasses.field(default_factory=list)
+    _node_labels: Mapping[str, str] | None = None
+
+    @property
+    def registered(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for node in self.nodes if node.ready)
+
+    def node_labels(self) -> Mapping[str, str]:
+        """What GKE puts on the pool's nodes, plus the pool's own node labels."""
+        if self._node_labels is not None:
+            return self._node_labels
+        labels = {
+            "cloud.google.com/gke-nodepool": self.name,
+            "cloud.google.com/gke-tpu-accelerator": TPU_TYPES[self.shape.tpu_type].accelerator,
+            "cloud.google.com/gke-tpu-topology": self.shape.topology,
+            "node.kubernetes.io/instance-type": self.shape.machine_type,
+            "cloud.google.com/gke-provisioning": (
+                "flex-start" if self.supply_mode == FLEX_START else "standard"),
+        }
+        if self.supply_mode == FLEX_START:
+            labels["cloud.google.com/gke-flex-start"] = "true"
+        if self.reservation:
+            labels["cloud.google.com/reservation-name"] = self.reservation
+        labels.update(self.labels)
+        self._node_labels = MappingProxyType(labels)
+        return self._node_labels
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSnapshot:
+    """A read-only picture of one pool (live or deleted), for tests and reports."""
+
+    cluster: str
+    name: str
+    status: str  # PROVISIONING | RUNNING | STOPPING | ERROR | DELETED
+    supply_mode: str
+    reservation: str | None
+    topology: str
+    machine_type: str
+    hosts: int
+    chips: int
+    labels: Mapping[str, str]
+    scale_down_unneeded_seconds: int
+    created_at: dt.datetime
+    visible_at: dt.datetime
+    running_at: dt.datetime | None
+    deleted_at: dt.datetime | None
+    registered: int
+    ready: int
+    stocked_out: bool
+    create_operation: str
+    delete_operation: str | None
+    status_message: str
+
+
+NodesChanged = Callable[[SimPool, dt.datetime, list[SimNode]], None]
+
+
+class NodePoolService:
+    """The GKE node-pool API of one cluster. ``on_nodes_changed(pool, moment, lost)``
+    tells the Kubernetes side that nodes came, became ready, or went away."""
+
+    def __init__(self, identity: ClusterIdentity, timeline: Timeline, rng: random.Random,
+                 on_nodes_changed: NodesChanged) -> None:
+        self.identity = identity
+        self.behaviour = identity.behaviour
+        self._timeline = timeline
+        self._rng = rng
+        self._on_nodes_changed = on_nodes_changed
+        self.pools: dict[str, SimPool] = {}
+        self.deleted: list[PoolSnapshot] = []
+        self._operations: dict[str, SimOperation] = {}
+        self._quota_index = 0
+        self._stockout_index = 0
+        self._delete_index = 0
+
+    # ----------------------------------------------------------------- API
+
+    def create(self, spec: NodePoolSpec, now: dt.datetime) -> Operation:
+        self._validate(spec)
+        existing = self.pools.get(spec.name)
+        if existing is not None:
+            if existing.status == STOPPING:
+                raise PortError(RETRYABLE, self._busy_words(existing.delete_operation or "",
+                                                            "deleting", existing.name))
+            raise PortError(ALREADY_EXISTS, f"Already exists: {self.identity.pool_path(spec.name)}.")
+        self._check_concurrency()
+        rng, behaviour, mode = self._rng, self.behaviour, spec.supply_mode
+        latency = behaviour.create_latency[mode].draw(rng)
+        visible_after = behaviour.visibility_delay[mode].draw(rng)
+        failure_after = behaviour.quota.failure_after.draw(rng)
+        quota_hit = False
+        if mode in behaviour.quota.supply_modes:
+            quota_hit = behaviour.quota.rule.hits(self._quota_index, rng)
+            self._quota_index += 1
+        stocked, stockout_seconds = False, None
+        if mode in behaviour.stockout.supply_modes:
+            stocked = behaviour.stockout.rule.hits(self._stockout_index, rng)
+            self._stockout_index += 1
+            if stocked and behaviour.stockout.duration is not None:
+                stockout_seconds = behaviour.stockout.duration.draw(rng)
+        operation = self._operation("CREATE_NODE_POOL", spec.name, now)
+        reservation = spec.reservation.rsplit("/", 1)[-1] if spec.reservation else None
+        pool = SimPool(
+            name=spec.name, supply_mode=mode, reservation=reservation if mode == RESERVATION else None,
+            shape=spec.shape, labels=MappingProxyType(dict(spec.labels)),
+            scale_down_unneeded_seconds=spec.scale_down_unneeded_seconds, created_at=now,
+            visible_at=seconds_after(now, visible_after), create_operation=operation.id,
+        )
+        failure = self._create_failure(pool, quota_hit)
+        self.pools[pool.name] = pool
+        if failure is not None:
+            code, words = failure
+            self._timeline.at(seconds_after(now, min(failure_after, latency)),
+                              lambda moment: self._fail_create(pool, operation, code, words, moment))
+        else:
+            pool.holds_reservation = pool.reservation is not None
+            self._timeline.at(seconds_after(now, latency),
+                              lambda moment: self._finish_create(pool, operation, stocked,
+                                                                 stockout_seconds, moment))
+        return operation.view()
+
+    def get_operation(self, operation_id: str) -> Operation:
+        operation = self._operations.get(operation_id)
+        if operation is None:
+            raise PortError(NOT_FOUND, f"Not found: projects/{self.identity.project}/locations/"
+                                       f"{self.identity.location}/operations/{operation_id}.")
+        return operation.view()
+
+    def get(self, name: str, now: dt.datetime) -> NodePoolInfo:
+        pool = self.pools.get(name)
+        if pool is None or now < pool.visible_at:
+            raise PortError(NOT_FOUND, f"Not found: {self.identity.pool_path(name)}.")
+        return self._info(pool)
+
+    def list(self, now: dt.datetime) -> list[NodePoolInfo]:
+        return [self._info(p) for name, p in sorted(self.pools.items()) if now >= p.visible_at]
+
+    def delete(self, name: str, now: dt.datetime) -> Operation | None:
+        pool = self.pools.get(name)
+        if pool is None:
+            return None
+        if pool.status == STOPPING and pool.delete_operation:
+            return self._operations[pool.delete_operation].view()
+        if pool.status == PROVISIONING:
+            raise PortError(RETRYABLE, self._busy_words(pool.create_operation, "creating", name))
+        injected = self.behaviour.delete_failures.hits(self._delete_index, self._rng)
+        self._delete_index += 1
+        if injected:
+            raise PortError(RETRYABLE, self._injected_delete_words(name, now))
+        self._check_concurrency()
+        operation = self._operation("DELETE_NODE_POOL", name, now)
+        pool.status, pool.delete_operation = STOPPING, operation.id
+        lost, pool.nodes = pool.nodes, []
+        if lost:
+            self._on_nodes_changed(pool, now, lost)
+        latency = self.behaviour.delete_latency.draw(self._rng)
+        self._timeline.at(seconds_after(now, latency),
+                          lambda moment: self._finish_delete(pool, operation, moment))
+        return operation.view()
+
+    # ------------------------------------------------------------ accounting
+
+    def reservation_hosts_in_use(self, reservation: str) -> int:
+        """VMs of the reservation held by this cluster's live pools."""
+        return sum(p.shape.hosts for p in self.pools.values()
+                   if p.holds_reservation and p.reservation == reservation)
+
+    def reservation_free_hosts(self, reservation: ReservationConfig, shape: SliceShape) -> int:
+        """VMs of the reservation this shape could still use (0 for another machine type)."""
+        if reservation.machine_type and reservation.machine_type != shape.machine_type:
+            return 0
+        used = reservation.in_use + self.reservation_hosts_in_use(reservation.name)
+        return max(0, reservation.count - used)
+
+    def quota_chips_in_use(self) -> int:
+        modes = self.behaviour.quota.supply_modes
+        return sum(p.shape.chips for p in self.pools.values()
+                   if p.supply_mode in modes and p.status in (PROVISIONING, RUNNING))
+
+    def snapshot(self, pool: SimPool) -> PoolSnapshot:
+        return PoolSnapshot(
+            cluster=self.identity.name, name=pool.name,
+            status="DELETED" if pool.deleted_at else pool.status,
+            supply_mode=pool.supply_mode, reservation=pool.reservation,
+            topology=pool.shape.topology, machine_type=pool.shape.machine_type,
+            hosts=pool.shape.hosts, chips=pool.shape.chips, labels=pool.labels,
+            scale_down_unneeded_seconds=pool.scale_down_unneeded_seconds,
+            created_at=pool.created_at, visible_at=pool.visible_at, running_at=pool.running_at,
+            deleted_at=pool.deleted_at, registered=pool.registered, ready=pool.ready,
+            stocked_out=pool.stocked_out, create_operation=pool.create_operation,
+            delete_operation=pool.delete_operation, status_message=pool.status_message,
+        )
+
+    # -------------------------------------------------------------- internals
+
+    def _validate(self, spec: NodePoolSpec) -> None:
+        where = self.identity.pool_path(spec.name)
+        if not isinstance(spec.name, str) or not POOL_NAME.match(spec.name):
+            raise PortError(INVALID, f"Invalid value for field 'node_pool.name': {spec.name!r}. "
+                                     "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?)' "
+                                     "(only alphanumerics and '-' allowed, must start with a letter "
+                                     "and end with an alphanumeric, and must be no longer than 40 "
+                                     "characters).")
+        if spec.supply_mode not in SUPPLY_MODES:
+            raise PortError(INVALID, f"{where}: unknown supply mode {spec.supply_mode!r}; "
+                                     f"expected one of {', '.join(SUPPLY_MODES)}")
+        problem = label_problem(spec.labels)
+        if problem:
+            raise PortError(INVALID, f"Invalid value for field 'node_pool.config.labels': {problem}")
+        if spec.shape.tpu_type not in self.identity.tpu_types:
+            raise PortError(INVALID, f"Invalid value for field 'node_pool.config.machine_type': "
+                                     f"machine type {spec.shape.machine_type} is not available in "
+                                     f"zone {self.identity.location} for cluster "
+                                     f"{self.identity.name} (it offers "
+                                     f"{', '.join(self.identity.tpu_types) or 'no TPUs'}).")
+        if spec.scale_down_unneeded_seconds < 0:
+            raise PortError(INVALID, f"{where}: scale-down-unneeded time must not be negative")
+        if spec.supply_mode == RESERVATION:
+            if not spec.reservation:
+                raise PortError(INVALID, "Invalid value for field 'node_pool.config.reservation_"
+                                         "affinity': SPECIFIC_RESERVATION requires key "
+                                         "compute.googleapis.com/reservation-name and one value.")
+            name = spec.reservation.rsplit("/", 1)[-1]
+            if self.identity.config.reservation(name) is None:
+                raise PortError(INVALID, f"Reservation {self.identity.reservation_path(name)} "
+                                         f"was not found (reservation {name} not found in project "
+                                         f"{self.identity.project} zone {self.identity.location}).")
+
+    def _check_concurrency(self) -> None:
+        limit = self.behaviour.max_concurrent_operations
+        if limit is not None and sum(1 for o in self._operations.values() if not o.done) >= limit:
+            raise PortError(RETRYABLE, f"Too many operations: cluster {self.identity.name} hits "
+                                       f"the concurrent operations quota {limit}, please try "
+                                       "again later.")
+
+    def _create_failure(self, pool: SimPool, quota_hit: bool) -> tuple[str, str] | None:
+        limit = self.behaviour.quota.tpu_chip_limit
+        over_limit = (limit is not None and pool.supply_mode in self.behaviour.quota.supply_modes
+                      and self.quota_chips_in_use() + pool.shape.chips > limit)
+        location = self.identity.location
+        region = location.rsplit("-", 1)[0] if location.count("-") >= 2 else location
+        if quota_hit or over_limit:
+            shown = limit if limit is not None else self.quota_chips_in_use()
+            return QUOTA_EXCEEDED, (
+                "Insufficient quota to satisfy the request: Not all instances running in IGM "
+                f"after 1m0s. Expected {pool.shape.hosts}, running 0, transitioning "
+                f"{pool.shape.hosts}. Current errors: [QUOTA_EXCEEDED]: Instance "
+                f"'gke-{self.identity.name[:12]}-{pool.name[:20]}-{suffix(self._rng, 4)}' "
+                "creation failed: Quota 'TPUS_PER_TPU_FAMILY' exceeded. "
+                f"Limit: {float(shown)} in region {region}."
+            )
+        if pool.reservation is not None:
+            reservation = self.identity.config.reservation(pool.reservation)
+            if reservation is not None:
+                free = self.reservation_free_hosts(reservation, pool.shape)
+                if free < pool.shape.hosts:
+                    return STOCKOUT, self._reservation_words(reservation, pool, free)
+        return None
+
+    def _reservation_words(self, reservation: ReservationConfig, pool: SimPool, free: int) -> str:
+        return (f"Instance 'gke-{self.identity.name[:12]}-{pool.name[:20]}-{suffix(self._rng, 4)}' "
+                f"creation failed: Specified reservation '{reservation.name}' does not have "
+                f"available resources for the request ({pool.shape.hosts} x "
+                f"{pool.shape.machine_type} requested, {free} available in "
+                f"{self.identity.reservation_path(reservation.name)}).")
+
+    def _fail_create(self, pool: SimPool, operation: SimOperation, code: str, words: str,
+                     moment: dt.datetime) -> None:
+        operation.done, operation.error, operation.error_code = True, words, code
+        if self.pools.get(pool.name) is not pool:
+            return
+        pool.holds_reservation = False
+        if self.behaviour.failed_pool_remains:
+            pool.status, pool.status_message = ERROR, words
+        else:
+            self._remove(pool, moment)
+
+    def _finish_create(self, pool: SimPool, operation: SimOperation, stocked: bool,
+                       stockout_seconds: float | None, moment: dt.datetime) -> None:
+        operation.done = True
+        if self.pools.get(pool.name) is not pool or pool.status != PROVISIONING:
+            return
+        pool.status, pool.running_at = RUNNING, moment
+        start = moment
+        if stocked:
+            pool.stocked_out = True
+            if stockout_seconds is None:
+                return
+            start = seconds_after(moment, stockout_seconds)
+            pool.stockout_ends_at = start
+        register = self.behaviour.node_register_delay[pool.supply_mode].draw(self._rng)
+        ready_lag = self.behaviour.node_ready_lag.draw(self._rng)
+        at = seconds_after(start, register)
+        self._timeline.at(at, lambda m: self._register_nodes(pool, m, ready_lag))
+
+    def _register_nodes(self, pool: SimPool, moment: dt.datetime, ready_lag: float) -> None:
+        if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
+            return
+        pool.stocked_out = False
+        group = suffix(self._rng, 8)
+        pool.nodes = [
+            SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")
+            for _ in range(pool.shape.hosts)
+        ]
+        self._on_nodes_changed(pool, moment, [])
+        self._timeline.at(seconds_after(moment, ready_lag), lambda m: self._nodes_ready(pool, m))
+
+    def _nodes_ready(self, pool: SimPool, moment: dt.datetime) -> None:
+        if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
+            return
+        for node in pool.nodes:
+            node.ready = True
+        self._on_nodes_changed(pool, moment, [])
+
+    def _finish_delete(self, pool: SimPool, operation: SimOperation, moment: dt.datetime) -> None:
+        operation.done = True
+        if self.pools.get(pool.name) is pool:
+            self._remove(pool, moment)
+
+    def _remove(self, pool: SimPool, moment: dt.datetime) -> None:
+        del self.pools[pool.name]
+        pool.holds_reservation = False
+        pool.deleted_at = moment
+        self.deleted.append(self.snapshot(pool))
+
+    def _operation(self, kind: str, pool: str, now: dt.datetime) -> SimOperation:
+        millis = int(now.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+        operation = SimOperation(f"operation-{millis}-{self._rng.getrandbits(32):08x}", kind,
+                                 pool, now)
+        self._operations[operation.id] = operation
+        return operation
+
+    def _busy_words(self, operation: str, doing: str, pool: str) -> str:
+        return (f"Operation {operation} is currently {doing} node pool {pool}. Please wait and "
+                "try again once it is done.")
+
+    def _injected_delete_words(self, pool: str, now: dt.datetime) -> str:
+        if self._rng.random() < 0.5:
+            return (f"Too many operations: cluster {self.identity.name} hits the concurrent "
+                    "operations quota 5, please try again later.")
+        other = f"operation-{int(now.replace(tzinfo=dt.timezone.utc).timestamp() * 1000)}-" \
+                f"{self._rng.getrandbits(32):08x}"
+        return (f"Cluster is running incompatible operation {other}. Please wait and try again "
+                f"once it is done (deleting node pool {pool}).")
+
+    def _info(self, pool: SimPool) -> NodePoolInfo:
+        return NodePoolInfo(self.identity.name, pool.name, pool.status, pool.labels,
+                            pool.shape.hosts, pool.status_message)
+
+
+class SimNodePools:
+    """The ``NodePools`` port over every cluster of the world."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self._world = world
+
+    def create(self, spec: NodePoolSpec) -> Operation:
+        sim = self._world.cluster(spec.cluster)
+        return self._world.call(lambda now: sim.gke.create(spec, now))
+
+    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
+        sim = self._world.cluster(cluster)
+        return self._world.call(lambda now: sim.gke.get_operation(operation_id))
+
+    def get(self, cluster: Cluster, name: str) -> NodePoolInfo:
+        sim = self._world.cluster(cluster)
+        return self._world.call(lambda now: sim.gke.get(name, now))
+
+    def delete(self, cluster: Cluster, name: str) -> Operation | None:
+        sim = self._world.cluster(cluster)
+        return self._world.call(lambda now: sim.gke.delete(name, now))
+
+    def list(self, cluster: Cluster) -> list[NodePoolInfo]:
+        sim = self._world.cluster(cluster)
+        return self._world.call(lambda now: sim.gke.list(now))

@@ -1,0 +1,627 @@
+"""The simulated Kubernetes API of one edge cluster: Jobs, their Pods, and the nodes
+the cluster's TPU node pools bring.
+
+A Job's pods are scheduled like kube-scheduler would: onto a ready node that matches
+the pod's nodeSelector, tolerates the ``google.com/tpu`` taint, and has the TPU chips
+the pod asks for -- otherwise they stay Pending with a FailedScheduling-style message
+("0/7 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, 4
+Insufficient google.com/tpu. ..."). A bound pod starts after a short delay and then
+plays the behaviour of the task's ``spec.sim``: succeed, fail with an exit code, be
+OOMKilled (137), never pull its image, or never be schedulable.
+
+Failed pods count against ``spec.backoffLimit`` (Kubernetes' default 6 when unset);
+past it the Job gets the Failed condition and its remaining pods are deleted. Every
+change to a Job or its pods becomes one ``JobObservation`` per Job and moment,
+published through the informer with a cluster-wide increasing resourceVersion.
+Deleting a Job removes it and its pods at once and publishes nothing more for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import json
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from falcon_es.ports import (
+    ALREADY_EXISTS, INVALID, JobObservation, JobRef, NodeCounts, PodObservation, PortError,
+)
+from falcon_es.registry import Cluster
+from falcon_es.spec import SIM_OUTCOMES, SimBehaviour
+
+from falcon_es.adapters.sim.common import DNS_LABEL, ClusterIdentity, label_problem, seconds_after, suffix
+from falcon_es.adapters.sim.gke import ERROR, PROVISIONING, RUNNING, STOPPING, NodePoolService, SimNode, SimPool
+from falcon_es.adapters.sim.informer import Informer
+from falcon_es.adapters.sim.timeline import Timeline
+
+if TYPE_CHECKING:
+    from falcon_es.adapters.sim.world import SimWorld
+
+#: A Job annotation carrying the task's ``spec.sim`` as JSON (optional; see SimWorld).
+SIM_ANNOTATION = "falcon-es/sim"
+TASK_LABEL = "falcon-task"
+POOL_SELECTOR = "cloud.google.com/gke-nodepool"
+TPU_RESOURCE = "google.com/tpu"
+TPU_TAINT_KEY = "google.com/tpu"
+PENDING, RUNNING_PHASE, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+COMPLETE_CONDITION, FAILED_CONDITION = "Complete", "Failed"
+
+_SELECTOR_MISMATCH = "node(s) didn't match Pod's node affinity/selector"
+_NOT_READY = "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"
+_TPU_TAINT = "node(s) had untolerated taint {google.com/tpu: present}"
+_NO_TPU = "Insufficient google.com/tpu"
+_NO_MEMORY = "Insufficient memory"
+_BACKOFF_START, _BACKOFF_CAP = 10.0, 360.0
+_SYSTEM_NODE_LABELS = MappingProxyType({
+    "cloud.google.com/gke-nodepool": "default-pool",
+    "node.kubernetes.io/instance-type": "e2-standard-8",
+})
+
+BehaviourSource = Callable[[str], "Mapping[str, Any] | SimBehaviour | None"]
+
+
+@dataclasses.dataclass
+class SimPod:
+    name: str
+    index: int
+    phase: str = PENDING
+    reason: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    node: str | None = None
+    pool: str | None = None
+
+    def observation(self) -> PodObservation:
+        return PodObservation(self.name, self.phase, self.reason, self.exit_code, self.message)
+
+
+@dataclasses.dataclass
+class SimJob:
+    name: str
+    uid: str
+    task_id: str
+    completions: int
+    parallelism: int
+    backoff_limit: int
+    selector: Mapping[str, str]
+    tolerates_tpu: bool
+    tpu_per_pod: int
+    image: str
+    behaviour: SimBehaviour
+    created_at: dt.datetime
+    pods: list[SimPod] = dataclasses.field(default_factory=list)
+    done_indexes: set[int] = dataclasses.field(default_factory=set)
+    failed: int = 0
+    condition: str | None = None
+    last_published: tuple[Any, ...] | None = None
+    resource_version: int = 0
+
+    @property
+    def pool(self) -> str | None:
+        return self.selector.get(POOL_SELECTOR)
+
+    @property
+    def finished(self) -> bool:
+        return self.condition is not None
+
+    def live_pods(self) -> list[SimPod]:
+        return [p for p in self.pods if p.phase in (PENDING, RUNNING_PHASE)]
+
+
+class KubeService:
+    """One edge cluster's Kubernetes API, reading nodes from the cluster's node pools."""
+
+    def __init__(self, identity: ClusterIdentity, pools: NodePoolService, timeline: Timeline,
+                 rng: random.Random, informer: Informer,
+                 behaviour_source: Callable[[], BehaviourSource | None]) -> None:
+        self.identity = identity
+        self.defaults = identity.jobs
+        self._pools = pools
+        self._timeline = timeline
+        self._rng = rng
+        self._informer = informer
+        self._behaviour_source = behaviour_source
+        self.jobs: dict[str, SimJob] = {}
+        self._unbound: dict[str | None, dict[str, None]] = {}
+        self._dirty: dict[str, SimJob] = {}
+        self.resource_version = 0
+        self._system_nodes = [
+            SimNode(f"gke-{identity.name[:12]}-default-pool-{suffix(rng, 8)}-{suffix(rng, 4)}",
+                    ready=True, shared=True)
+            for _ in range(identity.behaviour.system_nodes)
+        ]
+
+    # ----------------------------------------------------------------- API
+
+    def submit(self, manifest: Mapping[str, Any], now: dt.datetime) -> JobRef:
+        job = self._parse(manifest, now)
+        if job.name in self.jobs:
+            raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
+        self.jobs[job.name] = job
+        for index in range(min(job.parallelism, job.completions)):
+            self._new_pod(job, index)
+        self._dirty[job.name] = job
+        self._schedule_job(job, now)
+        return JobRef(job.name, job.uid, job.task_id or None)
+
+    def get_job(self, name: str) -> JobRef | None:
+        job = self.jobs.get(name)
+        return None if job is None else JobRef(job.name, job.uid, job.task_id or None)
+
+    def delete_job(self, name: str, now: dt.datetime) -> None:
+        job = self.jobs.pop(name, None)
+        if job is None:
+            return
+        self._dirty.pop(name, None)
+        self._forget_unbound(job)
+        freed = {pod.pool for pod in job.pods if self._unbind(pod)}
+        self._reschedule(now, freed)
+
+    def node_counts(self, pool_name: str) -> NodeCounts:
+        pool = self._pools.pools.get(pool_name)
+        if pool is None:
+            return NodeCounts(0, 0)
+        return NodeCounts(pool.registered, pool.ready)
+
+    def diagnose(self, job_name: str) -> str | None:
+        job = self.jobs.get(job_name)
+        if job is None:
+            return None
+        pending = [p for p in job.pods if p.phase == PENDING]
+        if not pending:
+            return None
+        pod = pending[0]
+        upstream = self._pool_cause(job)
+        if pod.reason in ("ErrImagePull", "ImagePullBackOff"):
+            symptom: str | None = f"pod {pod.name}: {pod.reason}: {pod.message}"
+        elif pod.node is None and pod.message:
+            symptom = f"pod {pod.name} Unschedulable: {pod.message}"
+        else:
+            symptom = None
+        causes = [c for c in (upstream, symptom) if c]
+        return "; ".join(causes) if causes else None
+
+    # ---------------------------------------------------- the world calls these
+
+    def nodes_changed(self, pool: SimPool, moment: dt.datetime, lost: list[SimNode]) -> None:
+        for node in lost:
+            if node.pod is None:
+                continue
+            job_name, pod_name = node.pod.split("/", 1)
+            job = self.jobs.get(job_name)
+            pod = next((p for p in job.pods if p.name == pod_name), None) if job else None
+            if job is None or pod is None:
+                continue
+            pod.node = None
+            self._pod_failed(job, pod, moment, "DeletionByPodGC", None,
+                             f"node {node.name} was deleted with node pool {pool.name}")
+        self._reschedule(moment, {pool.name})
+
+    def flush(self, moment: dt.datetime) -> None:
+        """Publish one observation per Job that changed at this moment."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        for job in dirty.values():
+            if self.jobs.get(job.name) is not job:
+                continue
+            state = self._state(job)
+            if state == job.last_published:
+                continue
+            job.last_published = state
+            self.resource_version += 1
+            job.resource_version = self.resource_version
+            self._informer.deliver(self.observe(job, moment), moment)
+
+    def observe(self, job: SimJob, moment: dt.datetime) -> JobObservation:
+        running, succeeded, failed, condition, pods = self._state(job)
+        return JobObservation(
+            cluster_name=self.identity.name, job_name=job.name, job_uid=job.uid,
+            task_id=job.task_id, resource_version=job.resource_version, active=running,
+            succeeded=succeeded, failed=failed, completions=job.completions, pods=pods,
+            observed_at=moment, condition=condition,
+        )
+
+    @staticmethod
+    def _state(job: SimJob) -> tuple[int, int, int, str | None, tuple[PodObservation, ...]]:
+        pods = tuple(p.observation() for p in job.pods)
+        running = sum(1 for p in job.pods if p.phase == RUNNING_PHASE)
+        succeeded = sum(1 for p in job.pods if p.phase == SUCCEEDED)
+        return running, succeeded, job.failed, job.condition, pods
+
+    # ---------------------------------------------------------- scheduling
+
+    def _reschedule(self, moment: dt.datetime, pools: set[str | None]) -> None:
+        names: dict[str, None] = {}
+        for key in (*sorted(p for p in pools if p is not None), None):
+            names.update(self._unbound.get(key, {}))
+        for name in names:
+            job = self.jobs.get(name)
+            if job is not None:
+                self._schedule_job(job, moment)
+
+    def _schedule_job(self, job: SimJob, moment: dt.datetime) -> None:
+        for pod in job.pods:
+            if pod.phase != PENDING or pod.node is not None:
+                continue
+            node, why = self._fit(job)
+            if node is None:
+                if (pod.reason, pod.message) != ("Unschedulable", why):
+                    pod.reason, pod.message = "Unschedulable", why
+                    self._dirty[job.name] = job
+                continue
+            if not node.shared:
+                node.pod = f"{job.name}/{pod.name}"
+            pod.node, pod.pool = node.name, job.pool or self._pool_of(node)
+            pod.reason, pod.message = "ContainerCreating", None
+            self._dirty[job.name] = job
+            start = self.defaults.pod_start.draw(self._rng)
+            self._timeline.at(seconds_after(moment, start),
+                              lambda m, pod=pod: self._start(job, pod, m))
+        if all(p.node is not None or p.phase != PENDING for p in job.pods):
+            self._forget_unbound(job)
+
+    def _fit(self, job: SimJob) -> tuple[SimNode | None, str]:
+        reasons: collections.Counter[str] = collections.Counter()
+        total = len(self._system_nodes)
+        for node in self._system_nodes:
+            if any(_SYSTEM_NODE_LABELS.get(k) != v for k, v in job.selector.items()):
+                reasons[_SELECTOR_MISMATCH] += 1
+            elif job.tpu_per_pod > 0:
+                reasons[_NO_TPU] += 1
+            elif job.behaviour.outcome == "unschedulable":
+                reasons[_NO_MEMORY] += 1
+            else:
+                return node, ""
+        enforce_taint = self.defaults.enforce_tpu_taint
+        for name, pool in sorted(self._pools.pools.items()):
+            if not pool.nodes:
+                continue
+            total += len(pool.nodes)
+            labels = pool.node_labels()
+            if any(labels.get(k) != v for k, v in job.selector.items()):
+                reasons[_SELECTOR_MISMATCH] += len(pool.nodes)
+                continue
+            for node in pool.nodes:
+                if not node.ready:
+                    reasons[_NOT_READY] += 1
+                elif enforce_taint and not job.tolerates_tpu:
+                    reasons[_TPU_TAINT] += 1
+                elif node.pod is not None or job.tpu_per_pod > pool.shape.chips_per_host:
+                    reasons[_NO_TPU] += 1
+                elif job.behaviour.outcome == "unschedulable":
+                    reasons[_NO_MEMORY] += 1
+                else:
+                    return node, ""
+        if total == 0:
+            return None, "no nodes available to schedule pods"
+        detail = ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items()))
+        return None, (f"0/{total} nodes are available: {detail}. preemption: 0/{total} nodes are "
+                      f"available: {total} Preemption is not helpful for scheduling.")
+
+    def _pool_of(self, node: SimNode) -> str | None:
+        return next((name for name, pool in self._pools.pools.items() if node in pool.nodes), None)
+
+    def _pool_cause(self, job: SimJob) -> str | None:
+        """The node pool's side of a Pending pod: the upstream cause, when there is one."""
+        name = job.pool
+        if name is None:
+            return None
+        pool = self._pools.pools.get(name)
+        where = f"cluster {self.identity.name}"
+        if pool is None:
+            return f"node pool {name} does not exist in {where}"
+        hosts = pool.shape.hosts
+        if pool.status == PROVISIONING:
+            return (f"node pool {name} is still being created (PROVISIONING, operation "
+                    f"{pool.create_operation}); 0/{hosts} nodes ready")
+        if pool.status == ERROR:
+            return f"node pool {name} is in ERROR: {pool.status_message}"
+        if pool.status == STOPPING:
+            return f"node pool {name} is being deleted (operation {pool.delete_operation})"
+        if pool.status == RUNNING and pool.ready < hosts:
+            if pool.stocked_out:
+                return (f"node pool {name} has {pool.ready}/{hosts} nodes ready: no "
+                        f"{pool.supply_mode} capacity for {hosts} x {pool.shape.machine_type} in "
+                        f"{self.identity.location} (GCE_STOCKOUT: the zone does not have enough "
+                        "resources available to fulfill the request); the cluster autoscaler "
+                        "keeps retrying")
+            return (f"node pool {name} has {pool.ready}/{hosts} nodes ready "
+                    f"({pool.registered}/{hosts} registered)")
+        busy = sorted({n.pod.split("/", 1)[0] for n in pool.nodes
+                       if n.pod is not None and not n.pod.startswith(f"{job.name}/")})
+        if busy:
+            return f"node pool {name} is busy: its nodes run pods of Job {', '.join(busy)}"
+        return None
+
+    # --------------------------------------------------------- pod lifecycle
+
+    def _start(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
+        if not self._current(job, pod) or pod.phase != PENDING or pod.node is None:
+            return
+        self._dirty[job.name] = job
+        if job.behaviour.outcome == "image-pull-error":
+            pod.reason = "ErrImagePull"
+            pod.message = (f'Failed to pull image "{job.image}": rpc error: code = NotFound desc = '
+                           f'failed to pull and unpack image "{job.image}": failed to resolve '
+                           f'reference "{job.image}": {job.image}: not found')
+            self._timeline.at(seconds_after(moment, self.defaults.image_pull_backoff_seconds),
+                              lambda m: self._image_backoff(job, pod))
+            return
+        pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
+        self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
+                          lambda m: self._finish(job, pod, m))
+
+    def _image_backoff(self, job: SimJob, pod: SimPod) -> None:
+        if self._current(job, pod) and pod.reason == "ErrImagePull":
+            pod.reason, pod.message = "ImagePullBackOff", f'Back-off pulling image "{job.image}"'
+            self._dirty[job.name] = job
+
+    def _finish(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
+        if not self._current(job, pod) or pod.phase != RUNNING_PHASE:
+            return
+        behaviour = job.behaviour
+        if behaviour.outcome == "oom":
+            self._pod_failed(job, pod, moment, "OOMKilled", 137,
+                             "container main was OOMKilled: it exceeded its memory limit")
+            return
+        exit_code = behaviour.exit_code if behaviour.exit_code is not None else 1
+        if behaviour.outcome == "fail" and exit_code != 0:
+            self._pod_failed(job, pod, moment, "Error", exit_code, None)
+            return
+        pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
+        freed = pod.pool
+        self._unbind(pod)
+        job.done_indexes.add(pod.index)
+        self._dirty[job.name] = job
+        if len(job.done_indexes) >= job.completions:
+            job.condition = COMPLETE_CONDITION
+        else:
+            self._top_up(job, moment)
+        self._reschedule(moment, {freed})
+
+    def _pod_failed(self, job: SimJob, pod: SimPod, moment: dt.datetime, reason: str,
+                    exit_code: int | None, message: str | None) -> None:
+        pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
+        freed = {pod.pool}
+        self._unbind(pod)
+        job.failed += 1
+        self._dirty[job.name] = job
+        if job.failed > job.backoff_limit:
+            job.condition = FAILED_CONDITION
+            for other in job.live_pods():
+                freed.add(other.pool)
+                self._unbind(other)
+                job.pods.remove(other)
+            self._forget_unbound(job)
+        else:
+            delay = min(_BACKOFF_CAP, _BACKOFF_START * 2 ** (job.failed - 1))
+            self._timeline.at(seconds_after(moment, delay),
+                              lambda m: self._replace(job, pod.index, m))
+        self._reschedule(moment, freed)
+
+    def _replace(self, job: SimJob, index: int, moment: dt.datetime) -> None:
+        if self.jobs.get(job.name) is not job or job.finished:
+            return
+        self._new_pod(job, index)
+        self._dirty[job.name] = job
+        self._schedule_job(job, moment)
+
+    def _top_up(self, job: SimJob, moment: dt.datetime) -> None:
+        """Start pods for indexes not yet done or running, up to the parallelism."""
+        live = {p.index for p in job.live_pods()}
+        for index in range(job.completions):
+            if len(live) >= job.parallelism:
+                break
+            if index not in live and index not in job.done_indexes:
+                self._new_pod(job, index)
+                live.add(index)
+        self._schedule_job(job, moment)
+
+    def _new_pod(self, job: SimJob, index: int) -> SimPod:
+        pod = SimPod(f"{job.name}-{index}-{suffix(self._rng)}", index)
+        job.pods.append(pod)
+        self._unbound.setdefault(job.pool, {})[job.name] = None
+        return pod
+
+    def _unbind(self, pod: SimPod) -> bool:
+        """Free the pod's node; True when it held one."""
+        if pod.node is None:
+            return False
+        pool = self._pools.pools.get(pod.pool or "")
+        for node in pool.nodes if pool else ():
+            if node.name == pod.node:
+                node.pod = None
+        pod.node = None
+        return True
+
+    def _forget_unbound(self, job: SimJob) -> None:
+        waiting = self._unbound.get(job.pool)
+        if waiting is not None:
+            waiting.pop(job.name, None)
+
+    def _current(self, job: SimJob, pod: SimPod) -> bool:
+        return self.jobs.get(job.name) is job and not job.finished and pod in job.pods
+
+    # ------------------------------------------------------------- parsing
+
+    def _parse(self, manifest: Mapping[str, Any], now: dt.datetime) -> SimJob:
+        if not isinstance(manifest, Mapping):
+            raise PortError(INVALID, f"Job manifest must be an object, found {type(manifest).__name__}")
+        metadata = manifest.get("metadata") or {}
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
+        shown = name if isinstance(name, str) else ""
+
+        def invalid(field: str, words: str) -> PortError:
+            return PortError(INVALID, f'Job.batch "{shown}" is invalid: {field}: {words}')
+
+        if manifest.get("kind", "Job") != "Job" or manifest.get("apiVersion", "batch/v1") != "batch/v1":
+            raise invalid("kind", f"expected batch/v1 Job, found {manifest.get('apiVersion')} "
+                                  f"{manifest.get('kind')}")
+        if not shown:
+            raise invalid("metadata.name", "Required value: name or generateName is required")
+        if not DNS_LABEL.match(shown):
+            raise invalid("metadata.name", f'Invalid value: "{shown}": a lowercase RFC 1123 label '
+                                           "must consist of lower case alphanumeric characters or "
+                                           "'-', and must start and end with an alphanumeric "
+                                           "character (at most 63 characters)")
+        labels = metadata.get("labels") or {}
+        problem = label_problem(labels)
+        if problem:
+            raise invalid("metadata.labels", problem)
+        spec = manifest.get("spec")
+        template = spec.get("template") if isinstance(spec, Mapping) else None
+        pod_spec = template.get("spec") if isinstance(template, Mapping) else None
+        if not isinstance(pod_spec, Mapping):
+            raise invalid("spec.template.spec", "Required value")
+        containers = pod_spec.get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise invalid("spec.template.spec.containers", "Required value")
+        image = containers[0].get("image") if isinstance(containers[0], Mapping) else None
+        if not isinstance(image, str) or not image:
+            raise invalid("spec.template.spec.containers[0].image", "Required value")
+        selector = pod_spec.get("nodeSelector") or {}
+        problem = label_problem(selector)
+        if problem:
+            raise invalid("spec.template.spec.nodeSelector", problem)
+        completions = self._count(spec, "completions", invalid)
+        parallelism = self._count(spec, "parallelism", invalid)
+        completions = completions or parallelism or 1
+        parallelism = parallelism or 1
+        backoff_limit = spec.get("backoffLimit", self.defaults.default_backoff_limit)
+        if isinstance(backoff_limit, bool) or not isinstance(backoff_limit, int) or backoff_limit < 0:
+            raise invalid("spec.backoffLimit", f"Invalid value: {backoff_limit!r}: must be greater "
+                                               "than or equal to 0")
+        task_id = labels.get(TASK_LABEL, "")
+        uid = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        return SimJob(
+            name=shown, uid=uid, task_id=task_id, completions=completions,
+            parallelism=parallelism, backoff_limit=backoff_limit, selector=dict(selector),
+            tolerates_tpu=_tolerates_tpu(pod_spec.get("tolerations")),
+            tpu_per_pod=_tpu_request(containers, invalid), image=image,
+            behaviour=self._behaviour(metadata, task_id, invalid), created_at=now,
+        )
+
+    @staticmethod
+    def _count(spec: Mapping[str, Any], field: str, invalid: Callable[[str, str], PortError]) -> int | None:
+        value = spec.get(field)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid(f"spec.{field}", f"Invalid value: {value!r}: must be greater than 0")
+        return value
+
+    def _behaviour(self, metadata: Mapping[str, Any], task_id: str,
+                   invalid: Callable[[str, str], PortError]) -> SimBehaviour:
+        annotations = metadata.get("annotations") or {}
+        raw: Any = None
+        if isinstance(annotations, Mapping) and SIM_ANNOTATION in annotations:
+            try:
+                raw = json.loads(annotations[SIM_ANNOTATION])
+            except (TypeError, json.JSONDecodeError) as error:
+                raise invalid(f"metadata.annotations[{SIM_ANNOTATION}]",
+                              f"not JSON ({error})") from None
+        else:
+            source = self._behaviour_source()
+            if source is not None and task_id:
+                raw = source(task_id)
+        if isinstance(raw, SimBehaviour):
+            return raw
+        return self._behaviour_from(raw, invalid)
+
+    def _behaviour_from(self, raw: Any, invalid: Callable[[str, str], PortError]) -> SimBehaviour:
+        defaults = self.defaults
+        if raw is None:
+            return SimBehaviour(defaults.duration_seconds, defaults.outcome, defaults.exit_code)
+        field = f"metadata.annotations[{SIM_ANNOTATION}]"
+        if not isinstance(raw, Mapping):
+            raise invalid(field, "expected an object with duration_seconds, outcome, exit_code")
+        duration = raw.get("duration_seconds", defaults.duration_seconds)
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration < 0:
+            raise invalid(field, f"duration_seconds {duration!r}: expected seconds >= 0")
+        outcome = raw.get("outcome", defaults.outcome)
+        if outcome not in SIM_OUTCOMES:
+            raise invalid(field, f"outcome {outcome!r}: expected one of {', '.join(SIM_OUTCOMES)}")
+        exit_code = raw.get("exit_code", defaults.exit_code)
+        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
+                                      or not 0 <= exit_code <= 255):
+            raise invalid(field, f"exit_code {exit_code!r}: expected 0-255")
+        return SimBehaviour(float(duration), outcome, exit_code)
+
+
+def _tolerates_tpu(tolerations: Any) -> bool:
+    for toleration in tolerations or ():
+        if not isinstance(toleration, Mapping):
+            continue
+        key, operator = toleration.get("key"), toleration.get("operator", "Equal")
+        effect = toleration.get("effect")
+        if effect not in (None, "", "NoSchedule"):
+            continue
+        if operator == "Exists" and key in (None, "", TPU_TAINT_KEY):
+            return True
+        if operator == "Equal" and key == TPU_TAINT_KEY and toleration.get("value") == "present":
+            return True
+    return False
+
+
+def _tpu_request(containers: list[Any], invalid: Callable[[str, str], PortError]) -> int:
+    total = 0
+    for index, container in enumerate(containers):
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind)
+            if not isinstance(amounts, Mapping) or TPU_RESOURCE not in amounts:
+                continue
+            raw = amounts[TPU_RESOURCE]
+            try:
+                value = int(str(raw))
+            except ValueError:
+                raise invalid(f"spec.template.spec.containers[{index}].resources.{kind}[{TPU_RESOURCE}]",
+                              f'Invalid value: "{raw}": must be a whole number') from None
+            total += value
+            break
+    return total
+
+
+class SimEdgeCluster:
+    """The ``EdgeCluster`` port of one simulated cluster."""
+
+    def __init__(self, world: SimWorld, cluster: Cluster) -> None:
+        self._world = world
+        self._sim = world.cluster(cluster)
+
+    def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
+        return self._world.call(lambda now: self._sim.kube.submit(manifest, now))
+
+    def get_job(self, name: str) -> JobRef | None:
+        return self._world.call(lambda now: self._sim.kube.get_job(name))
+
+    def delete_job(self, name: str) -> None:
+        self._world.call(lambda now: self._sim.kube.delete_job(name, now))
+
+    def node_counts(self, pool_name: str) -> NodeCounts:
+        return self._world.call(lambda now: self._sim.kube.node_counts(pool_name))
+
+    def diagnose_pending(self, job_name: str) -> str | None:
+        return self._world.call(lambda now: self._sim.kube.diagnose(job_name))
+
+
+class SimEdgeClusters:
+    """The ``EdgeClusters`` port: one simulated Kubernetes API per cluster name."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self._world = world
+        self._edges: dict[str, SimEdgeCluster] = {}
+
+    def for_cluster(self, cluster: Cluster) -> SimEdgeCluster:
+        edge = self._edges.get(cluster.name)
+        if edge is None:
+            edge = self._edges[cluster.name] = SimEdgeCluster(self._world, cluster)
+        return edge

@@ -1,0 +1,205 @@
+"""The simulated world: GKE, Compute, Kubernetes and Pub/Sub of every cluster, moved
+only by an injected clock.
+
+Nothing here reads the wall clock or the global random module. The world changes at
+the moments on its timeline; ``step(now)`` plays everything due up to ``now`` (every
+port call first catches up with the clock), and ``next_due()`` says when the next
+change will happen so a controller on a virtual clock can jump there when idle. With
+the same seed, configuration and sequence of calls, two worlds answer identically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import TypeVar
+
+from falcon_es.clock import Clock
+from falcon_es.ports import JobObservation, Ports
+from falcon_es.registry import Cluster
+from falcon_es.tpu import TPU_TYPES
+
+from falcon_es.adapters.sim.bus import SimBus
+from falcon_es.adapters.sim.common import ClusterIdentity, random_streams
+from falcon_es.adapters.sim.compute import ReservationUsage, SimReservations
+from falcon_es.adapters.sim.config import SimClusterConfig, SimConfig
+from falcon_es.adapters.sim.gke import NodePoolService, PoolSnapshot, SimNode, SimNodePools, SimPool
+from falcon_es.adapters.sim.informer import Informer
+from falcon_es.adapters.sim.kube import BehaviourSource, KubeService, SimEdgeClusters
+from falcon_es.adapters.sim.timeline import Timeline
+
+T = TypeVar("T")
+
+
+class ClusterSim:
+    """One cluster: its node pools (GKE side) and its Kubernetes API, wired together."""
+
+    def __init__(self, identity: ClusterIdentity, world: SimWorld) -> None:
+        streams = random_streams(world.seed, identity.name)
+        self.identity = identity
+        self.informer = Informer(world.bus, world.config.delivery, streams["delivery"],
+                                 world.timeline)
+        self.gke = NodePoolService(identity, world.timeline, streams["gke"], self._nodes_changed)
+        self.kube = KubeService(identity, self.gke, world.timeline, streams["kube"],
+                                self.informer, lambda: world.behaviour_source)
+
+    def _nodes_changed(self, pool: SimPool, moment: dt.datetime, lost: list[SimNode]) -> None:
+        self.kube.nodes_changed(pool, moment, lost)
+
+
+class SimWorld:
+    """``behaviour_source(task_id)`` returns the task's ``spec.sim`` (a mapping or a
+    ``SimBehaviour``) for Jobs whose manifest carries no ``falcon-es/sim`` annotation;
+    the composition root wires it to the task states so handlers stay unaware."""
+
+    def __init__(self, clock: Clock, config: SimConfig | None = None, *, seed: int | None = None,
+                 behaviour_source: BehaviourSource | None = None) -> None:
+        self.clock = clock
+        self.config = config or SimConfig()
+        self.seed = self.config.seed if seed is None else seed
+        self.behaviour_source = behaviour_source
+        self.timeline = Timeline()
+        self.bus = SimBus(clock, self.config.bus, before_read=self.sync)
+        self._clusters: dict[str, ClusterSim] = {}
+        self._processed_until = clock.now()
+        self._stepping = False
+
+    # ------------------------------------------------------------- time
+
+    def now(self) -> dt.datetime:
+        return max(self.clock.now(), self._processed_until)
+
+    def step(self, now: dt.datetime | None = None) -> int:
+        """Play every change due up to ``now`` (default: the clock); returns how many."""
+        if self._stepping:
+            return 0
+        until = self.clock.now() if now is None else now
+        played = 0
+        self._stepping = True
+        try:
+            while (item := self.timeline.pop_due(until)) is not None:
+                moment, action = item
+                action(moment)
+                played += 1
+                following = self.timeline.next_moment()
+                if following is None or following > moment:
+                    self._flush(moment)
+        finally:
+            self._stepping = False
+        if until > self._processed_until:
+            self._processed_until = until
+        return played
+
+    def sync(self) -> dt.datetime:
+        self.step()
+        return self.now()
+
+    def next_due(self) -> dt.datetime | None:
+        """The next moment anything in the world changes by itself; None: nothing will."""
+        now = self.sync()
+        moments = [m for m in (self.timeline.next_moment(), self.bus.next_due(now)) if m is not None]
+        return min(moments) if moments else None
+
+    def advance(self, seconds: float) -> None:
+        """Move a virtual clock forward and play what became due (tests, demos)."""
+        advance = getattr(self.clock, "advance", None)
+        if advance is None:
+            raise TypeError(f"{type(self.clock).__name__} cannot be advanced; use a VirtualClock")
+        advance(seconds)
+        self.step()
+
+    def advance_to_next_due(self) -> dt.datetime | None:
+        """Jump a virtual clock to the next change and play it; None when nothing is due."""
+        moment = self.next_due()
+        if moment is None:
+            return None
+        advance_to = getattr(self.clock, "advance_to", None)
+        if advance_to is None:
+            raise TypeError(f"{type(self.clock).__name__} cannot jump; use a VirtualClock")
+        advance_to(moment)
+        self.step()
+        return moment
+
+    def call(self, action: Callable[[dt.datetime], T]) -> T:
+        """Run one API call at the clock's moment, then publish what it changed."""
+        now = self.sync()
+        try:
+            return action(now)
+        finally:
+            self._flush(now)
+
+    # --------------------------------------------------------- clusters
+
+    def cluster(self, cluster: Cluster | str) -> ClusterSim:
+        """The cluster's simulation, created on first use from the config (whose values
+        win) and the registry's Cluster (which fills what the config leaves out)."""
+        name = cluster if isinstance(cluster, str) else cluster.name
+        sim = self._clusters.get(name)
+        if sim is None:
+            config = self.config.cluster(name) or SimClusterConfig(
+                name=name, behaviour=self.config.defaults)
+            registered = None if isinstance(cluster, str) else cluster
+            tpu_types = config.tpu_types or (
+                (registered.tpu_type,) if registered and registered.tpu_type else tuple(TPU_TYPES))
+            identity = ClusterIdentity(
+                name=name,
+                project=config.project or (registered.project if registered else "falcon-sim"),
+                location=config.location or (registered.location if registered else "us-central1-a"),
+                tpu_types=tpu_types, config=config, behaviour=config.behaviour,
+                jobs=self.config.jobs,
+            )
+            sim = self._clusters[name] = ClusterSim(identity, self)
+        return sim
+
+    def ports(self) -> Ports:
+        return Ports(node_pools=SimNodePools(self), reservations=SimReservations(self),
+                     edges=SimEdgeClusters(self), bus=self.bus, clock=self.clock,
+                     next_due=self.next_due)
+
+    # -------------------------------------------------- what tests and reports read
+
+    def pool(self, cluster: str, name: str) -> PoolSnapshot | None:
+        """A pool as the world knows it, whether or not GKE would show it yet."""
+        sim = self._clusters.get(cluster)
+        pool = sim.gke.pools.get(name) if sim else None
+        return sim.gke.snapshot(pool) if sim and pool else None
+
+    def pools(self, cluster: str | None = None, *, include_deleted: bool = False) -> list[PoolSnapshot]:
+        out: list[PoolSnapshot] = []
+        for name, sim in sorted(self._clusters.items()):
+            if cluster is not None and name != cluster:
+                continue
+            out.extend(sim.gke.snapshot(p) for _, p in sorted(sim.gke.pools.items()))
+            if include_deleted:
+                out.extend(sim.gke.deleted)
+        return out
+
+    def pool_hours(self) -> dict[str, float]:
+        """Node-pool hours by supply mode, from create to delete (or now)."""
+        now = self.now()
+        hours: dict[str, float] = {}
+        for pool in self.pools(include_deleted=True):
+            end = pool.deleted_at or now
+            hours[pool.supply_mode] = (hours.get(pool.supply_mode, 0.0)
+                                       + (end - pool.created_at).total_seconds() / 3600)
+        return hours
+
+    def reservation_usage(self, cluster: str, reservation: str) -> ReservationUsage | None:
+        sim = self.cluster(cluster)
+        config = sim.identity.config.reservation(reservation)
+        if config is None:
+            return None
+        return ReservationUsage(config.name, config.count, config.in_use,
+                                sim.gke.reservation_hosts_in_use(config.name), config.machine_type)
+
+    def job_state(self, cluster: str, job_name: str) -> JobObservation | None:
+        """The Job as the API server holds it now (not what the bus has delivered)."""
+        sim = self._clusters.get(cluster)
+        job = sim.kube.jobs.get(job_name) if sim else None
+        if sim is None or job is None:
+            return None
+        return sim.kube.observe(job, self.now())
+
+    def _flush(self, moment: dt.datetime) -> None:
+        for sim in self._clusters.values():
+            sim.kube.flush(moment)
