@@ -233,7 +233,7 @@ def serve_rest(fake: FakeCompute) -> Iterator[str]:
     """Serve ``fake``; yields the ``http://127.0.0.1:PORT`` endpoint."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005},
                               name="fake-compute-rest", daemon=True)
     thread.start()
     try:

@@ -418,7 +418,7 @@ def serve_rest(fake: FakeGke) -> Iterator[str]:
     """Serve ``fake`` over HTTP/JSON; yields the ``http://127.0.0.1:PORT`` endpoint."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _rest_handler(fake))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005},
                               name="fake-gke-rest", daemon=True)
     thread.start()
     try:
