@@ -8,7 +8,6 @@ on the wire, and what the adapter maps is what the library raised.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -564,4 +563,3 @@ def test_api_words_strip_the_method_and_url_prefix_of_rest_errors(node_pools, fa
     assert denied.value.code == PERMISSION_DENIED
     assert "GET http" not in denied.value.message
     assert denied.value.message.endswith(": Required 'container.nodePools.get'.")
-    assert json.dumps(denied.value.message)

@@ -24,6 +24,10 @@ from typing import Any
 import proto
 from google.cloud import compute_v1
 
+ReservedInfo = compute_v1.AllocationAggregateReservationReservedResourceInfo
+ReservedAccelerator = compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator
+InstanceProperties = compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties
+
 REASONS = {400: "invalid", 403: "forbidden", 404: "notFound", 409: "alreadyExists",
            429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
 
@@ -57,25 +61,24 @@ class FakeCompute:
                      count: int, in_use: int, status: str = "READY") -> None:
         with self._lock:
             self.reservations[(project, zone, name)] = compute_v1.Reservation(
-                name=name, zone=f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
+                name=name,
+                zone=f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
                 status=status, specific_reservation_required=True,
                 specific_reservation=compute_v1.AllocationSpecificSKUReservation(
                     count=count, in_use_count=in_use, assured_count=count,
-                    instance_properties=compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties(
-                        machine_type=machine_type),
+                    instance_properties=InstanceProperties(machine_type=machine_type),
                 ),
             )
 
     def add_aggregate(self, project: str, zone: str, name: str, *, vm_family: str,
                       reserved: Mapping[str, int], in_use: Mapping[str, int],
                       type_project: str | None = None) -> None:
-        def resources(counts: Mapping[str, int]) -> list[compute_v1.AllocationAggregateReservationReservedResourceInfo]:
+        types = f"projects/{type_project or project}/zones/{zone}/acceleratorTypes"
+
+        def resources(counts: Mapping[str, int]) -> list[ReservedInfo]:
             return [
-                compute_v1.AllocationAggregateReservationReservedResourceInfo(
-                    accelerator=compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator(
-                        accelerator_type=f"projects/{type_project or project}/zones/{zone}/acceleratorTypes/{kind}",
-                        accelerator_count=count,
-                    ))
+                ReservedInfo(accelerator=ReservedAccelerator(
+                    accelerator_type=f"{types}/{kind}", accelerator_count=count))
                 for kind, count in counts.items()
             ]
 

@@ -146,7 +146,7 @@ class FakeGke:
     def finish_operations(self) -> None:
         """Bring every running operation to DONE, as if time had passed."""
         with self._lock:
-            for path, op in list(self.operations.items()):
+            for op in list(self.operations.values()):
                 if op.operation.status != container_v1.Operation.Status.DONE:
                     op.polls_left = 0
                     self._complete(op)
@@ -229,14 +229,15 @@ class FakeGke:
                on_done: Callable[[], status_pb2.Status | None]) -> container_v1.Operation:
         location = cluster_path.split("/")[3]
         name = f"operation-{1700000000000 + next(self._ids)}-{pool_name[:8]}"
+        operation_path = f"{cluster_path.rsplit('/clusters/', 1)[0]}/operations/{name}"
         operation = container_v1.Operation(
             name=name, operation_type=kind, status=container_v1.Operation.Status.RUNNING,
-            location=location, self_link=f"https://fake/v1/{cluster_path.rsplit('/clusters/', 1)[0]}/operations/{name}",
+            location=location, self_link=f"https://fake/v1/{operation_path}",
             target_link=f"https://fake/v1/{cluster_path}/nodePools/{pool_name}",
             start_time="2026-11-01T09:00:00.000000Z",
         )
         op = _Op(operation, cluster_path, pool_name, self.polls_until_done, on_done)
-        self.operations[f"{cluster_path.rsplit('/clusters/', 1)[0]}/operations/{name}"] = op
+        self.operations[operation_path] = op
         if op.polls_left <= 0:
             self._complete(op)
         return container_v1.Operation(op.operation)

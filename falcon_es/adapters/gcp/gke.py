@@ -154,6 +154,7 @@ class GkeNodePools:
         return to_operation(operation)
 
     def list(self, cluster: Cluster) -> list[NodePoolInfo]:
+        """Every pool of the cluster, Falcon's or not: callers select by label."""
         try:
             response = self._client.list_node_pools(
                 parent=cluster_path(cluster), timeout=self._timeout
