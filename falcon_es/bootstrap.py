@@ -57,16 +57,23 @@ def build_controller(app: App, *, ports: object = None, handlers: tuple | None =
     from falcon_es.inbox import JobInbox
     from falcon_es.registry import list_clusters
     from falcon_es.runtime import Controller
+    from falcon_es.effects import EffectExecutor
     from handlers import HANDLERS
+    from handlers.status import ack_folded
 
     inbox = JobInbox(app.engine)
+    # The after-commit effect executor carries out the intents the handlers record.
+    effects = EffectExecutor(app.store, app.tasks, app.settings, ports) if ports else None
 
     def make_context() -> HandlerContext:
         with app.engine.connect() as conn:
             clusters = list_clusters(conn)
         return HandlerContext(app.settings, app.clock.now(), app.tasks, clusters, inbox, ports,
-                              queues=app.queue_view.book if app.queue_view else None)
+                              queues=app.queue_view.book if app.queue_view else None,
+                              effects=effects,
+                              outcomes=effects.take_outcomes() if effects else ())
 
     load_task_states(app)
+    after_commit = (effects.after_commit, ack_folded) if effects else ()
     return Controller(app.store, app.tasks, handlers or HANDLERS, make_context,
-                      controller_id=app.settings.controller_id)
+                      after_commit=after_commit, controller_id=app.settings.controller_id)

@@ -89,9 +89,11 @@ class TaskChart(StateChart):
         pending.provisioning.to(failed)
         | pending.waiting_for_node.to(failed)
         | pending.cluster_busy.to(failed)
+        | aborting.to.itself()
+        | failed.to.itself()
     )
     NodePoolTimedOut = pending.provisioning.to(failed) | pending.waiting_for_node.to(failed)
-    JobSubmitFailed = pending.dispatching.to(failed)
+    JobSubmitFailed = pending.dispatching.to(failed) | aborting.to.itself()
     PodsRunning = pending.dispatching.to(running) | running.to.itself()
     JobSucceeded = pending.dispatching.to(succeeded) | running.to(succeeded)
     JobFailed = pending.dispatching.to(failed) | running.to(failed)
@@ -104,6 +106,11 @@ class TaskChart(StateChart):
     AbortRequested = new.to(aborting) | pending.to(aborting) | running.to(aborting)
     AbortIgnored = succeeded.to.itself() | failed.to.itself() | aborted.to.itself()
     TaskAborted = aborting.to(aborted)
+    # Outcomes of effects issued before an abort or a provisioning timeout still arrive:
+    # they are recorded (the effect happened) and the task keeps its status.
+    NodePoolCreateStarted = aborting.to.itself() | failed.to.itself()
+    JobSubmitted = aborting.to.itself()
+    JobSubmitCancelled = aborting.to.itself()
 
     NodePoolRetained = (
         succeeded.to.itself() | failed.to.itself() | aborting.to.itself()

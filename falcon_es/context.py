@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from falcon_es.effects import EffectExecutor, Outcome
 from falcon_es.inbox import JobInbox
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import QueueBook
@@ -25,6 +26,11 @@ class HandlerContext:
     ports: Any = None
     #: The scheduler's queue index (kept current by the queue view projection).
     queues: QueueBook | None = None
+    #: The effect executor (None without ports) and the outcomes it queued for this tick.
+    effects: EffectExecutor | None = None
+    outcomes: tuple[Outcome, ...] = ()
+    #: Bus message ids this tick folded; acknowledged only after the tick commits.
+    acks: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -227,21 +227,31 @@ class JobSubmitFailed(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class JobSubmitCancelled(Event):
+    """The abort came before the submit was issued: the Job does not exist and never will."""
+
+    job_name: str
+
+
+@dataclasses.dataclass(frozen=True)
 class PodsPending(Event):
     """Pods exist but are not running; ``diagnosis`` is the upstream root cause."""
 
     diagnosis: str
+    resource_version: int = 0  # of the observation folded (stale ones are ignored)
 
 
 @dataclasses.dataclass(frozen=True)
 class PodsRunning(Event):
     active: int
     total: int
+    resource_version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class JobSucceeded(Event):
     succeeded: int
+    resource_version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +259,7 @@ class JobFailed(Event):
     failure_reason: ClassVar[str | None] = "JobFailed"
     cause: str
     exit_code: int | None
+    resource_version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,6 +372,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
     NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
+    JobSubmitCancelled,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted,

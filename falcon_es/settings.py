@@ -27,6 +27,23 @@ class Settings:
     default_timeout_seconds: int = 24 * 3600
     max_timeout_seconds: int = 7 * 24 * 3600
     controller_id: str = "falcon-controller"
+    # Task lifecycle (issue 4): where Jobs run, how long steps may take, how often to retry.
+    job_namespace: str = "falcon-jobs"
+    job_service_account: str = "falcon-task"
+    job_ttl_seconds_after_finished: int = 24 * 3600
+    edge_events_topic: str = "falcon-edge-events"
+    edge_events_subscription: str = "falcon-edge-events"
+    #: A just-created pool may 404 on get this long (flex-start); orphans are spared too.
+    create_visibility_grace_seconds: int = 300
+    provisioning_timeout_seconds: int = 1800
+    flex_start_provisioning_timeout_seconds: int = 4 * 3600
+    #: First and longest wait between retries of a step recorded in the log.
+    retry_initial_seconds: int = 15
+    retry_max_seconds: int = 300
+    scale_down_reservation_seconds: int = 600
+    scale_down_on_demand_seconds: int = 600
+    scale_down_flex_start_seconds: int = 6 * 3600
+    orphan_sweep_seconds: int = 300
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -43,6 +60,21 @@ class Settings:
             max_timeout_seconds=_int(env, "FALCON_MAX_TIMEOUT", cls.max_timeout_seconds),
             controller_id=env.get("FALCON_CONTROLLER_ID") or env.get("HOSTNAME")
             or cls.controller_id,
+            job_namespace=env.get("FALCON_JOB_NAMESPACE") or cls.job_namespace,
+            job_service_account=env.get("FALCON_JOB_SERVICE_ACCOUNT") or cls.job_service_account,
+            edge_events_subscription=env.get("FALCON_EDGE_EVENTS_SUBSCRIPTION")
+            or cls.edge_events_subscription,
+            create_visibility_grace_seconds=_int(
+                env, "FALCON_CREATE_VISIBILITY_GRACE", cls.create_visibility_grace_seconds),
+            provisioning_timeout_seconds=_int(
+                env, "FALCON_PROVISIONING_TIMEOUT", cls.provisioning_timeout_seconds),
+            flex_start_provisioning_timeout_seconds=_int(
+                env, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
+                cls.flex_start_provisioning_timeout_seconds),
+            scale_down_reservation_seconds=_int(
+                env, "FALCON_SCALE_DOWN_RESERVATION", cls.scale_down_reservation_seconds),
+            scale_down_flex_start_seconds=_int(
+                env, "FALCON_SCALE_DOWN_FLEX_START", cls.scale_down_flex_start_seconds),
         )
 
 

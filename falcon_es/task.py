@@ -58,6 +58,20 @@ class TaskState:
     pool_disposition: str | None = None  # retained | delete-requested | deleted
     last_event_at: dt.datetime | None = None
     phase_started_at: dt.datetime | None = None
+    #: Lifecycle bookkeeping (issue 4): what the provisioning, dispatch, status, abort and
+    #: deprovision handlers decide from.
+    pool_requested_at: dt.datetime | None = None
+    pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
+    pool_operation: str | None = None  # the GKE create operation ("" when adopted)
+    pool_from_task: str | None = None  # the task that handed its pool over to this one
+    retained_for: str | None = None  # the task this task's pool was handed over to
+    retry_kind: str | None = None  # the event type of the step being retried
+    retry_attempt: int = 0
+    retry_at: dt.datetime | None = None
+    last_resource_version: int = 0  # of the last Job observation folded
+    pods_active: int | None = None
+    pending_diagnosis: str | None = None
+    abort_phase: str | None = None
 
     @property
     def status(self) -> str:
@@ -121,12 +135,34 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             return {"cluster_id": None, "cluster_name": None}
         case ev.NodePoolReused():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
-                    "pool_intent": "ready"}
+                    "pool_intent": "ready", "pool_from_task": event.from_task}
         case ev.NodePoolCreateRequested():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
-                    "pool_intent": "create-requested"}
+                    "pool_intent": "create-requested", "pool_requested_at": at,
+                    "pool_operation": None, "pool_request": event.to_data()}
         case ev.NodePoolCreateStarted():
-            return {"pool_intent": "create-started"}
+            return {"pool_intent": "create-started", "pool_operation": event.operation}
+        case ev.ReservationInsufficient() | ev.NodePoolNotVisible() | ev.NodesNotReady():
+            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
+                    "retry_at": at}
+        case ev.NodePoolFailed():
+            # A create refused outright left nothing behind; a failed operation may
+            # have left a pool in ERROR that must still be deleted.
+            refused = state.pool_intent in (None, "create-requested")
+            return {"pool_intent": "not-created" if refused else "failed"}
+        case ev.JobSubmitFailed():
+            return {"job_intent": "submit-failed"}
+        case ev.JobSubmitCancelled():
+            return {"job_intent": "cancelled"}
+        case ev.PodsPending():
+            return {"pending_diagnosis": event.diagnosis,
+                    "last_resource_version": event.resource_version}
+        case ev.PodsRunning():
+            return {"pods_active": event.active, "pending_diagnosis": None,
+                    "last_resource_version": event.resource_version}
+        case ev.JobSucceeded() | ev.JobFailed():
+            return {"job_intent": "finished",
+                    "last_resource_version": event.resource_version}
         case ev.NodePoolReady():
             return {"pool_intent": "ready"}
         case ev.JobSubmitRequested():
@@ -139,11 +175,14 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.JobDeleted():
             return {"job_intent": "deleted"}
         case ev.AbortRequested():
-            return {"aborting_at": event.requested_at or at}
+            return {"aborting_at": event.requested_at or at, "abort_phase": event.phase}
         case ev.TaskAborted():
             return {"aborted_at": at}
         case ev.NodePoolRetained():
-            return {"pool_disposition": "retained"}
+            return {"pool_disposition": "retained", "retained_for": event.for_task}
+        case ev.NodePoolDeleteFailed():
+            return {"pool_disposition": "delete-failed", "retry_kind": event.type_name,
+                    "retry_attempt": event.attempt, "retry_at": at}
         case ev.NodePoolDeleteRequested():
             return {"pool_disposition": "delete-requested"}
         case ev.NodePoolDeleted():

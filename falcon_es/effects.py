@@ -1,0 +1,489 @@
+"""The effect executor: carries out committed intents through the ports.
+
+Intent before effect (DESIGN §3): a handler never calls a port to change the world; it
+records an intent event (``NodePoolCreateRequested``, ``JobSubmitRequested``,
+``JobDeleteRequested``, ``NodePoolDeleteRequested``, ``OrphanPoolFound``). Once the tick
+that recorded it has committed, ``EffectExecutor.after_commit`` finds every intent that
+has no outcome yet, performs it, and queues the outcome; the next tick's context carries
+the queued outcomes and ``record_outcomes`` (the first lifecycle handler) appends them,
+after checking the intent is still open. The executor is level-triggered: what is open
+is derived from the folded task states (and the orphan streams), never from memory, so
+a controller that starts after a crash re-issues whatever was left open.
+
+Every effect is idempotent: names are deterministic (``falcon_es.naming``), "already
+exists" means adopt after checking the ``falcon-task`` label, and "not found" on delete
+means done. A submit whose task is being aborted is cancelled instead of issued (if an
+earlier controller submitted it before crashing, the Job is adopted and then deleted).
+
+Transient API errors (``RETRYABLE``) leave the intent open and are retried after a
+backoff kept in memory; outcomes that change nothing in the log are not invented for
+them. Definite failures become outcome events with the API's own words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from falcon_es import chart, manifests, naming
+from falcon_es import events as ev
+from falcon_es.ports import (
+    ALREADY_EXISTS, NOT_FOUND, RETRYABLE, NodePoolSpec, Operation, PortError, Ports,
+)
+from falcon_es.registry import Cluster
+from falcon_es.retry import Backoff
+from falcon_es.settings import Settings
+from falcon_es.store import EventStore, RecordedEvent
+from falcon_es.task import TaskState, TaskStates
+from falcon_es.tpu import slice_shape
+
+log = logging.getLogger("falcon_es.effects")
+
+POOL_CREATE = "pool-create"
+JOB_SUBMIT = "job-submit"
+JOB_DELETE = "job-delete"
+POOL_DELETE = "pool-delete"
+ORPHAN_DELETE = "orphan-delete"
+
+ORPHAN_STREAM_PREFIX = "orphans:"
+#: Labels on every pool Falcon-ES creates (the orphan sweep lists pools by them).
+POOL_MANAGED_BY = manifests.MANAGED_BY
+POOL_TASK_LABEL = manifests.TASK_LABEL
+POOL_TOPOLOGY_LABEL = "falcon-topology"
+POOL_SUPPLY_LABEL = "falcon-supply-mode"
+#: How often the open intents are re-derived from every task state, in case a stream
+#: changed without passing through this executor (a reload after a lost race).
+FULL_SCAN_SECONDS = 60.0
+#: Pause before an intent is tried again when its outcome was not recorded.
+UNRECORDED_RETRY_SECONDS = 5.0
+
+
+def orphan_stream(cluster_id: str) -> str:
+    return f"{ORPHAN_STREAM_PREFIX}{cluster_id}"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Intent:
+    """An effect the log asked for: what to do, for which stream, on which object."""
+
+    kind: str
+    stream_id: str
+    name: str  # pool or Job name
+    cluster_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened when an intent was carried out: the event the next tick appends."""
+
+    intent: Intent
+    event: ev.Event
+
+
+def task_intents(state: TaskState) -> tuple[Intent, ...]:
+    """The intents of one task that have no outcome yet."""
+    cluster_id = state.cluster_id or ""
+    found: list[Intent] = []
+    if state.pool_intent == "create-requested" and state.node_pool_name:
+        found.append(Intent(POOL_CREATE, state.task_id, state.node_pool_name, cluster_id))
+    if state.job_name and state.job_intent == "submit-requested":
+        found.append(Intent(JOB_SUBMIT, state.task_id, state.job_name, cluster_id))
+    if state.job_name and state.job_intent == "delete-requested":
+        found.append(Intent(JOB_DELETE, state.task_id, state.job_name, cluster_id))
+    if state.node_pool_name and state.pool_disposition == "delete-requested":
+        found.append(Intent(POOL_DELETE, state.task_id, state.node_pool_name, cluster_id))
+    return tuple(found)
+
+
+def retry_backoff(settings: Settings) -> Backoff:
+    """The backoff of steps retried through the log (reservation capacity, pool
+    visibility, node readiness, pool deletion): never exhausted, only capped."""
+    return Backoff(initial=float(settings.retry_initial_seconds),
+                   maximum=float(max(settings.retry_max_seconds, settings.retry_initial_seconds)),
+                   multiplier=2.0, jitter=0.1, attempts=1_000_000)
+
+
+def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime | None:
+    """When the next attempt of ``kind`` is due for this task (None: try now).
+
+    The jitter is drawn from a generator seeded by the task and attempt, so every
+    controller (and every replay) computes the same moment.
+    """
+    if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
+        return None
+    rng = random.Random(f"{state.task_id}:{kind}:{state.retry_attempt}")
+    delay = retry_backoff(settings).delay(state.retry_attempt, rng)
+    return state.retry_at + dt.timedelta(seconds=delay)
+
+
+def next_attempt(state: TaskState, kind: str) -> int:
+    return state.retry_attempt + 1 if state.retry_kind == kind else 1
+
+
+def pool_labels(task_id: str, topology: str, supply_mode: str) -> dict[str, str]:
+    return {
+        POOL_MANAGED_BY: manifests.MANAGED_BY_VALUE,
+        POOL_TASK_LABEL: naming.task_label(task_id),
+        POOL_TOPOLOGY_LABEL: topology,
+        POOL_SUPPLY_LABEL: supply_mode,
+    }
+
+
+def job_placement(settings: Settings, cluster: Cluster) -> manifests.JobPlacement:
+    return manifests.JobPlacement(
+        namespace=settings.job_namespace,
+        service_account=settings.job_service_account,
+        bucket=cluster.gcs_bucket,
+        ttl_seconds_after_finished=settings.job_ttl_seconds_after_finished,
+    )
+
+
+def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> dict[str, Any]:
+    """The Job manifest for a task on its pool (the submit intent's payload)."""
+    return manifests.render_job(
+        task_id=state.task_id,
+        spec=state.spec,
+        shape=slice_shape(state.tpu_type, state.topology),
+        pool_name=state.node_pool_name or "",
+        placement=job_placement(settings, cluster),
+    )
+
+
+class EffectExecutor:
+    """Performs open intents after each commit; its outcomes feed the next tick.
+
+    Everything it remembers (queued outcomes, retry times, deletes in progress) may be
+    lost at any moment without harm: the log still says which intents are open.
+    """
+
+    def __init__(self, store: EventStore, tasks: TaskStates, settings: Settings,
+                 ports: Ports) -> None:
+        self.store = store
+        self.tasks = tasks
+        self.settings = settings
+        self.ports = ports
+        self._open: dict[str, tuple[Intent, ...]] = {}
+        self._orphans: dict[tuple[str, str], Intent] = {}
+        self._orphan_streams_read: set[str] = set()
+        self._queued: list[Outcome] = []
+        self._queued_intents: set[Intent] = set()
+        self._not_before: dict[Intent, dt.datetime] = {}
+        self._failures: dict[Intent, int] = {}
+        self._deleting: dict[Intent, str] = {}  # delete in progress: operation id or ""
+        self._next_full_scan: dt.datetime | None = None
+        self._next_sweep: dt.datetime | None = None
+
+    # ------------------------------------------------------------ tick interface
+    def take_outcomes(self) -> tuple[Outcome, ...]:
+        """Hand the queued outcomes to the tick about to run (they are its inputs)."""
+        taken = tuple(self._queued)
+        self._queued.clear()
+        self._queued_intents.clear()
+        return taken
+
+    @property
+    def has_outcomes(self) -> bool:
+        """True when outcomes wait for the next tick (so that tick has work to do)."""
+        return bool(self._queued)
+
+    def open_intents(self) -> list[Intent]:
+        """Every intent known to be open (as of the last commit)."""
+        return sorted([i for group in self._open.values() for i in group]
+                      + list(self._orphans.values()))
+
+    def open_orphans(self) -> frozenset[tuple[str, str]]:
+        """(cluster id, pool name) of orphans found and not yet deleted."""
+        return frozenset(self._orphans)
+
+    def is_open(self, intent: Intent) -> bool:
+        if intent.kind == ORPHAN_DELETE:
+            return self._orphans.get((intent.cluster_id, intent.name)) == intent
+        return intent in self._open.get(intent.stream_id, ())
+
+    def sweep_due(self, now: dt.datetime) -> bool:
+        return self._next_sweep is None or now >= self._next_sweep
+
+    def swept(self, now: dt.datetime) -> None:
+        self._next_sweep = now + dt.timedelta(seconds=self.settings.orphan_sweep_seconds)
+
+    def next_due(self) -> dt.datetime | None:
+        """The earliest moment an open intent will be tried again (for a loop that
+        jumps virtual time to the next thing to do)."""
+        moments = [m for i, m in self._not_before.items()
+                   if self.is_open(i) and i not in self._queued_intents]
+        if self._next_sweep is not None:
+            moments.append(self._next_sweep)
+        return min(moments) if moments else None
+
+    def after_commit(self, ctx: Any, recorded: Sequence[RecordedEvent]) -> None:
+        """The tick's events are durable: bring the open intents up to date and do them."""
+        now = self.ports.clock.now()
+        clusters = {c.id: c for c in ctx.clusters}
+        self._load_orphan_streams(clusters)
+        if self._next_full_scan is None or now >= self._next_full_scan:
+            self._open = {s.task_id: i for s in self.tasks.all() if (i := task_intents(s))}
+            self._next_full_scan = now + dt.timedelta(seconds=FULL_SCAN_SECONDS)
+        else:
+            self._refresh(recorded)
+        self._fold_orphans(recorded)
+        for intent in self._due(now):
+            cluster = clusters.get(intent.cluster_id)
+            if cluster is None:
+                log.error("intent %s names cluster %s, which is not registered", intent,
+                          intent.cluster_id)
+                self._later(intent, now)
+                continue
+            self._perform(intent, cluster, now)
+
+    # ------------------------------------------------------------- bookkeeping
+    def _refresh(self, recorded: Iterable[RecordedEvent]) -> None:
+        for stream_id in {r.stream_id for r in recorded}:
+            state = self.tasks.get(stream_id)
+            if state is None:
+                continue
+            intents = task_intents(state)
+            if intents:
+                self._open[stream_id] = intents
+            else:
+                self._open.pop(stream_id, None)
+
+    def _load_orphan_streams(self, clusters: Mapping[str, Cluster]) -> None:
+        for cluster_id in clusters:
+            stream_id = orphan_stream(cluster_id)
+            if stream_id in self._orphan_streams_read:
+                continue
+            self._orphan_streams_read.add(stream_id)
+            self._fold_orphans(self.store.read_stream(stream_id))
+
+    def _fold_orphans(self, recorded: Iterable[RecordedEvent]) -> None:
+        for record in recorded:
+            event = record.event
+            if isinstance(event, ev.OrphanPoolFound):
+                self._orphans[(event.cluster_id, event.pool_name)] = Intent(
+                    ORPHAN_DELETE, record.stream_id, event.pool_name, event.cluster_id)
+            elif isinstance(event, ev.OrphanPoolDeleted):
+                self._orphans.pop((event.cluster_id, event.pool_name), None)
+
+    def _due(self, now: dt.datetime) -> list[Intent]:
+        intents = [i for group in self._open.values() for i in group]
+        intents.extend(self._orphans.values())
+        live = set(intents)
+        for stale in [i for i in self._not_before if i not in live]:
+            del self._not_before[stale]
+            self._failures.pop(stale, None)
+        for stale in [i for i in self._deleting if i not in live]:
+            del self._deleting[stale]
+        return sorted(
+            i for i in intents
+            if i not in self._queued_intents and self._not_before.get(i, now) <= now
+        )
+
+    def _queue(self, intent: Intent, event: ev.Event, now: dt.datetime) -> None:
+        self._queued.append(Outcome(intent, event))
+        self._queued_intents.add(intent)
+        self._failures.pop(intent, None)
+        self._deleting.pop(intent, None)
+        # Should the outcome not make it into the log, try again a little later.
+        self._not_before[intent] = now + dt.timedelta(seconds=UNRECORDED_RETRY_SECONDS)
+
+    def _later(self, intent: Intent, now: dt.datetime, error: PortError | None = None) -> None:
+        """A transient failure: the intent stays open and is tried again after a backoff."""
+        failures = self._failures.get(intent, 0) + 1
+        self._failures[intent] = failures
+        rng = random.Random(f"{intent}:{failures}")
+        delay = retry_backoff(self.settings).delay(failures, rng)
+        self._not_before[intent] = now + dt.timedelta(seconds=delay)
+        if error is not None:
+            log.warning("%s %s on %s: %s; retry %d in %.0fs", intent.kind, intent.name,
+                        intent.cluster_id, error, failures, delay)
+
+    # ------------------------------------------------------------------ effects
+    def _perform(self, intent: Intent, cluster: Cluster, now: dt.datetime) -> None:
+        if intent.kind == ORPHAN_DELETE:
+            self._delete_pool(intent, cluster, now, None)
+            return
+        state = self.tasks.get(intent.stream_id)
+        if state is None:
+            return
+        try:
+            if intent.kind == POOL_CREATE:
+                self._create_pool(intent, state, cluster, now)
+            elif intent.kind == JOB_SUBMIT:
+                self._submit_job(intent, state, cluster, now)
+            elif intent.kind == JOB_DELETE:
+                self.ports.edges.for_cluster(cluster).delete_job(intent.name)
+                self._queue(intent, ev.JobDeleted(intent.name), now)
+            elif intent.kind == POOL_DELETE:
+                self._delete_pool(intent, cluster, now, state)
+        except PortError as error:
+            self._later(intent, now, error)
+
+    def _create_pool(self, intent: Intent, state: TaskState, cluster: Cluster,
+                     now: dt.datetime) -> None:
+        request = state.pool_request
+        supply_mode = str(request.get("supply_mode") or state.supply_mode or "")
+        spec = NodePoolSpec(
+            cluster=cluster,
+            name=intent.name,
+            shape=slice_shape(state.tpu_type, state.topology),
+            supply_mode=supply_mode,
+            reservation=request.get("reservation"),
+            scale_down_unneeded_seconds=int(request.get("scale_down_unneeded_seconds") or 0),
+            labels=pool_labels(state.task_id, state.topology, supply_mode),
+        )
+        try:
+            operation = self.ports.node_pools.create(spec)
+        except PortError as error:
+            if error.code == ALREADY_EXISTS:
+                self._adopt_pool(intent, state, cluster, now)
+            elif error.code == RETRYABLE:
+                self._later(intent, now, error)
+            else:
+                self._queue(intent, ev.NodePoolFailed(intent.name, error.message), now)
+            return
+        self._queue(intent, ev.NodePoolCreateStarted(intent.name, operation.id), now)
+
+    def _adopt_pool(self, intent: Intent, state: TaskState, cluster: Cluster,
+                    now: dt.datetime) -> None:
+        """The pool exists: ours (an earlier controller created it) or someone else's."""
+        try:
+            info = self.ports.node_pools.get(cluster, intent.name)
+        except PortError as error:
+            self._later(intent, now, error)
+            return
+        owner = info.labels.get(POOL_TASK_LABEL)
+        if owner == naming.task_label(state.task_id):
+            self._queue(intent, ev.NodePoolCreateStarted(intent.name, ""), now)
+            return
+        self._queue(intent, ev.NodePoolFailed(
+            intent.name,
+            f"a node pool named {intent.name} already exists on {cluster.name} and is not "
+            f"this task's (falcon-task={owner or 'unset'})",
+        ), now)
+
+    def _submit_job(self, intent: Intent, state: TaskState, cluster: Cluster,
+                    now: dt.datetime) -> None:
+        edge = self.ports.edges.for_cluster(cluster)
+        label = naming.task_label(state.task_id)
+        if state.status == chart.ABORTING:
+            existing = edge.get_job(intent.name)
+            if existing is not None and existing.task_id == label:
+                self._queue(intent, ev.JobSubmitted(intent.name, existing.uid), now)
+            else:
+                self._queue(intent, ev.JobSubmitCancelled(intent.name), now)
+            return
+        try:
+            ref = edge.submit_job(render_task_job(state, cluster, self.settings))
+        except PortError as error:
+            if error.code == ALREADY_EXISTS:
+                existing = edge.get_job(intent.name)
+                if existing is None:
+                    self._later(intent, now, error)
+                elif existing.task_id == label:
+                    self._queue(intent, ev.JobSubmitted(intent.name, existing.uid), now)
+                else:
+                    self._queue(intent, ev.JobSubmitFailed(
+                        intent.name,
+                        f"a Job named {intent.name} already exists and is not this task's "
+                        f"(falcon-task={existing.task_id or 'unset'})",
+                    ), now)
+            elif error.code == RETRYABLE:
+                self._later(intent, now, error)
+            else:
+                self._queue(intent, ev.JobSubmitFailed(intent.name, error.message), now)
+            return
+        self._queue(intent, ev.JobSubmitted(intent.name, ref.uid), now)
+
+    def _delete_pool(self, intent: Intent, cluster: Cluster, now: dt.datetime,
+                     state: TaskState | None) -> None:
+        """Delete, then follow the operation (or the pool's STOPPING status after a
+        restart) until the pool is gone. ``state`` is None for an orphan."""
+        pools = self.ports.node_pools
+        try:
+            if intent in self._deleting:
+                self._follow_delete(intent, cluster, now, state)
+                return
+            operation = pools.delete(cluster, intent.name)
+        except PortError as error:
+            if error.code == NOT_FOUND:
+                self._deleted(intent, now)
+            elif error.code == RETRYABLE and self._is_stopping(cluster, intent.name):
+                self._deleting[intent] = ""
+            else:
+                self._delete_failed(intent, now, state, error)
+            return
+        self._operation_progress(intent, operation, now, state)
+
+    def _follow_delete(self, intent: Intent, cluster: Cluster, now: dt.datetime,
+                       state: TaskState | None) -> None:
+        operation_id = self._deleting[intent]
+        if operation_id:
+            self._operation_progress(
+                intent, self.ports.node_pools.get_operation(cluster, operation_id), now, state)
+            return
+        try:
+            self.ports.node_pools.get(cluster, intent.name)
+        except PortError as error:
+            if error.code == NOT_FOUND:
+                self._deleted(intent, now)
+                return
+            raise
+
+    def _operation_progress(self, intent: Intent, operation: Operation | None,
+                            now: dt.datetime, state: TaskState | None) -> None:
+        if operation is None:
+            self._deleted(intent, now)
+        elif not operation.done:
+            self._deleting[intent] = operation.id
+        elif operation.error:
+            self._delete_failed(intent, now, state, PortError(
+                operation.error_code or "FAILED", operation.error))
+        else:
+            self._deleted(intent, now)
+
+    def _is_stopping(self, cluster: Cluster, name: str) -> bool:
+        try:
+            return self.ports.node_pools.get(cluster, name).status == "STOPPING"
+        except PortError:
+            return False
+
+    def _deleted(self, intent: Intent, now: dt.datetime) -> None:
+        if intent.kind == ORPHAN_DELETE:
+            self._queue(intent, ev.OrphanPoolDeleted(intent.cluster_id, intent.name), now)
+        else:
+            self._queue(intent, ev.NodePoolDeleted(intent.name), now)
+
+    def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,
+                       error: PortError) -> None:
+        if state is None:
+            self._later(intent, now, error)
+            return
+        attempt = next_attempt(state, "NodePoolDeleteFailed")
+        self._queue(intent, ev.NodePoolDeleteFailed(intent.name, error.message, attempt), now)
+
+
+def record_outcomes(tick: Any, ctx: Any) -> None:
+    """Handler: append the outcomes the executor queued, if their intent is still open.
+
+    An outcome whose intent closed meanwhile (another outcome won, a restart re-issued
+    it) is dropped: the log already says how that intent ended.
+    """
+    effects: EffectExecutor | None = ctx.effects
+    for outcome in ctx.outcomes:
+        intent, event = outcome.intent, outcome.event
+        if intent.kind == ORPHAN_DELETE:
+            if effects is not None and effects.is_open(intent):
+                tick.emit(intent.stream_id, event)
+            continue
+        state = tick.state(intent.stream_id)
+        if state is None or intent not in task_intents(state):
+            continue
+        if (state.state, event.type_name) not in chart.TRANSITIONS:
+            log.error("outcome %s of %s does not fit task %s in state %s; dropped",
+                      event.type_name, intent.kind, state.task_id, state.state)
+            continue
+        tick.emit(intent.stream_id, event)

@@ -1,0 +1,196 @@
+"""The Kubernetes ``batch/v1`` Job that runs one task on its TPU node pool.
+
+Only four things come from the task spec: image, command, args and env. Everything
+that touches the pod's security boundary (namespace, service account, volumes,
+security context, host access) is fixed here or by configuration, so no spec can make
+a Job privileged, mount a host path, use the host network or leave its namespace.
+
+TPU placement follows GKE's rules (reference §2.4): node selectors on the accelerator,
+the topology and the node pool; ``google.com/tpu`` requested and limited as a string
+equal to the chips per VM; a toleration for the TPU taint; one Pod per VM, so a
+multi-host slice is an Indexed Job with completions = parallelism = hosts.
+
+Logs: a GCS FUSE CSI ephemeral volume mounts the cluster's bucket and the container's
+command runs under ``/bin/sh -c`` with stdout and stderr redirected to
+``gs://<bucket>/logs/<job_id>/<pod_name>.log`` (the pod name from the downward API).
+The wrapper ``exec``s the task's command, so its exit code, OOM kill and signals are
+the pod's own. A spec without a command keeps the image's entrypoint, which cannot be
+wrapped without knowing it; its output then stays in the pod log only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from falcon_es import naming
+from falcon_es.tpu import TPU_TYPES, SliceShape
+
+MANAGED_BY = "managed-by"
+MANAGED_BY_VALUE = "falcon"
+TASK_LABEL = "falcon-task"
+TASK_ID_ANNOTATION = "falcon/task-id"
+GCSFUSE_ANNOTATION = "gke-gcsfuse/volumes"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+TPU_RESOURCE = "google.com/tpu"
+ACCELERATOR_SELECTOR = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_SELECTOR = "cloud.google.com/gke-tpu-topology"
+NODEPOOL_SELECTOR = "cloud.google.com/gke-nodepool"
+LOG_VOLUME = "falcon-logs"
+LOG_MOUNT = "/falcon-logs"
+CONTAINER_NAME = "task"
+#: Environment variables the log wrapper reads; a spec cannot override them.
+POD_NAME_ENV = "FALCON_POD_NAME"
+LOG_DIR_ENV = "FALCON_LOG_DIR"
+RESERVED_ENV = frozenset({POD_NAME_ENV, LOG_DIR_ENV})
+LOG_WRAPPER = (
+    'mkdir -p "$FALCON_LOG_DIR" && '
+    'exec "$@" > "$FALCON_LOG_DIR/$FALCON_POD_NAME.log" 2>&1'
+)
+WRAPPER_NAME = "falcon-log-wrapper"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlacement:
+    """Where and as whom a Job runs: fixed by configuration, never by a spec."""
+
+    namespace: str
+    service_account: str
+    bucket: str
+    ttl_seconds_after_finished: int | None = None
+
+
+def task_labels(task_id: str) -> dict[str, str]:
+    return {MANAGED_BY: MANAGED_BY_VALUE, TASK_LABEL: naming.task_label(task_id)}
+
+
+def log_path(bucket: str, task_id: str, pod_name: str) -> str:
+    """Where a pod's stdout/stderr end up."""
+    return f"gs://{bucket}/logs/{naming.log_dir(task_id)}/{pod_name}.log"
+
+
+def render_job(
+    *,
+    task_id: str,
+    spec: Mapping[str, Any],
+    shape: SliceShape,
+    pool_name: str,
+    placement: JobPlacement,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The Job manifest (a plain dict, as the Kubernetes API takes it).
+
+    ``spec`` is the validated spec's data (``TaskSpec.to_data()``); only its image,
+    command, args and env are read. ``annotations`` are extra Job annotations the
+    caller decides (never taken from the spec's pod-level fields).
+    """
+    labels = task_labels(task_id)
+    job_annotations = {TASK_ID_ANNOTATION: task_id, **dict(annotations or {})}
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "completions": shape.hosts,
+        "parallelism": shape.hosts,
+        "template": {
+            "metadata": {
+                "labels": dict(labels),
+                "annotations": {GCSFUSE_ANNOTATION: "true"},
+            },
+            "spec": _pod_spec(task_id, spec, shape, pool_name, placement),
+        },
+    }
+    if shape.multi_host:
+        job_spec["completionMode"] = "Indexed"
+    if placement.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = placement.ttl_seconds_after_finished
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": naming.job_name(task_id),
+            "namespace": placement.namespace,
+            "labels": labels,
+            "annotations": job_annotations,
+        },
+        "spec": job_spec,
+    }
+
+
+def _pod_spec(
+    task_id: str, spec: Mapping[str, Any], shape: SliceShape, pool_name: str,
+    placement: JobPlacement,
+) -> dict[str, Any]:
+    chips = str(shape.chips_per_host)
+    return {
+        "restartPolicy": "Never",
+        "serviceAccountName": placement.service_account,
+        "automountServiceAccountToken": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "nodeSelector": {
+            ACCELERATOR_SELECTOR: TPU_TYPES[shape.tpu_type].accelerator,
+            TOPOLOGY_SELECTOR: shape.topology,
+            NODEPOOL_SELECTOR: pool_name,
+        },
+        "tolerations": [
+            {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        ],
+        "containers": [_container(task_id, spec, chips)],
+        "volumes": [{
+            "name": LOG_VOLUME,
+            "csi": {
+                "driver": GCSFUSE_DRIVER,
+                "volumeAttributes": {
+                    "bucketName": placement.bucket,
+                    "mountOptions": "implicit-dirs",
+                },
+            },
+        }],
+    }
+
+
+def _container(task_id: str, spec: Mapping[str, Any], chips: str) -> dict[str, Any]:
+    command = _strings(spec.get("command"))
+    args = _strings(spec.get("args"))
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": str(spec["image"]),
+        "env": _env(task_id, spec.get("env")),
+        "resources": {
+            "requests": {TPU_RESOURCE: chips},
+            "limits": {TPU_RESOURCE: chips},
+        },
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+        },
+        "volumeMounts": [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT}],
+    }
+    if command:
+        container["command"] = ["/bin/sh", "-c", LOG_WRAPPER, WRAPPER_NAME, *command, *args]
+    elif args:
+        container["args"] = args
+    return container
+
+
+def _env(task_id: str, env: Any) -> list[dict[str, Any]]:
+    pairs = sorted(env.items()) if isinstance(env, Mapping) else list(env or ())
+    out: list[dict[str, Any]] = [
+        {"name": str(name), "value": str(value)}
+        for name, value in pairs if str(name) not in RESERVED_ENV
+    ]
+    out.append({"name": POD_NAME_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    out.append({"name": LOG_DIR_ENV, "value": f"{LOG_MOUNT}/logs/{naming.log_dir(task_id)}"})
+    return out
+
+
+def _strings(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Sequence):
+        return [str(v) for v in value]
+    return []

@@ -1,0 +1,26 @@
+"""Dispatch: once a task's pool is ready, ask for its Job to be submitted.
+
+``JobSubmitRequested`` is the intent; the effect executor renders the Job
+(``falcon_es.manifests``) and submits it through the edge cluster's port, and its
+outcome comes back as ``JobSubmitted`` (the Job's uid; ``dispatched_at`` starts the
+task's timeout), ``JobSubmitFailed`` with the API's words (Failed/JobSubmitFailed, and
+the pool goes through deprovisioning), or, for a Job of the same deterministic name
+that exists already, adoption when its ``falcon-task`` label is this task's.
+"""
+
+from __future__ import annotations
+
+from falcon_es import chart, naming
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.runtime import Tick
+from handlers.deprovision import live_states
+
+
+def dispatch(tick: Tick, ctx: HandlerContext) -> None:
+    for state in live_states(tick, ctx):
+        if (state.status == chart.PENDING and state.reason == "Dispatching"
+                and state.job_intent is None and state.pool_intent == "ready"
+                and state.node_pool_name):
+            tick.emit(state.task_id, ev.JobSubmitRequested(naming.job_name(state.task_id),
+                                                           state.node_pool_name))

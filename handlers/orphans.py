@@ -1,0 +1,76 @@
+"""Orphan sweep: Falcon pools that no task is responsible for any more get deleted.
+
+Every ``orphan_sweep_seconds`` the handler lists the pools of each registered
+cluster. A pool named ``falcon-*`` and labelled ``managed-by=falcon`` is an orphan
+when the log knows no task holding it, or its last holder's delete already "succeeded"
+(a pool that became visible after a 404 on delete), unless:
+
+- a non-terminal task holds it (creating, running, being aborted);
+- it is retained for a waiting task, or its ended holder's deprovisioning is still
+  deciding or deleting it (the deprovision handler owns those);
+- GKE is already deleting it (STOPPING);
+- its creator asked for it less than the create-visibility grace ago.
+
+An orphan is recorded as ``OrphanPoolFound`` (an intent) in the stream
+``orphans:<cluster id>``; the effect executor deletes the pool and the outcome is
+``OrphanPoolDeleted`` in the same stream.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from falcon_es import events as ev
+from falcon_es import naming
+from falcon_es.context import HandlerContext
+from falcon_es.effects import POOL_MANAGED_BY, POOL_TASK_LABEL, orphan_stream
+from falcon_es.manifests import MANAGED_BY_VALUE
+from falcon_es.ports import NodePoolInfo, PortError
+from falcon_es.runtime import Tick
+from handlers.deprovision import PoolRecord, current_states, pool_records
+
+log = logging.getLogger("falcon_es.handlers.orphans")
+
+#: Dispositions under which the deprovision handler still owns an ended task's pool.
+OWNED_BY_DEPROVISION = frozenset({None, "retained", "delete-requested", "delete-failed"})
+
+
+def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
+    effects = ctx.effects
+    if ctx.ports is None or effects is None or not effects.sweep_due(ctx.now):
+        return
+    effects.swept(ctx.now)
+    records = pool_records(current_states(tick, ctx))
+    already = effects.open_orphans()
+    for cluster in ctx.clusters:
+        try:
+            pools = ctx.ports.node_pools.list(cluster)
+        except PortError as error:
+            log.warning("listing node pools of %s: %s", cluster.name, error)
+            continue
+        for pool in sorted(pools, key=lambda p: p.name):
+            if (cluster.id, pool.name) in already or not _is_ours(pool):
+                continue
+            record = records.get((cluster.id, pool.name))
+            if record is not None and not _orphaned(tick, ctx, record):
+                continue
+            if pool.status == "STOPPING":
+                continue
+            owner = record.holder.task_id if record else pool.labels.get(POOL_TASK_LABEL)
+            tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
+
+
+def _is_ours(pool: NodePoolInfo) -> bool:
+    return (naming.is_falcon_pool(pool.name)
+            and pool.labels.get(POOL_MANAGED_BY) == MANAGED_BY_VALUE)
+
+
+def _orphaned(tick: Tick, ctx: HandlerContext, record: PoolRecord) -> bool:
+    holder = tick.state(record.holder.task_id) or record.holder
+    if not holder.is_terminal or holder.pool_disposition in OWNED_BY_DEPROVISION:
+        return False
+    if record.created_at is not None:
+        age = (ctx.now - record.created_at).total_seconds()
+        if age < ctx.settings.create_visibility_grace_seconds:
+            return False
+    return True

@@ -1,0 +1,250 @@
+"""Provisioning: get the picked task a ready TPU node pool on its cluster.
+
+For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingForNode):
+
+1. Reuse: an idle pool of the same topology retained on the task's cluster (the one
+   handed over to this task first, else any idle one of its queue) -> NodePoolReused.
+2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
+   default (reservation when the cluster has a default reservation, else flex-start).
+   Reservation: remaining slices (count - inUseCount, in slices of this shape) against
+   the one slice a task needs; too few -> ReservationInsufficient (Pending/ClusterBusy
+   with the numbers), tried again after a backoff and never silently replaced by
+   another supply mode.
+3. NodePoolCreateRequested (an intent; the effect executor creates the pool with its
+   deterministic name) -> NodePoolCreateStarted(operation) -> follow the operation:
+   failed -> NodePoolFailed with the API's words; done -> look at the pool: a 404
+   within the create-visibility grace -> NodePoolNotVisible (look again later); ERROR
+   -> NodePoolFailed; RUNNING with fewer Ready nodes than the slice has ->
+   NodesNotReady (Pending/WaitingForNode with the counts, retried with backoff);
+   every node Ready -> NodePoolReady (Dispatching).
+
+The deadline (NodePoolTimedOut) is enforced by ``handlers.timeouts``. The pool's
+scale-down-unneeded time follows the supply mode actually used.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from falcon_es import chart, naming
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.effects import next_attempt, retry_due_at
+from falcon_es.ports import NOT_FOUND, PortError
+from falcon_es.registry import Cluster
+from falcon_es.runtime import Tick
+from falcon_es.settings import Settings
+from falcon_es.spec import SUPPLY_MODES
+from falcon_es.task import TaskState
+from falcon_es.tpu import slice_shape
+from handlers.deprovision import PoolKey, PoolRecord, current_states, live_states, pool_records
+
+log = logging.getLogger("falcon_es.handlers.provisioning")
+
+RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
+#: Slices one task needs (multislice is not offered).
+SLICES_PER_TASK = 1
+ACQUIRING = frozenset({"Provisioning", "ClusterBusy", "WaitingForNode"})
+_POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})
+
+
+def supply_mode_for(state: TaskState, cluster: Cluster) -> str:
+    """The task's own supply mode, else the cluster default (DESIGN §9)."""
+    asked = state.spec.get("supply_mode")
+    if asked:
+        return str(asked)
+    return RESERVATION if cluster.default_reservation else FLEX_START
+
+
+def scale_down_seconds(supply_mode: str, settings: Settings) -> int:
+    return {
+        RESERVATION: settings.scale_down_reservation_seconds,
+        ON_DEMAND: settings.scale_down_on_demand_seconds,
+        FLEX_START: settings.scale_down_flex_start_seconds,
+    }[supply_mode]
+
+
+class _Provisioner:
+    """One tick's provisioning decisions, with what they have used up so far."""
+
+    def __init__(self, tick: Tick, ctx: HandlerContext) -> None:
+        self.tick = tick
+        self.ctx = ctx
+        self.ports = ctx.ports
+        self.clusters = {c.id: c for c in ctx.clusters}
+        self._records: dict[PoolKey, PoolRecord] | None = None
+        self.taken: set[PoolKey] = set()
+        self.granted: dict[tuple[str, str], int] = {}
+
+    @property
+    def records(self) -> dict[PoolKey, PoolRecord]:
+        if self._records is None:
+            self._records = pool_records(current_states(self.tick, self.ctx))
+        return self._records
+
+    def run(self, state: TaskState) -> None:
+        cluster = self.clusters.get(state.cluster_id or "")
+        if cluster is None:
+            log.error("task %s is provisioning on cluster %s, which is not registered",
+                      state.task_id, state.cluster_id)
+            return
+        if state.pool_intent is None:
+            if not self.reuse(state, cluster):
+                self.acquire(state, cluster)
+        elif state.pool_intent == "create-started":
+            self.follow(state, cluster)
+
+    # ------------------------------------------------------------------- reuse
+    def reuse(self, state: TaskState, cluster: Cluster) -> bool:
+        for record in self._idle_pools(state, cluster):
+            try:
+                info = self.ports.node_pools.get(cluster, record.pool_name)
+            except PortError as error:
+                if error.code != NOT_FOUND:
+                    log.warning("idle pool %s on %s: %s", record.pool_name, cluster.name, error)
+                    return True  # look again next tick rather than create a second pool
+                info = None
+            self.taken.add((record.cluster_id, record.pool_name))
+            if info is None or info.status == "ERROR":
+                # Gone or broken while idle: let its last holder delete it.
+                self.tick.emit(record.holder.task_id,
+                               ev.NodePoolDeleteRequested(record.pool_name))
+                continue
+            if info.status != "RUNNING":
+                return True  # being repaired or upgraded: wait for it
+            self.tick.emit(state.task_id, ev.NodePoolReused(
+                record.pool_name, record.holder.task_id,
+                record.holder.supply_mode or supply_mode_for(state, cluster)))
+            return True
+        return False
+
+    def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[PoolRecord]:
+        idle = []
+        for key, record in self.records.items():
+            holder = self.tick.state(record.holder.task_id) or record.holder
+            if (key in self.taken or record.cluster_id != cluster.id
+                    or record.topology != state.topology or not holder.is_terminal
+                    or holder.pool_disposition != "retained"):
+                continue
+            idle.append(PoolRecord(record.cluster_id, record.pool_name, record.topology,
+                                   holder, record.created_at))
+        idle.sort(key=lambda r: (r.holder.retained_for != state.task_id, r.pool_name))
+        return idle
+
+    # ----------------------------------------------------------------- acquire
+    def acquire(self, state: TaskState, cluster: Cluster) -> None:
+        if state.reason == "ClusterBusy":
+            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
+            if due is not None and self.ctx.now < due:
+                return
+        supply_mode = supply_mode_for(state, cluster)
+        shape = slice_shape(state.tpu_type, state.topology)
+        pool = naming.pool_name(state.task_id, state.topology)
+        reservation = None
+        if supply_mode == RESERVATION:
+            reservation = cluster.default_reservation
+            if not reservation:
+                self.tick.emit(state.task_id, ev.NodePoolFailed(
+                    pool, f"supply mode reservation was asked for, but cluster {cluster.name} "
+                          "has no reservation"))
+                return
+            if not self._reserve(state, cluster, reservation, pool):
+                return
+        self.tick.emit(state.task_id, ev.NodePoolCreateRequested(
+            pool_name=pool, supply_mode=supply_mode, machine_type=shape.machine_type,
+            node_count=shape.hosts, reservation=reservation,
+            scale_down_unneeded_seconds=scale_down_seconds(supply_mode, self.ctx.settings),
+        ))
+
+    def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> bool:
+        """True when the reservation has a slice for this task (counting the slices
+        granted earlier in this tick, which the API cannot see yet)."""
+        shape = slice_shape(state.tpu_type, state.topology)
+        try:
+            remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
+        except PortError as error:
+            if error.code == NOT_FOUND:
+                self.tick.emit(state.task_id, ev.NodePoolFailed(pool, error.message))
+            else:
+                log.warning("reservation %s on %s: %s", reservation, cluster.name, error)
+            return False
+        key = (cluster.id, reservation)
+        remaining -= self.granted.get(key, 0)
+        if remaining < SLICES_PER_TASK:
+            self.tick.emit(state.task_id, ev.ReservationInsufficient(
+                reservation, max(remaining, 0), SLICES_PER_TASK,
+                next_attempt(state, "ReservationInsufficient")))
+            return False
+        self.granted[key] = self.granted.get(key, 0) + SLICES_PER_TASK
+        return True
+
+    # ------------------------------------------------------------------ follow
+    def follow(self, state: TaskState, cluster: Cluster) -> None:
+        pool = state.node_pool_name or ""
+        if state.pool_operation:
+            try:
+                operation = self.ports.node_pools.get_operation(cluster, state.pool_operation)
+            except PortError as error:
+                log.warning("operation %s of pool %s: %s", state.pool_operation, pool, error)
+                return
+            if not operation.done:
+                return
+            if operation.error:
+                self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
+                return
+        if state.retry_kind in _POLL_KINDS:
+            due = retry_due_at(state, state.retry_kind, self.ctx.settings)
+            if due is not None and self.ctx.now < due:
+                return
+        try:
+            info = self.ports.node_pools.get(cluster, pool)
+        except PortError as error:
+            if error.code == NOT_FOUND:
+                self._not_visible(state, pool)
+            else:
+                log.warning("pool %s on %s: %s", pool, cluster.name, error)
+            return
+        if info.status == "ERROR":
+            self.tick.emit(state.task_id, ev.NodePoolFailed(
+                pool, info.status_message or f"node pool {pool} is in status ERROR"))
+            return
+        if info.status != "RUNNING":
+            return
+        total = slice_shape(state.tpu_type, state.topology).hosts
+        try:
+            counts = self.ports.edges.for_cluster(cluster).node_counts(pool)
+        except PortError as error:
+            log.warning("nodes of pool %s on %s: %s", pool, cluster.name, error)
+            return
+        if counts.ready >= total:
+            self.tick.emit(state.task_id, ev.NodePoolReady(pool, counts.ready))
+        else:
+            self.tick.emit(state.task_id, ev.NodesNotReady(
+                pool, counts.ready, total, next_attempt(state, "NodesNotReady")))
+
+    def _not_visible(self, state: TaskState, pool: str) -> None:
+        grace = self.ctx.settings.create_visibility_grace_seconds
+        since = state.pool_requested_at or self.ctx.now
+        waited = (self.ctx.now - since).total_seconds()
+        if waited < grace:
+            self.tick.emit(state.task_id, ev.NodePoolNotVisible(
+                pool, next_attempt(state, "NodePoolNotVisible")))
+            return
+        self.tick.emit(state.task_id, ev.NodePoolFailed(
+            pool, f"node pool {pool} still not found {waited:.0f}s after it was created "
+                  f"(create-visibility grace {grace}s)"))
+
+
+def provision(tick: Tick, ctx: HandlerContext) -> None:
+    """Move every task that holds a slot one step towards a ready pool."""
+    if ctx.ports is None:
+        return
+    work = [s for s in live_states(tick, ctx)
+            if s.status == chart.PENDING and s.reason in ACQUIRING]
+    if not work:
+        return
+    provisioner = _Provisioner(tick, ctx)
+    for state in work:
+        fresh = tick.state(state.task_id)
+        if fresh is not None and fresh.status == chart.PENDING and fresh.reason in ACQUIRING:
+            provisioner.run(fresh)

@@ -1,0 +1,172 @@
+"""Status: fold what the edge clusters' informers saw of each Job into the log.
+
+Observations (``JobObservation``) arrive on the ``edge-events`` subscription at least
+once and in any order. Each carries the Job's uid and a resourceVersion; the last
+resourceVersion folded is kept in the task's state, so a duplicate or an older
+observation changes nothing. Observations of a task that is not dispatched or running
+(ended, being aborted) are dropped on purpose: the task's outcome is already decided,
+and the abort handler deletes the Job itself. An observation that arrives before the
+task's ``JobSubmitted`` is left unacknowledged and comes back after the ack deadline.
+
+Messages are acknowledged only after the tick that folded them has committed
+(``ack_folded``, an after-commit step); a tick that loses a race acknowledges nothing.
+
+What an observation means:
+- a failed pod, or the Job's Failed condition -> JobFailed with the pod's root cause
+  ("OOMKilled (exit code 137)", "exit code 3");
+- a pod that cannot pull its image -> JobFailed ("ErrImagePull: ...") and the Job is
+  deleted (its pods would otherwise wait forever);
+- the Job's Complete condition -> JobSucceeded;
+- every pod running -> PodsRunning "n/n active" (Running; the queue's slot frees);
+- pods pending -> PodsPending with the edge cluster's upstream diagnosis (DESIGN §10:
+  no pod capacity, a missing node pool, the TPU taint...) rather than the symptom.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from falcon_es import chart
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.ports import JobObservation, PodObservation, PortError
+from falcon_es.runtime import Tick
+from falcon_es.store import RecordedEvent
+from falcon_es.task import TaskState
+
+log = logging.getLogger("falcon_es.handlers.status")
+
+PULL_BATCH = 1000
+#: Pulls per tick at most, so one tick never starves the rest of the loop.
+MAX_PULLS = 20
+OBSERVED = frozenset({"Pending.Dispatching", chart.RUNNING})
+#: Waiting reasons of a container that will never start by itself.
+IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+OOM_EXIT_CODE = 137
+
+
+def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
+    """Pull the edge events and turn each new observation into task events."""
+    if ctx.ports is None:
+        return
+    subscription = ctx.settings.edge_events_subscription
+    by_task: dict[str, list[tuple[str, JobObservation]]] = {}
+    for _ in range(MAX_PULLS):
+        try:
+            messages = ctx.ports.bus.pull(subscription, PULL_BATCH)
+        except PortError as error:
+            log.warning("pulling %s: %s", subscription, error)
+            break
+        for message in messages:
+            try:
+                observation = JobObservation.from_data(message.data)
+            except (KeyError, TypeError, ValueError) as error:
+                log.error("message %s on %s is not a Job observation (%s); dropped",
+                          message.id, subscription, error)
+                ctx.acks.append(message.id)
+                continue
+            by_task.setdefault(observation.task_id, []).append((message.id, observation))
+        if len(messages) < PULL_BATCH:
+            break
+    for task_id, received in sorted(by_task.items()):
+        received.sort(key=lambda pair: pair[1].resource_version)
+        _fold_task(tick, ctx, task_id, received)
+
+
+def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
+               received: Sequence[tuple[str, JobObservation]]) -> None:
+    for message_id, observation in received:
+        state = tick.state(task_id)
+        if state is not None and state.state in OBSERVED and state.job_uid is None:
+            continue  # the submit's outcome is not folded yet: let it come back
+        ctx.acks.append(message_id)
+        if (state is None or state.state not in OBSERVED
+                or observation.job_uid != state.job_uid
+                or observation.resource_version <= state.last_resource_version):
+            continue
+        for event in _events_for(ctx, state, observation):
+            tick.emit(task_id, event)
+
+
+def _events_for(ctx: HandlerContext, state: TaskState,
+                observation: JobObservation) -> list[ev.Event]:
+    version = observation.resource_version
+    failed_pod = _first(observation.pods, lambda p: p.phase == "Failed")
+    if failed_pod is not None or observation.condition == "Failed" or observation.failed > 0:
+        cause, exit_code = _failure_cause(failed_pod, observation)
+        return [ev.JobFailed(cause, exit_code, version)]
+    stuck = _first(observation.pods, lambda p: p.phase == "Pending" and p.reason in IMAGE_FAILURES)
+    if stuck is not None:
+        cause = f"{stuck.reason}: {stuck.message}" if stuck.message else str(stuck.reason)
+        return [ev.JobFailed(cause, None, version),
+                ev.JobDeleteRequested(observation.job_name, "image pull failure")]
+    if observation.condition == "Complete" or (
+            observation.completions > 0 and observation.succeeded >= observation.completions):
+        return [ev.JobSucceeded(observation.succeeded, version)]
+    total = observation.completions
+    running = sum(1 for p in observation.pods if p.phase == "Running")
+    active = max(observation.active, running) if observation.pods else observation.active
+    if state.status == chart.RUNNING:
+        if active != state.pods_active:
+            return [ev.PodsRunning(active, total, version)]
+        return []
+    if total > 0 and running + observation.succeeded >= total:
+        return [ev.PodsRunning(running, total, version)]
+    if any(p.phase == "Pending" for p in observation.pods):
+        diagnosis = _diagnose(ctx, state, observation)
+        if diagnosis != state.pending_diagnosis:
+            return [ev.PodsPending(diagnosis, version)]
+    return []
+
+
+def _failure_cause(pod: PodObservation | None, observation: JobObservation) -> tuple[str, int | None]:
+    """The pod's root cause in the words an operator looks for."""
+    if pod is None:
+        return "Job failed (no failed pod was observed)", None
+    if pod.reason == "OOMKilled":
+        code = pod.exit_code if pod.exit_code is not None else OOM_EXIT_CODE
+        return f"OOMKilled (exit code {code})", code
+    if pod.reason in IMAGE_FAILURES:
+        return (f"{pod.reason}: {pod.message}" if pod.message else str(pod.reason)), pod.exit_code
+    if pod.exit_code is not None:
+        detail = f": {pod.message}" if pod.message else ""
+        return f"exit code {pod.exit_code}{detail}", pod.exit_code
+    if pod.reason:
+        return (f"{pod.reason}: {pod.message}" if pod.message else pod.reason), None
+    return f"pod {pod.name} failed", None
+
+
+def _diagnose(ctx: HandlerContext, state: TaskState, observation: JobObservation) -> str:
+    """Root cause first: ask the edge cluster why the pods wait (it looks upstream:
+    scheduling events, the node pool, capacity), fall back to the pod's own words."""
+    cluster = next((c for c in ctx.clusters if c.id == state.cluster_id), None)
+    if cluster is not None:
+        try:
+            found = ctx.ports.edges.for_cluster(cluster).diagnose_pending(observation.job_name)
+        except PortError as error:
+            log.warning("diagnosing Job %s: %s", observation.job_name, error)
+            found = None
+        if found:
+            return found
+    pod = _first(observation.pods, lambda p: p.phase == "Pending")
+    if pod is not None and pod.reason:
+        return f"{pod.reason}: {pod.message}" if pod.message else pod.reason
+    pending = sum(1 for p in observation.pods if p.phase == "Pending")
+    return f"{pending} pod(s) pending"
+
+
+def _first(pods: Sequence[PodObservation],
+           accept: Callable[[PodObservation], bool]) -> PodObservation | None:
+    return next((p for p in pods if accept(p)), None)
+
+
+def ack_folded(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
+    """After-commit step: acknowledge the messages the committed tick folded."""
+    if ctx.ports is None or not ctx.acks:
+        return
+    try:
+        ctx.ports.bus.ack(ctx.settings.edge_events_subscription, list(ctx.acks))
+    except PortError as error:
+        log.warning("acknowledging %d message(s): %s; they will be delivered again",
+                    len(ctx.acks), error)

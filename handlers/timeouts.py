@@ -1,0 +1,89 @@
+"""Timeouts: deadlines computed from the folded state against the injectable clock.
+
+- A dispatched task whose ``dispatched_at + timeout_seconds`` has passed fails with
+  Failed/Timeout (TaskTimedOut) and its Job is deleted (JobDeleteRequested, carried out
+  by the effect executor); the pool then goes through deprovisioning.
+- A pool that is not ready within the provisioning deadline of its supply mode
+  (flex-start may queue for capacity much longer) fails the task with
+  Failed/NodePoolTimeout (NodePoolTimedOut); the pool is deleted once its create has
+  settled.
+
+``next_due`` tells a loop running on virtual time when the next deadline or retry of
+any task falls, so it can jump there when nothing else is left to do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+
+from falcon_es import chart
+from falcon_es import events as ev
+from falcon_es.context import HandlerContext
+from falcon_es.effects import retry_due_at
+from falcon_es.runtime import Tick
+from falcon_es.settings import Settings
+from falcon_es.task import TaskState
+from handlers.deprovision import live_states
+
+DISPATCHED = frozenset({"Pending.Dispatching", chart.RUNNING})
+PROVISIONING = frozenset({"Pending.Provisioning", "Pending.WaitingForNode"})
+#: Retried steps and the states in which their retry is pending.
+RETRIES = (
+    ("ReservationInsufficient", frozenset({"Pending.ClusterBusy"})),
+    ("NodePoolNotVisible", PROVISIONING),
+    ("NodesNotReady", PROVISIONING),
+)
+
+
+def job_deadline(state: TaskState) -> dt.datetime | None:
+    if state.state not in DISPATCHED or state.dispatched_at is None:
+        return None
+    timeout = state.spec.get("timeout_seconds")
+    if not isinstance(timeout, int) or timeout <= 0:
+        return None
+    return state.dispatched_at + dt.timedelta(seconds=timeout)
+
+
+def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
+    if (state.state not in PROVISIONING or state.pool_requested_at is None
+            or state.pool_intent not in ("create-requested", "create-started")):
+        return None
+    limit = (settings.flex_start_provisioning_timeout_seconds
+             if state.supply_mode == "flex-start" else settings.provisioning_timeout_seconds)
+    return state.pool_requested_at + dt.timedelta(seconds=limit)
+
+
+def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
+    for state in live_states(tick, ctx):
+        deadline = job_deadline(state)
+        if deadline is not None and ctx.now >= deadline:
+            tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"])))
+            if state.job_name:
+                tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "timeout"))
+            continue
+        deadline = provisioning_deadline(state, ctx.settings)
+        if deadline is not None and ctx.now >= deadline and state.pool_requested_at:
+            waited = int((ctx.now - state.pool_requested_at).total_seconds())
+            tick.emit(state.task_id, ev.NodePoolTimedOut(state.node_pool_name or "", waited))
+
+
+def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | None:
+    """The earliest deadline or retry among these tasks (None when there is none)."""
+    moments: list[dt.datetime] = []
+    for state in states:
+        if state.is_terminal:
+            if state.pool_disposition == "delete-failed":
+                due = retry_due_at(state, "NodePoolDeleteFailed", settings)
+                if due is not None:
+                    moments.append(due)
+            continue
+        for deadline in (job_deadline(state), provisioning_deadline(state, settings)):
+            if deadline is not None:
+                moments.append(deadline)
+        for kind, states_retrying in RETRIES:
+            if state.state in states_retrying:
+                due = retry_due_at(state, kind, settings)
+                if due is not None:
+                    moments.append(due)
+    return min(moments) if moments else None
