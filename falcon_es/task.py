@@ -18,7 +18,7 @@ from falcon_es import events as ev
 #: and leave the main message (the task's result) alone.
 _NOTE_EVENTS = (
     ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
-    ev.NodePoolDeleteFailed,
+    ev.NodePoolDeleteFailed, ev.AbortIgnored,
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)

@@ -57,5 +57,15 @@ def test_abort_before_intake_and_after_the_end(app: App) -> None:
     early = job_rows.submit(app.engine, name="e", actor="a", spec=SPEC, now=app.clock.now())
     job_rows.request_abort(app.engine, early, app.clock.now())
     controller.tick()
-    assert row(app, early)["status"] == "Aborting"
-    assert [r.type_name for r in app.store.read_stream(early)] == ["AbortRequested"]
+    assert row(app, early)["status"] == "Aborted"
+    assert [r.type_name for r in app.store.read_stream(early)] == ["AbortRequested", "TaskAborted"]
+    assert row(app, early)["aborted_at"] is not None
+    done = job_rows.submit(app.engine, name="d", actor="a", spec={"image": 1}, now=app.clock.now())
+    controller.tick()
+    assert row(app, done)["status"] == "Failed"
+    with app.engine.begin() as conn:
+        conn.execute(job.update().where(job.c.id == done).values(status="Aborting"))
+    controller.tick()
+    assert (row(app, done)["status"], row(app, done)["reason"]) == ("Failed", "InvalidField")
+    assert row(app, done)["message"].startswith("invalid task spec: image")
+    assert row(app, done)["message"].endswith("abort ignored: the task had already Failed")
