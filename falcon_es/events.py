@@ -266,6 +266,8 @@ class JobFailed(Event):
 class TaskTimedOut(Event):
     failure_reason: ClassVar[str | None] = "Timeout"
     timeout_seconds: int
+    #: The root cause the pods were waiting on, when they never all ran (DESIGN §10).
+    pods_pending: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

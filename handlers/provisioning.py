@@ -74,7 +74,9 @@ class _Provisioner:
         self.clusters = {c.id: c for c in ctx.clusters}
         self._records: dict[PoolKey, PoolRecord] | None = None
         self.taken: set[PoolKey] = set()
-        self.granted: dict[tuple[str, str], int] = {}
+        #: Reservation hosts granted to creates earlier in this tick, which the API
+        #: cannot see until the executor has issued them.
+        self.granted_hosts: dict[tuple[str, str], int] = {}
 
     @property
     def records(self) -> dict[PoolKey, PoolRecord]:
@@ -157,8 +159,8 @@ class _Provisioner:
         ))
 
     def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> bool:
-        """True when the reservation has a slice for this task (counting the slices
-        granted earlier in this tick, which the API cannot see yet)."""
+        """True when the reservation has a slice for this task (less what creates
+        granted earlier in this tick will take)."""
         shape = slice_shape(state.tpu_type, state.topology)
         try:
             remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
@@ -169,13 +171,14 @@ class _Provisioner:
                 log.warning("reservation %s on %s: %s", reservation, cluster.name, error)
             return False
         key = (cluster.id, reservation)
-        remaining -= self.granted.get(key, 0)
+        granted = self.granted_hosts.get(key, 0)
+        remaining -= -(-granted // shape.hosts)  # slices of this shape those hosts cover
         if remaining < SLICES_PER_TASK:
             self.tick.emit(state.task_id, ev.ReservationInsufficient(
                 reservation, max(remaining, 0), SLICES_PER_TASK,
                 next_attempt(state, "ReservationInsufficient")))
             return False
-        self.granted[key] = self.granted.get(key, 0) + SLICES_PER_TASK
+        self.granted_hosts[key] = granted + SLICES_PER_TASK * shape.hosts
         return True
 
     # ------------------------------------------------------------------ follow

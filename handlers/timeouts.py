@@ -58,7 +58,9 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
     for state in live_states(tick, ctx):
         deadline = job_deadline(state)
         if deadline is not None and ctx.now >= deadline:
-            tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"])))
+            pending = state.pending_diagnosis if state.reason == "Dispatching" else None
+            tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"]),
+                                                     pending or ""))
             if state.job_name:
                 tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "timeout"))
             continue

@@ -31,6 +31,15 @@ def _exit(args: Args) -> str:
     return args["cause"]
 
 
+def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
+    def render(args: Args) -> str:
+        text = done.format(**args)
+        if args.get("pods_pending"):
+            text += pending.format(**args)
+        return text
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": "invalid task spec: {field}: {detail}",
@@ -65,7 +74,8 @@ EN: Mapping[str, Template] = MappingProxyType({
     "PodsRunning": "{active}/{total} active",
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
     "JobFailed": _exit,
-    "TaskTimedOut": "timed out after {timeout_seconds}s; Job deleted",
+    "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
+                               " (pods were pending: {pods_pending})"),
     "AbortRequested": "abort requested while {phase}",
     "AbortIgnored": "abort ignored: the task had already {status}",
     "TaskAborted": "aborted while {phase}",
@@ -109,7 +119,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "PodsRunning": "{active}/{total} 运行中",
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
     "JobFailed": _exit,
-    "TaskTimedOut": "运行超过 {timeout_seconds} 秒超时，Job 已删除",
+    "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
+                               "（Pod 一直等待：{pods_pending}）"),
     "AbortRequested": "在 {phase} 阶段请求中止",
     "AbortIgnored": "忽略中止：任务已 {status}",
     "TaskAborted": "已在 {phase} 阶段中止",
