@@ -106,7 +106,7 @@ class SimBus:
     """The ``Bus`` port. ``before_read`` lets the world catch up to the clock first."""
 
     def __init__(self, clock: Clock, config: BusConfig = BusConfig(),
-                 before_read: Callable[[], None] | None = None) -> None:
+                 before_read: Callable[[], object] | None = None) -> None:
         self._clock = clock
         self._deadline = config.ack_deadline_seconds
         self._before_read = before_read

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import functools
 import json
 import random
 import uuid
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 #: A Job annotation carrying the task's ``spec.sim`` as JSON (optional; see SimWorld).
 SIM_ANNOTATION = "falcon-es/sim"
+#: The task id: the annotation holds it verbatim; the label may hold a shortened form.
+TASK_ID_ANNOTATION = "falcon/task-id"
 TASK_LABEL = "falcon-task"
 POOL_SELECTOR = "cloud.google.com/gke-nodepool"
 TPU_RESOURCE = "google.com/tpu"
@@ -100,6 +103,7 @@ class SimJob:
     condition: str | None = None
     last_published: tuple[Any, ...] | None = None
     resource_version: int = 0
+    ttl_after_finished: int | None = None
 
     @property
     def pool(self) -> str | None:
@@ -261,8 +265,7 @@ class KubeService:
             pod.reason, pod.message = "ContainerCreating", None
             self._dirty[job.name] = job
             start = self.defaults.pod_start.draw(self._rng)
-            self._timeline.at(seconds_after(moment, start),
-                              lambda m, pod=pod: self._start(job, pod, m))
+            self._timeline.at(seconds_after(moment, start), functools.partial(self._start, job, pod))
         if all(p.node is not None or p.phase != PENDING for p in job.pods):
             self._forget_unbound(job)
 
@@ -380,7 +383,7 @@ class KubeService:
         job.done_indexes.add(pod.index)
         self._dirty[job.name] = job
         if len(job.done_indexes) >= job.completions:
-            job.condition = COMPLETE_CONDITION
+            self._conclude(job, COMPLETE_CONDITION, moment)
         else:
             self._top_up(job, moment)
         self._reschedule(moment, {freed})
@@ -393,7 +396,7 @@ class KubeService:
         job.failed += 1
         self._dirty[job.name] = job
         if job.failed > job.backoff_limit:
-            job.condition = FAILED_CONDITION
+            self._conclude(job, FAILED_CONDITION, moment)
             for other in job.live_pods():
                 freed.add(other.pool)
                 self._unbind(other)
@@ -404,6 +407,18 @@ class KubeService:
             self._timeline.at(seconds_after(moment, delay),
                               lambda m: self._replace(job, pod.index, m))
         self._reschedule(moment, freed)
+
+    def _conclude(self, job: SimJob, condition: str, moment: dt.datetime) -> None:
+        """The Job's final condition; with ttlSecondsAfterFinished the TTL controller
+        deletes it (and its pods) that long afterwards."""
+        job.condition = condition
+        if job.ttl_after_finished is not None:
+            self._timeline.at(seconds_after(moment, job.ttl_after_finished),
+                              lambda m: self._expire(job, m))
+
+    def _expire(self, job: SimJob, moment: dt.datetime) -> None:
+        if self.jobs.get(job.name) is job:
+            self.delete_job(job.name, moment)
 
     def _replace(self, job: SimJob, index: int, moment: dt.datetime) -> None:
         if self.jobs.get(job.name) is not job or job.finished:
@@ -475,7 +490,9 @@ class KubeService:
         if problem:
             raise invalid("metadata.labels", problem)
         spec = manifest.get("spec")
-        template = spec.get("template") if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping):
+            raise invalid("spec", "Required value")
+        template = spec.get("template")
         pod_spec = template.get("spec") if isinstance(template, Mapping) else None
         if not isinstance(pod_spec, Mapping):
             raise invalid("spec.template.spec", "Required value")
@@ -497,14 +514,23 @@ class KubeService:
         if isinstance(backoff_limit, bool) or not isinstance(backoff_limit, int) or backoff_limit < 0:
             raise invalid("spec.backoffLimit", f"Invalid value: {backoff_limit!r}: must be greater "
                                                "than or equal to 0")
-        task_id = labels.get(TASK_LABEL, "")
+        annotations = metadata.get("annotations") or {}
+        if not isinstance(annotations, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+            raise invalid("metadata.annotations", "expected a map of strings")
+        task_id = annotations.get(TASK_ID_ANNOTATION) or labels.get(TASK_LABEL, "")
+        ttl = spec.get("ttlSecondsAfterFinished")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
+            raise invalid("spec.ttlSecondsAfterFinished", f"Invalid value: {ttl!r}: must be "
+                                                          "greater than or equal to 0")
         uid = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         return SimJob(
             name=shown, uid=uid, task_id=task_id, completions=completions,
             parallelism=parallelism, backoff_limit=backoff_limit, selector=dict(selector),
             tolerates_tpu=_tolerates_tpu(pod_spec.get("tolerations")),
             tpu_per_pod=_tpu_request(containers, invalid), image=image,
-            behaviour=self._behaviour(metadata, task_id, invalid), created_at=now,
+            behaviour=self._behaviour(annotations, task_id, invalid), created_at=now,
+            ttl_after_finished=ttl,
         )
 
     @staticmethod
@@ -516,11 +542,10 @@ class KubeService:
             raise invalid(f"spec.{field}", f"Invalid value: {value!r}: must be greater than 0")
         return value
 
-    def _behaviour(self, metadata: Mapping[str, Any], task_id: str,
+    def _behaviour(self, annotations: Mapping[str, str], task_id: str,
                    invalid: Callable[[str, str], PortError]) -> SimBehaviour:
-        annotations = metadata.get("annotations") or {}
         raw: Any = None
-        if isinstance(annotations, Mapping) and SIM_ANNOTATION in annotations:
+        if SIM_ANNOTATION in annotations:
             try:
                 raw = json.loads(annotations[SIM_ANNOTATION])
             except (TypeError, json.JSONDecodeError) as error:
