@@ -385,7 +385,8 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
     lang = app.settings.language
     if until is not None:
         seq = _position(app, until)
-        rows = rp.state_rows(rp.fold_log(app.store, until=seq), lang)
+        states, queues = rp.fold_views(app.store, lang, until=seq)
+        rows = rp.state_rows(states, lang, queues)
         if as_json:
             _emit(rows, True)
         else:
@@ -393,9 +394,9 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
             _emit(rows, False, ["id", "name", "actor", "status", "reason", "message", "updated_at"])
         return
     if mode == "rebuild":
-        states = rp.fold_log(app.store)
+        states, queues = rp.fold_views(app.store, lang)
         with app.engine.begin() as conn:
-            count = rp.rebuild(conn, states, lang)
+            count = rp.rebuild(conn, states, lang, queues)
         click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
         return
     if mode == "verify":
@@ -425,6 +426,51 @@ def _position(app: App, until: str) -> int:
     if moment.tzinfo is not None:
         moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return app.store.seq_at(moment)
+
+
+@main.command("queues")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--show", type=int, default=3, show_default=True,
+              help="Waiting tasks listed per queue in the table.")
+@click.pass_context
+@_friendly
+def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
+    """The (cluster, topology) queues, folded from the log: slot holder, waiting tasks
+    in pick order, running count, actor served last."""
+    from projections import replay as rp
+    from projections.queues import queue_rows, unplaced_rows
+
+    app = _app(ctx)
+    _, view = rp.fold_views(app.store, app.settings.language)
+    with app.engine.connect() as conn:
+        clusters = {c.id: c for c in registry.list_clusters(conn)}
+    rows = queue_rows(view, clusters)
+    unplaced = unplaced_rows(view)
+    if as_json:
+        click.echo(json.dumps({"queues": rows, "unplaced": unplaced}, indent=2, ensure_ascii=False))
+        return
+    table = []
+    for row in rows:
+        holder = row["slot_holder"]
+        waiting = [f"#{w['position']} {w['actor']}: {w['name']}" for w in row["waiting"][:show]]
+        if row["waiting_count"] > show:
+            waiting.append(f"... {row['waiting_count'] - show} more")
+        table.append({
+            "cluster": row["cluster"] or row["cluster_id"],
+            "status": row["cluster_status"] or "",
+            "topology": row["topology"],
+            "slot": f"{holder['actor']}: {holder['name']} ({holder['reason'] or holder['status']})"
+            if holder else "free",
+            "waiting": row["waiting_count"],
+            "running": row["running"],
+            "last served": row["last_actor"] or "",
+            "next": "\n".join(waiting),
+        })
+    _emit(table, False)
+    if unplaced:
+        click.echo(f"\n{len(unplaced)} task(s) waiting for an active cluster: " + ", ".join(
+            f"{u['actor']}: {u['name']} ({u['tpu_type']})" for u in unplaced[:show])
+            + (" ..." if len(unplaced) > show else ""))
 
 
 # ----------------------------------------------------------------------- benchmarks

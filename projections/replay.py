@@ -21,6 +21,7 @@ from falcon_es.store import EventStore
 from falcon_es.tables import job
 from falcon_es.task import Change, TaskStates
 from projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
+from projections.queues import QueueView, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.
@@ -36,13 +37,26 @@ def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
     return states
 
 
-def rebuild(conn: sa.Connection, states: TaskStates, lang: str) -> int:
-    """Write every task's projected columns, keeping aborts not yet in the log."""
+def fold_views(store: EventStore, lang: str = "en", until: int | None = None) -> tuple[TaskStates, QueueView]:
+    """Task states and the queue view as of ``until``, in one pass over the log (the
+    queues need the log's order: who was served last, who held a slot)."""
+    states = TaskStates()
+    queues = QueueView(states, lang)
+    queues.load(store.read_batches(0, batch_size=5000, until=until))
+    return states, queues
+
+
+def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None) -> int:
+    """Write every task's projected columns, keeping aborts not yet in the log; with
+    ``queues``, the waiting tasks' position Messages too."""
     changes = [
         Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
         for state in states.all()
     ]
-    return write_rows(conn, changes, lang)
+    written = write_rows(conn, changes, lang)
+    if queues is not None:
+        write_positions(conn, queues.all_positions())
+    return written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +72,14 @@ class Difference:
 
 def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None) -> list[Difference]:
     """Rebuild into a scratch SQLite database and diff it against the live job table."""
-    states = fold_log(store)
+    states, queues = fold_views(store, lang)
     with tempfile.TemporaryDirectory(dir=scratch_dir) as tmp:
         scratch = db.make_engine(f"sqlite:///{Path(tmp) / 'scratch.db'}")
         try:
             db.upgrade(scratch)
             live_rows = _copy_upper_layer_rows(live, scratch)
             with scratch.begin() as conn:
-                rebuild(conn, states, lang)
+                rebuild(conn, states, lang, queues)
             with scratch.connect() as conn:
                 replayed = {r.id: r for r in conn.execute(sa.select(job))}
         finally:
@@ -104,10 +118,14 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def state_rows(states: TaskStates, lang: str) -> list[dict[str, Any]]:
-    """The time-travel view: each task's projected columns as of the fold."""
+def state_rows(states: TaskStates, lang: str, queues: QueueView | None = None) -> list[dict[str, Any]]:
+    """The time-travel view: each task's projected columns as of the fold (with
+    ``queues``, waiting tasks show their position then)."""
+    positions = dict(queues.all_positions()) if queues is not None else {}
     rows = []
     for state in sorted(states.all(), key=lambda s: (s.submitted_at or dt.datetime.min, s.task_id)):
-        rows.append({"id": state.task_id, "name": state.name, "actor": state.actor,
-                     **row_values(state, lang)})
+        values = row_values(state, lang)
+        if state.task_id in positions:
+            values["message"] = positions[state.task_id]
+        rows.append({"id": state.task_id, "name": state.name, "actor": state.actor, **values})
     return rows

@@ -1,0 +1,176 @@
+"""The queue view and the waiting positions in the job table: bulk refresh of changed
+queues only, the abort guard, replay reproducing positions, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from falcon_es import events as ev
+from falcon_es import job_rows
+from falcon_es.bootstrap import App, open_app
+from falcon_es.cli import main
+from falcon_es.settings import Settings
+from falcon_es.tables import job
+from projections import replay as rp
+from projections.messages import position_message
+from projections.queues import queue_rows
+from tests.test_scheduling import add_cluster, append, controller, row, run, submit
+
+
+def messages(app: App, ids: list[str]) -> list[str]:
+    return [row(app, t)["message"] for t in ids]
+
+
+def test_position_messages_in_chinese(db_url: str, clock) -> None:
+    app = open_app(Settings(db_url=db_url, language="zh"), clock)
+    try:
+        add_cluster(app, "tpu-a")
+        ctl = controller(app)
+        submit(app, "user-a", "first")
+        a = submit(app, "user-a", "profiling-v7x")
+        b = submit(app, "user-b", "benchmark-v7x")
+        c = submit(app, "user-c", "third")
+        ctl.tick()
+        assert messages(app, [b, a, c]) == [
+            "队列位置 #1，下一个",
+            "队列位置 #2，前面有 1 个任务 (user-b: benchmark-v7x)",
+            "队列位置 #3，前面有 2 个任务 (user-b: benchmark-v7x, user-a: profiling-v7x)",
+        ]
+    finally:
+        app.close()
+
+
+def test_long_queues_name_three_ahead_and_count_the_rest(app: App) -> None:
+    add_cluster(app, "tpu-a")
+    ctl = controller(app)
+    ids = [submit(app, "solo", f"t{i}") for i in range(7)]
+    ctl.tick()
+    assert row(app, ids[6])["message"] == "#6, 5 ahead (solo: t1, solo: t2, solo: t3, 2 more)"
+    assert position_message(6, [("solo", f"t{i}") for i in range(1, 6)]) == row(app, ids[6])["message"]
+
+
+def test_only_queues_whose_order_changed_are_rewritten(app: App) -> None:
+    add_cluster(app, "tpu-a")
+    ctl = controller(app)
+    small = [submit(app, "u", f"s{i}") for i in range(3)]
+    wide = [submit(app, "u", f"w{i}", topology="2x4") for i in range(4)]
+    ctl.tick()
+    view = app.queue_view
+    assert view is not None
+    assert view.last_refresh_rows == 2 + 3
+    run(app, small[0])  # frees the 2x2 slot; nothing moves in 2x4
+    ctl.tick()
+    assert view.last_refresh_rows == 1, "only s2 moved up (s1 was picked)"
+    assert row(app, small[2])["message"] == "#1, next in line"
+    # A new arrival at the tail of 2x4 writes its own row only.
+    late = submit(app, "u", "w4", topology="2x4")
+    ctl.tick()
+    assert view.last_refresh_rows == 1
+    assert row(app, late)["message"] == "#4, 3 ahead (u: w1, u: w2, u: w3)"
+    assert ctl.tick().appended == 0, "nothing changed: no events, no writes"
+    assert messages(app, wide[1:]) == ["#1, next in line", "#2, 1 ahead (u: w1)",
+                                       "#3, 2 ahead (u: w1, u: w2)"]
+
+
+def test_a_row_the_upper_layer_set_aborting_is_never_overwritten(app: App) -> None:
+    add_cluster(app, "tpu-a")
+    ctl = controller(app)
+    holder, first, second = (submit(app, "u", f"t{i}") for i in range(3))
+    ctl.tick()
+    job_rows.request_abort(app.engine, second, app.clock.now())
+    before = row(app, second)
+    # The holder runs (appended outside the controller): the queue's order changes
+    # and the refresh runs before the controller has folded the abort.
+    run(app, holder)
+    after = row(app, second)
+    assert (after["status"], after["message"]) == ("Aborting", before["message"])
+    assert row(app, first)["message"] == "#1, next in line"
+    ctl.tick()
+    assert row(app, second)["status"] == "Aborting"
+
+
+def test_replay_reproduces_positions_and_rebuild_restores_them(app: App, db_url: str) -> None:
+    add_cluster(app, "tpu-a")
+    add_cluster(app, "tpu-b")
+    ctl = controller(app)
+    ids = [submit(app, actor, f"{actor}-{i}", topology=topology)
+           for i in range(3) for actor in ("ann", "bob") for topology in ("2x2", "2x4")]
+    ctl.tick()
+    holders = [t for t in ids if row(app, t)["reason"] == "Provisioning"]
+    run(app, holders[0])
+    append(app, holders[1], ev.NodePoolFailed("falcon-x", "quota"))
+    ctl.tick()
+    assert rp.verify(app.engine, app.store, "en") == []
+    with app.engine.begin() as conn:
+        conn.execute(job.update().where(job.c.reason == "Waiting").values(message="stale"))
+    assert {d.column for d in rp.verify(app.engine, app.store, "en")} == {"message"}
+    states, queues = rp.fold_views(app.store, "en")
+    with app.engine.begin() as conn:
+        rp.rebuild(conn, states, "en", queues)
+    assert rp.verify(app.engine, app.store, "en") == []
+    waiting = [t for t in ids if row(app, t)["reason"] == "Waiting"]
+    assert all(row(app, t)["message"].startswith("#") for t in waiting)
+
+
+def test_queue_view_and_cli(app: App, db_url: str) -> None:
+    cluster = add_cluster(app, "tpu-a")
+    add_cluster(app, "tpu-z", tpu_type="v7x", status="maintenance")
+    ctl = controller(app)
+    a1, a2 = submit(app, "user-a", "a1"), submit(app, "user-a", "a2")
+    b1 = submit(app, "user-b", "b1")
+    running = submit(app, "user-c", "c1", topology="2x4")
+    stuck = submit(app, "user-d", "d1", topology="2x2x1", tpu_type="v7x")
+    ctl.tick()
+    run(app, running)
+    ctl.tick()
+    assert app.queue_view is not None
+    live = queue_rows(app.queue_view, {cluster.id: cluster})
+    runner = CliRunner()
+    result = runner.invoke(main, ["--db", db_url, "queues", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["queues"] == live, "folding the log gives the live view"
+    q2x2 = next(q for q in shown["queues"] if q["topology"] == "2x2")
+    assert q2x2["slot_holder"]["task_id"] == a1
+    assert q2x2["slot_holder"]["reason"] == "Provisioning"
+    assert [(w["position"], w["task_id"]) for w in q2x2["waiting"]] == [(1, b1), (2, a2)]
+    assert q2x2["last_actor"] == "user-a" and q2x2["running"] == 0
+    q2x4 = next(q for q in shown["queues"] if q["topology"] == "2x4")
+    assert (q2x4["running"], q2x4["slot_holder"], q2x4["waiting"]) == (1, None, [])
+    assert [u["task_id"] for u in shown["unplaced"]] == [stuck]
+    table = runner.invoke(main, ["--db", db_url, "queues"])
+    assert table.exit_code == 0, table.output
+    assert "user-a: a1 (Provisioning)" in table.output and "#1 user-b: b1" in table.output
+    assert "waiting for an active cluster: user-d: d1 (v7x)" in table.output
+    history = runner.invoke(main, ["--db", db_url, "history", b1, "--json"])
+    steps = json.loads(history.output)
+    assert [s["type"] for s in steps] == ["TaskAccepted", "ClusterChosen"]
+    assert steps[1]["data"]["why"] == "only-candidate"
+    until = runner.invoke(main, ["--db", db_url, "replay", "--until", str(app.store.head()), "--json"])
+    as_of = {r["id"]: r["message"] for r in json.loads(until.output)}
+    assert as_of[b1] == "#1, next in line" and as_of[a2] == "#2, 1 ahead (user-b: b1)"
+    verify = runner.invoke(main, ["--db", db_url, "replay", "--verify"])
+    assert verify.exit_code == 0, verify.output
+
+
+def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
+    add_cluster(app, "tpu-a")
+    ctl = controller(app)
+    ids = [submit(app, f"user-{i % 5}", f"t{i}") for i in range(60)]
+    statements: list[tuple[bool, int]] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        if statement.lstrip().upper().startswith("UPDATE JOB SET MESSAGE"):
+            statements.append((executemany, len(parameters)))
+
+    sa.event.listen(app.engine, "before_cursor_execute", count)
+    try:
+        ctl.tick()
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", count)
+    waiting = [t for t in ids if row(app, t)["reason"] == "Waiting"]
+    assert len(waiting) == 59
+    assert statements == [(True, 59)], "one executemany carrying every moved row"
