@@ -214,7 +214,8 @@ class EffectExecutor:
         """The earliest moment an open intent will be tried again (for a loop that
         jumps virtual time to the next thing to do)."""
         moments = [m for i, m in self._not_before.items()
-                   if self.is_open(i) and i not in self._queued_intents]
+                   if self.is_open(i) and i not in self._queued_intents
+                   and i not in self._deleting]
         if self._next_sweep is not None:
             moments.append(self._next_sweep)
         return min(moments) if moments else None
@@ -412,7 +413,7 @@ class EffectExecutor:
             if error.code == NOT_FOUND:
                 self._deleted(intent, now)
             elif error.code == RETRYABLE and self._is_stopping(cluster, intent.name):
-                self._deleting[intent] = ""
+                self._in_progress(intent, "")
             else:
                 self._delete_failed(intent, now, state, error)
             return
@@ -438,12 +439,18 @@ class EffectExecutor:
         if operation is None:
             self._deleted(intent, now)
         elif not operation.done:
-            self._deleting[intent] = operation.id
+            self._in_progress(intent, operation.id)
         elif operation.error:
             self._delete_failed(intent, now, state, PortError(
                 operation.error_code or "FAILED", operation.error))
         else:
             self._deleted(intent, now)
+
+    def _in_progress(self, intent: Intent, operation_id: str) -> None:
+        """A delete GKE is carrying out: looked at again after every commit (the world
+        changing is what moves it, not a retry timer)."""
+        self._deleting[intent] = operation_id
+        self._not_before.pop(intent, None)
 
     def _is_stopping(self, cluster: Cluster, name: str) -> bool:
         try:

@@ -68,6 +68,7 @@ class TaskState:
     retry_kind: str | None = None  # the event type of the step being retried
     retry_attempt: int = 0
     retry_at: dt.datetime | None = None
+    not_visible_since: dt.datetime | None = None  # first 404 of the current streak
     last_resource_version: int = 0  # of the last Job observation folded
     pods_active: int | None = None
     pending_diagnosis: str | None = None
@@ -142,7 +143,11 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                     "pool_operation": None, "pool_request": event.to_data()}
         case ev.NodePoolCreateStarted():
             return {"pool_intent": "create-started", "pool_operation": event.operation}
-        case ev.ReservationInsufficient() | ev.NodePoolNotVisible() | ev.NodesNotReady():
+        case ev.NodePoolNotVisible():
+            streak = state.retry_kind == event.type_name and state.not_visible_since
+            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
+                    "retry_at": at, "not_visible_since": streak or at}
+        case ev.ReservationInsufficient() | ev.NodesNotReady():
             return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
                     "retry_at": at}
         case ev.NodePoolFailed():

@@ -62,9 +62,11 @@ def current_states(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
 
 
 def live_states(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
-    """Non-terminal tasks as this tick sees them, in a stable order."""
+    """Non-terminal tasks as this tick sees them, earliest submitted first (so when
+    they compete for reservation capacity in one tick, the older one wins)."""
     ids = {s.task_id for s in ctx.tasks.live()} | {s.task_id for s in tick.touched()}
-    states = [s for task_id in sorted(ids) if (s := tick.state(task_id)) is not None]
+    states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
+    states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
     return [s for s in states if not s.is_terminal]
 
 

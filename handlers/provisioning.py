@@ -226,15 +226,18 @@ class _Provisioner:
                 pool, counts.ready, total, next_attempt(state, "NodesNotReady")))
 
     def _not_visible(self, state: TaskState, pool: str) -> None:
+        """The grace runs from the first 404 after the create finished: GKE's listing
+        lags the operation, and a long flex-start create must not use the grace up."""
         grace = self.ctx.settings.create_visibility_grace_seconds
-        since = state.pool_requested_at or self.ctx.now
+        since = (state.not_visible_since if state.retry_kind == "NodePoolNotVisible"
+                 else None) or self.ctx.now
         waited = (self.ctx.now - since).total_seconds()
         if waited < grace:
             self.tick.emit(state.task_id, ev.NodePoolNotVisible(
                 pool, next_attempt(state, "NodePoolNotVisible")))
             return
         self.tick.emit(state.task_id, ev.NodePoolFailed(
-            pool, f"node pool {pool} still not found {waited:.0f}s after it was created "
+            pool, f"node pool {pool} still not found {waited:.0f}s after its create finished "
                   f"(create-visibility grace {grace}s)"))
 
 

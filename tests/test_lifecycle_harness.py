@@ -76,6 +76,7 @@ class Harness:
         self.world = SimWorld(clock, config, behaviour_source=self._behaviour)
         self.ports = build_sim_ports(self.world)
         self.history: dict[str, list[Step]] = {}
+        self.messages: dict[str, list[str]] = {}
         self.app: App = open_app(self.settings, clock)
         self.controller: Controller = build_controller(self.app, ports=self.ports)
         self.restarts = 0
@@ -129,6 +130,9 @@ class Harness:
             seen = self.history.setdefault(row["id"], [])
             if not seen or seen[-1] != step:
                 seen.append(step)
+            said = self.messages.setdefault(row["id"], [])
+            if row["message"] and (not said or said[-1] != row["message"]):
+                said.append(row["message"])
 
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (

@@ -1,0 +1,360 @@
+"""The task lifecycle end to end on the simulated world (issue 4): every row of the
+lifecycle and exception tables, each asserting the exact sequence of (Status, Reason)
+the job table showed after each tick and the node pools left behind.
+
+The abort table is in ``test_lifecycle_abort.py``; crash safety in ``test_crash_safety.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import pytest
+from test_lifecycle_harness import (
+    Harness, flex_cluster, reserved_cluster, sim_config,
+)
+
+from falcon_es import manifests, naming
+from falcon_es.adapters.sim import SimClusterConfig
+from falcon_es.adapters.sim.config import DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig
+from falcon_es.clock import VirtualClock
+from falcon_es.effects import pool_labels
+from falcon_es.ports import NodePoolSpec
+from falcon_es.settings import Settings
+from falcon_es.tpu import slice_shape
+
+Make = Callable[..., Harness]
+
+RESERVED_PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
+                 ("Pending", "Dispatching"), ("Running", None)]
+
+
+@pytest.fixture
+def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
+    made: list[Harness] = []
+
+    def factory(*clusters: SimClusterConfig, delivery: DeliveryFaults = DeliveryFaults(),
+                settings: Settings | None = None) -> Harness:
+        harness = Harness(db_url, clock, sim_config(*clusters, delivery=delivery),
+                          settings or Settings(db_url=db_url))
+        for cluster in clusters:
+            harness.add_cluster(cluster)
+        made.append(harness)
+        return harness
+
+    yield factory
+    for harness in made:
+        harness.close()
+
+
+def deleted_pools(h: Harness) -> list[str]:
+    return sorted(p.name for p in h.world.pools(include_deleted=True) if p.status == "DELETED")
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def test_reservation_happy_path(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert h.messages["t1"][-1] == "succeeded (1 pod(s)); node pool falcon-t1-2x2 deleted"
+    assert "1/1 active" in h.messages["t1"]
+    (pool,) = h.world.pools(include_deleted=True)
+    assert (pool.name, pool.supply_mode, pool.reservation) == ("falcon-t1-2x2", "reservation",
+                                                               "v6e-res-r")
+    assert pool.scale_down_unneeded_seconds == 600
+    assert pool.labels["managed-by"] == "falcon" and pool.labels["falcon-task"] == "t1"
+    row = h.row("t1")
+    assert row["node_pool_name"] == "falcon-t1-2x2" and row["job_uid"]
+    assert row["dispatched_at"] < row["finished_at"]
+    assert h.live_pools() == []
+
+
+def test_flex_start_is_the_default_without_a_reservation_and_scales_down_late(make: Make) -> None:
+    h = make(flex_cluster())
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    (pool,) = h.world.pools(include_deleted=True)
+    assert (pool.supply_mode, pool.reservation, pool.scale_down_unneeded_seconds) == (
+        "flex-start", None, 6 * 3600)
+    assert h.live_pools() == []
+
+
+def test_task_supply_mode_overrides_the_cluster_default(make: Make) -> None:
+    h = make(reserved_cluster(count=0))
+    h.submit("t1", supply_mode="on-demand")
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    (pool,) = h.world.pools(include_deleted=True)
+    assert (pool.supply_mode, pool.reservation, pool.scale_down_unneeded_seconds) == (
+        "on-demand", None, 600)
+    assert "ReservationInsufficient" not in h.events("t1")
+
+
+def test_multi_host_slice_runs_one_pod_per_host(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("big", topology="4x4")
+    h.run()
+    assert h.history["big"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert "4/4 active" in h.messages["big"]
+    assert h.messages["big"][-1].startswith("succeeded (4 pod(s))")
+    (pool,) = h.world.pools(include_deleted=True)
+    assert (pool.hosts, pool.machine_type) == (4, "ct6e-standard-4t")
+
+
+def test_pool_is_handed_over_to_the_next_task_of_its_topology(make: Make) -> None:
+    h = make(reserved_cluster(count=1))
+    for name in ("a", "b", "c"):
+        h.submit(name, sim={"duration_seconds": 120})
+    h.run()
+    assert h.history["a"] == [*RESERVED_PATH, ("Succeeded", None)]
+    busy_then_reuse = [("Pending", "Waiting"), ("Pending", "ClusterBusy"),
+                       ("Pending", "Dispatching"), ("Running", None), ("Succeeded", None)]
+    assert h.history["b"] == busy_then_reuse
+    assert h.history["c"] == busy_then_reuse
+    assert h.messages["a"][-1] == "succeeded (1 pod(s)); node pool falcon-a-2x2 handed over to b"
+    assert h.messages["b"][-1] == "succeeded (1 pod(s)); node pool falcon-a-2x2 handed over to c"
+    assert h.messages["c"][-1] == "succeeded (1 pod(s)); node pool falcon-a-2x2 deleted"
+    assert h.events("b")[3:5] == ["ReservationInsufficient", "ReservationInsufficient"]
+    assert "NodePoolReused" in h.events("b") and "NodePoolCreateRequested" not in h.events("b")
+    # One pool served all three tasks, one Job at a time, and is gone at the end.
+    assert [p.name for p in h.world.pools(include_deleted=True)] == ["falcon-a-2x2"]
+    assert h.row("c")["node_pool_name"] == "falcon-a-2x2"
+    assert h.live_pools() == []
+
+
+# ------------------------------------------------------------------ exceptions
+
+
+def test_reservation_too_small_waits_in_cluster_busy_and_never_falls_back(make: Make) -> None:
+    h = make(reserved_cluster(count=4, in_use=4))
+    h.submit("t1")
+    h.run_for(1800)
+    assert h.history["t1"] == [("Pending", "ClusterBusy")]
+    assert h.messages["t1"][0] == "reservation v6e-res-r has 0 slice(s) free, 1 needed; retry 1"
+    attempts = h.events("t1").count("ReservationInsufficient")
+    assert 5 <= attempts <= 12  # backoff, not a busy loop
+    assert h.world.pools(include_deleted=True) == []  # no silent fallback to another supply
+
+
+def test_reservation_capacity_freed_by_another_task_lets_the_busy_one_start(make: Make) -> None:
+    h = make(reserved_cluster(count=4))
+    h.submit("wide", topology="4x4", sim={"duration_seconds": 200})
+    h.clock.advance(1)  # submitted later: the wide one wins the reservation
+    h.submit("small", topology="2x2")
+    h.run()
+    assert h.history["wide"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert h.history["small"] == [("Pending", "ClusterBusy"), *RESERVED_PATH,
+                                  ("Succeeded", None)]
+    assert h.live_pools() == []
+
+
+def test_quota_error_fails_with_the_apis_words_and_the_error_pool_is_deleted(make: Make) -> None:
+    h = make(flex_cluster(quota=QuotaConfig(first_n=1)))
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Failed", "NodePoolFailed")]
+    message = h.row("t1")["message"]
+    assert "Quota 'TPUS_PER_TPU_FAMILY' exceeded" in message
+    assert message.endswith("node pool falcon-t1-2x2 deleted")
+    assert h.live_pools() == []
+
+
+def test_stockout_waits_for_nodes_with_counts_then_runs(make: Make) -> None:
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=Span(1200, 1200))))
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    waiting = [m for m in h.messages["t1"] if "nodes ready" in m]
+    assert waiting[0] == "node pool falcon-t1-2x2: 0/1 nodes ready (attempt 1)"
+    assert len(waiting) >= 4
+    assert h.live_pools() == []
+
+
+def test_stockout_for_good_times_out_and_deletes_the_pool(make: Make, db_url: str) -> None:
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600)
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=None)), settings=settings)
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
+                               ("Failed", "NodePoolTimeout")]
+    assert h.row("t1")["message"] == ("node pool falcon-t1-2x2 not ready after 3600s; "
+                                      "node pool falcon-t1-2x2 deleted")
+    assert h.live_pools() == []
+
+
+def test_a_404_inside_the_visibility_grace_keeps_looking(make: Make) -> None:
+    slow_to_show = {"reservation": Span(0, 0), "on-demand": Span(0, 0),
+                    "flex-start": Span(400, 400)}
+    h = make(flex_cluster(visibility_delay=slow_to_show))
+    h.submit("t1")
+    h.run()
+    # By the time GKE shows the pool its nodes are Ready: no WaitingForNode.
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Running", None), ("Succeeded", None)]
+    assert "NodePoolNotVisible" in h.events("t1")
+    assert "node pool falcon-t1-2x2 not visible yet; looking again (attempt 1)" in h.messages["t1"]
+
+
+def test_a_404_beyond_the_grace_fails_the_pool(make: Make, db_url: str) -> None:
+    never = {"reservation": Span(0, 0), "on-demand": Span(0, 0), "flex-start": Span(10**6, 10**6)}
+    settings = Settings(db_url=db_url, create_visibility_grace_seconds=600)
+    h = make(flex_cluster(visibility_delay=never), settings=settings)
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Failed", "NodePoolFailed")]
+    assert "still not found" in h.row("t1")["message"]
+    assert h.live_pools() == []  # deleted although GKE never showed it
+
+
+def test_reservation_supply_on_a_cluster_without_reservation_fails_clearly(make: Make) -> None:
+    h = make(flex_cluster())
+    h.submit("t1", supply_mode="reservation")
+    h.run()
+    assert h.history["t1"] == [("Failed", "NodePoolFailed")]
+    assert h.row("t1")["message"] == (
+        "node pool falcon-t1-2x2 failed: supply mode reservation was asked for, but cluster "
+        "v6e-flex has no reservation")
+    assert h.world.pools(include_deleted=True) == []
+
+
+def test_job_submit_failure_fails_the_task_and_deprovisions(make: Make) -> None:
+    h = make(reserved_cluster())
+    registered = next(c for c in _clusters(h) if c.name == "v6e-res")
+    intruder = manifests.render_job(
+        task_id="someone-else", spec={"image": "busybox"}, shape=slice_shape("v6e", "2x2"),
+        pool_name="elsewhere", placement=manifests.JobPlacement("falcon-jobs", "sa", "b"))
+    intruder["metadata"]["name"] = naming.job_name("t1")
+    h.ports.edges.for_cluster(registered).submit_job(intruder)
+    h.submit("t1")
+    h.run(lambda: h.settled())
+    assert h.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "JobSubmitFailed")]
+    assert h.row("t1")["message"] == (
+        "Job falcon-t1 could not be submitted: a Job named falcon-t1 already exists and is not "
+        "this task's (falcon-task=someone-else); node pool falcon-t1-2x2 deleted")
+    assert h.live_pools() == []
+
+
+def test_oom_fails_with_the_pods_root_cause(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"outcome": "oom", "duration_seconds": 60})
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
+    assert h.row("t1")["message"] == "OOMKilled (exit code 137); node pool falcon-t1-2x2 deleted"
+
+
+def test_exit_code_fails_with_the_code(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"outcome": "fail", "exit_code": 3, "duration_seconds": 60})
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
+    assert h.row("t1")["message"] == "exit code 3; node pool falcon-t1-2x2 deleted"
+
+
+def test_image_pull_failure_fails_and_deletes_the_job(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"outcome": "image-pull-error"})
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "JobFailed")]
+    assert h.row("t1")["message"].startswith('ErrImagePull: Failed to pull image "us-docker')
+    assert h.events("t1")[-5:] == ["JobFailed", "JobDeleteRequested", "NodePoolDeleteRequested",
+                                   "JobDeleted", "NodePoolDeleted"]
+    assert h.world.job_state("v6e-res", "falcon-t1") is None
+
+
+def test_unschedulable_pods_show_the_upstream_cause_then_time_out(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"outcome": "unschedulable"}, timeout_seconds=900)
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "Timeout")]
+    pending = [m for m in h.messages["t1"] if m.startswith("pods pending: ")]
+    assert pending and "Unschedulable: 0/" in pending[-1]
+    message = h.row("t1")["message"]
+    assert message.startswith("timed out after 900s; Job deleted (pods were pending: pod falcon-t1")
+    assert h.world.job_state("v6e-res", "falcon-t1") is None and h.live_pools() == []
+
+
+def test_running_past_its_timeout_fails_and_the_job_is_deleted(make: Make) -> None:
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "Timeout")]
+    assert h.row("t1")["message"] == ("timed out after 1200s; Job deleted; "
+                                      "node pool falcon-t1-2x2 deleted")
+    row = h.row("t1")
+    assert (row["finished_at"] - row["dispatched_at"]).total_seconds() == pytest.approx(1200, abs=1)
+    assert h.world.job_state("v6e-res", "falcon-t1") is None and h.live_pools() == []
+
+
+def test_delete_failures_retry_into_the_message_and_status_follows_the_job(make: Make) -> None:
+    h = make(reserved_cluster(delete_failures=FaultRule(first_n=2)))
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    failures = [m for m in h.messages["t1"] if "failed (attempt" in m]
+    assert [m.split("(attempt ")[1][0] for m in failures] == ["1", "2"]
+    assert failures[0].startswith("succeeded (1 pod(s)); deleting node pool falcon-t1-2x2 failed")
+    assert h.messages["t1"][-1] == "succeeded (1 pod(s)); node pool falcon-t1-2x2 deleted"
+    assert h.live_pools() == []
+
+
+@pytest.mark.parametrize("delivery", [
+    DeliveryFaults(),
+    DeliveryFaults(late_probability=0.5, max_late_seconds=40, duplicate_probability=0.5,
+                   reorder_probability=0.5),
+], ids=["in-order", "late-duplicated-reordered"])
+def test_late_duplicate_and_reordered_observations_change_nothing(
+        make: Make, delivery: DeliveryFaults) -> None:
+    h = make(reserved_cluster(), delivery=delivery)
+    for index, (topology, outcome) in enumerate(
+            [("2x2", "succeed"), ("2x4", "oom"), ("4x4", "succeed"), ("1x1", "fail")]):
+        h.submit(f"t{index}", topology=topology,
+                 sim={"duration_seconds": 100, "outcome": outcome, "exit_code": 2})
+    h.run()
+    assert {t: (h.history[t][-1], h.row(t)["message"].split("; ")[0]) for t in h.history} == {
+        "t0": (("Succeeded", None), "succeeded (1 pod(s))"),
+        "t1": (("Failed", "JobFailed"), "OOMKilled (exit code 137)"),
+        "t2": (("Succeeded", None), "succeeded (4 pod(s))"),
+        "t3": (("Failed", "JobFailed"), "exit code 2"),
+    }
+    for task_id in h.history:
+        assert h.history[task_id][-2] == ("Running", None)  # never regressed to Pending
+    assert h.live_pools() == []
+
+
+def test_orphan_pools_are_deleted_outside_the_grace(make: Make, db_url: str) -> None:
+    settings = Settings(db_url=db_url, orphan_sweep_seconds=60,
+                        create_visibility_grace_seconds=600)
+    h = make(reserved_cluster(), settings=settings)
+    registered = next(c for c in _clusters(h) if c.name == "v6e-res")
+    shape = slice_shape("v6e", "2x2")
+    stray = NodePoolSpec(registered, "falcon-ghost-2x2", shape, "on-demand", None, 600,
+                         pool_labels("ghost", "2x2", "on-demand"))
+    foreign = dataclasses.replace(stray, name="team-b-pool", labels={"owner": "team-b"})
+    h.ports.node_pools.create(stray)
+    h.ports.node_pools.create(foreign)
+    h.submit("t1", sim={"duration_seconds": 30})
+    h.run(lambda: h.statuses()["t1"][0] == "Succeeded" and "falcon-t1-2x2" not in h.live_pools())
+    # The task's own pool went through deprovisioning; recreate one under its name.
+    h.ports.node_pools.create(dataclasses.replace(stray, name="falcon-t1-2x2",
+                                                  labels=pool_labels("t1", "2x2", "reservation")))
+    h.run_for(120)
+    assert "falcon-t1-2x2" in h.live_pools()  # inside the grace: spared
+    assert "falcon-ghost-2x2" not in h.live_pools()
+    h.run_for(700)
+    assert h.live_pools() == ["team-b-pool"]  # only what Falcon does not manage is left
+    stream = [r.event for r in h.app.store.read_stream(f"orphans:{registered.id}")]
+    found = [(e.type_name, e.pool_name) for e in stream]
+    assert found == [("OrphanPoolFound", "falcon-ghost-2x2"), ("OrphanPoolDeleted", "falcon-ghost-2x2"),
+                     ("OrphanPoolFound", "falcon-t1-2x2"), ("OrphanPoolDeleted", "falcon-t1-2x2")]
+
+
+def _clusters(h: Harness) -> list:
+    from falcon_es.registry import list_clusters
+
+    with h.app.engine.connect() as conn:
+        return list_clusters(conn)
