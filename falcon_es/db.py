@@ -12,6 +12,8 @@ from sqlalchemy.engine import Engine
 from falcon_es.tables import JOB_COLUMN_KINDS
 
 DEFAULT_URL = "sqlite:///falcon.db"
+#: Execution option marking a connection that only reads (see ``read_only``).
+READ_ONLY_OPTION = "falcon_read_only"
 
 
 class DatabaseUrlError(ValueError):
@@ -59,7 +61,19 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        reading = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        conn.exec_driver_sql("BEGIN" if reading else "BEGIN IMMEDIATE")
+
+
+def read_only(engine: Engine) -> Engine:
+    """The same engine (same pool) for transactions that only read.
+
+    On SQLite every other transaction begins IMMEDIATE, taking the write lock; a reader
+    that did so would queue behind a busy writer and stall it in turn, although WAL
+    lets readers and the writer proceed side by side. Readers therefore begin deferred.
+    Other dialects ignore the option.
+    """
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
 def alembic_config(engine: Engine) -> Any:

@@ -415,7 +415,9 @@ def decode(
 
 
 def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
-    conversions = _CONVERSIONS.get(cls) or _conversions(cls)
+    conversions = _CONVERSIONS.get(cls)
+    if conversions is None:  # a class outside REGISTRY; () means "nothing to convert"
+        conversions = _conversions(cls)
     if not conversions:
         return data
     out = dict(data)

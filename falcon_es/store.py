@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from falcon_es import db
 from falcon_es import events as ev
 from falcon_es.clock import Clock
 from falcon_es.tables import log_head, task_events
@@ -87,6 +88,7 @@ class EventStore:
         projections: Sequence[InlineProjection] = (),
     ) -> None:
         self.engine = engine
+        self.reader = db.read_only(engine)
         self.clock = clock
         self.projections = tuple(projections)
 
@@ -158,7 +160,7 @@ class EventStore:
 
     # ------------------------------------------------------------------ reading
     def head(self) -> int:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(sa.select(log_head.c.last_seq)).scalar_one()
 
     def read_stream(self, stream_id: str) -> list[RecordedEvent]:
@@ -167,7 +169,7 @@ class EventStore:
             .where(task_events.c.stream_id == stream_id)
             .order_by(task_events.c.version)
         )
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [to_recorded(row) for row in conn.execute(query)]
 
     def read_after(
@@ -185,7 +187,7 @@ class EventStore:
             if until is not None:
                 query = query.where(task_events.c.seq <= until)
             query = query.order_by(task_events.c.seq).limit(batch_size)
-            with self.engine.connect() as conn:
+            with self.reader.connect() as conn:
                 batch = [to_recorded(row) for row in conn.execute(query)]
             if not batch:
                 return
@@ -197,7 +199,7 @@ class EventStore:
         query = sa.select(sa.func.max(task_events.c.seq)).where(
             task_events.c.recorded_at <= moment
         )
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(query).scalar() or 0
 
 

@@ -277,3 +277,41 @@ def test_the_losing_controller_keeps_neither_the_event_nor_the_job_row_change(
     finally:
         for app in apps:
             app.close()
+
+
+def test_readers_are_not_blocked_by_an_append_in_flight(db_url: str, clock: VirtualClock) -> None:
+    """WAL (SQLite) and READ COMMITTED (MySQL) let a reader see the last committed log
+    while an append holds the write lock; a reader must not queue behind the writer."""
+    writer = EventStore(db.make_engine(db_url), clock)
+    reader = EventStore(db.make_engine(db_url), clock)
+    writer.append([StreamAppend("first", 0, (accepted("first"),), Meta(actor="w"))])
+    inside, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def hold(_conn: Connection) -> None:
+        inside.set()
+        release.wait(30)
+
+    def append_and_hold() -> None:
+        try:
+            writer.append([StreamAppend("second", 0, (accepted("second"),), Meta(actor="w"))],
+                          extra=[hold])
+        except BaseException as error:  # reported to the test thread, which fails on it
+            failures.append(error)
+
+    thread = threading.Thread(target=append_and_hold, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        began = time.monotonic()
+        assert reader.head() == 1
+        assert [r.stream_id for r in reader.read_after(0)] == ["first"]
+        assert reader.read_stream("second") == []
+        assert time.monotonic() - began < 5, "the reader waited for the writer's lock"
+    finally:
+        release.set()
+        thread.join()
+        assert failures == []
+    assert reader.head() == 2
+    writer.engine.dispose()
+    reader.engine.dispose()
