@@ -10,14 +10,22 @@ never skip.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import google.auth.transport.requests
+import google.oauth2.credentials
 import pytest
+import requests
 
+from falcon_es.adapters.gcp.kube import GoogleAccessTokens, KubeEdgeClusters, KubeEndpoint
 from falcon_es.adapters.gcp.pubsub import PubSubBus
+from falcon_es.registry import Cluster
+from tests.fakes import kube_server as fake_kube
+from tests.fakes.kube_server import FakeKubeServer
 from tests.fakes.pubsub_emulator import EmulatorError, PubSubEmulator
 
 _EMULATOR = pytest.StashKey[PubSubEmulator]()
@@ -86,3 +94,55 @@ class RecordingBus:
                          for _, d, _, _ in self.published]
                 raise AssertionError(f"condition not met within {timeout}s; published: {shown}")
             return [data for _, data, _, _ in self.published]
+
+
+# --------------------------------------------------------------------- Kubernetes
+
+def edge_cluster_row(name: str = "edge-a") -> Cluster:
+    """A registered edge cluster as the registry returns it."""
+    return Cluster(id=f"id-{name}", name=name, project="falcon-edge", location="us-east5-b",
+                   tpu_type="v6e", gcs_bucket="falcon-logs", default_reservation=None,
+                   status="active", created_at=dt.datetime(2026, 11, 1, 9, 0))
+
+
+def google_credentials(server: FakeKubeServer) -> google.oauth2.credentials.Credentials:
+    """Real google-auth OAuth2 credentials whose token endpoint is the fake's ``/token``."""
+    return google.oauth2.credentials.Credentials(
+        token=None, refresh_token=fake_kube.REFRESH_TOKEN, token_uri=f"{server.url}/token",
+        client_id=fake_kube.CLIENT_ID, client_secret=fake_kube.CLIENT_SECRET,
+    )
+
+
+def auth_request(server: FakeKubeServer) -> google.auth.transport.requests.Request:
+    """google-auth's HTTP transport, trusting the fake's CA for its token endpoint."""
+    session = requests.Session()
+    session.trust_env = False  # REQUESTS_CA_BUNDLE would otherwise replace ``verify``
+    if server.tls_files is not None:
+        session.verify = str(server.tls_files.ca_path)
+    return google.auth.transport.requests.Request(session)
+
+
+def access_tokens(server: FakeKubeServer, **options: Any) -> GoogleAccessTokens:
+    return GoogleAccessTokens(google_credentials(server), auth_request=auth_request(server),
+                              **options)
+
+
+def edge_clusters_for(server: FakeKubeServer, **options: Any) -> KubeEdgeClusters:
+    """KubeEdgeClusters whose every cluster is the fake (endpoint and CA as GKE gives)."""
+    tokens = options.pop("tokens", None) or access_tokens(server)
+    return KubeEdgeClusters(lambda cluster: KubeEndpoint(server.url, server.ca_pem),
+                            tokens=tokens, namespace=server.namespace, **options)
+
+
+@pytest.fixture
+def kube_server() -> Iterator[FakeKubeServer]:
+    server = FakeKubeServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def edge_clusters(kube_server: FakeKubeServer) -> Iterator[KubeEdgeClusters]:
+    clusters = edge_clusters_for(kube_server, request_timeout_seconds=10.0)
+    yield clusters
+    clusters.close()

@@ -1,0 +1,985 @@
+"""A local Kubernetes API server that speaks the real HTTP/JSON wire protocol.
+
+The official ``kubernetes`` client talks to it unchanged (URL templates, query
+parameters, chunked watch streams, Status errors), so the edge-cluster adapter and the
+informer are tested through the library's own serialisation and watch machinery.
+
+What it serves, on 127.0.0.1 at a free port, over TLS with its own CA by default (the
+CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
+
+- ``/version``; ``/token``, an OAuth2 token endpoint (refresh-token grant) that issues
+  short-lived access tokens, as Google's would for the google-auth credentials;
+- ``batch/v1`` Jobs: create, get (and ``/status``), list, watch, delete with
+  ``propagationPolicy`` (Background/Foreground take the pods along; Orphan or none
+  leaves them, which is what batch/v1 does by default);
+- ``core/v1`` Pods (get, list, watch), Nodes (list), Events (list) with label and
+  field selectors.
+
+Every resource shares one resourceVersion counter, like etcd's revision, and every
+change is kept in a history that watches replay from any resourceVersion not older
+than the last compaction; older ones get the ``410 Gone`` ERROR event a real API
+server sends. A small job controller keeps each Job's status (active, ready,
+succeeded, failed, Complete/Failed conditions) in step with its pods.
+
+Bearer tokens are checked on every request except ``/version`` and ``/token``: an
+unknown or expired token is a 401 Status. With ``end_watch_at_token_expiry`` a watch
+stream ends when the token that opened it expires, so a long watch only continues if
+the client reconnects with a fresh token.
+
+Faults on demand: any status on the next matching requests (``inject``), dropped watch
+connections (``drop_watches``), gracefully ended watches (``end_watches``),
+``410 Gone`` to open watches and a compacted history (``compact``), and revoked tokens
+(``expire_tokens``). Time comes from an injectable clock (a VirtualClock in tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import http.server
+import ipaddress
+import itertools
+import json
+import re
+import socket
+import ssl
+import tempfile
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from falcon_es.clock import Clock, WallClock
+
+REFRESH_TOKEN = "falcon-test-refresh-token"
+CLIENT_ID = "falcon-test-client"
+CLIENT_SECRET = "falcon-test-secret"
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+CONTROLLER_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_WAIT_STEP = 0.02  # seconds a watch stream waits for news before looking again
+
+KINDS: Mapping[str, tuple[str, str]] = {
+    "jobs": ("Job", "batch/v1"),
+    "pods": ("Pod", "v1"),
+    "nodes": ("Node", "v1"),
+    "events": ("Event", "v1"),
+}
+
+_ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^/version/?$"), "version"),
+    (re.compile(r"^/token$"), "token"),
+    (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs$"), "jobs"),
+    (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs/(?P<name>[^/]+)(?:/status)?$"),
+     "job"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
+    (re.compile(r"^/api/v1/nodes$"), "nodes"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
+)
+
+
+class KubeApiError(Exception):
+    """An API error, answered as a ``Status`` object with this code and reason."""
+
+    def __init__(self, code: int, reason: str, message: str,
+                 details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = dict(details or {})
+
+    def status(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                "status": "Failure", "message": self.message,
+                                "reason": self.reason, "code": self.code}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+@dataclasses.dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    error: KubeApiError
+    remaining: int
+    watch: bool | None  # None: watches and plain requests alike
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRecord:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    token: str | None
+    status: int
+    body: Any = None
+
+
+@dataclasses.dataclass
+class _Watch:
+    token: str | None
+    dropped: bool = False
+    ended: bool = False
+    gone: bool = False
+    bookmark: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    ca_pem: str
+    ca_path: Path
+    cert_path: Path
+    key_path: Path
+
+
+def make_tls(directory: Path) -> TlsFiles:
+    """A CA and a server certificate for 127.0.0.1 signed by it (EC keys: fast)."""
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    later = now + dt.timedelta(days=30)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "falcon-test-cluster-ca")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(later)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(later)
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path, cert_path, key_path = (directory / "ca.crt", directory / "server.crt",
+                                    directory / "server.key")
+    ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return TlsFiles(ca_cert.public_bytes(serialization.Encoding.PEM).decode(), ca_path, cert_path,
+                    key_path)
+
+
+def timestamp(moment: dt.datetime) -> str:
+    return moment.replace(tzinfo=None, microsecond=0).isoformat() + "Z"
+
+
+# --------------------------------------------------------------------- selectors
+
+def _split_requirements(selector: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in selector:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
+def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    """Kubernetes label-selector syntax: =, ==, !=, in, notin, exists, !exists."""
+    tests: list[Callable[[Mapping[str, str]], bool]] = []
+    for requirement in _split_requirements(selector or ""):
+        set_match = re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", requirement)
+        if set_match:
+            key, operator = set_match.group(1), set_match.group(2)
+            values = {v.strip() for v in set_match.group(3).split(",")}
+            if operator == "in":
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif "!=" in requirement:
+            key, value = (p.strip() for p in requirement.split("!=", 1))
+            tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+        elif "=" in requirement:
+            key, value = (p.strip() for p in re.split(r"==?", requirement, maxsplit=1))
+            tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif requirement.startswith("!"):
+            tests.append(lambda labels, k=requirement[1:].strip(): k not in labels)
+        else:
+            tests.append(lambda labels, k=requirement: k in labels)
+    return lambda labels: all(test(labels) for test in tests)
+
+
+def _field(obj: Mapping[str, Any], path: str) -> Any:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def field_matcher(selector: str) -> Callable[[Mapping[str, Any]], bool]:
+    tests: list[Callable[[Mapping[str, Any]], bool]] = []
+    for requirement in _split_requirements(selector or ""):
+        if "!=" in requirement:
+            path, value = requirement.split("!=", 1)
+            tests.append(lambda o, p=path.strip(), v=value.strip(): str(_field(o, p) or "") != v)
+        else:
+            path, value = re.split(r"==?", requirement, maxsplit=1)
+            tests.append(lambda o, p=path.strip(), v=value.strip(): str(_field(o, p) or "") == v)
+    return lambda obj: all(test(obj) for test in tests)
+
+
+# --------------------------------------------------------------------- the server
+
+class FakeKubeServer:
+    """One edge cluster's API server: state, behaviour, faults, and the HTTP listener."""
+
+    def __init__(self, *, clock: Clock | None = None, tls: bool = True,
+                 token_lifetime_seconds: int = 3600, end_watch_at_token_expiry: bool = True,
+                 namespace: str = "falcon-jobs", first_resource_version: int = 1000) -> None:
+        self.clock = clock or WallClock()
+        self.namespace = namespace
+        self.token_lifetime = dt.timedelta(seconds=token_lifetime_seconds)
+        self.end_watch_at_token_expiry = end_watch_at_token_expiry
+        self._tls = tls
+        self._cond = threading.Condition()
+        self._rv = first_resource_version
+        self._oldest_rv = first_resource_version
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._history: list[tuple[int, str, str, dict[str, Any]]] = []
+        self._tokens: dict[str, dt.datetime] = {}
+        self._token_ids = itertools.count(1)
+        self._suffixes = itertools.count(1)
+        self._faults: list[Fault] = []
+        self._watches: dict[int, _Watch] = {}
+        self._watch_ids = itertools.count(1)
+        self._closing = False
+        self.requests: list[RequestRecord] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="fake-kube-")
+        self.tls_files = make_tls(Path(self._tmp.name)) if tls else None
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the fake Kubernetes API server is not started")
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def endpoint(self) -> str:
+        """What GKE's ``Cluster.endpoint`` would say: host and port, no scheme."""
+        return self.url.split("://", 1)[1]
+
+    @property
+    def ca_pem(self) -> str | None:
+        return self.tls_files.ca_pem if self.tls_files else None
+
+    def start(self) -> FakeKubeServer:
+        server = _QuietServer(("127.0.0.1", 0), _handler(self))
+        if self.tls_files is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.tls_files.cert_path, self.tls_files.key_path)
+            server.socket = context.wrap_socket(server.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever,
+                                        kwargs={"poll_interval": 0.01},
+                                        name="fake-kube-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> FakeKubeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- tokens ---------------------------------------------------------------------
+
+    def issue_token(self, lifetime: dt.timedelta | None = None) -> str:
+        with self._cond:
+            token = f"ya29.fake-{next(self._token_ids)}"
+            self._tokens[token] = self.clock.now() + (lifetime or self.token_lifetime)
+            return token
+
+    def expire_tokens(self) -> None:
+        """Revoke every token issued so far (the next request with one is a 401)."""
+        with self._cond:
+            moment = self.clock.now()
+            for token in self._tokens:
+                self._tokens[token] = moment
+            self._cond.notify_all()
+
+    def token_valid(self, token: str | None) -> bool:
+        expiry = self._tokens.get(token or "")
+        return expiry is not None and self.clock.now() < expiry
+
+    def tokens_used(self, path_prefix: str = "/") -> list[str]:
+        """Distinct tokens that authorised requests under ``path_prefix``, in order."""
+        seen: dict[str, None] = {}
+        for record in list(self.requests):
+            if record.token and record.path.startswith(path_prefix) and record.status != 401:
+                seen.setdefault(record.token)
+        return list(seen)
+
+    # -- faults ---------------------------------------------------------------------
+
+    def inject(self, method: str, path_pattern: str, code: int, *, reason: str | None = None,
+               message: str | None = None, times: int = 1, watch: bool | None = None) -> None:
+        """Answer the next ``times`` matching requests with this error instead."""
+        reason = reason or {401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+                            409: "AlreadyExists", 410: "Expired", 429: "TooManyRequests",
+                            500: "InternalError", 503: "ServiceUnavailable"}.get(code, "Unknown")
+        error = KubeApiError(code, reason, message or f"injected {code} {reason}")
+        with self._cond:
+            self._faults.append(Fault(method.upper(), re.compile(path_pattern), error, times,
+                                      watch))
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection without ending the HTTP response."""
+        return self._mark_watches(dropped=True)
+
+    def end_watches(self) -> int:
+        """End every open watch cleanly, like the server's watch timeout does."""
+        return self._mark_watches(ended=True)
+
+    def send_bookmarks(self) -> int:
+        """Send a BOOKMARK (the current resourceVersion) to watches that allow them."""
+        return self._mark_watches(bookmark=True)
+
+    def compact(self, *, expire_open_watches: bool = True) -> None:
+        """Forget the history before now: a watch from an older resourceVersion is
+        answered with 410 Gone; open watches get the 410 ERROR event too."""
+        with self._cond:
+            self._oldest_rv = self._rv
+            self._history.clear()
+        if expire_open_watches:
+            self._mark_watches(gone=True)
+
+    def open_watches(self) -> int:
+        with self._cond:
+            return len(self._watches)
+
+    def wait_for_watches(self, count: int, timeout: float = 10.0) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._watches) >= count, timeout):
+                raise AssertionError(f"{len(self._watches)} watches open, expected {count}")
+
+    def _mark_watches(self, **flags: bool) -> int:
+        with self._cond:
+            for state in self._watches.values():
+                for name, value in flags.items():
+                    setattr(state, name, value)
+            self._cond.notify_all()
+            return len(self._watches)
+
+    # -- the world: nodes, pods, events, the job controller ---------------------------
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        with self._cond:
+            obj = self._objects.get((resource, self._ns(resource, namespace), name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def names(self, resource: str, namespace: str | None = None) -> list[str]:
+        ns = self._ns(resource, namespace)
+        with self._cond:
+            return sorted(name for (kind, space, name) in self._objects
+                          if kind == resource and space == ns)
+
+    def add_node(self, name: str, pool: str, *, ready: bool = True,
+                 labels: Mapping[str, str] | None = None) -> None:
+        node = {
+            "metadata": {"name": name, "labels": {NODEPOOL_LABEL: pool, **dict(labels or {})}},
+            "spec": {},
+            "status": {"conditions": [_node_ready(ready)]},
+        }
+        with self._cond:
+            self._put("nodes", "", node, "ADDED")
+
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        with self._cond:
+            node = copy.deepcopy(self._objects[("nodes", "", name)])
+            node["status"]["conditions"] = [_node_ready(ready)]
+            self._put("nodes", "", node, "MODIFIED")
+
+    def start_pods(self, job_name: str, count: int | None = None, *,
+                   namespace: str | None = None) -> list[str]:
+        """What the job controller does after a create: one Pending pod per index, up
+        to the parallelism (names ``<job>-<index>-<suffix>``)."""
+        ns = namespace or self.namespace
+        with self._cond:
+            job = self._objects.get(("jobs", ns, job_name))
+            if job is None:
+                raise KeyError(f"no Job {ns}/{job_name}")
+            spec = job["spec"]
+            count = spec.get("parallelism", 1) if count is None else count
+            template = spec.get("template", {})
+            indexed = spec.get("completionMode") == "Indexed"
+            names = []
+            for index in range(count):
+                name = f"{job_name}-{index}-{next(self._suffixes):05x}"
+                labels = {**template.get("metadata", {}).get("labels", {})}
+                for key in JOB_NAME_LABELS:
+                    labels[key] = job_name
+                for key in CONTROLLER_UID_LABELS:
+                    labels[key] = job["metadata"]["uid"]
+                annotations = {}
+                if indexed:
+                    labels[COMPLETION_INDEX_LABEL] = str(index)
+                    annotations[COMPLETION_INDEX_LABEL] = str(index)
+                pod = {
+                    "metadata": {
+                        "name": name, "namespace": ns, "labels": labels,
+                        "annotations": annotations,
+                        "ownerReferences": [{
+                            "apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                            "uid": job["metadata"]["uid"], "controller": True,
+                            "blockOwnerDeletion": True,
+                        }],
+                    },
+                    "spec": copy.deepcopy(template.get("spec", {})),
+                    "status": {"phase": "Pending", "conditions": [],
+                               "qosClass": "BestEffort"},
+                }
+                self._put("pods", ns, pod, "ADDED")
+                names.append(name)
+            self._sync_job(ns, job_name)
+            return names
+
+    def update_pod(self, name: str, change: Callable[[dict[str, Any]], None], *,
+                   namespace: str | None = None) -> None:
+        """Apply ``change`` to the pod's JSON (status, spec) as one MODIFIED event."""
+        ns = namespace or self.namespace
+        with self._cond:
+            pod = copy.deepcopy(self._objects[("pods", ns, name)])
+            change(pod)
+            self._put("pods", ns, pod, "MODIFIED")
+            self._sync_job_of(pod)
+
+    def unschedulable(self, pod: str, message: str, *, namespace: str | None = None) -> None:
+        """The scheduler gave up on the pod: condition plus FailedScheduling event."""
+        def change(obj: dict[str, Any]) -> None:
+            obj["status"]["conditions"] = [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": message, "lastTransitionTime": timestamp(self.clock.now()),
+            }]
+        self.update_pod(pod, change, namespace=namespace)
+        self.add_event("Pod", pod, "FailedScheduling", message, namespace=namespace,
+                       source="default-scheduler")
+
+    def run_pod(self, pod: str, node: str, *, namespace: str | None = None) -> None:
+        now = timestamp(self.clock.now())
+
+        def change(obj: dict[str, Any]) -> None:
+            obj["spec"]["nodeName"] = node
+            obj["status"].update({
+                "phase": "Running", "startTime": now,
+                "conditions": [{"type": "PodScheduled", "status": "True"},
+                               {"type": "Ready", "status": "True"}],
+                "containerStatuses": [_container_status(c["name"], {"running": {"startedAt": now}},
+                                                        ready=True)
+                                      for c in obj["spec"].get("containers", [])],
+            })
+        self.update_pod(pod, change, namespace=namespace)
+
+    def wait_container(self, pod: str, reason: str, message: str, *,
+                       namespace: str | None = None) -> None:
+        """The pod is bound but its container cannot start (ErrImagePull, ...)."""
+        def change(obj: dict[str, Any]) -> None:
+            obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+            obj["status"]["containerStatuses"] = [
+                _container_status(c["name"], {"waiting": {"reason": reason, "message": message}})
+                for c in obj["spec"].get("containers", [])]
+        self.update_pod(pod, change, namespace=namespace)
+
+    def finish_pod(self, pod: str, exit_code: int = 0, *, reason: str | None = None,
+                   message: str | None = None, namespace: str | None = None) -> None:
+        now = timestamp(self.clock.now())
+        reason = reason or ("Completed" if exit_code == 0 else "Error")
+
+        def change(obj: dict[str, Any]) -> None:
+            terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": now}
+            if message:
+                terminated["message"] = message
+            obj["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"},
+                                           {"type": "Ready", "status": "False"}]
+            obj["status"]["containerStatuses"] = [
+                _container_status(c["name"], {"terminated": terminated})
+                for c in obj["spec"].get("containers", [])]
+        self.update_pod(pod, change, namespace=namespace)
+
+    def add_event(self, kind: str, name: str, reason: str, message: str, *,
+                  namespace: str | None = None, event_type: str = "Warning",
+                  source: str = "default-scheduler") -> str:
+        ns = namespace or self.namespace
+        now = timestamp(self.clock.now())
+        with self._cond:
+            involved = self._objects.get((f"{kind.lower()}s", ns, name))
+            event_name = f"{name}.{next(self._suffixes):016x}"
+            event = {
+                "metadata": {"name": event_name, "namespace": ns},
+                "involvedObject": {"kind": kind, "name": name, "namespace": ns,
+                                   "uid": involved["metadata"]["uid"] if involved else ""},
+                "reason": reason, "message": message, "type": event_type, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now, "source": {"component": source},
+                "reportingComponent": source,
+            }
+            self._put("events", ns, event, "ADDED")
+            return event_name
+
+    def set_job_condition(self, name: str, condition: str, reason: str, message: str, *,
+                          namespace: str | None = None) -> None:
+        ns = namespace or self.namespace
+        with self._cond:
+            job = copy.deepcopy(self._objects[("jobs", ns, name)])
+            job["status"].setdefault("conditions", []).append(_condition(
+                condition, reason, message, self.clock.now()))
+            self._put("jobs", ns, job, "MODIFIED")
+
+    # -- internals (called with self._cond held) --------------------------------------
+
+    def _ns(self, resource: str, namespace: str | None) -> str:
+        return "" if resource == "nodes" else (namespace or self.namespace)
+
+    def _put(self, resource: str, ns: str, obj: dict[str, Any], event: str) -> dict[str, Any]:
+        self._rv += 1
+        kind, api_version = KINDS[resource]
+        obj["kind"], obj["apiVersion"] = kind, api_version
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self._rv)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", timestamp(self.clock.now()))
+        if ns:
+            meta["namespace"] = ns
+        key = (resource, ns, meta["name"])
+        if event == "DELETED":
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = obj
+        self._history.append((self._rv, resource, event, copy.deepcopy(obj)))
+        self._cond.notify_all()
+        return obj
+
+    def _sync_job_of(self, pod: dict[str, Any]) -> None:
+        for owner in pod["metadata"].get("ownerReferences", []):
+            if owner.get("kind") == "Job":
+                self._sync_job(pod["metadata"]["namespace"], owner["name"])
+
+    def _sync_job(self, ns: str, name: str) -> None:
+        """The job controller: status counts and the terminal condition from the pods."""
+        job = self._objects.get(("jobs", ns, name))
+        if job is None:
+            return
+        uid = job["metadata"]["uid"]
+        pods = [p for (kind, space, _), p in self._objects.items()
+                if kind == "pods" and space == ns and any(
+                    o.get("uid") == uid for o in p["metadata"].get("ownerReferences", []))]
+        phases = [p["status"].get("phase") for p in pods]
+        status = copy.deepcopy(job["status"])
+        status["active"] = sum(1 for phase in phases if phase in ("Pending", "Running"))
+        status["ready"] = sum(1 for phase in phases if phase == "Running")
+        status["succeeded"] = sum(1 for phase in phases if phase == "Succeeded")
+        status["failed"] = sum(1 for phase in phases if phase == "Failed")
+        for field in ("active", "succeeded", "failed"):
+            if status[field] == 0:
+                status.pop(field)
+        spec = job["spec"]
+        conditions = status.setdefault("conditions", [])
+        types = {c["type"] for c in conditions}
+        if "Complete" not in types and "Failed" not in types:
+            if status.get("succeeded", 0) >= spec.get("completions", 1):
+                conditions.append(_condition("Complete", "", "", self.clock.now()))
+                status["completionTime"] = timestamp(self.clock.now())
+            elif status.get("failed", 0) > spec.get("backoffLimit", 6):
+                conditions.append(_condition("Failed", "BackoffLimitExceeded",
+                                             "Job has reached the specified backoff limit",
+                                             self.clock.now()))
+        if not conditions:
+            status.pop("conditions")
+        if status != job["status"]:
+            updated = copy.deepcopy(job)
+            updated["status"] = status
+            self._put("jobs", ns, updated, "MODIFIED")
+
+    # -- request handling ---------------------------------------------------------------
+
+    def _authorise(self, headers: Mapping[str, str]) -> str | None:
+        header = headers.get("Authorization") or ""
+        token = header[7:] if header.lower().startswith("bearer ") else None
+        if not self.token_valid(token):
+            raise KubeApiError(401, "Unauthorized", "Unauthorized")
+        return token
+
+    def _take_fault(self, method: str, path: str, watch: bool) -> KubeApiError | None:
+        with self._cond:
+            for fault in self._faults:
+                if (fault.remaining > 0 and fault.method == method and fault.path.search(path)
+                        and (fault.watch is None or fault.watch == watch)):
+                    fault.remaining -= 1
+                    return fault.error
+        return None
+
+    def _list(self, resource: str, ns: str, query: Mapping[str, str]) -> dict[str, Any]:
+        labels = label_matcher(query.get("labelSelector", ""))
+        fields = field_matcher(query.get("fieldSelector", ""))
+        with self._cond:
+            items = [copy.deepcopy(obj) for (kind, space, _), obj in sorted(self._objects.items())
+                     if kind == resource and (resource == "nodes" or space == ns)
+                     and labels(obj["metadata"].get("labels") or {}) and fields(obj)]
+            kind, api_version = KINDS[resource]
+            return {"kind": f"{kind}List", "apiVersion": api_version,
+                    "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _create_job(self, ns: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise KubeApiError(400, "BadRequest", "the body of the request was not a JSON object")
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or ""
+        if body.get("kind") != "Job" or body.get("apiVersion") != "batch/v1":
+            raise KubeApiError(400, "BadRequest",
+                               f"expected batch/v1 Job, got {body.get('apiVersion')} "
+                               f"{body.get('kind')}")
+        if meta.get("namespace") not in (None, ns):
+            raise KubeApiError(400, "BadRequest", "the namespace of the provided object does not "
+                                                  "match the namespace sent on the request")
+        if not _DNS_LABEL.match(name):
+            raise KubeApiError(422, "Invalid", f'Job.batch "{name}" is invalid: metadata.name: '
+                                               "Invalid value: a lowercase RFC 1123 label")
+        for where, mapping in (("metadata.labels", meta.get("labels")),
+                               ("spec.template.metadata.labels",
+                                ((body.get("spec") or {}).get("template") or {})
+                                .get("metadata", {}).get("labels"))):
+            if mapping is not None and not all(isinstance(v, str) for v in mapping.values()):
+                raise KubeApiError(400, "BadRequest", f"{where}: json: cannot unmarshal number "
+                                                      "into Go struct field of type string")
+        if not (body.get("spec") or {}).get("template", {}).get("spec", {}).get("containers"):
+            raise KubeApiError(422, "Invalid", f'Job.batch "{name}" is invalid: '
+                                               "spec.template.spec.containers: Required value")
+        with self._cond:
+            if ("jobs", ns, name) in self._objects:
+                raise KubeApiError(409, "AlreadyExists", f'jobs.batch "{name}" already exists',
+                                   {"name": name, "group": "batch", "kind": "jobs"})
+            job = copy.deepcopy(body)
+            job["metadata"] = {k: v for k, v in meta.items()
+                               if k not in ("uid", "resourceVersion", "creationTimestamp")}
+            job["metadata"]["generation"] = 1
+            spec = job["spec"]
+            if "completions" not in spec and "parallelism" not in spec:
+                spec["completions"] = 1
+            spec.setdefault("parallelism", 1)
+            spec.setdefault("backoffLimit", 6)
+            spec.setdefault("completionMode", "NonIndexed")
+            job["status"] = {}
+            return copy.deepcopy(self._put("jobs", ns, job, "ADDED"))
+
+    def _delete_job(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
+        with self._cond:
+            job = self._objects.get(("jobs", ns, name))
+            if job is None:
+                raise KubeApiError(404, "NotFound", f'jobs.batch "{name}" not found',
+                                   {"name": name, "group": "batch", "kind": "jobs"})
+            uid = job["metadata"]["uid"]
+            for (kind, space, pod_name), pod in sorted(self._objects.items()):
+                owners = pod["metadata"].get("ownerReferences", []) if kind == "pods" else []
+                if space != ns or not any(o.get("uid") == uid for o in owners):
+                    continue
+                if policy in ("Background", "Foreground"):
+                    self._put("pods", ns, copy.deepcopy(pod), "DELETED")
+                else:
+                    orphan = copy.deepcopy(pod)
+                    orphan["metadata"]["ownerReferences"] = [
+                        o for o in owners if o.get("uid") != uid]
+                    self._put("pods", ns, orphan, "MODIFIED")
+            self._put("jobs", ns, copy.deepcopy(job), "DELETED")
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "group": "batch", "kind": "jobs", "uid": uid}}
+
+    def _issue_from_form(self, form: Mapping[str, str]) -> dict[str, Any]:
+        if (form.get("grant_type") != "refresh_token" or form.get("refresh_token") != REFRESH_TOKEN
+                or form.get("client_id") != CLIENT_ID
+                or form.get("client_secret") != CLIENT_SECRET):
+            raise KubeApiError(400, "invalid_grant", "Bad Request")
+        token = self.issue_token()
+        return {"access_token": token, "token_type": "Bearer",
+                "expires_in": int(self.token_lifetime.total_seconds())}
+
+    def _stream_watch(self, handler: http.server.BaseHTTPRequestHandler, resource: str, ns: str,
+                      query: Mapping[str, str], token: str | None) -> None:
+        labels = label_matcher(query.get("labelSelector", ""))
+        fields = field_matcher(query.get("fieldSelector", ""))
+        timeout = int(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        since_raw = query.get("resourceVersion", "")
+        started = self.clock.now()
+
+        def wanted(kind: str, obj: Mapping[str, Any]) -> bool:
+            return (kind == resource and (resource == "nodes"
+                                          or obj["metadata"].get("namespace") == ns)
+                    and labels(obj["metadata"].get("labels") or {}) and fields(obj))
+
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(event_type: str, obj: Mapping[str, Any]) -> None:
+            line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+            handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            handler.wfile.flush()
+
+        watch_id = next(self._watch_ids)
+        state = _Watch(token)
+        with self._cond:
+            if since_raw not in ("", "0") and int(since_raw) < self._oldest_rv:
+                gone = KubeApiError(410, "Expired", f"too old resource version: {since_raw} "
+                                                    f"({self._oldest_rv})")
+                pending: list[tuple[str, dict[str, Any]]] = [("ERROR", gone.status())]
+                cursor = self._rv
+                state.ended = True
+            elif since_raw in ("", "0"):
+                pending = [("ADDED", copy.deepcopy(obj))
+                           for (kind, _, _), obj in sorted(self._objects.items())
+                           if wanted(kind, obj)]
+                cursor = self._rv
+            else:
+                pending = []
+                cursor = int(since_raw)
+            self._watches[watch_id] = state
+            self._cond.notify_all()
+        try:
+            while True:
+                for event_type, obj in pending:
+                    send(event_type, obj)
+                pending = []
+                with self._cond:
+                    self._cond.wait_for(
+                        lambda: self._closing or state.dropped or state.ended or state.gone
+                        or state.bookmark
+                        or (self._history and self._history[-1][0] > cursor), _WAIT_STEP)
+                    if self._closing or state.dropped:
+                        break
+                    if state.gone:
+                        gone = KubeApiError(410, "Expired", "too old resource version: "
+                                                            f"{cursor} ({self._oldest_rv})")
+                        pending = [("ERROR", gone.status())]
+                        state.gone, state.ended = False, True
+                        continue
+                    for rv, kind, event_type, obj in self._history:
+                        if rv > cursor and wanted(kind, obj):
+                            pending.append((event_type, copy.deepcopy(obj)))
+                    cursor = max(cursor, self._rv)
+                    now = self.clock.now()
+                    expired = (self.end_watch_at_token_expiry and token is not None
+                               and not self.token_valid(token))
+                    timed_out = timeout is not None and now >= started + dt.timedelta(
+                        seconds=timeout)
+                    if not pending and (state.ended or expired or timed_out):
+                        break
+                    if not pending and bookmarks and state.bookmark:
+                        state.bookmark = False
+                        pending = [("BOOKMARK", {"kind": KINDS[resource][0],
+                                                 "apiVersion": KINDS[resource][1],
+                                                 "metadata": {"resourceVersion": str(cursor)}})]
+            if state.dropped or self._closing:
+                handler.close_connection = True
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            else:
+                handler.wfile.write(b"0\r\n\r\n")
+                handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            handler.close_connection = True
+        finally:
+            with self._cond:
+                self._watches.pop(watch_id, None)
+                self._cond.notify_all()
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Connections a client cuts (a stopped watch, a failed TLS handshake) are normal
+    here: no traceback on stderr."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return
+
+
+def _node_ready(ready: bool) -> dict[str, str]:
+    return {"type": "Ready", "status": "True" if ready else "False",
+            "reason": "KubeletReady" if ready else "KubeletNotReady"}
+
+
+def _condition(kind: str, reason: str, message: str, moment: dt.datetime) -> dict[str, str]:
+    condition = {"type": kind, "status": "True", "lastProbeTime": timestamp(moment),
+                 "lastTransitionTime": timestamp(moment)}
+    if reason:
+        condition["reason"] = reason
+    if message:
+        condition["message"] = message
+    return condition
+
+
+def _container_status(name: str, state: Mapping[str, Any], *, ready: bool = False) -> dict[str, Any]:
+    return {"name": name, "state": dict(state), "ready": ready, "restartCount": 0,
+            "image": "image", "imageID": ""}
+
+
+def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.settimeout(10)
+                try:
+                    self.request.do_handshake()
+                except (ssl.SSLError, OSError):
+                    self.request.close()
+                    raise
+                self.request.settimeout(None)
+            super().setup()
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (ssl.SSLError, ConnectionError, OSError):
+                self.close_connection = True
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+        def _reply(self, code: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if not raw:
+                return None
+            if "application/x-www-form-urlencoded" in (self.headers.get("Content-Type") or ""):
+                return dict(urllib.parse.parse_qsl(raw.decode()))
+            try:
+                return json.loads(raw)
+            except json.JSONDecodeError:
+                return raw.decode(errors="replace")
+
+        def _dispatch(self) -> None:
+            parsed = urllib.parse.urlsplit(self.path)
+            path = parsed.path
+            query = dict(urllib.parse.parse_qsl(parsed.query))
+            body = self._body()
+            watch = query.get("watch") in ("true", "1")
+            token: str | None = None
+            status = 200
+            try:
+                route, match = next(((name, m) for pattern, name in _ROUTES
+                                     if (m := pattern.match(path))), (None, None))
+                if route is None or match is None:
+                    raise KubeApiError(404, "NotFound", f"the server could not find the "
+                                                        f"requested resource ({path})")
+                if route == "version":
+                    self._reply(200, {
+                        "major": "1", "minor": "33", "gitVersion": "v1.33.5-gke.fake",
+                        "gitCommit": "0" * 40, "gitTreeState": "clean",
+                        "buildDate": "2026-10-01T00:00:00Z", "goVersion": "go1.24.6",
+                        "compiler": "gc", "platform": "linux/amd64"})
+                    return
+                if route == "token":
+                    self._reply(200, fake._issue_from_form(body if isinstance(body, dict) else {}))
+                    return
+                token = fake._authorise(self.headers)
+                fault = fake._take_fault(self.command, path, watch)
+                if fault is not None:
+                    raise fault
+                groups = match.groupdict()
+                ns = groups.get("ns") or ""
+                if route in ("jobs", "pods", "nodes", "events") and self.command == "GET":
+                    if watch:
+                        fake.requests.append(RequestRecord(self.command, path, query, token,
+                                                           200))
+                        fake._stream_watch(self, route, ns, query, token)
+                        return
+                    self._reply(200, fake._list(route, ns, query))
+                elif route == "jobs" and self.command == "POST":
+                    status = 201
+                    self._reply(201, fake._create_job(ns, body))
+                elif route in ("job", "pod") and self.command == "GET":
+                    resource = f"{route}s"
+                    obj = fake.get(resource, groups["name"], ns)
+                    if obj is None:
+                        raise KubeApiError(404, "NotFound",
+                                           f'{resource}{".batch" if route == "job" else ""} '
+                                           f'"{groups["name"]}" not found',
+                                           {"name": groups["name"], "kind": resource})
+                    self._reply(200, obj)
+                elif route == "job" and self.command == "DELETE":
+                    policy = query.get("propagationPolicy") or (
+                        body.get("propagationPolicy") if isinstance(body, dict) else None)
+                    self._reply(200, fake._delete_job(ns, groups["name"], policy))
+                else:
+                    raise KubeApiError(405, "MethodNotAllowed",
+                                       f"{self.command} is not supported on {path}")
+            except KubeApiError as error:
+                status = error.code
+                self._reply(error.code, error.status())
+            fake.requests.append(RequestRecord(self.command, path, query, token, status, body))
+
+        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _dispatch
+
+    return Handler
+
