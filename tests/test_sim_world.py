@@ -728,6 +728,20 @@ def test_a_held_observation_with_no_successor_is_released_when_the_hold_ends() -
     assert [o.resource_version for o in sim.drain()] == [1]
 
 
+def test_published_observations_are_exactly_to_data_and_each_delivery_is_a_fresh_copy() -> None:
+    sim = faulty(duplicate_probability=1.0, max_late_seconds=0)
+    ready_pool(sim)
+    sim.edge(sim.east).submit_job(job("falcon-t1", "falcon-a"))
+    sim.at(sim_seconds(sim) + 1)
+    first, second = sim.ports.bus.pull(EDGE)
+    observation = JobObservation.from_data(first.data)
+    assert json.dumps(first.data, sort_keys=True) == json.dumps(observation.to_data(), sort_keys=True)
+    first.data["pods"][0]["phase"] = "Mangled"
+    assert second.data["pods"][0]["phase"] == "Pending"
+    assert first.attributes == {"cluster": "east", "job": "falcon-t1", "job_uid": observation.job_uid,
+                                "task_id": "t1", "resource_version": "1"}
+
+
 # --------------------------------------------------------------------- bus
 
 

@@ -29,9 +29,23 @@ from falcon_es.adapters.sim.config import BusConfig
 class _Message:
     id: str
     topic: str
-    body: str
+    body: str | Mapping[str, Any]  # JSON text, or JSON-safe data from the simulator
     attributes: Mapping[str, str]
     ordering_key: str
+
+    def data(self) -> dict[str, Any]:
+        """A fresh copy per delivery, as a subscriber decoding bytes would get."""
+        data: dict[str, Any] = (json.loads(self.body) if isinstance(self.body, str)
+                                else _copy(self.body))
+        return data
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_copy(item) for item in value]
+    return value
 
 
 @dataclasses.dataclass
@@ -131,7 +145,7 @@ class SimBus:
             self._before_read()
         sub = self._subscription(subscription)
         now = self._clock.now()
-        return [BusMessage(e.message.id, json.loads(e.message.body), dict(e.message.attributes))
+        return [BusMessage(e.message.id, e.message.data(), dict(e.message.attributes))
                 for e in sub.take(now, max(0, max_messages), self._deadline)]
 
     def ack(self, subscription: str, message_ids: Sequence[str]) -> None:
@@ -142,16 +156,26 @@ class SimBus:
     # ------------------------------------------------------ for the simulator
 
     def publish_at(self, topic: str, data: Mapping[str, Any], visible_at: dt.datetime, *,
-                   ordering_key: str = "", attributes: Mapping[str, str] | None = None) -> str:
-        """Publish now, deliverable from ``visible_at`` (how a late informer looks)."""
+                   ordering_key: str = "", attributes: Mapping[str, str] | None = None,
+                   frozen: bool = False) -> str:
+        """Publish now, deliverable from ``visible_at`` (how a late informer looks).
+
+        ``frozen``: the simulator's own JSON-safe data that nobody changes afterwards,
+        copied per delivery instead of a JSON round trip (the informer publishes one
+        per Job change).
+        """
         subscriptions = self._topics.get(topic)
         if subscriptions is None:
             raise PortError(NOT_FOUND, f"Resource not found (resource={topic}). Known topics: "
                                        f"{', '.join(sorted(self._topics)) or 'none'}")
-        try:
-            body = json.dumps(data)
-        except (TypeError, ValueError) as error:
-            raise PortError(INVALID, f"message for topic {topic} is not JSON: {error}") from None
+        body: str | Mapping[str, Any]
+        if frozen:
+            body = data
+        else:
+            try:
+                body = json.dumps(data)
+            except (TypeError, ValueError) as error:
+                raise PortError(INVALID, f"message for topic {topic} is not JSON: {error}") from None
         attrs = dict(attributes or {})
         bad = sorted(k for k, v in attrs.items() if not isinstance(k, str) or not isinstance(v, str))
         if bad:

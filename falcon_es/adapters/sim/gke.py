@@ -155,6 +155,8 @@ class NodePoolService:
         self.pools: dict[str, SimPool] = {}
         self.deleted: list[PoolSnapshot] = []
         self._operations: dict[str, SimOperation] = {}
+        #: Registered TPU nodes across the cluster's pools (the scheduler's node count).
+        self.registered_nodes = 0
         self._quota_index = 0
         self._stockout_index = 0
         self._delete_index = 0
@@ -237,6 +239,7 @@ class NodePoolService:
         operation = self._operation("DELETE_NODE_POOL", name, now)
         pool.status, pool.delete_operation = STOPPING, operation.id
         lost, pool.nodes = pool.nodes, []
+        self.registered_nodes -= len(lost)
         if lost:
             self._on_nodes_changed(pool, now, lost)
         latency = self.behaviour.delete_latency.draw(self._rng)
@@ -388,6 +391,7 @@ class NodePoolService:
             SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")
             for _ in range(pool.shape.hosts)
         ]
+        self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
         self._timeline.at(seconds_after(moment, ready_lag), lambda m: self._nodes_ready(pool, m))
 

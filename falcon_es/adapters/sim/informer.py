@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from typing import Any
 
 from falcon_es.ports import JobObservation
 
@@ -60,15 +61,31 @@ class Informer:
         delay = round(rng.uniform(0, faults.max_late_seconds), 3) if late else 0.0
         twice = rng.random() < faults.duplicate_probability
         again = round(rng.uniform(0, max(faults.max_late_seconds, 1.0)), 3) if twice else 0.0
-        data = observation.to_data()
+        data = observation_data(observation)
         attributes = {"cluster": observation.cluster_name, "job": observation.job_name,
                       "job_uid": observation.job_uid, "task_id": observation.task_id,
                       "resource_version": str(observation.resource_version)}
         visible_at = seconds_after(moment, delay)
         self._bus.publish_at(faults.topic, data, visible_at, ordering_key=observation.job_uid,
-                             attributes=attributes)
+                             attributes=attributes, frozen=True)
         self.delivered += 1
         if twice:
             self.duplicated += 1
             self._bus.publish_at(faults.topic, data, seconds_after(visible_at, again),
-                                 ordering_key=observation.job_uid, attributes=attributes)
+                                 ordering_key=observation.job_uid, attributes=attributes,
+                                 frozen=True)
+
+
+def observation_data(observation: JobObservation) -> dict[str, Any]:
+    """``observation.to_data()`` without ``dataclasses.asdict``'s deep copies (the
+    informer publishes one per Job change; a test holds the two equal)."""
+    return {
+        "cluster_name": observation.cluster_name, "job_name": observation.job_name,
+        "job_uid": observation.job_uid, "task_id": observation.task_id,
+        "resource_version": observation.resource_version, "active": observation.active,
+        "succeeded": observation.succeeded, "failed": observation.failed,
+        "completions": observation.completions,
+        "pods": [{"name": p.name, "phase": p.phase, "reason": p.reason,
+                  "exit_code": p.exit_code, "message": p.message} for p in observation.pods],
+        "observed_at": observation.observed_at.isoformat(), "condition": observation.condition,
+    }

@@ -220,10 +220,12 @@ class KubeService:
             job.last_published = state
             self.resource_version += 1
             job.resource_version = self.resource_version
-            self._informer.deliver(self.observe(job, moment), moment)
+            self._informer.deliver(self.observe(job, moment, state), moment)
 
-    def observe(self, job: SimJob, moment: dt.datetime) -> JobObservation:
-        running, succeeded, failed, condition, pods = self._state(job)
+    def observe(self, job: SimJob, moment: dt.datetime,
+                state: tuple[int, int, int, str | None, tuple[PodObservation, ...]] | None = None,
+                ) -> JobObservation:
+        running, succeeded, failed, condition, pods = state or self._state(job)
         return JobObservation(
             cluster_name=self.identity.name, job_name=job.name, job_uid=job.uid,
             task_id=job.task_id, resource_version=job.resource_version, active=running,
@@ -270,22 +272,32 @@ class KubeService:
             self._forget_unbound(job)
 
     def _fit(self, job: SimJob) -> tuple[SimNode | None, str]:
+        """A free node for one of the job's pods, or why there is none (the scheduler's
+        FailedScheduling words). A pool-pinned job looks at its own pool only; every
+        other TPU node counts as not matching its selector."""
         reasons: collections.Counter[str] = collections.Counter()
-        total = len(self._system_nodes)
-        for node in self._system_nodes:
+        if self._system_nodes:
             if any(_SYSTEM_NODE_LABELS.get(k) != v for k, v in job.selector.items()):
-                reasons[_SELECTOR_MISMATCH] += 1
+                reasons[_SELECTOR_MISMATCH] += len(self._system_nodes)
             elif job.tpu_per_pod > 0:
-                reasons[_NO_TPU] += 1
+                reasons[_NO_TPU] += len(self._system_nodes)
             elif job.behaviour.outcome == "unschedulable":
-                reasons[_NO_MEMORY] += 1
+                reasons[_NO_MEMORY] += len(self._system_nodes)
             else:
-                return node, ""
+                return self._system_nodes[0], ""
+        pools = self._pools.pools
+        tpu_nodes = self._pools.registered_nodes
+        total = len(self._system_nodes) + tpu_nodes
+        if job.pool is not None:
+            pinned = pools.get(job.pool)
+            candidates = [pinned] if pinned is not None and pinned.nodes else []
+            elsewhere = tpu_nodes - sum(len(p.nodes) for p in candidates)
+            if elsewhere:
+                reasons[_SELECTOR_MISMATCH] += elsewhere
+        else:
+            candidates = [p for p in pools.values() if p.nodes]
         enforce_taint = self.defaults.enforce_tpu_taint
-        for name, pool in sorted(self._pools.pools.items()):
-            if not pool.nodes:
-                continue
-            total += len(pool.nodes)
+        for pool in candidates:
             labels = pool.node_labels()
             if any(labels.get(k) != v for k, v in job.selector.items()):
                 reasons[_SELECTOR_MISMATCH] += len(pool.nodes)
