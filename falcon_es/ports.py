@@ -88,6 +88,7 @@ class Reservations(Protocol):
 class JobRef:
     name: str
     uid: str
+    #: The Job's falcon-task label value (naming.task_label of the task id).
     task_id: str | None
 
 
@@ -131,6 +132,7 @@ class JobObservation:
     cluster_name: str
     job_name: str
     job_uid: str
+    #: The task's own id (the Job's falcon/task-id annotation), the stream to fold into.
     task_id: str
     resource_version: int
     #: Pods in phase Running (Kubernetes' status.active also counts Pending pods).

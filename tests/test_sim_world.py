@@ -673,11 +673,13 @@ def test_behaviour_comes_from_the_source_when_the_job_carries_no_annotation() ->
         == dt.timedelta(seconds=100 - 5)
 
 
-def test_the_task_id_comes_from_the_annotation_when_the_label_is_shortened() -> None:
+def test_observations_carry_the_task_id_and_job_refs_the_label_it_was_shortened_to() -> None:
     sim = Sim()
-    manifest = job("falcon-t1", "falcon-a", task="t1")
+    manifest = job("falcon-t1", "falcon-a", task="upperlayerid1-4f2a9c1")
     manifest["metadata"]["annotations"]["falcon/task-id"] = "Upper/Layer id#1"
-    assert sim.edge(sim.east).submit_job(manifest).task_id == "Upper/Layer id#1"
+    ref = sim.edge(sim.east).submit_job(manifest)
+    assert ref.task_id == "upperlayerid1-4f2a9c1"
+    assert sim.edge(sim.east).get_job("falcon-t1") == ref
     assert sim.drain()[0].task_id == "Upper/Layer id#1"
 
 

@@ -87,7 +87,8 @@ class SimPod:
 class SimJob:
     name: str
     uid: str
-    task_id: str
+    task_id: str  # the task's own id: the falcon/task-id annotation, else the label
+    task_label: str  # the falcon-task label value (a shortened id when the id is no label)
     completions: int
     parallelism: int
     backoff_limit: int
@@ -151,11 +152,11 @@ class KubeService:
             self._new_pod(job, index)
         self._dirty[job.name] = job
         self._schedule_job(job, now)
-        return JobRef(job.name, job.uid, job.task_id or None)
+        return JobRef(job.name, job.uid, job.task_label or None)
 
     def get_job(self, name: str) -> JobRef | None:
         job = self.jobs.get(name)
-        return None if job is None else JobRef(job.name, job.uid, job.task_id or None)
+        return None if job is None else JobRef(job.name, job.uid, job.task_label or None)
 
     def delete_job(self, name: str, now: dt.datetime) -> None:
         job = self.jobs.pop(name, None)
@@ -530,14 +531,15 @@ class KubeService:
         if not isinstance(annotations, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
             raise invalid("metadata.annotations", "expected a map of strings")
-        task_id = annotations.get(TASK_ID_ANNOTATION) or labels.get(TASK_LABEL, "")
+        task_label = labels.get(TASK_LABEL, "")
+        task_id = annotations.get(TASK_ID_ANNOTATION) or task_label
         ttl = spec.get("ttlSecondsAfterFinished")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
             raise invalid("spec.ttlSecondsAfterFinished", f"Invalid value: {ttl!r}: must be "
                                                           "greater than or equal to 0")
         uid = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         return SimJob(
-            name=shown, uid=uid, task_id=task_id, completions=completions,
+            name=shown, uid=uid, task_id=task_id, task_label=task_label, completions=completions,
             parallelism=parallelism, backoff_limit=backoff_limit, selector=dict(selector),
             tolerates_tpu=_tolerates_tpu(pod_spec.get("tolerations")),
             tpu_per_pod=_tpu_request(containers, invalid), image=image,
