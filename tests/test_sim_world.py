@@ -15,18 +15,21 @@ from typing import Any
 
 import pytest
 
+from falcon_es import events as ev
+from falcon_es.adapters.sim import (
+    SIM_ANNOTATION, SimConfig, SimConfigError, SimWorld, behaviour_from_tasks, build_sim_ports,
+    load_sim_config,
+)
 from falcon_es.clock import VirtualClock
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, EdgeCluster,
     JobObservation, NodePoolSpec, PortError, Ports,
 )
 from falcon_es.registry import Cluster
-from falcon_es.spec import SimBehaviour
+from falcon_es.spec import SimBehaviour, parse_spec
+from falcon_es.store import RecordedEvent
+from falcon_es.task import TaskStates
 from falcon_es.tpu import slice_shape
-
-from falcon_es.adapters.sim import (
-    SIM_ANNOTATION, SimConfig, SimConfigError, SimWorld, build_sim_ports, load_sim_config,
-)
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 EDGE = "falcon-edge-events"
@@ -673,6 +676,25 @@ def test_behaviour_comes_from_the_source_when_the_job_carries_no_annotation() ->
         == dt.timedelta(seconds=100 - 5)
 
 
+def test_behaviour_from_tasks_reads_the_accepted_spec_of_the_task() -> None:
+    tasks = TaskStates()
+    spec = parse_spec({"image": "busybox", "tpu_type": "v6e", "topology": "2x2",
+                       "sim": {"outcome": "fail", "exit_code": 4, "duration_seconds": 20}})
+    tasks.fold([RecordedEvent(1, "t-fail", 1, ev.TaskAccepted(
+        "n", "actor", spec.to_data(), "v6e", "2x2", START), {}, START)])
+    tasks.committed()
+    sim = Sim(behaviour_source=behaviour_from_tasks(tasks))
+    ready_pool(sim, "falcon-a")
+    ready_pool(sim, "falcon-b")
+    sim.edge(sim.east).submit_job(job("falcon-fail", "falcon-a", task="t-fail"))
+    sim.edge(sim.east).submit_job(job("falcon-unknown", "falcon-b", task="t-unknown"))
+    finals = {o.job_name: o for o in sim.run()}
+    assert finals["falcon-fail"].pods[0].exit_code == 4
+    assert finals["falcon-fail"].observed_at == START + dt.timedelta(seconds=150 + 5 + 20)
+    assert finals["falcon-unknown"].condition == "Complete"  # config defaults: 100 s
+    assert finals["falcon-unknown"].observed_at == START + dt.timedelta(seconds=150 + 5 + 100)
+
+
 def test_observations_carry_the_task_id_and_job_refs_the_label_it_was_shortened_to() -> None:
     sim = Sim()
     manifest = job("falcon-t1", "falcon-a", task="upperlayerid1-4f2a9c1")
@@ -698,6 +720,8 @@ def test_duplicated_delivery_sends_each_observation_twice_with_the_same_version(
     versions = [o.resource_version for o in seen]
     assert len(versions) == 2 * len(set(versions))
     assert all(versions.count(v) == 2 for v in versions)
+    assert sim.world.delivery_stats() == {"delivered": len(set(versions)),
+                                          "duplicated": len(set(versions)), "reordered": 0}
 
 
 def test_late_delivery_holds_observations_back_in_virtual_time() -> None:

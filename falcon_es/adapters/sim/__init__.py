@@ -1,8 +1,9 @@
 """The ``sim`` backend of every port: a seeded, virtual-time world of GKE clusters,
 Compute reservations, Kubernetes Jobs and Pub/Sub (the embedded default backend).
 
-    world = SimWorld(clock, load_sim_config(path_or_None), seed=7)
-    ports = build_sim_ports(world)
+    world = SimWorld(clock, load_sim_config(path_or_None), seed=7,
+                     behaviour_source=behaviour_from_tasks(app.tasks))
+    ports = build_sim_ports(world)   # ports.next_due = world.next_due
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from falcon_es.adapters.sim.config import (
 )
 from falcon_es.adapters.sim.gke import PoolSnapshot, SimNodePools
 from falcon_es.adapters.sim.kube import SIM_ANNOTATION, SimEdgeCluster, SimEdgeClusters
-from falcon_es.adapters.sim.world import ClusterSim, SimWorld
+from falcon_es.adapters.sim.world import ClusterSim, SimWorld, behaviour_from_tasks
 
 
 def build_sim_ports(world: SimWorld) -> Ports:
@@ -31,5 +32,5 @@ __all__ = [
     "JobDefaults", "PoolSnapshot", "QuotaConfig", "ReservationConfig", "ReservationUsage",
     "SIM_ANNOTATION", "SimBus", "SimClusterConfig", "SimConfig", "SimConfigError",
     "SimEdgeCluster", "SimEdgeClusters", "SimNodePools", "SimReservations", "SimWorld",
-    "Span", "StockoutConfig", "build_sim_ports", "load_sim_config",
+    "Span", "StockoutConfig", "behaviour_from_tasks", "build_sim_ports", "load_sim_config",
 ]

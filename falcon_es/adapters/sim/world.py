@@ -11,12 +11,13 @@ the same seed, configuration and sequence of calls, two worlds answer identicall
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from falcon_es.clock import Clock
 from falcon_es.ports import JobObservation, Ports
 from falcon_es.registry import Cluster
+from falcon_es.task import TaskStates
 from falcon_es.tpu import TPU_TYPES
 
 from falcon_es.adapters.sim.bus import SimBus
@@ -29,6 +30,18 @@ from falcon_es.adapters.sim.kube import BehaviourSource, KubeService, SimEdgeClu
 from falcon_es.adapters.sim.timeline import Timeline
 
 T = TypeVar("T")
+
+
+def behaviour_from_tasks(tasks: TaskStates) -> BehaviourSource:
+    """The ``behaviour_source`` the composition root wires: a task's ``spec.sim`` as
+    intake accepted it (so config ``jobs`` defaults apply only to Jobs of no known task)."""
+
+    def lookup(task_id: str) -> Mapping[str, Any] | None:
+        state = tasks.get(task_id)
+        sim = state.spec.get("sim") if state is not None else None
+        return sim if isinstance(sim, Mapping) else None
+
+    return lookup
 
 
 class ClusterSim:
@@ -199,6 +212,16 @@ class SimWorld:
         if sim is None or job is None:
             return None
         return sim.kube.observe(job, self.now())
+
+    def delivery_stats(self) -> dict[str, int]:
+        """What the informers published, and how many of those they duplicated or
+        delivered out of order (late deliveries are not counted apart)."""
+        totals = {"delivered": 0, "duplicated": 0, "reordered": 0}
+        for sim in self._clusters.values():
+            totals["delivered"] += sim.informer.delivered
+            totals["duplicated"] += sim.informer.duplicated
+            totals["reordered"] += sim.informer.reordered
+        return totals
 
     def _flush(self, moment: dt.datetime) -> None:
         for sim in self._clusters.values():
