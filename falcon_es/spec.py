@@ -112,12 +112,12 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
         if not isinstance(key, str):
             raise SpecError("UnknownField", "spec", f"field names must be strings, found {key!r}")
         if key.lower().replace("-", "_") in FORBIDDEN_FIELDS or key.lower() in FORBIDDEN_FIELDS:
-            raise SpecError("ForbiddenField", _short(key),
+            raise SpecError("ForbiddenField", _label(key),
                             "not allowed: a task cannot set pod security, host access, "
                             "volumes, namespace or service account")
     unknown = sorted(k for k in data if k not in KNOWN_FIELDS)
     if unknown:
-        raise SpecError("UnknownField", _short(unknown[0]),
+        raise SpecError("UnknownField", _label(unknown[0]),
                         f"unknown field; expected one of {', '.join(sorted(KNOWN_FIELDS))}")
     image = _string(data, "image", required=True)
     if not _IMAGE.match(image):
@@ -170,6 +170,7 @@ def _string(data: Mapping[str, Any], field: str, *, required: bool = False,
         raise SpecError("InvalidField", field, f"{len(value)} characters, at most {max_length}")
     if any(ord(c) < 32 and c not in "\t\n" for c in value):
         raise SpecError("InvalidField", field, "contains control characters")
+    _check_unicode(field, value)
     return value
 
 
@@ -188,6 +189,7 @@ def _strings(data: Mapping[str, Any], field: str) -> tuple[str, ...]:
             raise SpecError("InvalidField", f"{field}[{index}]", f"{len(item)} characters, at most {MAX_STRING}")
         if "\x00" in item:
             raise SpecError("InvalidField", f"{field}[{index}]", "contains a NUL character")
+        _check_unicode(f"{field}[{index}]", item)
     return tuple(value)
 
 
@@ -202,11 +204,12 @@ def _env(data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     pairs = []
     for name, val in value.items():
         if not _ENV_NAME.match(name):
-            raise SpecError("InvalidField", f"env.{_short(name, 40)}", "not a valid variable name")
+            raise SpecError("InvalidField", f"env.{_label(name, 40)}", "not a valid variable name")
         if not isinstance(val, str):
             raise SpecError("InvalidField", f"env.{name}", f"expected a string, found {_kind(val)}")
         if len(val) > MAX_ENV_VALUE or "\x00" in val:
             raise SpecError("InvalidField", f"env.{name}", f"value too long or contains NUL (at most {MAX_ENV_VALUE})")
+        _check_unicode(f"env.{name}", val)
         pairs.append((name, val))
     return tuple(sorted(pairs))
 
@@ -219,7 +222,7 @@ def _sim(value: Any) -> SimBehaviour:
     allowed = {"duration_seconds", "outcome", "exit_code"}
     unknown = sorted(k for k in value if k not in allowed)
     if unknown:
-        raise SpecError("UnknownField", f"sim.{_short(str(unknown[0]), 40)}",
+        raise SpecError("UnknownField", f"sim.{_label(unknown[0], 40)}",
                         f"unknown field; expected one of {', '.join(sorted(allowed))}")
     duration = value.get("duration_seconds", SimBehaviour.duration_seconds)
     if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration <= 10**7:
@@ -241,6 +244,24 @@ def _is_int(value: Any) -> bool:
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             int: "a number", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+
+
+def _label(name: Any, limit: int = 80) -> str:
+    """A field name as a Message can show it: as written when plain, otherwise quoted
+    and escaped (an empty name, control characters, lone surrogates, markup)."""
+    text = str(name)
+    return text if _PLAIN_NAME.match(text) and len(text) <= limit else _short(repr(text), limit)
+
+
+def _check_unicode(field: str, value: str) -> None:
+    """Lone surrogates decode from JSON escapes but cannot be stored or sent anywhere."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError("InvalidField", field, "is not valid Unicode text (lone surrogate)") from None
 
 
 def _short(text: str, limit: int = 80) -> str:
