@@ -53,13 +53,19 @@ def _cas_update() -> sa.Update:
 
     MySQL evaluates SET assignments left to right and later ones see earlier results,
     so ``status`` is assigned last: every CASE reads the status before this write.
+    Under an abort not yet folded, ``updated_at`` keeps the later of the upper layer's
+    abort time and the event's time, so it never moves backwards and a replay (seeded
+    with the live value) reproduces it whatever the interleaving was.
     """
     keep_abort = sa.and_(job.c.status == chart.ABORTING, sa.bindparam("b_folds_abort") == 0)
+    event_time = sa.bindparam("b_updated_at", type_=job.c.updated_at.type)
+    keep_abort_time = sa.and_(keep_abort, job.c.updated_at > event_time)
     assignments: list[tuple[Any, Any]] = [
         (job.c.reason, sa.case((keep_abort, None), else_=sa.bindparam("b_reason"))),
+        (job.c.updated_at, sa.case((keep_abort_time, job.c.updated_at), else_=event_time)),
     ]
     for column in PROJECTED_COLUMNS:
-        if column not in ("status", "reason"):
+        if column not in ("status", "reason", "updated_at"):
             assignments.append((job.c[column], sa.bindparam(f"b_{column}")))
     assignments.append(
         (job.c.status, sa.case((keep_abort, job.c.status), else_=sa.bindparam("b_status")))

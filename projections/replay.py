@@ -1,7 +1,9 @@
 """Replay for auditors: fold the log again, rebuild projections, compare with live.
 
-A rebuild starts from the upper layer's own columns (id, name, actor, spec, created_at,
-and an ``Aborting`` it wrote) and re-derives every column Falcon-ES owns.
+A rebuild starts from the upper layer's own columns (id, name, actor, created_at,
+and an ``Aborting`` it wrote) and re-derives every column Falcon-ES owns. The spec is
+not copied: the log holds what intake accepted, and the upper layer's column may hold
+text that is not JSON at all.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from projections.queues import QueueView, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.
-UPPER_LAYER_COLUMNS = ("id", "name", "actor", "spec", "created_at", "updated_at", "aborting_at")
+UPPER_LAYER_COLUMNS = ("id", "name", "actor", "created_at", "updated_at", "aborting_at")
 
 
 def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
@@ -88,8 +90,9 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
 
 
 def _copy_upper_layer_rows(live: Engine, scratch: Engine) -> dict[str, Any]:
-    with live.connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(job))}
+    compared = [job.c[c] for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))]
+    with db.read_only(live).connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(*compared))}
     seed = [
         {
             **{c: getattr(r, c) for c in UPPER_LAYER_COLUMNS},

@@ -212,6 +212,24 @@ def test_a_projection_write_keeps_an_abort_it_has_not_folded(app: App, clock: Vi
     assert row["status"] == "Aborted"
 
 
+def test_a_projection_write_never_moves_an_unfolded_abort_time_backwards(
+    app: App, clock: VirtualClock,
+) -> None:
+    """The upper layer's clock may run ahead of the controller's: its ``updated_at``
+    stays until the abort is folded, then the column follows the log again."""
+    new_row(app, "t")
+    drive(app, clock, "t", TO_WAITING)
+    upper_layer_time = clock.now() + dt.timedelta(minutes=10)
+    job_rows.request_abort(app.engine, "t", upper_layer_time)
+    row = drive(app, clock, "t", (PICKED,))
+    assert (row["status"], row["updated_at"]) == ("Aborting", upper_layer_time)
+    clock.advance(3600)
+    row = drive(app, clock, "t", (CREATE,))
+    assert row["updated_at"] == times_of(app, "t")["NodePoolCreateRequested"]
+    row = drive(app, clock, "t", (ev.AbortRequested(upper_layer_time, "Pending/Provisioning"),))
+    assert row["updated_at"] == times_of(app, "t")["AbortRequested"]
+
+
 def test_an_abort_on_an_ended_task_is_undone_only_by_folding_it(app: App, clock: VirtualClock) -> None:
     """A blind upper-layer UPDATE may hit a row that just succeeded; AbortIgnored puts the
     result back, and no other write does."""
