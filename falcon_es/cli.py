@@ -24,6 +24,7 @@ from falcon_es import chart, db, job_rows, registry
 from falcon_es.bootstrap import App, open_app
 from falcon_es.settings import Settings, SettingsError
 from falcon_es.store import RecordedEvent
+from falcon_es.tables import job
 from falcon_es.tpu import TopologyError
 
 EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
@@ -55,12 +56,18 @@ def _friendly(func: F) -> F:
             raise Failure(_database_problem(error), EXIT_DATABASE) from error
         except sa.exc.ProgrammingError as error:
             raise Failure(_database_problem(error), EXIT_DATABASE) from error
+        except sa.exc.DataError as error:
+            raise Failure(f"the database refused a value: {_first_line(error)}") from error
 
     return wrapper  # type: ignore[return-value]
 
 
+def _first_line(error: sa.exc.DBAPIError) -> str:
+    return (str(error.orig) if error.orig else str(error)).strip().splitlines()[0]
+
+
 def _database_problem(error: sa.exc.DBAPIError) -> str:
-    text = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+    text = _first_line(error)
     if "no such table" in text or "doesn't exist" in text:
         return f"the database has no Falcon-ES schema ({text}); run: falcon-es db upgrade"
     return f"database error: {text}"
@@ -261,6 +268,10 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
     if missing:
         raise Failure("task submit: missing " + ", ".join(
             f"--{m.replace('_', '-')}" for m in missing) + " (or put them in --spec-file)")
+    for option, value in (("actor", actor), ("name", name)):
+        limit = job.c[option].type.length
+        if len(value) > limit:
+            raise Failure(f"task submit: --{option} is longer than {limit} characters")
     app = _app(ctx)
     task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec, now=app.clock.now())
     click.echo(json.dumps({"id": task_id}) if as_json else task_id)
@@ -334,9 +345,12 @@ def _event_row(record: RecordedEvent) -> dict[str, Any]:
 @_friendly
 def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """A task's events in order: time, type, data, causation and actor."""
-    records = _app(ctx).store.read_stream(task_id)
+    app = _app(ctx)
+    records = app.store.read_stream(task_id)
     if not records:
-        raise Failure(f"task {task_id!r} has no events in the log", EXIT_PROBLEM)
+        row = job_rows.get_row(app.engine, task_id)
+        raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
+                      "the controller has not taken it in)", EXIT_PROBLEM)
     rows = [_event_row(r) for r in records]
     _emit(rows, as_json, None if as_json else
           ["version", "recorded_at", "type", "actor", "causation_id", "data"])

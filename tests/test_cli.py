@@ -1,0 +1,325 @@
+"""The ``falcon-es`` CLI of the event-sourced core on both dialects: db, cluster, task,
+history, events, chart; ``--json`` outputs; bad input as one ``falcon-es:`` line with a
+meaningful exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+
+from falcon_es import db
+from falcon_es.bootstrap import build_controller, open_app
+from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
+from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
+from falcon_es.tables import clusters, job
+from handlers import intake
+
+from conftest import MYSQL_SERVER
+
+JOB_COLUMNS = set(job.c.keys())
+CLUSTER_COLUMNS = set(clusters.c.keys())
+SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
+
+
+def cli(db_url: str | None, *args: str, env: dict[str, str] | None = None) -> Result:
+    prefix = ["--db", db_url] if db_url else []
+    return CliRunner(env=env).invoke(main, [*prefix, *args])
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.stdout
+
+
+def one_line_failure(result: Result, code: int, starts: str) -> str:
+    """A failure is exactly one stderr line ``falcon-es: ...``, and no traceback."""
+    assert result.exit_code == code, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"falcon-es: {starts}"), lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def add_cluster(db_url: str, name: str = "gke-a", *extra: str) -> Result:
+    return cli(db_url, "cluster", "add", name, "--project", "proj-1", "--location", "us-east5-b",
+               "--tpu-type", "v6e", "--gcs-bucket", "logs-bucket", *extra)
+
+
+def submit(db_url: str, *extra: str) -> str:
+    return ok(cli(db_url, "task", "submit", "--actor", "user-a", "--name", "train",
+                  "--tpu-type", "v6e", "--topology", "2x2",
+                  "--image", "us-docker.pkg.dev/p/r/train:1", *extra)).strip()
+
+
+def take_in(db_url: str) -> None:
+    """One controller tick of intake, so the log knows the submitted rows."""
+    app = open_app(Settings(db_url=db_url), VirtualClock())
+    try:
+        build_controller(app, handlers=(intake.accept_new_rows, intake.notice_abort_requests)).tick()
+    finally:
+        app.close()
+
+
+# ------------------------------------------------------------------ db
+
+
+def test_db_upgrade_creates_the_schema_and_is_idempotent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    out = ok(cli(url, "db", "upgrade"))
+    assert out.strip() == "database at revision 0001" or out.startswith("database at revision ")
+    tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
+    assert {"task_events", "log_head", "checkpoints", "clusters", "job"} <= tables
+    assert ok(cli(url, "db", "upgrade")) == out
+
+
+def test_db_upgrade_on_mysql(db_url: str) -> None:
+    out = ok(cli(db_url, "db", "upgrade"))
+    assert out.startswith("database at revision ")
+
+
+def test_db_check_passes_on_the_migrated_table(db_url: str) -> None:
+    out = ok(cli(db_url, "db", "check"))
+    assert out.strip() == "job: all 16 columns present with usable types"
+
+
+# ------------------------------------------------------------------ clusters
+
+
+def test_cluster_add_list_and_set_status(db_url: str) -> None:
+    assert ok(add_cluster(db_url)).startswith("registered gke-a (v6e, active) id ")
+    added = json.loads(ok(add_cluster(db_url, "gke-b", "--reservation", "res-1", "--status",
+                                      "maintenance", "--json")))
+    assert set(added) == CLUSTER_COLUMNS
+    assert (added["default_reservation"], added["status"]) == ("res-1", "maintenance")
+
+    listed = json.loads(ok(cli(db_url, "cluster", "list", "--json")))
+    assert [c["name"] for c in listed] == ["gke-a", "gke-b"]
+    assert all(set(c) == CLUSTER_COLUMNS for c in listed)
+    table = ok(cli(db_url, "cluster", "list"))
+    assert table.splitlines()[0].split()[:3] == ["name", "tpu_type", "status"]
+    assert "gke-b" in table and "maintenance" in table
+
+    assert ok(cli(db_url, "cluster", "set-status", "gke-b", "active")).strip() == "gke-b is active"
+    assert ok(cli(db_url, "cluster", "set-status", "gke-a", "offline")).strip() == "gke-a is offline"
+    listed = {c["name"]: c["status"] for c in json.loads(ok(cli(db_url, "cluster", "list", "--json")))}
+    assert listed == {"gke-a": "offline", "gke-b": "active"}
+
+    events = [json.loads(line) for line in ok(cli(db_url, "events", "--json")).splitlines()]
+    assert [e["type"] for e in events] == [
+        "ClusterRegistered", "ClusterRegistered", "ClusterStatusChanged", "ClusterStatusChanged"]
+    assert events[2]["data"]["new_status"] == "active" and events[2]["actor"] == "operator"
+
+
+def test_cluster_bad_input(db_url: str) -> None:
+    one_line_failure(cli(db_url, "cluster", "set-status", "nope", "active"), EXIT_BAD_INPUT,
+                     "cluster 'nope' is not registered")
+    ok(add_cluster(db_url))
+    one_line_failure(add_cluster(db_url), EXIT_BAD_INPUT, "cluster 'gke-a' is already registered")
+    one_line_failure(add_cluster(db_url, "Bad_Name"), EXIT_BAD_INPUT, "cluster name 'Bad_Name'")
+    result = cli(db_url, "cluster", "add", "gke-c", "--project", "p", "--location", "l",
+                 "--tpu-type", "v99", "--gcs-bucket", "b")
+    one_line_failure(result, EXIT_BAD_INPUT, "TPU type 'v99' is unknown; known: ")
+    result = cli(db_url, "cluster", "set-status", "gke-a", "broken")
+    assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output
+    assert "'broken' is not one of 'active', 'maintenance', 'offline'" in result.stderr
+
+
+# ------------------------------------------------------------------ tasks
+
+
+def test_task_submit_list_show_abort(db_url: str) -> None:
+    first = submit(db_url, "--command", "python", "--command", "train.py", "--supply-mode",
+                   "flex-start", "--timeout", "3600")
+    assert len(first) == 32
+    second = json.loads(ok(cli(db_url, "task", "submit", "--actor", "user-b", "--name", "eval",
+                               "--tpu-type", "v6e", "--topology", "2x4", "--image", "img:1",
+                               "--json")))["id"]
+
+    tasks = json.loads(ok(cli(db_url, "task", "list", "--json")))
+    assert [t["id"] for t in tasks] == [first, second]
+    assert all(set(t) == JOB_COLUMNS for t in tasks)
+    assert tasks[0]["spec"] == {**SPEC, "command": ["python", "train.py"], "supply_mode": "flex-start",
+                                "timeout_seconds": 3600}
+    assert (tasks[0]["status"], tasks[0]["reason"], tasks[0]["message"]) == ("Pending", None, None)
+    table = ok(cli(db_url, "task", "list"))
+    assert table.splitlines()[0].split() == ["id", "name", "actor", "status", "reason", "message",
+                                             "created_at"]
+    assert ok(cli(db_url, "task", "list", "--limit", "1", "--json")).count('"id"') == 1
+
+    shown = json.loads(ok(cli(db_url, "task", "show", second, "--json")))
+    assert set(shown) == JOB_COLUMNS and shown["name"] == "eval"
+    assert f"id              {second}" in ok(cli(db_url, "task", "show", second))
+
+    assert ok(cli(db_url, "task", "abort", second)).strip() == f"{second}: Aborting (was Pending)"
+    assert ok(cli(db_url, "task", "abort", second)).strip() == f"{second}: Aborting (was Aborting)"
+    aborting = json.loads(ok(cli(db_url, "task", "list", "--status", "Aborting", "--json")))
+    assert [t["id"] for t in aborting] == [second]
+    assert aborting[0]["aborting_at"] is not None
+
+
+def test_task_submit_from_a_spec_file_with_flags_overriding(db_url: str, tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({**SPEC, "env": {"STEPS": "10"}, "topology": "4x4"}))
+    task_id = ok(cli(db_url, "task", "submit", "--actor", "user-a", "--name", "from-file",
+                     "--spec-file", str(spec_file), "--topology", "2x2")).strip()
+    shown = json.loads(ok(cli(db_url, "task", "show", task_id, "--json")))
+    assert shown["spec"] == {**SPEC, "env": {"STEPS": "10"}}
+
+
+def test_task_bad_input(db_url: str, tmp_path: Path) -> None:
+    one_line_failure(cli(db_url, "task", "show", "nope"), EXIT_BAD_INPUT, "task 'nope' does not exist")
+    one_line_failure(cli(db_url, "task", "abort", "nope"), EXIT_BAD_INPUT, "task 'nope' does not exist")
+    result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--image", "i")
+    one_line_failure(result, EXIT_BAD_INPUT, "task submit: missing --tpu-type, --topology")
+
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"image": "i",\n "tpu_type": }')
+    result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--spec-file", str(broken))
+    one_line_failure(result, EXIT_BAD_INPUT, f"spec file {broken}: not valid JSON at line 2 column")
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--spec-file", str(listed))
+    one_line_failure(result, EXIT_BAD_INPUT, f"spec file {listed}: expected a JSON object, found list")
+    missing = tmp_path / "missing.json"
+    result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--spec-file", str(missing))
+    one_line_failure(result, EXIT_BAD_INPUT, f"spec file {missing}: No such file or directory")
+    result = cli(db_url, "task", "submit", "--actor", "a" * 300, "--name", "n", "--tpu-type", "v6e",
+                 "--topology", "2x2", "--image", "i")
+    one_line_failure(result, EXIT_BAD_INPUT, "task submit: --actor is longer than 128 characters")
+    assert json.loads(ok(cli(db_url, "task", "list", "--json"))) == []
+
+
+def test_abort_of_a_finished_task_is_refused(db_url: str) -> None:
+    engine = db.make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(job.insert().values(id="old", name="n", actor="a", status="Succeeded",
+                                         created_at=VirtualClock().now()))
+    engine.dispose()
+    one_line_failure(cli(db_url, "task", "abort", "old"), EXIT_BAD_INPUT,
+                     "task old has already ended (Succeeded); nothing to abort")
+
+
+# ------------------------------------------------------------------ the log
+
+
+def test_history_and_events(db_url: str) -> None:
+    task_id = submit(db_url)
+    take_in(db_url)
+    ok(cli(db_url, "task", "abort", task_id))
+    take_in(db_url)
+
+    history = json.loads(ok(cli(db_url, "history", task_id, "--json")))
+    assert [h["type"] for h in history] == ["TaskAccepted", "AbortRequested"]
+    assert [h["version"] for h in history] == [1, 2]
+    assert history[0]["actor"] == "upper-layer:user-a" and history[1]["actor"] == "upper-layer"
+    assert history[0]["data"]["topology"] == "2x2"
+    assert {"seq", "recorded_at", "causation_id", "correlation_id"} <= set(history[0])
+    table = ok(cli(db_url, "history", task_id))
+    assert table.splitlines()[0].split() == ["version", "recorded_at", "type", "actor",
+                                             "causation_id", "data"]
+    assert "AbortRequested" in table
+
+    lines = ok(cli(db_url, "events", "--json")).splitlines()
+    everything = [json.loads(line) for line in lines]
+    assert [e["seq"] for e in everything] == [1, 2]
+    after = [json.loads(line) for line in ok(cli(db_url, "events", "--after", "1", "--json")).splitlines()]
+    assert after == everything[1:]
+    assert ok(cli(db_url, "events", "--after", "2")) == ""
+    text = ok(cli(db_url, "events"))
+    assert f"{task_id}  v1  TaskAccepted" in text and f"{task_id}  v2  AbortRequested" in text
+
+
+def test_history_of_unknown_and_not_yet_taken_in_tasks(db_url: str) -> None:
+    one_line_failure(cli(db_url, "history", "nope"), EXIT_BAD_INPUT, "task 'nope' does not exist")
+    task_id = submit(db_url)
+    one_line_failure(cli(db_url, "history", task_id), EXIT_PROBLEM,
+                     f"task {task_id} has no events in the log yet")
+
+
+def test_chart_prints_mermaid_and_dot() -> None:
+    mermaid = ok(cli(None, "chart"))
+    assert mermaid.startswith("stateDiagram-v2")
+    assert ok(cli(None, "chart", "--format", "mermaid")) == mermaid
+    dot = ok(cli(None, "chart", "--format", "dot"))
+    assert dot.startswith("digraph TaskChart {") and dot.rstrip().endswith("}")
+    assert '"Pending.Dispatching" -> "Running" [label="PodsRunning"];' in dot
+
+
+def test_python_dash_m_runs_the_same_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "falcon_es", "--help"], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    for command in ("db", "cluster", "task", "history", "events", "replay", "chart", "bench"):
+        assert f"  {command} " in result.stdout
+
+
+# ------------------------------------------------------------------ unusable databases
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database that exists but has no Falcon-ES schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    server = sa.create_engine(MYSQL_SERVER + "/", isolation_level="AUTOCOMMIT")
+    name = f"falcon_empty_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with server.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield f"{MYSQL_SERVER}/{name}"
+    finally:
+        with server.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+        server.dispose()
+
+
+@pytest.mark.parametrize("command", [
+    ("task", "list"), ("task", "show", "x"), ("history", "x"), ("events",),
+    ("cluster", "list"), ("replay", "--verify"),
+])
+def test_no_schema_yet_says_to_run_db_upgrade(empty_db_url: str, command: tuple[str, ...]) -> None:
+    line = one_line_failure(cli(empty_db_url, *command), EXIT_DATABASE,
+                            "the database has no Falcon-ES schema")
+    assert line.endswith("run: falcon-es db upgrade")
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("not a url", "database URL 'not a url' is not a valid URL"),
+    ("postgresql://u@localhost/x", "database URL 'postgresql://u@localhost/x': unsupported dialect 'postgresql'"),
+    ("mysql://root@127.0.0.1/x", "database URL 'mysql://root@127.0.0.1/x': use the PyMySQL driver"),
+])
+def test_bad_database_urls(url: str, says: str) -> None:
+    one_line_failure(cli(url, "task", "list"), EXIT_BAD_INPUT, says)
+
+
+def test_unreachable_databases(tmp_path: Path) -> None:
+    one_line_failure(cli("mysql+pymysql://root@127.0.0.1:1/x", "task", "list"), EXIT_DATABASE,
+                     "database error: (2003")
+    unknown = f"{MYSQL_SERVER}/falcon_no_such_db_{uuid.uuid4().hex[:6]}"
+    one_line_failure(cli(unknown, "task", "list"), EXIT_DATABASE, "database error: (1049")
+    one_line_failure(cli(f"sqlite:///{tmp_path / 'no' / 'dir' / 'x.db'}", "db", "upgrade"),
+                     EXIT_DATABASE, "database error: unable to open database file")
+
+
+def test_bad_environment_is_one_line(db_url: str) -> None:
+    result = cli(db_url, "task", "list", env={"FALCON_LANG": "klingon"})
+    one_line_failure(result, EXIT_BAD_INPUT, "FALCON_LANG='klingon': expected one of en, zh")
+
+
+def test_db_url_from_the_environment(db_url: str) -> None:
+    ok(add_cluster(db_url))
+    listed = json.loads(ok(cli(None, "cluster", "list", "--json", env={"FALCON_DB_URL": db_url})))
+    assert [c["name"] for c in listed] == ["gke-a"]
