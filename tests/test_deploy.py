@@ -4,7 +4,6 @@ queries only metrics the process exports, and the Dockerfile's steps work."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -45,12 +44,20 @@ def kubectl() -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+Rendered = dict[str, tuple[dict[str, Any], ...]]
+
+
 def render(kustomization: str) -> tuple[dict[str, Any], ...]:
     result = subprocess.run([kubectl(), "kustomize", str(ROOT / kustomization)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"kubectl kustomize {kustomization}: {result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> Rendered:
+    """Every kustomization rendered once for the whole module."""
+    return {kustomization: render(kustomization) for kustomization in KUSTOMIZATIONS}
 
 
 def find(objects: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> list[dict]:
@@ -108,9 +115,9 @@ CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_S
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_objects_validate_against_the_kubernetes_schemas(
-    kustomization: str, version: str,
+    rendered: Rendered, kustomization: str, version: str,
 ) -> None:
-    objects = render(kustomization)
+    objects = rendered[kustomization]
     assert objects, f"{kustomization} renders nothing"
     for obj in objects:
         crd_schema = CRD_SCHEMAS.get((obj["apiVersion"], obj["kind"]))
@@ -120,20 +127,20 @@ def test_rendered_objects_validate_against_the_kubernetes_schemas(
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-def test_the_validator_refuses_an_unknown_field() -> None:
-    deployment = json.loads(json.dumps(one(render("deploy/base"), "Deployment")))
+def test_the_validator_refuses_an_unknown_field(rendered: Rendered) -> None:
+    deployment = json.loads(json.dumps(one(rendered["deploy/base"], "Deployment")))
     deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
-    monitor = json.loads(json.dumps(one(render("deploy/base"), "ServiceMonitor")))
+    monitor = json.loads(json.dumps(one(rendered["deploy/base"], "ServiceMonitor")))
     monitor["spec"]["endpoints"][0]["intervall"] = "30s"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(monitor, SERVICE_MONITOR_SCHEMA)
 
 
-def test_every_namespaced_object_lives_in_falcon() -> None:
+def test_every_namespaced_object_lives_in_falcon(rendered: Rendered) -> None:
     for kustomization in KUSTOMIZATIONS:
-        for obj in render(kustomization):
+        for obj in rendered[kustomization]:
             if obj["kind"] == "Namespace":
                 assert obj["metadata"]["name"] == "falcon"
                 continue
@@ -144,15 +151,15 @@ def test_every_namespaced_object_lives_in_falcon() -> None:
 # --------------------------------------------------------------------------- security
 
 
-def deployments() -> Iterator[tuple[str, dict]]:
+def deployments(rendered: Rendered) -> Iterator[tuple[str, dict]]:
     for kustomization in KUSTOMIZATIONS:
-        for deployment in find(render(kustomization), "Deployment"):
+        for deployment in find(rendered[kustomization], "Deployment"):
             yield kustomization, deployment
 
 
-def test_every_pod_runs_locked_down() -> None:
+def test_every_pod_runs_locked_down(rendered: Rendered) -> None:
     seen = 0
-    for kustomization, deployment in deployments():
+    for kustomization, deployment in deployments(rendered):
         where = f"{kustomization}: {deployment['metadata']['name']}"
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, where
@@ -183,13 +190,13 @@ def test_every_pod_runs_locked_down() -> None:
     assert seen >= 4  # the controller and the informer in each of their renderings
 
 
-def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
-    namespace = one(render("deploy/base"), "Namespace")
+def test_the_namespace_enforces_the_restricted_pod_security_standard(rendered: Rendered) -> None:
+    namespace = one(rendered["deploy/base"], "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_the_controller_deployment() -> None:
-    objects = render("deploy/base")
+def test_the_controller_deployment(rendered: Rendered) -> None:
+    objects = rendered["deploy/base"]
     deployment = one(objects, "Deployment", "falcon-controller")
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -212,8 +219,8 @@ def test_the_controller_deployment() -> None:
     assert budget["spec"]["selector"] == deployment["spec"]["selector"]
 
 
-def test_workload_identity_and_the_lease_role() -> None:
-    objects = render("deploy/base")
+def test_workload_identity_and_the_lease_role(rendered: Rendered) -> None:
+    objects = rendered["deploy/base"]
     account = one(objects, "ServiceAccount", "falcon-controller")
     assert account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].startswith(
         "falcon-controller@")
@@ -230,8 +237,8 @@ def test_workload_identity_and_the_lease_role() -> None:
     assert not find(objects, "ClusterRole") and not find(objects, "ClusterRoleBinding")
 
 
-def test_service_and_monitor_select_the_controller_pods() -> None:
-    objects = render("deploy/base")
+def test_service_and_monitor_select_the_controller_pods(rendered: Rendered) -> None:
+    objects = rendered["deploy/base"]
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     service = one(objects, "Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -242,8 +249,10 @@ def test_service_and_monitor_select_the_controller_pods() -> None:
         {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
 
 
-def test_the_overlay_sets_project_image_replicas_and_one_informer_per_edge_cluster() -> None:
-    objects = render("deploy/overlays/example")
+def test_the_overlay_sets_project_image_replicas_and_one_informer_per_edge_cluster(
+    rendered: Rendered,
+) -> None:
+    objects = rendered["deploy/overlays/example"]
     account = one(objects, "ServiceAccount", "falcon-controller")
     assert (account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
             == "falcon-controller@my-central-project.iam.gserviceaccount.com")
@@ -414,8 +423,8 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
     assert "ns/falcon-jobs/sa/falcon-task" in text
 
 
-def test_the_subscription_the_deployment_reads_is_the_one_the_script_creates() -> None:
-    settings = one(render("deploy/base"), "ConfigMap")["data"]
+def test_the_subscription_the_deployment_reads_is_the_one_the_script_creates(rendered: Rendered) -> None:
+    settings = one(rendered["deploy/base"], "ConfigMap")["data"]
     text = run_setup(CENTRAL_PROJECT="c", EDGE_PROJECTS="e").stdout
     assert f"subscriptions create {settings['FALCON_EDGE_EVENTS_SUBSCRIPTION']} " in text
     assert f"topics create {settings['FALCON_EDGE_EVENTS_TOPIC']} " in text

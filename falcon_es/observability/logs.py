@@ -91,7 +91,7 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    moment = dt.datetime.fromtimestamp(record.created, tz=dt.timezone.utc)
+    moment = dt.datetime.fromtimestamp(record.created, tz=dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
@@ -118,7 +118,7 @@ class TextFormatter(logging.Formatter):
     """``2026-11-01 09:00:00.123 INFO falcon_es.runtime: message  task_id=... cluster=...``"""
 
     def format(self, record: logging.LogRecord) -> str:
-        moment = dt.datetime.fromtimestamp(record.created, tz=dt.timezone.utc)
+        moment = dt.datetime.fromtimestamp(record.created, tz=dt.UTC)
         line = (f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} "
                 f"{record.levelname} {record.name}: {redact(record.getMessage())}")
         context = _context(record)
