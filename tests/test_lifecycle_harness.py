@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from falcon_es import job_rows, registry
 from falcon_es.adapters.sim import (
@@ -22,14 +22,18 @@ from falcon_es.adapters.sim import (
 from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Span
 from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import EffectExecutor
+from falcon_es.effects import EffectExecutor, task_intents
+from falcon_es.ports import (
+    BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
+)
 from falcon_es.registry import Cluster
-from falcon_es.runtime import Controller
+from falcon_es.runtime import Controller, Handler, Tick
 from falcon_es.settings import Settings
-from handlers import timeouts
+from handlers import HANDLERS, timeouts
 from handlers.deprovision import needs_disposal
 
 Step = tuple[str, str | None]
+T = TypeVar("T")
 
 #: A quiet world: no random faults, fixed latencies, so sequences are exact.
 QUIET = ClusterBehaviour(
@@ -68,18 +72,168 @@ def flex_cluster(name: str = "v6e-flex", tpu_type: str = "v6e", **behaviour: Any
     )
 
 
+class Crash(Exception):
+    """The controller process dies at this point (nothing after it runs)."""
+
+
+@dataclasses.dataclass
+class CrashPlan:
+    """Where the next crash happens, and a log of the effects that really happened.
+
+    Crash points: after the n-th handler call that decided something (before its tick
+    commits), after the n-th commit that wrote events (before its effects), and before
+    or after the n-th state-changing port call. Counters run across restarts.
+    """
+
+    handler_at: int | None = None
+    commit_at: int | None = None
+    effect_at: int | None = None
+    effect_when: str = "before"  # before | after
+    handlers_seen: int = 0
+    commits_seen: int = 0
+    effects_seen: int = 0
+    done: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (call, name)
+    crashes: list[str] = dataclasses.field(default_factory=list)  # where each crash hit
+
+    def crash(self, kind: str, where: str) -> Crash:
+        self.crashes.append(kind)
+        return Crash(where)
+
+    def handler_decided(self) -> None:
+        self.handlers_seen += 1
+        if self.handler_at == self.handlers_seen:
+            self.handler_at = None
+            raise self.crash("handler", f"after handler decision {self.handlers_seen}")
+
+    def committed(self, ctx: Any, recorded: Sequence[Any]) -> None:
+        if not recorded:
+            return
+        self.commits_seen += 1
+        if self.commit_at == self.commits_seen:
+            self.commit_at = None
+            raise self.crash("commit", f"after commit {self.commits_seen}, before its effects")
+
+    def effect(self, call: str, name: str, perform: Callable[[], T]) -> T:
+        self.effects_seen += 1
+        here = self.effect_at == self.effects_seen
+        if here and self.effect_when == "before":
+            self.effect_at = None
+            raise self.crash("before", f"before effect {self.effects_seen} ({call} {name})")
+        result = perform()
+        self.done.append((call, name))
+        if here:
+            self.effect_at = None
+            raise self.crash("after", f"after effect {self.effects_seen} ({call} {name})")
+        return result
+
+
+class _CrashingNodePools:
+    def __init__(self, inner: Any, plan: CrashPlan) -> None:
+        self._inner, self._plan = inner, plan
+
+    def create(self, spec: NodePoolSpec) -> Operation:
+        return self._plan.effect("create-pool", spec.name, lambda: self._inner.create(spec))
+
+    def delete(self, cluster: Cluster, name: str) -> Operation | None:
+        return self._plan.effect("delete-pool", name, lambda: self._inner.delete(cluster, name))
+
+    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
+        return self._inner.get_operation(cluster, operation_id)
+
+    def get(self, cluster: Cluster, name: str) -> NodePoolInfo:
+        return self._inner.get(cluster, name)
+
+    def list(self, cluster: Cluster) -> list[NodePoolInfo]:
+        return self._inner.list(cluster)
+
+
+class _CrashingEdge:
+    def __init__(self, inner: Any, plan: CrashPlan) -> None:
+        self._inner, self._plan = inner, plan
+
+    def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
+        name = manifest["metadata"]["name"]
+        return self._plan.effect("submit-job", name, lambda: self._inner.submit_job(manifest))
+
+    def delete_job(self, name: str) -> None:
+        self._plan.effect("delete-job", name, lambda: self._inner.delete_job(name))
+
+    def get_job(self, name: str) -> JobRef | None:
+        return self._inner.get_job(name)
+
+    def node_counts(self, pool_name: str) -> NodeCounts:
+        return self._inner.node_counts(pool_name)
+
+    def diagnose_pending(self, job_name: str) -> str | None:
+        return self._inner.diagnose_pending(job_name)
+
+
+class _CrashingEdges:
+    def __init__(self, inner: Any, plan: CrashPlan) -> None:
+        self._inner, self._plan = inner, plan
+
+    def for_cluster(self, cluster: Cluster) -> _CrashingEdge:
+        return _CrashingEdge(self._inner.for_cluster(cluster), self._plan)
+
+
+class _CrashingBus:
+    def __init__(self, inner: Any, plan: CrashPlan) -> None:
+        self._inner, self._plan = inner, plan
+
+    def publish(self, topic: str, data: Mapping[str, Any], *, ordering_key: str = "",
+                attributes: Mapping[str, str] | None = None) -> str:
+        return self._inner.publish(topic, data, ordering_key=ordering_key, attributes=attributes)
+
+    def pull(self, subscription: str, max_messages: int = 1000) -> Sequence[BusMessage]:
+        return self._inner.pull(subscription, max_messages)
+
+    def ack(self, subscription: str, message_ids: Sequence[str]) -> None:
+        self._plan.effect("ack", f"{len(message_ids)} message(s)",
+                          lambda: self._inner.ack(subscription, message_ids))
+
+
+def crashing_ports(ports: Ports, plan: CrashPlan) -> Ports:
+    """The sim ports with a process death injected around every state-changing call (a
+    fake of the outside world's connection, not of any Falcon code)."""
+    return dataclasses.replace(
+        ports, node_pools=_CrashingNodePools(ports.node_pools, plan),
+        edges=_CrashingEdges(ports.edges, plan), bus=_CrashingBus(ports.bus, plan))
+
+
+def _watched(handler: Handler, plan: CrashPlan) -> Handler:
+    def run(tick: Tick, ctx: Any) -> None:
+        before = len(tick.emitted)
+        handler(tick, ctx)
+        if len(tick.emitted) > before:
+            plan.handler_decided()
+    run.__name__ = getattr(handler, "__name__", "handler")
+    return run
+
+
 class Harness:
     def __init__(self, db_url: str, clock: VirtualClock, config: SimConfig,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, plan: CrashPlan | None = None) -> None:
         self.settings = settings or Settings(db_url=db_url)
         self.clock = clock
         self.world = SimWorld(clock, config, behaviour_source=self._behaviour)
-        self.ports = build_sim_ports(self.world)
+        self.plan = plan
+        sim_ports = build_sim_ports(self.world)
+        self.ports = crashing_ports(sim_ports, plan) if plan else sim_ports
         self.history: dict[str, list[Step]] = {}
         self.messages: dict[str, list[str]] = {}
         self.app: App = open_app(self.settings, clock)
-        self.controller: Controller = build_controller(self.app, ports=self.ports)
+        self.controller: Controller = self._controller()
         self.restarts = 0
+        self.ticks_since_start = 0
+
+    def _controller(self) -> Controller:
+        if self.plan is None:
+            return build_controller(self.app, ports=self.ports)
+        plan = self.plan
+        controller = build_controller(self.app, ports=self.ports,
+                                      handlers=tuple(_watched(h, plan) for h in HANDLERS))
+        controller.after_commit = (plan.committed, *controller.after_commit)
+        return controller
 
     def _behaviour(self, task_id: str) -> Any:
         """The sim behaviour of a task's Job: its spec's ``sim`` (wired as the
@@ -108,20 +262,25 @@ class Harness:
     # -------------------------------------------------------------- running
     @property
     def effects(self) -> EffectExecutor:
-        executor = self.controller.after_commit[0].__self__  # type: ignore[attr-defined]
-        assert isinstance(executor, EffectExecutor)
-        return executor
+        for step in self.controller.after_commit:
+            owner = getattr(step, "__self__", None)
+            if isinstance(owner, EffectExecutor):
+                return owner
+        raise LookupError("the controller has no effect executor")
 
     def restart(self) -> None:
         """A new process: fresh app and controller, same database, same world."""
         self.app.close()
         self.app = open_app(self.settings, self.clock)
-        self.controller = build_controller(self.app, ports=self.ports)
+        self.controller = self._controller()
         self.restarts += 1
+        self.ticks_since_start = 0
 
     def tick(self) -> int:
         report = self.controller.tick()
-        self.record()
+        self.ticks_since_start += 1
+        if report.appended:
+            self.record()
         return report.appended
 
     def record(self) -> None:
@@ -158,12 +317,13 @@ class Harness:
     def settled(self) -> bool:
         """Every task ended, every pool decided and no effect left open."""
         states = self.app.tasks.all()
-        rows_ended = all(status in ("Succeeded", "Failed", "Aborted")
-                         for status, _ in self.statuses().values())
-        return (rows_ended and all(s.is_terminal for s in states)
-                and not any(needs_disposal(s) or s.pool_disposition == "delete-failed"
-                            for s in states)
-                and not self.effects.open_intents() and not self.effects.has_outcomes)
+        if (self.ticks_since_start == 0 or self.effects.has_outcomes
+                or self.effects.open_intents()
+                or any(not s.is_terminal or needs_disposal(s) or task_intents(s)
+                       or s.pool_disposition == "delete-failed" for s in states)):
+            return False
+        return all(status in ("Succeeded", "Failed", "Aborted")
+                   for status, _ in self.statuses().values())
 
     def run(self, until: Callable[[], bool] | None = None, *, max_steps: int = 5000,
             max_seconds: float = 7 * 24 * 3600) -> None:

@@ -1,0 +1,167 @@
+"""Crash safety (issue 4, DESIGN §3 intent before effect).
+
+A full lifecycle -- reservation capacity short (ClusterBusy), a pool created and
+handed over, an OOM, an abort while running -- is run once without a crash to learn its steps. Then,
+for every step, a fresh run stops the controller there: after each handler that
+decided something (before its tick commits), after each commit (before its effects),
+and before and after each state-changing call to GKE, Kubernetes or Pub/Sub. A new
+controller (new App, same database, same simulated world) takes over, and the test
+shows every task still ends as in the crash-free run, with no pool or Job created
+twice and no pool left behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import shutil
+from pathlib import Path
+
+import pytest
+from test_lifecycle_harness import Crash, CrashPlan, Harness, reserved_cluster, sim_config
+
+from falcon_es import db
+from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
+
+START = dt.datetime(2026, 11, 1, 9, 0, 0)
+CLUSTER = reserved_cluster(count=2)
+MAX_STEPS = 3000
+
+
+def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False) -> Harness:
+    """Run the scenario to the end, restarting the controller after every crash.
+
+    ``chain``: after each restart, arm the next crash point (cycling through the four
+    kinds) two ticks later, so one run dies many times at every kind of point.
+    """
+    h = Harness(db_url, VirtualClock(START), sim_config(CLUSTER), Settings(db_url=db_url),
+                plan=plan)
+    h.add_cluster(CLUSTER)
+    h.submit("a", sim={"duration_seconds": 120})
+    h.clock.advance(1)
+    h.submit("c", topology="1x1", sim={"duration_seconds": 3000})
+    h.clock.advance(1)
+    h.submit("b", sim={"outcome": "oom", "duration_seconds": 60})
+    aborted = False
+    ticks_since_restart = 0
+    kinds = collections.deque(["handler", "commit", "before", "after"])
+    for _ in range(MAX_STEPS):
+        if (not aborted and h.row("c")["status"] == "Running"
+                and h.row("a")["status"] == "Succeeded"):
+            h.abort("c")
+            aborted = True
+        if h.settled():
+            return h
+        if chain and ticks_since_restart == 2:
+            _arm(plan, kinds[0])
+            kinds.rotate(-1)
+        try:
+            h.step()
+            ticks_since_restart += 1
+        except Crash:
+            h.restart()
+            h.record()  # what the dead controller's last commit wrote
+            ticks_since_restart = 0
+    raise AssertionError(f"not settled after {MAX_STEPS} steps: {h.statuses()}")
+
+
+def _arm(plan: CrashPlan, kind: str) -> None:
+    if kind == "handler":
+        plan.handler_at = plan.handlers_seen + 1
+    elif kind == "commit":
+        plan.commit_at = plan.commits_seen + 1
+    else:
+        plan.effect_at, plan.effect_when = plan.effects_seen + 1, kind
+
+
+def outcome(h: Harness) -> dict[str, tuple[str, str | None]]:
+    return {task: steps[-1] for task, steps in h.history.items()}
+
+
+def assert_clean_end(h: Harness, expected: dict[str, tuple[str, str | None]]) -> None:
+    assert outcome(h) == expected
+    creates = collections.Counter(name for call, name in h.plan.done if call == "create-pool")
+    submits = collections.Counter(name for call, name in h.plan.done if call == "submit-job")
+    assert all(n == 1 for n in creates.values()), f"a pool was created twice: {creates}"
+    assert all(n == 1 for n in submits.values()), f"a Job was submitted twice: {submits}"
+    assert h.world.pools() == [], "a pool was left behind"
+    assert not h.effects.open_intents()
+    assert h.world.job_state("v6e-res", "falcon-c") is None, "the aborted Job still exists"
+
+
+EXPECTED = {"a": ("Succeeded", None), "b": ("Failed", "JobFailed"), "c": ("Aborted", None)}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty SQLite file each run starts from a copy of (migrating anew
+    would cost more than the run)."""
+    directory = tmp_path_factory.mktemp("template")
+    _fresh_sqlite(directory)
+    return directory / "falcon.db"
+
+
+def _copy(template: Path, directory: Path) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, directory / "falcon.db")
+    return f"sqlite:///{directory / 'falcon.db'}"
+
+
+@pytest.fixture(scope="module")
+def reference(template: Path, tmp_path_factory: pytest.TempPathFactory) -> CrashPlan:
+    """The crash-free run: its outcome and how many steps of each kind it took."""
+    plan = CrashPlan()
+    h = lifecycle(_copy(template, tmp_path_factory.mktemp("reference")), plan)
+    assert outcome(h) == EXPECTED
+    assert_clean_end(h, EXPECTED)
+    assert "NodePoolReused" in h.events("b")  # the pool was handed over
+    h.close()
+    return plan
+
+
+def _fresh_sqlite(directory: Path) -> str:
+    url = f"sqlite:///{directory / 'falcon.db'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def test_the_scenario_covers_every_kind_of_step(reference: CrashPlan) -> None:
+    assert reference.handlers_seen >= 20
+    assert reference.commits_seen >= 20
+    assert {call for call, _ in reference.done} == {"create-pool", "delete-pool", "submit-job",
+                                                    "delete-job", "ack"}
+
+
+@pytest.mark.parametrize("kind", ["handler", "commit", "before", "after"])
+def test_a_crash_at_any_step_changes_no_outcome(kind: str, reference: CrashPlan,
+                                                template: Path, tmp_path: Path) -> None:
+    total = {"handler": reference.handlers_seen, "commit": reference.commits_seen,
+             "before": reference.effects_seen, "after": reference.effects_seen}[kind]
+    for point in range(1, total + 1):
+        plan = CrashPlan()
+        if kind == "handler":
+            plan.handler_at = point
+        elif kind == "commit":
+            plan.commit_at = point
+        else:
+            plan.effect_at, plan.effect_when = point, kind
+        h = lifecycle(_copy(template, tmp_path / f"{kind}-{point}"), plan)
+        try:
+            assert h.restarts == 1, f"{kind} {point}: the crash did not happen"
+            assert_clean_end(h, EXPECTED)
+        finally:
+            h.close()
+
+
+def test_many_crashes_in_one_lifecycle(db_url: str) -> None:
+    """One run dying over and over at every kind of point, on SQLite and MariaDB."""
+    h = lifecycle(db_url, CrashPlan(), chain=True)
+    try:
+        assert h.restarts == len(h.plan.crashes) >= 8
+        assert set(h.plan.crashes) == {"handler", "commit", "before", "after"}
+        assert_clean_end(h, EXPECTED)
+    finally:
+        h.close()
