@@ -61,7 +61,6 @@ def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False) -> Harness:
             ticks_since_restart += 1
         except Crash:
             h.restart()
-            h.record()  # what the dead controller's last commit wrote
             ticks_since_restart = 0
     raise AssertionError(f"not settled after {MAX_STEPS} steps: {h.statuses()}")
 

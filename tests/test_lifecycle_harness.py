@@ -89,6 +89,7 @@ class CrashPlan:
     commit_at: int | None = None
     effect_at: int | None = None
     effect_when: str = "before"  # before | after
+    effect_named: tuple[str, str] | None = None  # crash at this (call, name) instead
     handlers_seen: int = 0
     commits_seen: int = 0
     effects_seen: int = 0
@@ -115,14 +116,14 @@ class CrashPlan:
 
     def effect(self, call: str, name: str, perform: Callable[[], T]) -> T:
         self.effects_seen += 1
-        here = self.effect_at == self.effects_seen
+        here = self.effect_at == self.effects_seen or self.effect_named == (call, name)
         if here and self.effect_when == "before":
-            self.effect_at = None
+            self.effect_at = self.effect_named = None
             raise self.crash("before", f"before effect {self.effects_seen} ({call} {name})")
         result = perform()
         self.done.append((call, name))
         if here:
-            self.effect_at = None
+            self.effect_at = self.effect_named = None
             raise self.crash("after", f"after effect {self.effects_seen} ({call} {name})")
         return result
 
@@ -277,7 +278,11 @@ class Harness:
         self.ticks_since_start = 0
 
     def tick(self) -> int:
-        report = self.controller.tick()
+        try:
+            report = self.controller.tick()
+        except Crash:
+            self.record()  # the tick may have committed before the process died
+            raise
         self.ticks_since_start += 1
         if report.appended:
             self.record()
