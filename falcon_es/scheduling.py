@@ -77,15 +77,13 @@ class Entry:
     submitted_at: dt.datetime
     tpu_type: str
     topology: str
-
-    @property
-    def order(self) -> Order:
-        return (self.submitted_at, self.task_id)
+    order: Order  # (submitted_at, task_id), kept so the hot paths build no tuples
 
     @classmethod
     def of(cls, state: TaskState) -> Entry:
-        return cls(state.task_id, state.actor, state.name, state.submitted_at or _EPOCH,
-                   state.tpu_type, state.topology)
+        submitted = state.submitted_at or _EPOCH
+        return cls(state.task_id, state.actor, state.name, submitted, state.tpu_type,
+                   state.topology, (submitted, state.task_id))
 
 
 Place = tuple[str, Any]  # (kind, QueueKey or TPU type)
@@ -115,14 +113,25 @@ def place_of(state: TaskState, current: Place | None) -> Place | None:
 
 @dataclasses.dataclass(frozen=True)
 class PickDecision:
-    """The winner of a free slot and the record of why (for TaskPicked)."""
+    """The winner of a free slot and why; ``candidates()`` writes the record of the
+    heads considered (for TaskPicked), kept out of the decision itself."""
 
     queue: QueueKey
     winner: Entry
     why: str
-    candidates: tuple[dict[str, Any], ...]
     actors_waiting: int
     last_actor: str | None
+    heads: tuple[tuple[dt.datetime, str, str], ...]  # the earliest heads, at most 10
+    names: tuple[str, ...]
+
+    def candidates(self) -> tuple[dict[str, Any], ...]:
+        skip = self.actors_waiting > 1
+        return tuple(
+            {"task_id": task_id, "actor": actor, "name": name,
+             "submitted_at": submitted.isoformat(),
+             **({"skipped": "served last"} if skip and actor == self.last_actor else {})}
+            for (submitted, task_id, actor), name in zip(self.heads, self.names)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,15 +440,10 @@ class QueueBook:
         else:
             chosen = first
             why = WHY_ONLY_WAITING if len(queue.waiting) == 1 else WHY_FIFO
-        winner = queue.waiting[chosen[1]]
-        candidates = tuple(
-            {"task_id": task_id, "actor": actor, "name": queue.waiting[task_id].name,
-             "submitted_at": submitted.isoformat(),
-             **({"skipped": "served last"} if actor == queue.last_actor and len(heads) > 1
-                else {})}
-            for submitted, task_id, actor in heads.islice(0, CANDIDATES_RECORDED)
-        )
-        return PickDecision(key, winner, why, candidates, len(heads), queue.last_actor)
+        waiting = queue.waiting
+        recorded = tuple(heads.islice(0, CANDIDATES_RECORDED))
+        return PickDecision(key, waiting[chosen[1]], why, len(heads), queue.last_actor,
+                            recorded, tuple(waiting[h[1]].name for h in recorded))
 
     def pick_order(self, key: QueueKey) -> list[Entry]:
         """The waiting tasks in the order the pick rule would take them if nothing
@@ -464,21 +468,27 @@ class QueueBook:
 
 
 def _simulate(queue: _Queue) -> Iterator[Entry]:
-    streams = {actor: iter(fifo) for actor, fifo in queue.fifo.items()}
-    heap = [(next(stream), actor) for actor, stream in streams.items()]
-    heapq.heapify(heap)
-    last = queue.last_actor
+    """Run the pick rule forward on a heap of the actors' heads. The heads list is
+    already sorted (a valid heap); an actor's FIFO is copied to a list only when the
+    simulation reaches its second task, so the whole run is O(n log a)."""
+    heap = [((submitted, task_id), actor, 0) for submitted, task_id, actor in queue.heads]
+    fifos = queue.fifo
+    copies: dict[str, list[Order]] = {}
     waiting = queue.waiting
-    pop, push = heapq.heappop, heapq.heappush
+    last = queue.last_actor
+    pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
     while heap:
         if heap[0][1] == last and len(heap) > 1:
             skipped = pop(heap)
-            order, actor = pop(heap)
-            push(heap, skipped)
+            order, actor, index = replace(heap, skipped)
         else:
-            order, actor = pop(heap)
+            order, actor, index = pop(heap)
         yield waiting[order[1]]
         last = actor
-        following = next(streams[actor], None)
-        if following is not None:
-            push(heap, (following, actor))
+        index += 1
+        fifo = fifos[actor]
+        if index < len(fifo):
+            copy = copies.get(actor)
+            if copy is None:
+                copy = copies[actor] = list(fifo)
+            push(heap, (copy[index], actor, index))

@@ -111,7 +111,7 @@ def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
                 continue
             after = tick.emit(decision.winner.task_id, ev.TaskPicked(
                 cluster_id=key[0], topology=key[1], why=decision.why,
-                candidates=decision.candidates, last_actor=decision.last_actor,
+                candidates=decision.candidates(), last_actor=decision.last_actor,
                 actors_waiting=decision.actors_waiting,
             ))
             book.served(key, decision.winner.actor)

@@ -14,8 +14,8 @@ events and covers events from every handler. A row the upper layer set to
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -27,42 +27,37 @@ from falcon_es.scheduling import WAITING, Entry, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
 from falcon_es.task import Change, TaskStates
-from projections.messages import position_message
+from projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
 
 #: Events that take a retained pool out of the idle set.
 _POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)
 
 
-class _Ahead(Sequence[tuple[str, str]]):
-    """The first ``count`` tasks of a pick order as (actor, name), without copying."""
-
-    __slots__ = ("order", "count")
-
-    def __init__(self, order: Sequence[Entry], count: int) -> None:
-        self.order = order
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-    @overload
-    def __getitem__(self, index: int) -> tuple[str, str]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[str, str]]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [(e.actor, e.name) for e in self.order[: self.count][index]]
-        if not -self.count <= index < self.count:
-            raise IndexError(index)
-        entry = self.order[index % self.count]
-        return (entry.actor, entry.name)
+def _formatter(key: str, lang: str) -> Callable[..., str]:
+    """The catalog template for ``key`` as a function of keyword arguments."""
+    template = CATALOGS[lang].get(key) or EN[key]
+    if isinstance(template, str):
+        return template.format
+    return lambda **args: template(args)
 
 
 def positions(order: Sequence[Entry], lang: str) -> Iterator[tuple[str, str]]:
-    """(task id, Message) for each waiting task of one queue, in pick order."""
-    for index, entry in enumerate(order):
-        yield entry.task_id, position_message(index + 1, _Ahead(order, index), lang)
+    """(task id, Message) for each waiting task of one queue, in pick order: exactly
+    ``position_message(position, ahead)``, with the names of the queue's first tasks
+    (the same for every row) joined once per queue instead of once per row."""
+    if not order:
+        return
+    named = [f"{e.actor}: {e.name}" for e in order[:AHEAD_NAMED]]
+    few = [f" ({', '.join(named[:count])})" for count in range(AHEAD_NAMED + 1)]
+    all_named = ", ".join(named)
+    position, more = _formatter("position", lang), _formatter("more", lang)
+    yield order[0].task_id, position_message(1, (), lang)
+    for index in range(1, len(order)):
+        if index <= AHEAD_NAMED:
+            names = few[index]
+        else:
+            names = f" ({all_named}, {more(count=index - AHEAD_NAMED)})"
+        yield order[index].task_id, position(position=index + 1, ahead=index, names=names)
 
 
 def position_update() -> sa.Update:

@@ -174,3 +174,19 @@ def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
     waiting = [t for t in ids if row(app, t)["reason"] == "Waiting"]
     assert len(waiting) == 59
     assert statements == [(True, 59)], "one executemany carrying every moved row"
+
+
+def test_bulk_position_rendering_equals_position_message() -> None:
+    import datetime as dt
+
+    from falcon_es.scheduling import Entry
+    from projections.queues import positions
+
+    at = dt.datetime(2026, 1, 1)
+    order = [Entry(f"t{i}", f"user-{i % 3}", f"job-{i}", at, "v6e", "2x2", (at, f"t{i}"))
+             for i in range(9)]
+    for lang in ("en", "zh"):
+        expected = [(e.task_id, position_message(i + 1, [(a.actor, a.name) for a in order[:i]], lang))
+                    for i, e in enumerate(order)]
+        assert list(positions(order, lang)) == expected
+    assert list(positions([], "en")) == []

@@ -1,0 +1,30 @@
+"""The scheduler benchmark runs end to end (tiny sizes; the figures are not asserted)."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from falcon_es.bench import scheduler as bench
+from falcon_es.cli import main
+from handlers import intake, scheduling
+
+HANDLERS = (intake.accept_new_rows, scheduling.requeue_from_inactive_clusters,
+            scheduling.choose_clusters, scheduling.fill_free_slots)
+
+
+def test_benchmark_reports_every_figure() -> None:
+    report = bench.scheduler_benchmark(HANDLERS, sizes=(100, 200))
+    assert [r["waiting"] for r in report["sizes"]] == [100, 200]
+    for size in report["sizes"]:
+        assert size["tick_picks"] == bench.CLUSTERS * len(bench.TOPOLOGIES)
+        assert size["pick_us"] > 0 and size["refresh_rows"] > 0
+        assert size["raw_rows_per_s"] > 0 and size["refresh_ratio"] > 0
+    assert set(report["targets"]) == {"pick_us_at_largest <= 1000",
+                                      "pick growth <= log n growth", "refresh_ratio >= 0.5"}
+    assert "pick cost growth 100 -> 200" in bench.format_report(report)
+
+
+def test_cli_rejects_bad_sizes() -> None:
+    result = CliRunner().invoke(main, ["bench", "scheduler", "--sizes", "ten"])
+    assert result.exit_code == 2
+    assert "--sizes 'ten': expected whole numbers" in result.output
