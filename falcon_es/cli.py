@@ -509,6 +509,32 @@ def bench_store(ctx: click.Context, count: int, tick: int, as_json: bool) -> Non
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
+@bench_group.command("scheduler")
+@click.option("--sizes", default="1000,10000,100000", show_default=True,
+              help="Waiting tasks per run, comma-separated.")
+@click.option("--server", default=None,
+              help="A MySQL/MariaDB server URL (mysql+pymysql://user@host:3306) to run in "
+                   "scratch databases there; default: temporary SQLite files.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
+    """Pick decision cost, a tick filling every slot, position refresh vs raw UPDATE."""
+    from falcon_es.bench import scheduler as bench
+    from handlers import intake, scheduling
+
+    try:
+        counts = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise Failure(f"--sizes {sizes!r}: expected whole numbers separated by commas") from None
+    if not counts or min(counts) < 2:
+        raise Failure(f"--sizes {sizes!r}: expected at least one size of 2 or more")
+    handlers = (intake.accept_new_rows, scheduling.requeue_from_inactive_clusters,
+                scheduling.choose_clusters, scheduling.fill_free_slots)
+    report = bench.scheduler_benchmark(handlers, sizes=counts, server=server,
+                                       progress=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
 def run() -> None:
     main(prog_name="falcon-es")
 
