@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import heapq
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -196,7 +196,7 @@ def choose_cluster(
 class _Queue:
     """One (cluster, topology) queue: per-actor FIFOs, their heads, the slot, running."""
 
-    __slots__ = ("key", "fifo", "heads", "waiting", "holders", "running", "last_actor")
+    __slots__ = ("fifo", "heads", "holders", "key", "last_actor", "running", "waiting")
 
     def __init__(self, key: QueueKey) -> None:
         self.key = key

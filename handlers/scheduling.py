@@ -26,14 +26,22 @@ from falcon_es.context import HandlerContext
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
 from falcon_es.scheduling import (
-    ACTIVE, ClusterChoice, NoMatch, NoneActive, QueueBook, choose_cluster,
+    ACTIVE,
+    ClusterChoice,
+    NoMatch,
+    NoneActive,
+    QueueBook,
+    choose_cluster,
 )
 from falcon_es.task import TaskState
 
 
 def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
     """The book, brought up to date with what earlier handlers emitted this tick."""
-    book: QueueBook = ctx.queues
+    book = ctx.queues
+    if book is None:
+        raise RuntimeError("the scheduling handlers need ctx.queues (bootstrap wires the "
+                           "queue view's book into the handler context)")
     book.begin(tick)
     for state in tick.touched():
         book.sync(state)
@@ -68,14 +76,18 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
     idle_pools = book.idle_pool_queues()
     for tpu_type, entries in book.unplaced().items():
+        # Without an active cluster of the type the verdict is the same for every task
+        # of the group (it does not depend on queue depths): work it out once.
+        verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools)
+        shared = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
         for entry in entries:
             state = tick.state(entry.task_id)
             if not _is_waiting(state) or state.cluster_id is not None:
                 if state is not None:
                     book.sync(state)
                 continue
-            choice = choose_cluster(tpu_type, entry.topology, ctx.clusters, book.depth,
-                                    idle_pools)
+            choice = shared or choose_cluster(tpu_type, entry.topology, ctx.clusters,
+                                              book.depth, idle_pools)
             event = _decision_event(choice, state)
             if event is None:
                 continue

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from falcon_es import job_rows
 from falcon_es.bootstrap import App
 from falcon_es.runtime import Controller
-from falcon_es.spec import FORBIDDEN_FIELDS, KNOWN_FIELDS, SpecError, TaskSpec, parse_spec
+from falcon_es.spec import (
+    FORBIDDEN_FIELDS,
+    KNOWN_FIELDS,
+    SpecError,
+    TaskSpec,
+    parse_spec,
+)
 from falcon_es.tables import job
 from falcon_es.tpu import TPU_TYPES
 from projections.messages import render

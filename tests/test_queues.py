@@ -162,7 +162,7 @@ def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
     ids = [submit(app, f"user-{i % 5}", f"t{i}") for i in range(60)]
     statements: list[tuple[bool, int]] = []
 
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
         if statement.lstrip().upper().startswith("UPDATE JOB SET MESSAGE"):
             statements.append((executemany, len(parameters)))
 

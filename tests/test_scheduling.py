@@ -5,6 +5,7 @@ handlers would append (NodePoolReused + PodsRunning, NodePoolFailed, ...)."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from freezegun import freeze_time
@@ -219,7 +220,7 @@ def test_one_actor_alone_is_served_again_and_again(app: App) -> None:
     ctl = controller(app)
     tasks = [submit(app, "solo", f"s{i}") for i in range(3)]
     ctl.tick()
-    for previous, following in zip(tasks, tasks[1:]):
+    for previous, following in itertools.pairwise(tasks):
         run(app, previous)
         ctl.tick()
         assert status(app, following) == ("Pending", "Provisioning")

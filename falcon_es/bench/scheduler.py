@@ -306,12 +306,12 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [
-        f"scheduler benchmark on {report['backend']}: {report['clusters']} clusters x "
-        f"{report['topologies']} topologies, {report['actors']} actors",
+        (f"scheduler benchmark on {report['backend']}: {report['clusters']} clusters x "
+         f"{report['topologies']} topologies, {report['actors']} actors"),
         "",
-        f"{'waiting':>8} {'setup s':>8} {'pick us':>8} {'decide us':>9} {'tick ms':>8} "
-        f"{'fill ms':>8} {'refresh ms':>10} {'rows':>7} {'refresh r/s':>12} {'raw r/s':>10} "
-        f"{'ratio':>6}",
+        (f"{'waiting':>8} {'setup s':>8} {'pick us':>8} {'decide us':>9} {'tick ms':>8} "
+         f"{'fill ms':>8} {'refresh ms':>10} {'rows':>7} {'refresh r/s':>12} {'raw r/s':>10} "
+         f"{'ratio':>6}"),
     ]
     for r in report["sizes"]:
         lines.append(
@@ -322,16 +322,16 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['refresh_ratio']:>6.2f}")
     lines += [
         "",
-        "pick us: one pick's in-memory cost (decide, move into the slot, record the actor, "
-        "free the slot; median of rounds, GC paused); decide us: the decision alone",
-        f"tick ms: one controller tick filling every free slot ({report['sizes'][-1]['tick_picks']} "
-        "picks), of which fill ms is the handler and refresh ms the position refresh of "
-        "all moved rows",
-        "refresh r/s vs raw r/s: the position refresh after one pick in the longest queue "
-        "against a raw batched UPDATE of the same rows (best of "
-        f"{REFRESH_ROUNDS} each, alternating)",
-        f"pick cost growth {report['sizes'][0]['waiting']} -> {report['sizes'][-1]['waiting']}: "
-        f"x{report['pick_growth']:.2f} (log n grows x{report['log_n_growth']:.2f})",
+        ("pick us: one pick's in-memory cost (decide, move into the slot, record the actor, "
+         "free the slot; median of rounds, GC paused); decide us: the decision alone"),
+        (f"tick ms: one controller tick filling every free slot "
+         f"({report['sizes'][-1]['tick_picks']} picks), of which fill ms is the handler and "
+         "refresh ms the position refresh of all moved rows"),
+        ("refresh r/s vs raw r/s: the position refresh after one pick in the longest queue "
+         f"against a raw batched UPDATE of the same rows (best of {REFRESH_ROUNDS} each, "
+         "alternating)"),
+        (f"pick cost growth {report['sizes'][0]['waiting']} -> {report['sizes'][-1]['waiting']}: "
+         f"x{report['pick_growth']:.2f} (log n grows x{report['log_n_growth']:.2f})"),
         "targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}"
                                 for k, v in report["targets"].items()),
     ]
