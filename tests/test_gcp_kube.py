@@ -13,41 +13,31 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from pathlib import Path
-from typing import Any
 
 import google.oauth2.credentials
 import pytest
 from google.cloud import container_v1
 
 from falcon_es.adapters.gcp.gke import cluster_manager_client
-from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.adapters.gcp.kube import (
     GkeEndpoints, GoogleAccessTokens, KubeEdgeCluster, KubeEdgeClusters, KubeEndpoint,
     endpoint_from_gke,
 )
-from falcon_es.manifests import TASK_ID_ANNOTATION, JobPlacement, render_job
+from falcon_es.clock import VirtualClock, utcnow
+from falcon_es.manifests import TASK_ID_ANNOTATION
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, PERMISSION_DENIED, QUOTA_EXCEEDED, RETRYABLE, JobRef,
     NodeCounts, PortError,
 )
-from falcon_es.tpu import slice_shape
 from tests.fakes import gke_server
 from tests.fakes.fixtures import (  # noqa: F401 (fixtures)
-    access_tokens, auth_request, edge_cluster_row, edge_clusters, edge_clusters_for, kube_server,
+    access_tokens, auth_request, edge_cluster_row, edge_clusters, edge_clusters_for,
+    kube_server,
 )
+from tests.fakes.fixtures import falcon_manifest as manifest
 from tests.fakes.kube_server import FakeKubeServer, make_tls
 
 NAMESPACE = "falcon-jobs"
-
-
-def manifest(task_id: str = "task-1", topology: str = "2x2", *,
-             image: str = "us-docker.pkg.dev/p/r/train:1") -> dict[str, Any]:
-    return render_job(
-        task_id=task_id, spec={"image": image, "command": ["python", "train.py"]},
-        shape=slice_shape("v6e", topology), pool_name=f"falcon-{task_id}-{topology}",
-        placement=JobPlacement(namespace=NAMESPACE, service_account="falcon-task",
-                               bucket="falcon-logs"),
-    )
 
 
 @pytest.fixture

@@ -22,8 +22,11 @@ import pytest
 import requests
 
 from falcon_es.adapters.gcp.kube import GoogleAccessTokens, KubeEdgeClusters, KubeEndpoint
+from falcon_es.manifests import JobPlacement, render_job
 from falcon_es.adapters.gcp.pubsub import PubSubBus
+from falcon_es.ports import RETRYABLE, PortError
 from falcon_es.registry import Cluster
+from falcon_es.tpu import slice_shape
 from tests.fakes import kube_server as fake_kube
 from tests.fakes.kube_server import FakeKubeServer
 from tests.fakes.pubsub_emulator import EmulatorError, PubSubEmulator
@@ -73,10 +76,14 @@ class RecordingBus:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self.published: list[tuple[str, dict[str, Any], str, dict[str, str]]] = []
+        self.refuse_next = 0  # that many publishes fail, as when Pub/Sub is unreachable
 
     def publish(self, topic: str, data: Mapping[str, Any], *, ordering_key: str = "",
                 attributes: Mapping[str, str] | None = None) -> str:
         with self._changed:
+            if self.refuse_next > 0:
+                self.refuse_next -= 1
+                raise PortError(RETRYABLE, f"publishing to {topic}: 503 unavailable")
             self.published.append((topic, dict(data), ordering_key, dict(attributes or {})))
             self._changed.notify_all()
             return str(len(self.published))
@@ -103,6 +110,18 @@ def edge_cluster_row(name: str = "edge-a") -> Cluster:
     return Cluster(id=f"id-{name}", name=name, project="falcon-edge", location="us-east5-b",
                    tpu_type="v6e", gcs_bucket="falcon-logs", default_reservation=None,
                    status="active", created_at=dt.datetime(2026, 11, 1, 9, 0))
+
+
+def falcon_manifest(task_id: str = "task-1", topology: str = "2x2", *,
+                    image: str = "us-docker.pkg.dev/p/r/train:1",
+                    namespace: str = "falcon-jobs") -> dict[str, Any]:
+    """The Job Falcon-ES renders for a v6e task (the real renderer, not a hand-made dict)."""
+    return render_job(
+        task_id=task_id, spec={"image": image, "command": ["python", "train.py"]},
+        shape=slice_shape("v6e", topology), pool_name=f"falcon-{task_id}-{topology}",
+        placement=JobPlacement(namespace=namespace, service_account="falcon-task",
+                               bucket="falcon-logs"),
+    )
 
 
 def google_credentials(server: FakeKubeServer) -> google.oauth2.credentials.Credentials:

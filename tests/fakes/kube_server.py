@@ -729,18 +729,30 @@ class FakeKubeServer:
                 raise KubeApiError(404, "NotFound", f'jobs.batch "{name}" not found',
                                    {"name": name, "group": "batch", "kind": "jobs"})
             uid = job["metadata"]["uid"]
-            for (kind, space, pod_name), pod in sorted(self._objects.items()):
-                owners = pod["metadata"].get("ownerReferences", []) if kind == "pods" else []
-                if space != ns or not any(o.get("uid") == uid for o in owners):
-                    continue
-                if policy in ("Background", "Foreground"):
+            owned = [pod for (kind, space, _), pod in sorted(self._objects.items())
+                     if kind == "pods" and space == ns and any(
+                         o.get("uid") == uid for o in pod["metadata"].get("ownerReferences", []))]
+            if policy == "Foreground":
+                # The Job stays, marked for deletion, until the garbage collector has
+                # deleted its pods.
+                marked = copy.deepcopy(job)
+                marked["metadata"]["deletionTimestamp"] = timestamp(self.clock.now())
+                marked["metadata"]["finalizers"] = ["foregroundDeletion"]
+                self._put("jobs", ns, marked, "MODIFIED")
+                for pod in owned:
                     self._put("pods", ns, copy.deepcopy(pod), "DELETED")
-                else:
-                    orphan = copy.deepcopy(pod)
-                    orphan["metadata"]["ownerReferences"] = [
-                        o for o in owners if o.get("uid") != uid]
-                    self._put("pods", ns, orphan, "MODIFIED")
-            self._put("jobs", ns, copy.deepcopy(job), "DELETED")
+                self._put("jobs", ns, marked, "DELETED")
+            else:
+                self._put("jobs", ns, copy.deepcopy(job), "DELETED")
+                for pod in owned:
+                    if policy == "Background":  # the garbage collector follows the Job
+                        self._put("pods", ns, copy.deepcopy(pod), "DELETED")
+                    else:
+                        orphan = copy.deepcopy(pod)
+                        orphan["metadata"]["ownerReferences"] = [
+                            o for o in orphan["metadata"]["ownerReferences"]
+                            if o.get("uid") != uid]
+                        self._put("pods", ns, orphan, "MODIFIED")
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "details": {"name": name, "group": "batch", "kind": "jobs", "uid": uid}}
 

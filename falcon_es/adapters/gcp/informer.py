@@ -1,0 +1,541 @@
+"""The informer of one edge cluster: list + watch Falcon's Jobs and their Pods, and
+publish what it sees of each Job as a ``JobObservation`` on the edge-events bus.
+
+Two watches (Jobs, Pods; label ``managed-by=falcon``) run in their own threads and
+feed one cache (``JobViews``). Each watch resumes from the last resourceVersion it
+saw (bookmarks included); ``410 Gone`` means the history it needs is compacted away,
+so it lists again; a dropped connection or an error reconnects after an exponential
+backoff (injected ``sleep`` and ``rng``); a watch the server ends normally is resumed
+at once. Every ``resync_seconds`` (injected clock) each watch lists again, which
+repairs anything missed, and every Job is published again: unchanged ones with the
+same version, a harmless duplicate that reaches subscriptions that missed it.
+
+Versions. The consumer drops an observation whose ``resource_version`` is not larger
+than the last one it folded, so a Job's view must never change without its version
+growing. Kubernetes resourceVersions are one counter for all objects (etcd's
+revision), but the two watches deliver independently: the Job update the job
+controller made *because* a pod started (rv 111) can arrive before that pod's own
+event (rv 110), and the pod then changes the view without any larger object rv. What
+the view holds is fixed by how far each watch has read (its position: the last
+resourceVersion it delivered, or the list's), and every change moves one of them; so
+the version is the sum of the two positions. It grows with every change, and a
+restarted informer, whose lists start at the cluster's current resourceVersion, never
+falls below what a previous process published unless nothing changed since (then its
+view is the same). ``kube_resource_version`` (an attribute) is the newest object rv in
+the view, for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import urllib3
+from kubernetes import watch as kube_watch
+from kubernetes.client.exceptions import ApiException
+
+from falcon_es.adapters.gcp.kube import FALCON_SELECTOR, KubeEdgeCluster, KubeEdgeClusters
+from falcon_es.clock import Clock, WallClock
+from falcon_es.manifests import TASK_ID_ANNOTATION, TASK_LABEL
+from falcon_es.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation, PortError
+from falcon_es.registry import Cluster
+from falcon_es.retry import DEFAULT_BACKOFFS, KUBERNETES, Backoff
+
+log = logging.getLogger("falcon_es.adapters.gcp.informer")
+
+JOBS, PODS = "jobs", "pods"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: Seconds added to the server-side watch timeout before the client gives up reading.
+READ_SLACK_SECONDS = 30
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+class ObservationPublisher(Protocol):
+    """The publishing half of the Bus port: all an informer needs."""
+
+    def publish(self, topic: str, data: Mapping[str, Any], *, ordering_key: str = "",
+                attributes: Mapping[str, str] | None = None) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class InformerSettings:
+    topic: str = EDGE_EVENTS_TOPIC
+    job_selector: str = FALCON_SELECTOR
+    pod_selector: str = FALCON_SELECTOR
+    resync_seconds: float = 300.0
+    #: Server-side timeout of one watch request; the informer then resumes it.
+    watch_timeout_seconds: int = 290
+    backoff: Backoff = DEFAULT_BACKOFFS[KUBERNETES]
+    #: A watch that has not failed for this long starts its backoff from the start.
+    backoff_reset_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.resync_seconds <= 0:
+            raise ValueError(f"informer resync {self.resync_seconds}s: must be positive")
+        if self.watch_timeout_seconds < 1:
+            raise ValueError(f"informer watch timeout {self.watch_timeout_seconds}s: "
+                             "must be at least 1")
+
+
+@dataclasses.dataclass
+class InformerStats:
+    """Counters for logs and metrics (and for tests to see what happened)."""
+
+    lists: int = 0
+    watches: int = 0
+    gone: int = 0
+    reconnects: int = 0
+    resyncs: int = 0
+    published: int = 0
+    publish_failures: int = 0
+    backoff_delays: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Failures:
+    """One watch's run of failures: the backoff grows with it and starts over after an
+    event arrives or after ``reset`` without a failure (an idle watch sends nothing)."""
+
+    backoff: Backoff
+    reset: dt.timedelta
+    count: int = 0
+    last: dt.datetime | None = None
+
+    def next_delay(self, now: dt.datetime, rng: random.Random) -> float:
+        if self.last is not None and now - self.last >= self.reset:
+            self.count = 0
+        self.count += 1
+        self.last = now
+        return self.backoff.delay(self.count, rng)
+
+    def recovered(self) -> None:
+        self.count = 0
+
+
+# ------------------------------------------------------------------ the cache
+
+@dataclasses.dataclass
+class _View:
+    job: dict[str, Any]
+    max_rv: int
+    version: int = 0
+    published: tuple[Any, ...] | None = None  # content last published successfully
+    attempted: tuple[Any, ...] | None = None  # content the version was assigned to
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    raw = (obj.get("metadata") or {}).get("resourceVersion") or "0"
+    return int(raw) if str(raw).isdigit() else 0
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _owner_job(pod: Mapping[str, Any]) -> str | None:
+    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("kind") == "Job" and owner.get("controller", True):
+            return str(owner.get("uid"))
+    return None
+
+
+class JobViews:
+    """What one informer knows: Falcon's Jobs, their pods, and each Job's version.
+
+    Thread-safe; the watches of both resources apply their events here.
+    """
+
+    def __init__(self, cluster_name: str, clock: Clock) -> None:
+        self.cluster_name = cluster_name
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._views: dict[str, _View] = {}
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._pods_of: dict[str, set[str]] = {}
+        self._positions = {JOBS: 0, PODS: 0}
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    def job_uids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._views)
+
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> list[str]:
+        """Fold one watch event; the uids of the Jobs whose view it touched."""
+        with self._lock:
+            self.advance(kind, _rv(obj))
+            if kind == JOBS:
+                return self._apply_job(event_type, dict(obj))
+            return self._apply_pod(event_type, dict(obj))
+
+    def replace(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int) -> list[str]:
+        """Fold a full list: objects not in it were deleted (at or before ``list_rv``)."""
+        with self._lock:
+            self.advance(kind, list_rv)
+            touched: list[str] = []
+            listed = {_uid(item): dict(item) for item in items}
+            known = set(self._views) if kind == JOBS else set(self._pods)
+            for uid in sorted(known - set(listed)):
+                if kind == JOBS:
+                    self._views.pop(uid, None)
+                else:
+                    gone = self._pods[uid]
+                    gone.setdefault("metadata", {})["resourceVersion"] = str(list_rv)
+                    touched += self._apply_pod("DELETED", gone)
+            for item in listed.values():
+                touched += self.apply(kind, "MODIFIED", item)
+            return list(dict.fromkeys(touched))
+
+    def advance(self, kind: str, resource_version: int) -> None:
+        """The watch of ``kind`` has delivered everything up to ``resource_version``
+        (an event, a list, a bookmark)."""
+        with self._lock:
+            self._positions[kind] = max(self._positions[kind], resource_version)
+
+    def observe(self, job_uid: str, *, republish: bool = False) -> JobObservation | None:
+        """The Job's observation if its view changed since it was last published (or
+        always, with ``republish``); None for an unknown Job or one without a task id."""
+        with self._lock:
+            view = self._views.get(job_uid)
+            if view is None or view.job["metadata"].get("deletionTimestamp"):
+                return None  # unknown, or on its way out: its pods' deletion is no news
+            task_id = _task_id(view.job)
+            if task_id is None:
+                log.warning("Job %s on %s has no %s label or %s annotation; not published",
+                            view.job["metadata"].get("name"), self.cluster_name, TASK_LABEL,
+                            TASK_ID_ANNOTATION)
+                return None
+            pods = [self._pods[uid] for uid in self._pods_of.get(job_uid, ())]
+            content = _content(view.job, pods)
+            if content == view.published and not republish:
+                return None
+            if content != view.attempted:
+                view.version = max(sum(self._positions.values()), view.version + 1)
+                view.attempted = content
+            return _observation(self.cluster_name, view.job, task_id, pods, view.version,
+                                self._clock.now())
+
+    def published(self, job_uid: str, version: int) -> None:
+        """Record a successful publish (the content the version was assigned to)."""
+        with self._lock:
+            view = self._views.get(job_uid)
+            if view is not None and view.version == version:
+                view.published = view.attempted
+
+    def max_resource_version(self, job_uid: str) -> int:
+        with self._lock:
+            view = self._views.get(job_uid)
+            return view.max_rv if view else 0
+
+    # -- internals --------------------------------------------------------------
+
+    def _apply_job(self, event_type: str, job: dict[str, Any]) -> list[str]:
+        uid, rv = _uid(job), _rv(job)
+        if event_type == "DELETED":
+            self._views.pop(uid, None)
+            return []
+        view = self._views.get(uid)
+        if view is None:
+            pod_rvs = [_rv(self._pods[p]) for p in self._pods_of.get(uid, ())]
+            self._views[uid] = _View(job, max(rv, *pod_rvs) if pod_rvs else rv)
+            return [uid]
+        if rv <= _rv(view.job):
+            return []  # a replay of what the view already holds
+        view.job = job
+        view.max_rv = max(view.max_rv, rv)
+        return [uid]
+
+    def _apply_pod(self, event_type: str, pod: dict[str, Any]) -> list[str]:
+        uid, rv = _uid(pod), _rv(pod)
+        known = self._pods.get(uid)
+        owner = _owner_job(pod) or (_owner_job(known) if known else None)
+        if event_type == "DELETED":
+            if known is None:
+                return []
+            self._pods.pop(uid)
+            if owner:
+                self._pods_of.get(owner, set()).discard(uid)
+        else:
+            if known is not None and rv <= _rv(known):
+                return []
+            self._pods[uid] = pod
+            if owner:
+                self._pods_of.setdefault(owner, set()).add(uid)
+        view = self._views.get(owner or "")
+        if view is None:
+            return []
+        view.max_rv = max(view.max_rv, rv)
+        return [owner or ""]
+
+
+def _task_id(job: Mapping[str, Any]) -> str | None:
+    meta = job.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(TASK_ID_ANNOTATION) or (
+        meta.get("labels") or {}).get(TASK_LABEL) or None
+
+
+def _pod_order(pod: Mapping[str, Any]) -> tuple[int, str]:
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("labels") or {}).get(COMPLETION_INDEX) or (
+        meta.get("annotations") or {}).get(COMPLETION_INDEX)
+    index = int(raw) if raw is not None and str(raw).isdigit() else 1 << 30
+    return index, str(meta.get("name"))
+
+
+def pod_observation(pod: Mapping[str, Any]) -> PodObservation:
+    """A pod's phase and the most telling reason: a failed container's termination,
+    a container that cannot start, the pod's own reason, the scheduler's refusal."""
+    status = pod.get("status") or {}
+    name = str((pod.get("metadata") or {}).get("name"))
+    phase = str(status.get("phase") or "Pending")
+    containers = [*(status.get("initContainerStatuses") or ()),
+                  *(status.get("containerStatuses") or ())]
+    for container in containers:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and (terminated.get("exitCode") or terminated.get("reason") == "OOMKilled"):
+            return PodObservation(name, phase, terminated.get("reason") or "Error",
+                                  terminated.get("exitCode"), terminated.get("message"))
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            return PodObservation(name, phase, waiting["reason"], last.get("exitCode"),
+                                  waiting.get("message"))
+    if status.get("reason"):
+        return PodObservation(name, phase, status["reason"], None, status.get("message"))
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return PodObservation(name, phase, condition.get("reason") or "Unschedulable", None,
+                                  condition.get("message"))
+    for container in containers:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return PodObservation(name, phase, terminated.get("reason") or "Completed",
+                                  terminated.get("exitCode"), terminated.get("message"))
+    return PodObservation(name, phase)
+
+
+def _condition(job: Mapping[str, Any]) -> str | None:
+    for condition in (job.get("status") or {}).get("conditions") or ():
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return str(condition["type"])
+    return None
+
+
+def _content(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[Any, ...]:
+    status = job.get("status") or {}
+    spec = job.get("spec") or {}
+    ordered = tuple(pod_observation(p) for p in sorted(pods, key=_pod_order))
+    return (int(status.get("succeeded") or 0), int(status.get("failed") or 0),
+            int(spec.get("completions") or 1), _condition(job), ordered)
+
+
+def _observation(cluster_name: str, job: Mapping[str, Any], task_id: str,
+                 pods: Iterable[Mapping[str, Any]], version: int,
+                 moment: dt.datetime) -> JobObservation:
+    succeeded, failed, completions, condition, ordered = _content(job, pods)
+    return JobObservation(
+        cluster_name=cluster_name, job_name=str(job["metadata"]["name"]), job_uid=_uid(job),
+        task_id=task_id, resource_version=version,
+        active=sum(1 for p in ordered if p.phase == "Running"), succeeded=succeeded,
+        failed=failed, completions=completions, pods=ordered, observed_at=moment,
+        condition=condition,
+    )
+
+
+# ------------------------------------------------------------------ the informer
+
+class EdgeInformer:
+    """Keeps ``JobViews`` current from the Kubernetes API and publishes each change."""
+
+    def __init__(
+        self,
+        edge: KubeEdgeCluster,
+        bus: ObservationPublisher,
+        *,
+        settings: InformerSettings | None = None,
+        clock: Clock | None = None,
+        sleep: Callable[[float], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.edge = edge
+        self.settings = settings or InformerSettings()
+        self._bus = bus
+        self._clock = clock or WallClock()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.views = JobViews(edge.name, self._clock)
+        self.stats = InformerStats()
+        self._watches: set[kube_watch.Watch] = set()
+        self._watches_lock = threading.Lock()
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until ``stop`` is set (both resources, each in its own thread)."""
+        threads = [threading.Thread(target=self._watch_loop, args=(kind, stop),
+                                    name=f"informer-{self.edge.name}-{kind}", daemon=True)
+                   for kind in (PODS, JOBS)]
+        for thread in threads:
+            thread.start()
+        stop.wait()
+        while any(thread.is_alive() for thread in threads):
+            with self._watches_lock:
+                for active in self._watches:
+                    active.stop()
+            for thread in threads:
+                thread.join(timeout=0.05)
+
+    # -- one resource ---------------------------------------------------------------
+
+    def _watch_loop(self, kind: str, stop: threading.Event) -> None:
+        resume_from: str | None = None
+        next_resync = self._clock.now()
+        failures = _Failures(self.settings.backoff,
+                             dt.timedelta(seconds=self.settings.backoff_reset_seconds))
+        while not stop.is_set():
+            try:
+                if resume_from is None or self._clock.now() >= next_resync:
+                    resync = resume_from is not None
+                    resume_from = self._relist(kind, republish=resync)
+                    if resync:
+                        self.stats.resyncs += 1
+                    next_resync = self._clock.now() + dt.timedelta(
+                        seconds=self.settings.resync_seconds)
+                    failures.recovered()
+                resume_from = self._watch(kind, resume_from, next_resync, stop, failures)
+            except ApiException as error:
+                if error.status == 410:
+                    self.stats.gone += 1
+                    log.info("%s watch on %s: %s; listing again", kind, self.edge.name,
+                             error.reason)
+                    resume_from = None
+                    continue
+                if error.status == 401 and self.edge.tokens is not None:
+                    self.edge.tokens.invalidate()
+                self._back_off(kind, failures, error, stop)
+            except (urllib3.exceptions.HTTPError, OSError, PortError, ValueError) as error:
+                if stop.is_set():
+                    break
+                self._back_off(kind, failures, error, stop)
+
+    def _relist(self, kind: str, *, republish: bool) -> str:
+        if kind == JOBS:
+            response = self.edge.batch.list_namespaced_job(
+                self.edge.namespace, label_selector=self.settings.job_selector,
+                _preload_content=False, _request_timeout=self._read_timeout(60))
+        else:
+            response = self.edge.core.list_namespaced_pod(
+                self.edge.namespace, label_selector=self.settings.pod_selector,
+                _preload_content=False, _request_timeout=self._read_timeout(60))
+        body = json.loads(response.data)
+        list_rv = str(body["metadata"]["resourceVersion"])
+        self.stats.lists += 1
+        touched = self.views.replace(kind, body.get("items") or (), int(list_rv))
+        if republish and kind == JOBS:
+            self._publish(self.views.job_uids(), republish=True)
+        else:
+            self._publish(touched)
+        return list_rv
+
+    def _watch(self, kind: str, resume_from: str, next_resync: dt.datetime,
+               stop: threading.Event, failures: _Failures) -> str | None:
+        """Stream events from ``resume_from``; the resourceVersion to resume from next."""
+        remaining = (next_resync - self._clock.now()).total_seconds()
+        timeout = int(max(1, min(self.settings.watch_timeout_seconds, remaining)))
+        if kind == JOBS:
+            call, selector = self.edge.batch.list_namespaced_job, self.settings.job_selector
+        else:
+            call, selector = self.edge.core.list_namespaced_pod, self.settings.pod_selector
+        watcher = kube_watch.Watch()
+        with self._watches_lock:
+            self._watches.add(watcher)
+        try:
+            if stop.is_set():
+                return resume_from
+            self.stats.watches += 1
+            for event in watcher.stream(call, self.edge.namespace, label_selector=selector,
+                                        resource_version=resume_from, timeout_seconds=timeout,
+                                        allow_watch_bookmarks=True,
+                                        _request_timeout=self._read_timeout(timeout)):
+                failures.recovered()
+                raw = event["raw_object"]
+                version = (raw.get("metadata") or {}).get("resourceVersion")
+                if event["type"] == "BOOKMARK":
+                    self.views.advance(kind, _rv(raw))
+                else:
+                    self._publish(self.views.apply(kind, event["type"], raw))
+                if version:
+                    resume_from = str(version)
+                if stop.is_set() or self._clock.now() >= next_resync:
+                    break
+        finally:
+            with self._watches_lock:
+                self._watches.discard(watcher)
+        return resume_from
+
+    def _publish(self, job_uids: Iterable[str], *, republish: bool = False) -> None:
+        with self.views.lock:
+            for uid in job_uids:
+                observation = self.views.observe(uid, republish=republish)
+                if observation is None:
+                    continue
+                attributes = {
+                    "cluster": observation.cluster_name, "job": observation.job_name,
+                    "job_uid": observation.job_uid, "task_id": observation.task_id,
+                    "resource_version": str(observation.resource_version),
+                    "kube_resource_version": str(self.views.max_resource_version(uid)),
+                }
+                try:
+                    self._bus.publish(self.settings.topic, observation.to_data(),
+                                      ordering_key=observation.job_uid, attributes=attributes)
+                except PortError as error:
+                    self.stats.publish_failures += 1
+                    log.warning("publishing Job %s of %s: %s (published again at the next "
+                                "change or resync)", observation.job_name, self.edge.name, error)
+                    continue
+                self.views.published(uid, observation.resource_version)
+                self.stats.published += 1
+
+    def _back_off(self, kind: str, failures: _Failures, error: BaseException,
+                  stop: threading.Event) -> None:
+        delay = failures.next_delay(self._clock.now(), self._rng)
+        self.stats.reconnects += 1
+        self.stats.backoff_delays.append(delay)
+        log.warning("%s watch on %s failed (%s); reconnecting in %.1fs", kind, self.edge.name,
+                    error, delay)
+        if self._sleep is not None:
+            self._sleep(delay)
+        else:
+            stop.wait(delay)
+
+    @staticmethod
+    def _read_timeout(seconds: int) -> tuple[int, int]:
+        return CONNECT_TIMEOUT_SECONDS, seconds + READ_SLACK_SECONDS
+
+
+def run_informer(
+    cluster: Cluster,
+    edges: KubeEdgeClusters,
+    bus: ObservationPublisher,
+    stop: threading.Event,
+    *,
+    settings: InformerSettings | None = None,
+    clock: Clock | None = None,
+    sleep: Callable[[float], None] | None = None,
+    rng: random.Random | None = None,
+) -> InformerStats:
+    """Run the informer of ``cluster`` until ``stop`` is set (``falcon-es informer``;
+    the controller may run it in a thread instead). Returns its counters."""
+    informer = EdgeInformer(edges.for_cluster(cluster), bus, settings=settings, clock=clock,
+                            sleep=sleep, rng=rng)
+    log.info("informer for cluster %s: watching namespace %s at %s", cluster.name,
+             informer.edge.namespace, informer.edge.host)
+    informer.run(stop)
+    return informer.stats
