@@ -1,7 +1,8 @@
 """Crash safety (issue 4, DESIGN §3 intent before effect).
 
-A full lifecycle -- reservation capacity short (ClusterBusy), a pool created and
-handed over, an OOM, an abort while running -- is run once without a crash to learn its steps. Then,
+A full lifecycle -- a pool created for one task and its Job run to success, a second
+task waiting for reservation capacity (ClusterBusy) that takes the pool over, then is
+aborted while running (its Job deleted, the pool deleted) -- is run once without a crash to learn its steps. Then,
 for every step, a fresh run stops the controller there: after each handler that
 decided something (before its tick commits), after each commit (before its effects),
 and before and after each state-changing call to GKE, Kubernetes or Pub/Sub. A new
@@ -25,7 +26,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
-CLUSTER = reserved_cluster(count=2)
+CLUSTER = reserved_cluster(count=1)
 MAX_STEPS = 3000
 
 
@@ -40,16 +41,14 @@ def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False) -> Harness:
     h.add_cluster(CLUSTER)
     h.submit("a", sim={"duration_seconds": 120})
     h.clock.advance(1)
-    h.submit("c", topology="1x1", sim={"duration_seconds": 3000})
-    h.clock.advance(1)
-    h.submit("b", sim={"outcome": "oom", "duration_seconds": 60})
+    h.submit("b", sim={"duration_seconds": 3000})
     aborted = False
     ticks_since_restart = 0
     kinds = collections.deque(["handler", "commit", "before", "after"])
     for _ in range(MAX_STEPS):
-        if (not aborted and h.row("c")["status"] == "Running"
-                and h.row("a")["status"] == "Succeeded"):
-            h.abort("c")
+        b = h.app.tasks.get("b")
+        if not aborted and b is not None and b.status == "Running":
+            h.abort("b")
             aborted = True
         if h.settled():
             return h
@@ -86,10 +85,10 @@ def assert_clean_end(h: Harness, expected: dict[str, tuple[str, str | None]]) ->
     assert all(n == 1 for n in submits.values()), f"a Job was submitted twice: {submits}"
     assert h.world.pools() == [], "a pool was left behind"
     assert not h.effects.open_intents()
-    assert h.world.job_state("v6e-res", "falcon-c") is None, "the aborted Job still exists"
+    assert h.world.job_state("v6e-res", "falcon-b") is None, "the aborted Job still exists"
 
 
-EXPECTED = {"a": ("Succeeded", None), "b": ("Failed", "JobFailed"), "c": ("Aborted", None)}
+EXPECTED = {"a": ("Succeeded", None), "b": ("Aborted", None)}
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +127,7 @@ def _fresh_sqlite(directory: Path) -> str:
 
 
 def test_the_scenario_covers_every_kind_of_step(reference: CrashPlan) -> None:
-    assert reference.handlers_seen >= 20
-    assert reference.commits_seen >= 20
+    assert reference.handlers_seen >= 20 and reference.commits_seen >= 15
     assert {call for call, _ in reference.done} == {"create-pool", "delete-pool", "submit-job",
                                                     "delete-job", "ack"}
 
