@@ -20,19 +20,38 @@ from typing import Any
 import pytest
 
 from falcon_es.adapters.gcp.informer import (
-    JOBS, PODS, EdgeInformer, InformerSettings, JobViews, run_informer,
+    JOBS,
+    PODS,
+    EdgeInformer,
+    InformerSettings,
+    JobViews,
+    run_informer,
 )
-from falcon_es.adapters.gcp.kube import GoogleAccessTokens, KubeEdgeCluster, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube import (
+    GoogleAccessTokens,
+    KubeEdgeCluster,
+    KubeEdgeClusters,
+)
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION
 from falcon_es.ports import JobObservation
 from falcon_es.retry import Backoff
-from tests.fakes.fixtures import (  # noqa: F401 (fixtures)
-    RecordingBus, access_tokens, edge_cluster_row, edge_clusters_for, falcon_manifest,
-    kube_server, pubsub_bus, pubsub_emulator, unique_name,
+from tests.fakes import fixtures
+from tests.fakes.fixtures import (
+    RecordingBus,
+    access_tokens,
+    edge_cluster_row,
+    edge_clusters_for,
+    falcon_manifest,
+    unique_name,
 )
 from tests.fakes.kube_server import FakeKubeServer
+
+# The fixtures this module uses (pytest looks them up by name in the module).
+kube_server = fixtures.kube_server
+pubsub_emulator = fixtures.pubsub_emulator
+pubsub_bus = fixtures.pubsub_bus
 
 TOPIC = "falcon-edge-events"
 NO_JITTER = Backoff(initial=1.0, maximum=8.0, multiplier=2.0, jitter=0.0, attempts=1)
@@ -208,7 +227,7 @@ def test_pod_troubles_are_in_the_observation(world: World) -> None:
     assert (by_name[third].phase, by_name[third].reason, by_name[third].exit_code) == (
         "Failed", "OOMKilled", 137)
     assert seen.failed == 1
-    assert [p.name for p in seen.pods][0] == leader  # index order: the leader first
+    assert seen.pods[0].name == leader  # index order: the leader first
 
 
 def test_a_deleted_job_is_forgotten(world: World) -> None:

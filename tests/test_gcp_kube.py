@@ -11,7 +11,6 @@ clock's now (google-auth stamps a token's expiry with the real time); it moves b
 from __future__ import annotations
 
 import base64
-import datetime as dt
 from pathlib import Path
 
 import google.oauth2.credentials
@@ -20,22 +19,39 @@ from google.cloud import container_v1
 
 from falcon_es.adapters.gcp.gke import cluster_manager_client
 from falcon_es.adapters.gcp.kube import (
-    GkeEndpoints, GoogleAccessTokens, KubeEdgeCluster, KubeEdgeClusters, KubeEndpoint,
+    GkeEndpoints,
+    GoogleAccessTokens,
+    KubeEdgeCluster,
+    KubeEdgeClusters,
+    KubeEndpoint,
     endpoint_from_gke,
 )
 from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, NOT_FOUND, PERMISSION_DENIED, QUOTA_EXCEEDED, RETRYABLE, JobRef,
-    NodeCounts, PortError,
+    ALREADY_EXISTS,
+    INVALID,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    QUOTA_EXCEEDED,
+    RETRYABLE,
+    JobRef,
+    NodeCounts,
+    PortError,
 )
-from tests.fakes import gke_server
-from tests.fakes.fixtures import (  # noqa: F401 (fixtures)
-    access_tokens, auth_request, edge_cluster_row, edge_clusters, edge_clusters_for,
-    kube_server,
+from tests.fakes import fixtures, gke_server
+from tests.fakes.fixtures import (
+    access_tokens,
+    auth_request,
+    edge_cluster_row,
+    edge_clusters_for,
 )
 from tests.fakes.fixtures import falcon_manifest as manifest
 from tests.fakes.kube_server import FakeKubeServer, make_tls
+
+# The fixtures this module uses (pytest looks them up by name in the module).
+kube_server = fixtures.kube_server
+edge_clusters = fixtures.edge_clusters
 
 NAMESPACE = "falcon-jobs"
 
@@ -184,9 +200,9 @@ def test_a_job_may_not_leave_its_namespace(edge: KubeEdgeCluster,
 
 @pytest.mark.parametrize(("code", "message", "expected"), [
     (403, 'jobs.batch is forbidden: User "x" cannot create resource "jobs"', PERMISSION_DENIED),
-    (403, 'jobs.batch "falcon-task-7" is forbidden: exceeded quota: tpu-quota, requested: '
-          "requests.google.com/tpu=4, used: requests.google.com/tpu=16, limited: "
-          "requests.google.com/tpu=16", QUOTA_EXCEEDED),
+    (403, ('jobs.batch "falcon-task-7" is forbidden: exceeded quota: tpu-quota, requested: '
+           "requests.google.com/tpu=4, used: requests.google.com/tpu=16, limited: "
+           "requests.google.com/tpu=16"), QUOTA_EXCEEDED),
     (429, "too many requests", RETRYABLE),
     (500, "etcdserver: request timed out", RETRYABLE),
     (404, 'namespaces "falcon-jobs" not found', NOT_FOUND),
@@ -247,7 +263,7 @@ def test_diagnosis_puts_the_leaders_missing_accelerators_before_the_webhook_symp
         edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
     edge.submit_job(manifest("task-10", "4x4"))
     kube_server.add_node("gke-pool-1", "falcon-task-10-4x4")
-    leader, *followers = kube_server.start_pods("falcon-task-10", 1)
+    (leader,) = kube_server.start_pods("falcon-task-10", 1)
     # The follower pods never got created: the webhook complains on the Job, and the
     # complaint is the newest event. The leader waits for TPU chips.
     kube_server.unschedulable(leader, NO_TPU)
@@ -294,12 +310,12 @@ def test_diagnosis_reads_container_waiting_and_termination_reasons(
     diagnosis = edge.diagnose_pending("falcon-task-12") or ""
 
     assert diagnosis.split("; ") == [
-        f'pod {first} container task: ErrImagePull: failed to pull image '
-        '"us-docker.pkg.dev/p/r/missing:1": not found',
+        (f'pod {first} container task: ErrImagePull: failed to pull image '
+         '"us-docker.pkg.dev/p/r/missing:1": not found'),
         f"pod {second} container task terminated: OOMKilled (exit code 137)",
         # backoffLimit 0: the job controller failed the Job; that comes last.
-        "Job falcon-task-12 failed: BackoffLimitExceeded: Job has reached the specified "
-        "backoff limit",
+        ("Job falcon-task-12 failed: BackoffLimitExceeded: Job has reached the specified "
+         "backoff limit"),
     ]
 
 

@@ -12,15 +12,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.publisher import exceptions as publish_exceptions
 
 from falcon_es.adapters.gcp.pubsub import UNDECODABLE_KEY, PubSubBus
 from falcon_es.ports import (
-    INVALID, NOT_FOUND, BusMessage, JobObservation, PodObservation, PortError,
+    INVALID,
+    NOT_FOUND,
+    BusMessage,
+    JobObservation,
+    PodObservation,
+    PortError,
 )
-from tests.fakes.fixtures import pubsub_bus, pubsub_emulator, unique_name  # noqa: F401
+from tests.fakes import fixtures
+from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import EmulatorError, PubSubEmulator, emulator_command
+
+# The fixtures this module uses (pytest looks them up by name in the module).
+pubsub_emulator = fixtures.pubsub_emulator
+pubsub_bus = fixtures.pubsub_bus
 
 
 def _setup(bus: PubSubBus, *, ordering: bool = True) -> tuple[str, str]:
@@ -158,7 +169,7 @@ def test_without_resume_the_client_keeps_the_key_paused(pubsub_bus: PubSubBus) -
     raw = pubsub_v1.PublisherClient(
         publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True))
     topic = raw.topic_path(pubsub_bus.project, unique_name("raw-topic"))
-    with pytest.raises(Exception):
+    with pytest.raises(gexc.NotFound):
         raw.publish(topic, b"{}", ordering_key="k").result(timeout=30)
     raw.create_topic(request={"name": topic})
     with pytest.raises(publish_exceptions.PublishToPausedOrderingKeyException):

@@ -21,9 +21,13 @@ import google.oauth2.credentials
 import pytest
 import requests
 
-from falcon_es.adapters.gcp.kube import GoogleAccessTokens, KubeEdgeClusters, KubeEndpoint
-from falcon_es.manifests import JobPlacement, render_job
+from falcon_es.adapters.gcp.kube import (
+    GoogleAccessTokens,
+    KubeEdgeClusters,
+    KubeEndpoint,
+)
 from falcon_es.adapters.gcp.pubsub import PubSubBus
+from falcon_es.manifests import JobPlacement, render_job
 from falcon_es.ports import RETRYABLE, PortError
 from falcon_es.registry import Cluster
 from falcon_es.tpu import slice_shape

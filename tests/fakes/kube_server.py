@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import functools
 import http.server
 import ipaddress
 import itertools
@@ -50,7 +51,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -147,7 +148,7 @@ class TlsFiles:
 
 def make_tls(directory: Path) -> TlsFiles:
     """A CA and a server certificate for 127.0.0.1 signed by it (EC keys: fast)."""
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     later = now + dt.timedelta(days=30)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "falcon-test-cluster-ca")])
@@ -214,29 +215,46 @@ def _split_requirements(selector: str) -> list[str]:
     return parts
 
 
-def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
-    """Kubernetes label-selector syntax: =, ==, !=, in, notin, exists, !exists."""
-    tests: list[Callable[[Mapping[str, str]], bool]] = []
+@dataclasses.dataclass(frozen=True)
+class _Requirement:
+    key: str
+    operator: str  # = != in notin exists !exists
+    values: frozenset[str] = frozenset()
+
+    def matches(self, value: str | None) -> bool:
+        if self.operator == "exists":
+            return value is not None
+        if self.operator == "!exists":
+            return value is None
+        if self.operator in ("=", "in"):
+            return value in self.values
+        return value not in self.values  # != and notin
+
+
+def _requirements(selector: str) -> list[_Requirement]:
+    """Kubernetes selector syntax: =, ==, !=, in, notin, exists, !exists."""
+    parsed = []
     for requirement in _split_requirements(selector or ""):
         set_match = re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", requirement)
         if set_match:
-            key, operator = set_match.group(1), set_match.group(2)
-            values = {v.strip() for v in set_match.group(3).split(",")}
-            if operator == "in":
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
-            else:
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+            values = frozenset(v.strip() for v in set_match.group(3).split(","))
+            parsed.append(_Requirement(set_match.group(1), set_match.group(2), values))
         elif "!=" in requirement:
-            key, value = (p.strip() for p in requirement.split("!=", 1))
-            tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            key, value = requirement.split("!=", 1)
+            parsed.append(_Requirement(key.strip(), "!=", frozenset({value.strip()})))
         elif "=" in requirement:
-            key, value = (p.strip() for p in re.split(r"==?", requirement, maxsplit=1))
-            tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+            key, value = re.split(r"==?", requirement, maxsplit=1)
+            parsed.append(_Requirement(key.strip(), "=", frozenset({value.strip()})))
         elif requirement.startswith("!"):
-            tests.append(lambda labels, k=requirement[1:].strip(): k not in labels)
+            parsed.append(_Requirement(requirement[1:].strip(), "!exists"))
         else:
-            tests.append(lambda labels, k=requirement: k in labels)
-    return lambda labels: all(test(labels) for test in tests)
+            parsed.append(_Requirement(requirement, "exists"))
+    return parsed
+
+
+def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
+    requirements = _requirements(selector)
+    return lambda labels: all(r.matches(labels.get(r.key)) for r in requirements)
 
 
 def _field(obj: Mapping[str, Any], path: str) -> Any:
@@ -247,15 +265,9 @@ def _field(obj: Mapping[str, Any], path: str) -> Any:
 
 
 def field_matcher(selector: str) -> Callable[[Mapping[str, Any]], bool]:
-    tests: list[Callable[[Mapping[str, Any]], bool]] = []
-    for requirement in _split_requirements(selector or ""):
-        if "!=" in requirement:
-            path, value = requirement.split("!=", 1)
-            tests.append(lambda o, p=path.strip(), v=value.strip(): str(_field(o, p) or "") != v)
-        else:
-            path, value = re.split(r"==?", requirement, maxsplit=1)
-            tests.append(lambda o, p=path.strip(), v=value.strip(): str(_field(o, p) or "") == v)
-    return lambda obj: all(test(obj) for test in tests)
+    """Field selectors (= and !=) over dotted paths: involvedObject.name, reason, ..."""
+    requirements = _requirements(selector)
+    return lambda obj: all(r.matches(str(_field(obj, r.key) or "")) for r in requirements)
 
 
 # --------------------------------------------------------------------- the server
@@ -332,8 +344,9 @@ class FakeKubeServer:
             self._thread.join()
         self._tmp.cleanup()
 
-    def __enter__(self) -> FakeKubeServer:
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -765,6 +778,10 @@ class FakeKubeServer:
         return {"access_token": token, "token_type": "Bearer",
                 "expires_in": int(self.token_lifetime.total_seconds())}
 
+    def _watch_news(self, state: _Watch, cursor: int) -> bool:
+        return bool(self._closing or state.dropped or state.ended or state.gone
+                    or state.bookmark or (self._history and self._history[-1][0] > cursor))
+
     def _stream_watch(self, handler: http.server.BaseHTTPRequestHandler, resource: str, ns: str,
                       query: Mapping[str, str], token: str | None) -> None:
         labels = label_matcher(query.get("labelSelector", ""))
@@ -814,10 +831,8 @@ class FakeKubeServer:
                     send(event_type, obj)
                 pending = []
                 with self._cond:
-                    self._cond.wait_for(
-                        lambda: self._closing or state.dropped or state.ended or state.gone
-                        or state.bookmark
-                        or (self._history and self._history[-1][0] > cursor), _WAIT_STEP)
+                    self._cond.wait_for(functools.partial(self._watch_news, state, cursor),
+                                        _WAIT_STEP)
                     if self._closing or state.dropped:
                         break
                     if state.gone:
@@ -907,7 +922,7 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
             except (ssl.SSLError, ConnectionError, OSError):
                 self.close_connection = True
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
         def _reply(self, code: int, body: Any) -> None:

@@ -48,10 +48,23 @@ from kubernetes.client.exceptions import ApiException
 
 from falcon_es.adapters.gcp.errors import port_error
 from falcon_es.clock import Clock, WallClock, utcnow
-from falcon_es.manifests import MANAGED_BY, MANAGED_BY_VALUE, TASK_ID_ANNOTATION, TASK_LABEL
+from falcon_es.manifests import (
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    TASK_ID_ANNOTATION,
+    TASK_LABEL,
+)
 from falcon_es.ports import (
-    ALREADY_EXISTS, FAILED, INVALID, NOT_FOUND, PERMISSION_DENIED, QUOTA_EXCEEDED, RETRYABLE,
-    JobRef, NodeCounts, PortError,
+    ALREADY_EXISTS,
+    FAILED,
+    INVALID,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    QUOTA_EXCEEDED,
+    RETRYABLE,
+    JobRef,
+    NodeCounts,
+    PortError,
 )
 from falcon_es.registry import Cluster
 
@@ -266,7 +279,7 @@ class KubeEdgeCluster:
         except ApiException as error:
             if error.status != 409:
                 raise self.error(error, f"creating Job {name}") from error
-        except Exception as error:  # noqa: BLE001 - connection failures become PortErrors
+        except Exception as error:  # connection failures become PortErrors too
             raise self.error(error, f"creating Job {name}") from error
         return self._adopt(name, _task_of(body["metadata"]))
 
@@ -278,7 +291,7 @@ class KubeEdgeCluster:
             if error.status == 404:
                 return None
             raise self.error(error, f"reading Job {name}") from error
-        except Exception as error:  # noqa: BLE001 - connection failures become PortErrors
+        except Exception as error:  # connection failures become PortErrors too
             raise self.error(error, f"reading Job {name}") from error
 
     def delete_job(self, name: str) -> None:
@@ -290,14 +303,14 @@ class KubeEdgeCluster:
             if error.status == 404:
                 return
             raise self.error(error, f"deleting Job {name}") from error
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise self.error(error, f"deleting Job {name}") from error
 
     def node_counts(self, pool_name: str) -> NodeCounts:
         try:
             nodes = self.core.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}",
                                         _request_timeout=self._timeout).items
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise self.error(error, f"listing nodes of node pool {pool_name}") from error
         ready = sum(1 for node in nodes if _node_ready(node))
         return NodeCounts(registered=len(nodes), ready=ready)
@@ -311,7 +324,7 @@ class KubeEdgeCluster:
             if error.status == 404:
                 return None
             raise self.error(error, doing) from error
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise self.error(error, doing) from error
         try:
             pods = self._pods_of(job)
@@ -321,7 +334,7 @@ class KubeEdgeCluster:
                         for e in self._events_of("Pod", pod.metadata.name))]
         except PortError:
             raise
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise self.error(error, doing) from error
         findings = self._findings(job, pods, events)
         if not findings:
@@ -336,7 +349,7 @@ class KubeEdgeCluster:
         try:
             return str(client.VersionApi(self.api_client).get_code(
                 _request_timeout=self._timeout).git_version)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise self.error(error, "reading the API server version") from error
 
     def close(self) -> None:
@@ -426,8 +439,8 @@ class KubeEdgeCluster:
                     pools_checked.add(pool)
                     counts = self.node_counts(pool)
                     if counts.ready == 0:
-                        findings.append((0, f"node pool {pool} has no Ready nodes "
-                                            f"({counts.registered} registered)"))
+                        findings.append((0, (f"node pool {pool} has no Ready nodes "
+                                             f"({counts.registered} registered)")))
                 text = f"pod {pod_name} cannot be scheduled: {unschedulable}"
                 scale = [e.message for e in pod_events if e.reason in AUTOSCALER_REASONS]
                 if scale:
@@ -443,8 +456,8 @@ class KubeEdgeCluster:
                 findings.append((5, f"Job {job.metadata.name}: {event.reason}: {event.message}"))
         for condition in (job.status.conditions if job.status else None) or ():
             if condition.type == "Failed" and condition.status == "True":
-                findings.append((6, f"Job {job.metadata.name} failed: {condition.reason}: "
-                                    f"{condition.message}"))
+                findings.append((6, (f"Job {job.metadata.name} failed: {condition.reason}: "
+                                     f"{condition.message}")))
         return findings
 
 
@@ -557,13 +570,13 @@ def _container_findings(pod: client.V1Pod) -> list[tuple[int, str]]:
             findings.append((2, f"{where}: {state.waiting.reason}{detail}"))
             last = container.last_state.terminated if container.last_state else None
             if last is not None and last.exit_code:
-                findings.append((3, f"{where} last terminated: {last.reason} "
-                                    f"(exit code {last.exit_code})"))
+                findings.append((3, (f"{where} last terminated: {last.reason} "
+                                     f"(exit code {last.exit_code})")))
         terminated = state.terminated if state else None
         if terminated is not None and (terminated.exit_code or terminated.reason == "OOMKilled"):
             detail = f": {terminated.message}" if terminated.message else ""
-            findings.append((3, f"{where} terminated: {terminated.reason} "
-                                f"(exit code {terminated.exit_code}){detail}"))
+            findings.append((3, (f"{where} terminated: {terminated.reason} "
+                                 f"(exit code {terminated.exit_code}){detail}")))
     return findings
 
 

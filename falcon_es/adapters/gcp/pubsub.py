@@ -115,7 +115,7 @@ class PubSubBus:
                 timeout=self._publish_timeout, **attrs,
             )
             return str(future.result(timeout=self._publish_timeout))
-        except Exception as error:  # noqa: BLE001 - every failure becomes a PortError
+        except Exception as error:  # every failure becomes a PortError
             self._resume(path, ordering_key)
             raise _publish_error(path, ordering_key, error) from error
 
@@ -130,7 +130,7 @@ class PubSubBus:
             )
         except gexc.DeadlineExceeded:
             return []  # nothing arrived within the pull timeout
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise _call_error(f"pulling {path}", error) from error
         now = self._clock.now()
         messages: list[BusMessage] = []
@@ -154,7 +154,7 @@ class PubSubBus:
             batch = ack_ids[start:start + ACK_BATCH]
             try:
                 self._subscriber.acknowledge(request={"subscription": path, "ack_ids": batch})
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 raise _call_error(f"acknowledging {len(batch)} messages on {path}",
                                   error) from error
 
@@ -170,7 +170,7 @@ class PubSubBus:
                 self._subscriber.modify_ack_deadline(request={
                     "subscription": path, "ack_ids": batch, "ack_deadline_seconds": 0,
                 })
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 raise _call_error(f"returning {len(batch)} messages to {path}", error) from error
 
     def topic_path(self, topic: str) -> str:
@@ -190,7 +190,7 @@ class PubSubBus:
             self._publisher.create_topic(request={"name": path})
         except gexc.AlreadyExists:
             pass
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise _call_error(f"creating topic {path}", error) from error
         return path
 
@@ -215,11 +215,11 @@ class PubSubBus:
             return path
         except gexc.AlreadyExists:
             pass
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise _call_error(f"creating subscription {path} on {topic_path}", error) from error
         try:
             existing = self._subscriber.get_subscription(request={"subscription": path})
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise _call_error(f"reading subscription {path}", error) from error
         if existing.topic != topic_path:
             raise PortError(INVALID, f"subscription {path} is attached to {existing.topic}, "
