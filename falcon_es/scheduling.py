@@ -196,7 +196,8 @@ def choose_cluster(
 class _Queue:
     """One (cluster, topology) queue: per-actor FIFOs, their heads, the slot, running."""
 
-    __slots__ = ("fifo", "heads", "holders", "key", "last_actor", "running", "waiting")
+    __slots__ = ("fifo", "heads", "holders", "key", "last_actor", "order", "running",
+                 "waiting")
 
     def __init__(self, key: QueueKey) -> None:
         self.key = key
@@ -206,8 +207,12 @@ class _Queue:
         self.holders: set[str] = set()
         self.running: set[str] = set()
         self.last_actor: str | None = None
+        #: The simulated pick order, cached: (entries, offset of the next one, the
+        #: actor served last that the entries from the offset assume).
+        self.order: tuple[list[Entry], int, str | None] | None = None
 
     def add(self, entry: Entry) -> None:
+        self.order = None
         fifo = self.fifo.get(entry.actor)
         order = entry.order
         if fifo is None:
@@ -223,6 +228,7 @@ class _Queue:
         self.waiting[entry.task_id] = entry
 
     def remove(self, entry: Entry) -> None:
+        self._advance_order(entry)
         fifo = self.fifo[entry.actor]
         order = entry.order
         was_head = fifo[0] == order
@@ -235,6 +241,27 @@ class _Queue:
             self.heads.add((*fifo[0], entry.actor))
         else:
             del self.fifo[entry.actor]
+
+    def _advance_order(self, entry: Entry) -> None:
+        """Removing the task the simulation takes next leaves exactly the state after
+        that pick (same waiting tasks, that task's actor served last), so the rest of
+        the cached order stays valid; any other removal invalidates it."""
+        cached = self.order
+        if cached is not None:
+            entries, offset, _ = cached
+            if offset < len(entries) and entries[offset] is entry:
+                self.order = (entries, offset + 1, entry.actor)
+                return
+        self.order = None
+
+    def pick_order(self) -> list[Entry]:
+        cached = self.order
+        if cached is not None and cached[2] == self.last_actor:
+            entries, offset, _ = cached
+            return entries[offset:]
+        entries = list(_simulate(self))
+        self.order = (entries, 0, self.last_actor)
+        return entries[:]
 
     @property
     def depth(self) -> int:
@@ -447,11 +474,12 @@ class QueueBook:
 
     def pick_order(self, key: QueueKey) -> list[Entry]:
         """The waiting tasks in the order the pick rule would take them if nothing
-        else arrived: O(n log a) for n tasks of a actors."""
+        else arrived: O(n log a) for n tasks of a actors, and a list copy after a pick
+        (a pick takes the order's first task, the rest stays valid)."""
         queue = self._queues.get(key)
         if queue is None:
             return []
-        return list(_simulate(queue))
+        return queue.pick_order()
 
     def snapshot(self, key: QueueKey) -> QueueSnapshot:
         return QueueSnapshot(key, self.holders(key), tuple(self.pick_order(key)),
@@ -465,6 +493,8 @@ class QueueBook:
             assert sum(len(f) for f in queue.fifo.values()) == len(queue.waiting)
             for actor, fifo in queue.fifo.items():
                 assert (*fifo[0], actor) in queue.heads
+            fresh = list(_simulate(queue))
+            assert queue.pick_order() == fresh, f"queue {key}: cached pick order is stale"
 
 
 def _simulate(queue: _Queue) -> Iterator[Entry]:
