@@ -25,6 +25,7 @@ from falcon_es.bootstrap import App, open_app
 from falcon_es.settings import Settings, SettingsError
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
+from falcon_es.adapters.sim.config import SimConfigError
 from falcon_es.tpu import TopologyError
 
 EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
@@ -49,7 +50,7 @@ def _friendly(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (registry.RegistryError, job_rows.JobRowError, SettingsError,
+        except (registry.RegistryError, job_rows.JobRowError, SettingsError, SimConfigError,
                 db.DatabaseUrlError, TopologyError) as error:
             raise Failure(str(error)) from error
         except sa.exc.OperationalError as error:
@@ -488,6 +489,99 @@ def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
 
 
 # ----------------------------------------------------------------------- benchmarks
+
+
+@main.command("run")
+@click.option("--backend", type=click.Choice(["sim", "gcp"]), default="sim", show_default=True,
+              envvar="FALCON_BACKEND")
+@click.option("--sim-config", type=click.Path(dir_okay=False), default=None,
+              help="JSON description of the simulated world (default: the packaged one).")
+@click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
+@click.option("--until-idle", is_flag=True, help="Stop once every task is terminal and nothing is due.")
+@click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
+              help="Wall seconds between ticks when nothing is due.")
+@click.option("--realtime", is_flag=True, help="Pace the sim backend by the wall clock.")
+@click.pass_context
+@_friendly
+def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
+                until_idle: bool, tick_seconds: float, realtime: bool) -> None:
+    """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
+    import signal
+    import threading
+
+    from falcon_es import service
+    from falcon_es.leader import AlreadyRunning, DatabaseLock
+
+    settings: Settings = ctx.obj["settings"]
+    try:
+        svc = service.start(settings, backend=backend, sim_config=sim_config, seed=seed,
+                            realtime=realtime, tick_seconds=tick_seconds,
+                            gcp_ports=_gcp_ports(settings) if backend == "gcp" else None)
+    except service.BackendError as error:
+        raise Failure(str(error)) from error
+    lock = DatabaseLock(svc.app.engine)
+    try:
+        lock.acquire()
+    except AlreadyRunning as error:
+        svc.close()
+        raise Failure(str(error), EXIT_PROBLEM) from error
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    click.echo(f"falcon-es: controller running ({backend} backend, "
+               f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock)", err=True)
+    try:
+        report = svc.loop.run(until_idle=until_idle, stop=stop)
+    finally:
+        lock.release()
+        svc.close()
+    click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
+               f"{report.appended} events", err=True)
+
+
+def _gcp_ports(settings: Settings) -> Any:
+    from falcon_es.adapters.gcp import build_gcp_ports
+
+    return build_gcp_ports(settings)
+
+
+@main.command("demo")
+@click.option("--db-file", type=click.Path(dir_okay=False), default="falcon-demo.db",
+              show_default=True, help="SQLite file to (re)create for the demo.")
+@click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
+@click.option("--live/--no-live", default=None,
+              help="Redraw the table in place (default: when stdout is a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the summary, as JSON.")
+@click.pass_context
+@_friendly
+def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool | None,
+                 as_json: bool) -> None:
+    """Three simulated clusters, a dozen tasks, every kind of outcome, in seconds."""
+    from falcon_es import demo
+
+    live = sys.stdout.isatty() if live is None else live
+    echo = (lambda _line: None) if as_json else click.echo
+    summary = demo.run_demo(Path(db_file).resolve(), seed=seed,
+                            lang=ctx.obj["settings"].language, echo=echo, live=live and not as_json)
+    if as_json:
+        click.echo(demo.summary_json(summary))
+
+
+@main.command("simulate")
+@click.option("--config", type=click.Path(dir_okay=False), default=None,
+              help="JSON description of the simulated world (default: the packaged one).")
+@click.option("--tasks", type=int, default=200, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def simulate_command(config: str | None, tasks: int, seed: int, as_json: bool) -> None:
+    """What-if at scale in virtual time: throughput, waits, pool reuse, pool hours."""
+    from falcon_es import simulate
+
+    if tasks <= 0:
+        raise Failure(f"--tasks {tasks}: expected a positive number of tasks")
+    report = simulate.run_simulation(config=config, tasks=tasks, seed=seed)
+    click.echo(json.dumps(report, indent=2) if as_json else simulate.format_report(report))
 
 
 @main.group("bench")

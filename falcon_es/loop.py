@@ -1,0 +1,100 @@
+"""The controller's main loop: tick, then wait for the next thing to do.
+
+On a virtual clock (the sim backend's default) waiting is a jump: when a tick left
+nothing to do now, the clock moves straight to the next due moment (a world change, a
+deadline, a retry). With nothing due at all it waits for new input in wall time and
+lets the virtual clock catch up with the wall clock, so timestamps written by
+``task submit`` and by the controller stay comparable. On the wall clock it sleeps
+until the next due moment or the tick interval, whichever comes first.
+
+A stop request (SIGINT/SIGTERM) is honoured between ticks: the current tick always
+finishes and commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import threading
+from collections.abc import Callable, Sequence
+
+from falcon_es.clock import Clock, VirtualClock, utcnow
+from falcon_es.runtime import Controller, TickReport
+
+DueSource = Callable[[], dt.datetime | None]
+
+
+@dataclasses.dataclass
+class LoopReport:
+    ticks: int = 0
+    appended: int = 0
+    conflicts: int = 0
+    stopped_by: str = ""
+
+
+@dataclasses.dataclass
+class Loop:
+    controller: Controller
+    clock: Clock
+    due_sources: Sequence[DueSource]
+    #: True while work is queued for the next tick (effect outcomes, bus messages).
+    has_work: Callable[[], bool]
+    #: True when every task is terminal and nothing is left open (for --until-idle).
+    settled: Callable[[], bool]
+    #: Called after each tick (health marks, metrics, live tables).
+    on_tick: Callable[[TickReport], None] | None = None
+    #: Wall seconds between ticks when nothing is due (realtime) or when waiting for input.
+    tick_seconds: float = 1.0
+    #: Applies the world's own changes up to the clock's now (the sim world's step).
+    advance_world: Callable[[], None] | None = None
+    #: False when no input can arrive from outside (demo, simulate): a loop with nothing
+    #: due and work unfinished is then stuck, and stops instead of waiting forever.
+    external_input: bool = True
+
+    def next_due(self) -> dt.datetime | None:
+        moments = [m for m in (source() for source in self.due_sources) if m is not None]
+        return min(moments) if moments else None
+
+    def run(self, *, until_idle: bool = False, stop: threading.Event | None = None,
+            max_ticks: int | None = None) -> LoopReport:
+        stop = stop or threading.Event()
+        report = LoopReport()
+        while True:
+            if stop.is_set():
+                report.stopped_by = "signal"
+                return report
+            if max_ticks is not None and report.ticks >= max_ticks:
+                report.stopped_by = "max-ticks"
+                return report
+            if self.advance_world is not None:
+                self.advance_world()
+            tick = self.controller.tick()
+            report.ticks += 1
+            report.appended += tick.appended
+            report.conflicts += tick.conflicts
+            if self.on_tick is not None:
+                self.on_tick(tick)
+            if tick.appended or tick.conflicts or self.has_work():
+                continue
+            due = self.next_due()
+            if until_idle and self.settled():
+                report.stopped_by = "idle"
+                return report
+            if due is None and not self.external_input:
+                report.stopped_by = "stuck"
+                return report
+            self._wait(due, stop)
+
+    def _wait(self, due: dt.datetime | None, stop: threading.Event) -> None:
+        now = self.clock.now()
+        if isinstance(self.clock, VirtualClock):
+            if due is not None:
+                self.clock.advance_to(max(due, now + dt.timedelta(microseconds=1)))
+                return
+            stop.wait(self.tick_seconds)
+            self.clock.advance_to(utcnow())
+            return
+        pause = self.tick_seconds
+        if due is not None:
+            pause = min(pause, max((due - now).total_seconds(), 0.0))
+        stop.wait(pause)
