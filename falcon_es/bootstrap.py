@@ -5,6 +5,7 @@ the CLI; the core modules never import projections, handlers or adapters."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -13,7 +14,7 @@ from falcon_es.runtime import Controller
 from falcon_es import db
 from falcon_es.clock import Clock, WallClock
 from falcon_es.settings import Settings
-from falcon_es.store import EventStore
+from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
 from projections.job_table import JobTableProjection
 from projections.queues import QueueView
@@ -32,12 +33,17 @@ class App:
         self.engine.dispose()
 
 
-def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None) -> App:
+def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None,
+             extra_projections: Callable[[TaskStates], Sequence[InlineProjection]] | None = None,
+             ) -> App:
+    """``extra_projections`` adds inline projections built on the task states (metrics)."""
     engine = engine or db.make_engine(settings.db_url)
     clock = clock or WallClock()
     tasks = TaskStates()
     queue_view = QueueView(tasks, settings.language)
-    store = EventStore(engine, clock, projections=[tasks, JobTableProjection(tasks, settings.language), queue_view])
+    extra = list(extra_projections(tasks)) if extra_projections else []
+    store = EventStore(engine, clock, projections=[
+        tasks, JobTableProjection(tasks, settings.language), queue_view, *extra])
     return App(settings, engine, clock, store, tasks, queue_view)
 
 

@@ -501,39 +501,76 @@ def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
 @click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
               help="Wall seconds between ticks when nothing is due.")
 @click.option("--realtime", is_flag=True, help="Pace the sim backend by the wall clock.")
+@click.option("--health/--no-health", default=None,
+              help="Serve /healthz /readyz /metrics /clusters (default: on with --backend gcp).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
+@click.option("--ops-topic", default=None, envvar="FALCON_TASK_EVENTS_TOPIC",
+              help="Publish every event to this topic (default: falcon-task-events with gcp).")
 @click.pass_context
 @_friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
-                until_idle: bool, tick_seconds: float, realtime: bool) -> None:
+                until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
+                log_format: str | None, ops_topic: str | None) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     import signal
     import threading
 
     from falcon_es import service
     from falcon_es.leader import AlreadyRunning, DatabaseLock
+    from falcon_es.observability import ObservabilitySettings
+    from falcon_es.observability.health import HealthServer
+    from falcon_es.observability.logs import configure_logging
+    from falcon_es.observability.metrics import Metrics
+    from falcon_es.ports import TASK_EVENTS_TOPIC
+    from falcon_es.registry import list_clusters
 
     settings: Settings = ctx.obj["settings"]
+    observability = ObservabilitySettings.from_env()
+    configure_logging(log_format or observability.log_format, observability.log_level)
+    running: dict[str, Any] = {}
+    metrics = Metrics(tasks=lambda: running["svc"].app.tasks.all() if running else [])
     try:
         svc = service.start(settings, backend=backend, sim_config=sim_config, seed=seed,
-                            realtime=realtime, tick_seconds=tick_seconds,
+                            realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
                             gcp_ports=_gcp_ports(settings) if backend == "gcp" else None)
     except service.BackendError as error:
         raise Failure(str(error)) from error
+    running["svc"] = svc
     lock = DatabaseLock(svc.app.engine)
     try:
         lock.acquire()
     except AlreadyRunning as error:
         svc.close()
         raise Failure(str(error), EXIT_PROBLEM) from error
+    server = None
+    if health if health is not None else backend == "gcp":
+        def database_check() -> None:
+            with svc.app.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+
+        def clusters() -> list[dict[str, Any]]:
+            with svc.app.engine.connect() as conn:
+                return metrics.cluster_overview(list_clusters(conn))
+
+        server = HealthServer(host=observability.health_host, port=observability.health_port,
+                              max_tick_age=observability.max_tick_age_seconds,
+                              database_check=database_check, metrics=metrics.exposition,
+                              clusters=clusters)
+        server.start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock)", err=True)
     try:
-        report = svc.loop.run(until_idle=until_idle, stop=stop)
+        report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
+                               health=server, ops_topic=topic)
     finally:
         lock.release()
+        if server is not None:
+            server.stop()
         svc.close()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)

@@ -77,9 +77,14 @@ class Loop:
             if tick.appended or tick.conflicts or self.has_work():
                 continue
             due = self.next_due()
-            if until_idle and self.settled():
+            settled = self.settled()
+            if until_idle and settled:
                 report.stopped_by = "idle"
                 return report
+            if settled and self.external_input:
+                # Only housekeeping is due: wait for input in wall time rather than
+                # racing a virtual clock ahead of the timestamps the upper layer writes.
+                due = None
             if due is None and not self.external_input:
                 report.stopped_by = "stuck"
                 return report

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from falcon_es import registry
 from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import Clock, VirtualClock, WallClock, utcnow
 from falcon_es.effects import EffectExecutor
-from falcon_es.loop import Loop
+from falcon_es.loop import Loop, LoopReport
 from falcon_es.ports import Ports
 from falcon_es.runtime import Controller, TickReport
 from falcon_es.settings import Settings
@@ -88,12 +92,16 @@ def start(
     seed: int | None = None, clock: Clock | None = None, realtime: bool = False,
     register_clusters: bool = True, tick_seconds: float = 1.0,
     on_tick: Callable[[TickReport], None] | None = None, gcp_ports: Ports | None = None,
+    metrics: Any = None,
 ) -> Service:
+    """Wire a controller. ``metrics`` (an ``observability.Metrics``) adds its inline
+    projection so transition histograms and event counts follow each commit."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if clock is None:
         clock = WallClock() if realtime or backend == "gcp" else VirtualClock(utcnow())
-    app = open_app(settings, clock)
+    extra = (lambda tasks: [metrics.projection(tasks)]) if metrics is not None else None
+    app = open_app(settings, clock, extra_projections=extra)
     world = None
     if backend == "sim":
         world = sim_world(clock, sim_config, seed, app)
@@ -126,3 +134,56 @@ def _due_sources(service: Service) -> list[Callable[[], dt.datetime | None]]:
     if service.ports.next_due is not None:
         sources.append(service.ports.next_due)
     return sources
+
+
+log = logging.getLogger("falcon_es.service")
+
+#: Publish the ops stream at least this often (wall seconds) even without new events.
+OUTBOX_INTERVAL_SECONDS = 5.0
+
+
+def serve(svc: Service, *, until_idle: bool, stop: threading.Event, metrics: Any = None,
+          health: Any = None, ops_topic: str | None = None) -> LoopReport:
+    """Run the loop as a service: mark health, feed metrics, publish the ops stream
+    after commits, and on stop flush the outbox before returning."""
+    from handlers import outbox
+
+    last_publish = 0.0
+
+    def publish(force: bool = False) -> None:
+        nonlocal last_publish
+        if ops_topic is None:
+            return
+        now = time.monotonic()
+        if not force and now - last_publish < OUTBOX_INTERVAL_SECONDS:
+            return
+        outbox.publish_pending(svc.app.store, svc.ports.bus, ops_topic)
+        last_publish = now
+        if metrics is not None:
+            metrics.set_lag("outbox", outbox.lag(svc.app.store))
+
+    def on_tick(report: TickReport) -> None:
+        if health is not None:
+            health.mark_tick()
+        if metrics is not None:
+            metrics.observe_tick(report.seconds, conflicts=report.conflicts)
+        publish(force=False)
+
+    svc.loop.on_tick = on_tick
+    if health is not None:
+        health.set_leader(True)
+        health.set_ready(True, f"caught up: {len(svc.app.tasks.all())} tasks folded")
+    if metrics is not None:
+        metrics.set_leader(True)
+    try:
+        report = svc.loop.run(until_idle=until_idle, stop=stop)
+    finally:
+        try:
+            publish(force=True)
+        except Exception as error:  # a failed flush must not hide why the loop ended
+            log.warning("could not flush the ops stream on shutdown: %s", error)
+        if health is not None:
+            health.set_leader(False)
+        if metrics is not None:
+            metrics.set_leader(False)
+    return report
