@@ -197,7 +197,7 @@ def test_a_job_from_start_to_success(world: World) -> None:
     running = world.wait_for(job, lambda o: o.active == 1)
     world.server.finish_pod(pod, 0)
     done = world.wait_for(job, lambda o: o.condition == "Complete"
-                          and o.pods[0].phase == "Succeeded")
+                          and [p.phase for p in o.pods] == ["Succeeded"])
 
     assert running.pods[0].phase == "Running"
     assert (done.active, done.succeeded, done.failed) == (0, 1, 0)
@@ -456,7 +456,7 @@ def test_end_to_end_onto_the_pubsub_emulator(pubsub_bus: PubSubBus) -> None:
 
         latest: dict[str, JobObservation] = {}
         deadline = time.monotonic() + 20
-        while not any(o.condition == "Complete" and o.pods[0].phase == "Succeeded"
+        while not any(o.condition == "Complete" and [p.phase for p in o.pods] == ["Succeeded"]
                       for o in latest.values()):
             assert time.monotonic() < deadline, f"no Complete observation: {latest}"
             messages = pubsub_bus.pull(subscription)

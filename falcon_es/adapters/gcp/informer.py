@@ -428,6 +428,11 @@ class EdgeInformer:
                 if stop.is_set():
                     break
                 self._back_off(kind, failures, error, stop)
+            except Exception as error:
+                # Anything else (an answer the code did not expect) must not end the
+                # thread silently and leave the cluster unwatched: log it and go on.
+                log.exception("%s watch on %s: unexpected error", kind, self.edge.name)
+                self._back_off(kind, failures, error, stop)
 
     def _relist(self, kind: str, *, republish: bool) -> str:
         if kind == JOBS:
@@ -449,7 +454,7 @@ class EdgeInformer:
         return list_rv
 
     def _watch(self, kind: str, resume_from: str, next_resync: dt.datetime,
-               stop: threading.Event, failures: _Failures) -> str | None:
+               stop: threading.Event, failures: _Failures) -> str:
         """Stream events from ``resume_from``; the resourceVersion to resume from next."""
         remaining = (next_resync - self._clock.now()).total_seconds()
         timeout = int(max(1, min(self.settings.watch_timeout_seconds, remaining)))
