@@ -278,7 +278,7 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
     click.echo(json.dumps({"id": task_id}) if as_json else task_id)
 
 
-TASK_COLUMNS = ["id", "name", "actor", "status", "reason", "message", "created_at"]
+TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
 
 
 @task_group.command("list")

@@ -6,6 +6,9 @@ queries are written once. Times are stored as naive UTC with microseconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
@@ -83,10 +86,10 @@ job = sa.Table(
 
 #: The columns Falcon-ES reads or writes in the upper layer's job table, and the
 #: SQLAlchemy type family each must have (checked by ``falcon-es db check``).
-JOB_COLUMN_KINDS: dict[str, type[sa.types.TypeEngine]] = {
+JOB_COLUMN_KINDS: Mapping[str, type[sa.types.TypeEngine]] = MappingProxyType({
     "id": sa.String, "name": sa.String, "actor": sa.String, "spec": sa.JSON,
     "status": sa.String, "reason": sa.String, "message": sa.Text,
     "created_at": sa.DateTime, "updated_at": sa.DateTime, "aborting_at": sa.DateTime,
     "aborted_at": sa.DateTime, "cluster_id": sa.String, "node_pool_name": sa.String,
     "job_uid": sa.String, "dispatched_at": sa.DateTime, "finished_at": sa.DateTime,
-}
+})
