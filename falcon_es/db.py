@@ -7,6 +7,7 @@ import importlib.resources
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 from falcon_es.tables import JOB_COLUMN_KINDS
@@ -98,6 +99,14 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+#: Job columns Falcon-ES writes NULL into: no Reason outside Pending and Failed, no
+#: cluster, pool, Job or times before the task gets that far.
+WRITTEN_AS_NULL = frozenset({
+    "reason", "message", "cluster_id", "node_pool_name", "job_uid", "dispatched_at",
+    "aborted_at", "finished_at",
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnProblem:
     column: str
@@ -112,15 +121,19 @@ def check_job_table(engine: Engine, table: str = "job") -> list[ColumnProblem]:
     inspector = sa.inspect(engine)
     if not inspector.has_table(table):
         return [ColumnProblem("*", f"table {table!r} does not exist")]
-    found = {c["name"]: c["type"] for c in inspector.get_columns(table)}
+    columns = {c["name"]: c for c in inspector.get_columns(table)}
     problems: list[ColumnProblem] = []
     for name, kind in JOB_COLUMN_KINDS.items():
-        if name not in found:
+        column = columns.get(name)
+        if column is None:
             problems.append(ColumnProblem(name, f"missing (expected {kind.__name__})"))
-        elif not _compatible(found[name], kind):
+        elif not _compatible(column["type"], kind):
             problems.append(
-                ColumnProblem(name, f"has type {found[name]}, expected {kind.__name__}")
+                ColumnProblem(name, f"has type {column['type']}, expected {kind.__name__}")
             )
+        elif name in WRITTEN_AS_NULL and not column["nullable"]:
+            problems.append(ColumnProblem(
+                name, "is NOT NULL, but Falcon-ES leaves it empty (NULL) in some states"))
     return problems
 
 
@@ -128,4 +141,7 @@ def _compatible(actual: sa.types.TypeEngine, kind: type[sa.types.TypeEngine]) ->
     if kind is sa.JSON:
         # MariaDB reports JSON columns as LONGTEXT; SQLite as JSON or TEXT.
         return isinstance(actual, (sa.JSON, sa.String))
+    if kind is sa.Text:
+        # MySQL's larger text types are not sa.Text subclasses (TINYTEXT is too small).
+        return isinstance(actual, (sa.Text, mysql.MEDIUMTEXT, mysql.LONGTEXT))
     return isinstance(actual, kind)
