@@ -16,8 +16,9 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from falcon_es import db, job_rows, service
@@ -28,12 +29,12 @@ from falcon_es.store import RecordedEvent
 SIM_START = dt.datetime(2026, 1, 5, 0, 0, 0)
 #: Topologies drawn per TPU type (single-host shapes more often, as in practice).
 #: Only shapes on 4-chip VMs, the machine type the simulated reservations hold.
-TOPOLOGIES = {
+TOPOLOGIES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "v5e": ("2x2", "2x2", "4x4"),
     "v5p": ("2x2x1", "2x2x1", "2x2x2"),
     "v6e": ("2x2", "2x2", "2x2", "4x4"),
     "v7x": ("2x2x1", "2x2x1", "2x2x1", "2x2x2"),
-}
+})
 OUTCOMES = (("succeed", 0.9), ("fail", 0.05), ("oom", 0.05))
 
 
