@@ -124,7 +124,8 @@ class World:
                 and r.path.endswith(resource)]
 
 
-def make_world(**server_options: Any) -> World:
+def make_world(*, resync_seconds: float = RESYNC_SECONDS, watch_timeout_seconds: int = 290,
+               **server_options: Any) -> World:
     clock = VirtualClock(utcnow())
     server = FakeKubeServer(clock=clock, **server_options).start()
     tokens = access_tokens(server, clock=clock, refresh_margin_seconds=300)
@@ -133,8 +134,9 @@ def make_world(**server_options: Any) -> World:
     bus, sleeps = RecordingBus(), Sleeps()
     informer = EdgeInformer(
         edge, bus, clock=clock, sleep=sleeps, rng=random.Random(7),
-        settings=InformerSettings(topic=TOPIC, resync_seconds=RESYNC_SECONDS,
-                                  watch_timeout_seconds=290, backoff=NO_JITTER))
+        settings=InformerSettings(topic=TOPIC, resync_seconds=resync_seconds,
+                                  watch_timeout_seconds=watch_timeout_seconds,
+                                  backoff=NO_JITTER))
     return World(server, clock, tokens, edges, edge, bus, sleeps, informer, threading.Event())
 
 
@@ -346,7 +348,8 @@ def test_a_failed_publish_is_repeated_at_the_resync(world: World) -> None:
 def test_a_watch_outlives_its_token() -> None:
     """Tokens live 600 s here and the server ends a watch when the token that opened it
     expires; the informer resumes with a token refreshed before expiry, no 401 ever."""
-    world = make_world(token_lifetime_seconds=600, end_watch_at_token_expiry=True)
+    world = make_world(token_lifetime_seconds=600, end_watch_at_token_expiry=True,
+                       resync_seconds=3600, watch_timeout_seconds=3000)
     try:
         world.start()
         job = submit(world, "task-11")
@@ -362,6 +365,7 @@ def test_a_watch_outlives_its_token() -> None:
         world.server.start_pods(job, 1)
         world.wait_for(job, lambda o: len(o.pods) == 2)
 
+        assert world.server.watch_endings.count("token-expired") == 2
         assert not [r for r in world.server.requests if r.status == 401]
         assert world.tokens.refreshes == 2
         assert len(world.server.tokens_used("/apis/")) == 2

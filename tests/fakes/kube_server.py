@@ -296,6 +296,8 @@ class FakeKubeServer:
         self._watch_ids = itertools.count(1)
         self._closing = False
         self.requests: list[RequestRecord] = []
+        #: Why each watch stream ended: gone, dropped, ended, timeout, token-expired, ...
+        self.watch_endings: list[str] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="fake-kube-")
         self.tls_files = make_tls(Path(self._tmp.name)) if tls else None
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -814,7 +816,6 @@ class FakeKubeServer:
                                                     f"({self._oldest_rv})")
                 pending: list[tuple[str, dict[str, Any]]] = [("ERROR", gone.status())]
                 cursor = self._rv
-                state.ended = True
             elif since_raw in ("", "0"):
                 pending = [("ADDED", copy.deepcopy(obj))
                            for (kind, _, _), obj in sorted(self._objects.items())
@@ -825,21 +826,25 @@ class FakeKubeServer:
                 cursor = int(since_raw)
             self._watches[watch_id] = state
             self._cond.notify_all()
+        ending = ""
         try:
             while True:
                 for event_type, obj in pending:
                     send(event_type, obj)
+                if pending and pending[-1][0] == "ERROR":
+                    ending = "gone"
+                    break
                 pending = []
                 with self._cond:
                     self._cond.wait_for(functools.partial(self._watch_news, state, cursor),
                                         _WAIT_STEP)
                     if self._closing or state.dropped:
+                        ending = "closing" if self._closing else "dropped"
                         break
                     if state.gone:
                         gone = KubeApiError(410, "Expired", "too old resource version: "
                                                             f"{cursor} ({self._oldest_rv})")
                         pending = [("ERROR", gone.status())]
-                        state.gone, state.ended = False, True
                         continue
                     for rv, kind, event_type, obj in self._history:
                         if rv > cursor and wanted(kind, obj):
@@ -851,6 +856,8 @@ class FakeKubeServer:
                     timed_out = timeout is not None and now >= started + dt.timedelta(
                         seconds=timeout)
                     if not pending and (state.ended or expired or timed_out):
+                        ending = ("ended" if state.ended else
+                                  "token-expired" if expired else "timeout")
                         break
                     if not pending and bookmarks and state.bookmark:
                         state.bookmark = False
@@ -868,6 +875,7 @@ class FakeKubeServer:
         finally:
             with self._cond:
                 self._watches.pop(watch_id, None)
+                self.watch_endings.append(ending or "broken")
                 self._cond.notify_all()
 
 
