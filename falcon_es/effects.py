@@ -55,9 +55,9 @@ POOL_MANAGED_BY = manifests.MANAGED_BY
 POOL_TASK_LABEL = manifests.TASK_LABEL
 POOL_TOPOLOGY_LABEL = "falcon-topology"
 POOL_SUPPLY_LABEL = "falcon-supply-mode"
-#: How often the open intents are re-derived from every task state, in case a stream
-#: changed without passing through this executor (a reload after a lost race).
-FULL_SCAN_SECONDS = 60.0
+#: How often the index is rebuilt from every task state, in case a stream changed
+#: without passing through this executor (a reload after a lost race).
+FULL_SCAN_SECONDS = 300.0
 #: Pause before an intent is tried again when its outcome was not recorded.
 UNRECORDED_RETRY_SECONDS = 5.0
 
@@ -153,6 +153,182 @@ def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> d
     )
 
 
+QueueKey = tuple[str, str]  # (cluster id, topology)
+PoolKey = tuple[str, str]  # (cluster id, pool name)
+
+# Groups of the lifecycle index: which tasks a lifecycle handler has to look at.
+ACQUIRING = "acquiring"  # Pending/Provisioning, ClusterBusy, WaitingForNode
+DISPATCHING = "dispatching"  # Pending/Dispatching
+RUNNING = "running"
+ABORTING = "aborting"
+POOL_WATCH = "pool-watch"  # ended, holding a pool whose fate is open or retained
+GROUPS = (ACQUIRING, DISPATCHING, RUNNING, ABORTING, POOL_WATCH)
+ACQUIRING_REASONS = frozenset({"Provisioning", "ClusterBusy", "WaitingForNode"})
+#: Pending reasons in which a task may still take a retained pool.
+TAKER_REASONS = frozenset({"Waiting", "Provisioning", "ClusterBusy"})
+
+
+def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
+    """A task that could start on a retained pool of this (cluster, topology) queue."""
+    return (
+        state is not None
+        and state.pool_intent is None
+        and state.cluster_id == cluster_id
+        and state.topology == topology
+        and state.state.startswith("Pending.")
+        and state.state[8:] in TAKER_REASONS
+    )
+
+
+def needs_disposal(state: TaskState) -> bool:
+    """The task holds a pool whose fate (hand over or delete) is not decided yet."""
+    return (state.node_pool_name is not None
+            and state.pool_intent not in (None, "not-created")
+            and state.pool_disposition is None)
+
+
+class LifecycleIndex:
+    """Which tasks each lifecycle handler must look at, and who holds each pool.
+
+    Kept current from the streams each commit changed (and rebuilt from every task
+    now and then), so a tick costs what changed, not the number of tasks ever seen.
+    Memberships are hints: handlers re-read each candidate's state before deciding.
+    """
+
+    def __init__(self, tasks: TaskStates) -> None:
+        self.tasks = tasks
+        self._groups: dict[str, set[str]] = {g: set() for g in GROUPS}
+        self._takers: dict[QueueKey, set[str]] = {}
+        self._retained: dict[QueueKey, set[str]] = {}
+        self._member: dict[str, tuple[tuple[str, ...], QueueKey | None, QueueKey | None]] = {}
+        self._intents: dict[str, tuple[Intent, ...]] = {}
+        self._holders: dict[PoolKey, str] = {}
+        self._created_at: dict[PoolKey, dt.datetime] = {}
+        self._superseded: set[str] = set()
+        self.built = False
+
+    def rebuild(self) -> None:
+        for group in self._groups.values():
+            group.clear()
+        for index in (self._takers, self._retained, self._member, self._intents,
+                      self._holders, self._created_at):
+            index.clear()
+        self._superseded.clear()
+        for state in self.tasks.all():
+            self.update(state)
+        self.built = True
+
+    def ensure(self) -> None:
+        if not self.built:
+            self.rebuild()
+
+    def update(self, state: TaskState) -> None:
+        task_id = state.task_id
+        previous = self._member.pop(task_id, None)
+        if previous is not None:
+            groups, taker, retained = previous
+            for group in groups:
+                self._groups[group].discard(task_id)
+            if taker is not None:
+                self._takers[taker].discard(task_id)
+            if retained is not None:
+                self._retained[retained].discard(task_id)
+        self._track_pool(state)
+        handed_on = task_id in self._superseded  # its pool belongs to a later task now
+        groups = () if handed_on else self._groups_of(state)
+        for group in groups:
+            self._groups[group].add(task_id)
+        taker = retained = None
+        if state.cluster_id and can_take_pool(state, state.cluster_id, state.topology):
+            taker = (state.cluster_id, state.topology)
+            self._takers.setdefault(taker, set()).add(task_id)
+        if (state.cluster_id and state.pool_disposition == "retained" and state.is_terminal
+                and not handed_on):
+            retained = (state.cluster_id, state.topology)
+            self._retained.setdefault(retained, set()).add(task_id)
+        self._member[task_id] = (groups, taker, retained)
+        intents = task_intents(state)
+        if intents:
+            self._intents[task_id] = intents
+        else:
+            self._intents.pop(task_id, None)
+
+    def _groups_of(self, state: TaskState) -> tuple[str, ...]:
+        status, _, reason = state.state.partition(".")
+        if status == chart.PENDING:
+            if reason in ACQUIRING_REASONS:
+                return (ACQUIRING,)
+            return (DISPATCHING,) if reason == "Dispatching" else ()
+        if status == chart.RUNNING:
+            return (RUNNING,)
+        if status == chart.ABORTING:
+            return (ABORTING,)
+        if status in chart.TERMINAL_STATUSES and state.node_pool_name and (
+                needs_disposal(state)
+                or state.pool_disposition in ("retained", "delete-failed")):
+            return (POOL_WATCH,)
+        return ()
+
+    def _track_pool(self, state: TaskState) -> None:
+        """The holder of a pool is the task that last took it: its creator, then each
+        task it was handed over to (``NodePoolReused.from_task`` names the previous one)."""
+        if not (state.node_pool_name and state.cluster_id
+                and state.pool_intent not in (None, "not-created")):
+            return
+        key = (state.cluster_id, state.node_pool_name)
+        if state.pool_from_task and state.pool_from_task not in self._superseded:
+            self._superseded.add(state.pool_from_task)
+            self._forget_pool_duties(state.pool_from_task)
+        if state.pool_requested_at is not None:
+            known = self._created_at.get(key)
+            if known is None or state.pool_requested_at < known:
+                self._created_at[key] = state.pool_requested_at
+        if state.task_id in self._superseded:
+            return
+        current = self._holders.get(key)
+        if current is None or current in self._superseded or current == state.task_id:
+            self._holders[key] = state.task_id
+
+    def _forget_pool_duties(self, task_id: str) -> None:
+        """The task handed its pool on: nothing about that pool is its business now."""
+        member = self._member.get(task_id)
+        if member is None:
+            return
+        groups, taker, retained = member
+        self._groups[POOL_WATCH].discard(task_id)
+        if retained is not None:
+            self._retained[retained].discard(task_id)
+        self._member[task_id] = (tuple(g for g in groups if g != POOL_WATCH), taker, None)
+
+    # ------------------------------------------------------------------ reading
+    def ids(self, *groups: str) -> set[str]:
+        found: set[str] = set()
+        for group in groups:
+            found |= self._groups[group]
+        return found
+
+    def takers(self, key: QueueKey) -> set[str]:
+        return set(self._takers.get(key, ()))
+
+    def retained(self, key: QueueKey) -> set[str]:
+        return set(self._retained.get(key, ()))
+
+    def holder(self, key: PoolKey) -> str | None:
+        return self._holders.get(key)
+
+    def pools(self) -> dict[PoolKey, str]:
+        return dict(self._holders)
+
+    def created_at(self, key: PoolKey) -> dt.datetime | None:
+        return self._created_at.get(key)
+
+    def intents(self) -> list[Intent]:
+        return [i for group in self._intents.values() for i in group]
+
+    def intents_of(self, task_id: str) -> tuple[Intent, ...]:
+        return self._intents.get(task_id, ())
+
+
 class EffectExecutor:
     """Performs open intents after each commit; its outcomes feed the next tick.
 
@@ -166,7 +342,7 @@ class EffectExecutor:
         self.tasks = tasks
         self.settings = settings
         self.ports = ports
-        self._open: dict[str, tuple[Intent, ...]] = {}
+        self.index = LifecycleIndex(tasks)
         self._orphans: dict[tuple[str, str], Intent] = {}
         self._orphan_streams_read: set[str] = set()
         self._queued: list[Outcome] = []
@@ -192,8 +368,8 @@ class EffectExecutor:
 
     def open_intents(self) -> list[Intent]:
         """Every intent known to be open (as of the last commit)."""
-        return sorted([i for group in self._open.values() for i in group]
-                      + list(self._orphans.values()))
+        self.index.ensure()
+        return sorted([*self.index.intents(), *self._orphans.values()])
 
     def open_orphans(self) -> frozenset[tuple[str, str]]:
         """(cluster id, pool name) of orphans found and not yet deleted."""
@@ -202,7 +378,7 @@ class EffectExecutor:
     def is_open(self, intent: Intent) -> bool:
         if intent.kind == ORPHAN_DELETE:
             return self._orphans.get((intent.cluster_id, intent.name)) == intent
-        return intent in self._open.get(intent.stream_id, ())
+        return intent in self.index.intents_of(intent.stream_id)
 
     def sweep_due(self, now: dt.datetime) -> bool:
         return self._next_sweep is None or now >= self._next_sweep
@@ -226,7 +402,7 @@ class EffectExecutor:
         clusters = {c.id: c for c in ctx.clusters}
         self._load_orphan_streams(clusters)
         if self._next_full_scan is None or now >= self._next_full_scan:
-            self._open = {s.task_id: i for s in self.tasks.all() if (i := task_intents(s))}
+            self.index.rebuild()
             self._next_full_scan = now + dt.timedelta(seconds=FULL_SCAN_SECONDS)
         else:
             self._refresh(recorded)
@@ -242,15 +418,11 @@ class EffectExecutor:
 
     # ------------------------------------------------------------- bookkeeping
     def _refresh(self, recorded: Iterable[RecordedEvent]) -> None:
+        self.index.ensure()
         for stream_id in {r.stream_id for r in recorded}:
             state = self.tasks.get(stream_id)
-            if state is None:
-                continue
-            intents = task_intents(state)
-            if intents:
-                self._open[stream_id] = intents
-            else:
-                self._open.pop(stream_id, None)
+            if state is not None:
+                self.index.update(state)
 
     def _load_orphan_streams(self, clusters: Mapping[str, Cluster]) -> None:
         for cluster_id in clusters:
@@ -270,8 +442,7 @@ class EffectExecutor:
                 self._orphans.pop((event.cluster_id, event.pool_name), None)
 
     def _due(self, now: dt.datetime) -> list[Intent]:
-        intents = [i for group in self._open.values() for i in group]
-        intents.extend(self._orphans.values())
+        intents = [*self.index.intents(), *self._orphans.values()]
         live = set(intents)
         for stale in [i for i in self._not_before if i not in live]:
             del self._not_before[stale]

@@ -25,10 +25,11 @@ from __future__ import annotations
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
+from falcon_es.effects import ABORTING
 from falcon_es.runtime import Tick
 from falcon_es.task import TaskState
 from handlers.deprovision import (
-    JOB_GONE, PoolDecider, current_states, live_states, needs_disposal, pool_settled,
+    JOB_GONE, PoolDecider, candidates, needs_disposal, pool_settled,
 )
 
 #: Job intents the abort waits out (an effect is open).
@@ -36,20 +37,19 @@ JOB_IN_FLIGHT = frozenset({"submit-requested", "delete-requested"})
 
 
 def advance_aborts(tick: Tick, ctx: HandlerContext) -> None:
-    aborting = [s for s in live_states(tick, ctx) if s.status == chart.ABORTING]
+    aborting = [s for s in candidates(tick, ctx, ABORTING) if s.status == chart.ABORTING]
     if not aborting:
         return
     clusters = {c.id: c for c in ctx.clusters}
-    decider: PoolDecider | None = None
+    decider = PoolDecider(tick, ctx.effects.index) if ctx.effects is not None else None
     for state in aborting:
         state = _stop_job(tick, state)
         if state.job_intent not in JOB_GONE:
             continue
         if needs_disposal(state):
-            if not pool_settled(state, clusters.get(state.cluster_id or ""), ctx):
+            if decider is None or not pool_settled(state, clusters.get(state.cluster_id or ""),
+                                                   ctx):
                 continue
-            if decider is None:
-                decider = PoolDecider(tick, current_states(tick, ctx))
             decider.dispose(state)
             state = tick.state(state.task_id) or state
             if needs_disposal(state):

@@ -11,22 +11,22 @@ A pool is handed over only when it reached readiness and no Job of the ending ta
 still occupies it. A retained pool whose intended taker went away (aborted, re-queued,
 given a pool of its own) is handed to another waiting task of its queue or deleted.
 
-The module also holds the pool inventory the provisioning and orphan handlers share:
-every pool is traced, through ``NodePoolReused.from_task``, to the one task currently
-responsible for it (its holder).
+Every pool is traced, through ``NodePoolReused.from_task``, to the one task currently
+responsible for it (its holder); the effect executor's ``LifecycleIndex`` keeps that
+and the candidate lists current, so a tick looks only at tasks that can need work.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Iterable
 
-from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import retry_due_at
+from falcon_es.effects import (
+    POOL_WATCH, LifecycleIndex, QueueKey, can_take_pool, needs_disposal, retry_due_at,
+)
 from falcon_es.ports import PortError
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
@@ -34,105 +34,63 @@ from falcon_es.task import TaskState
 
 log = logging.getLogger("falcon_es.handlers.deprovision")
 
-QueueKey = tuple[str, str]  # (cluster id, topology)
-PoolKey = tuple[str, str]  # (cluster id, pool name)
+__all__ = ["JOB_GONE", "PoolDecider", "can_take_pool", "candidates", "deprovision",
+           "needs_disposal", "pool_settled"]
 
-#: Pending reasons in which a task may still take a retained pool.
-TAKER_REASONS = frozenset({"Waiting", "Provisioning", "ClusterBusy"})
 #: Job intents after which no pod of the task occupies the pool's nodes.
 JOB_GONE = frozenset({None, "finished", "deleted", "cancelled", "submit-failed"})
 _EARLIEST = dt.datetime.min
 
 
-@dataclasses.dataclass(frozen=True)
-class PoolRecord:
-    """One node pool as the log knows it."""
-
-    cluster_id: str
-    pool_name: str
-    topology: str
-    holder: TaskState  # the task currently responsible for the pool
-    created_at: dt.datetime | None  # when its creator asked for it
-
-
-def current_states(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
-    """Every task as this tick sees it (earlier handlers' events included)."""
-    seen = {s.task_id for s in ctx.tasks.all()} | {s.task_id for s in tick.touched()}
-    return [s for task_id in seen if (s := tick.state(task_id)) is not None]
-
-
-def live_states(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
-    """Non-terminal tasks as this tick sees them, earliest submitted first (so when
-    they compete for reservation capacity in one tick, the older one wins)."""
-    ids = {s.task_id for s in ctx.tasks.live()} | {s.task_id for s in tick.touched()}
+def candidates(tick: Tick, ctx: HandlerContext, *groups: str) -> list[TaskState]:
+    """The tasks of these index groups plus those this tick already changed, as the
+    tick sees them, earliest submitted first (so when tasks compete for reservation
+    capacity in one tick, the older one wins). Without an index (no ports wired) every
+    live task is a candidate."""
+    effects = ctx.effects
+    if effects is not None:
+        effects.index.ensure()
+        ids = effects.index.ids(*groups)
+    else:
+        ids = {s.task_id for s in ctx.tasks.live()}
+    ids |= {s.task_id for s in tick.touched()}
     states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
     states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
-    return [s for s in states if not s.is_terminal]
-
-
-def pool_records(states: Iterable[TaskState]) -> dict[PoolKey, PoolRecord]:
-    """Each pool's current holder: the task holding it that handed it to no one."""
-    by_pool: dict[PoolKey, list[TaskState]] = {}
-    for state in states:
-        if state.node_pool_name and state.cluster_id and state.pool_intent not in (
-                None, "not-created"):
-            by_pool.setdefault((state.cluster_id, state.node_pool_name), []).append(state)
-    records = {}
-    for key, holders in by_pool.items():
-        superseded = {h.pool_from_task for h in holders if h.pool_from_task}
-        current = [h for h in holders if h.task_id not in superseded] or holders
-        holder = max(current, key=lambda h: (not h.is_terminal, h.updated_at or _EARLIEST,
-                                             h.task_id))
-        created = [h.pool_requested_at for h in holders if h.pool_requested_at is not None]
-        records[key] = PoolRecord(key[0], key[1], holder.topology, holder,
-                                  min(created) if created else None)
-    return records
-
-
-def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
-    """A task that could start on a retained pool of this queue."""
-    return (
-        state is not None
-        and state.status == chart.PENDING
-        and state.reason in TAKER_REASONS
-        and state.cluster_id == cluster_id
-        and state.topology == topology
-        and state.pool_intent is None
-    )
-
-
-def takers_by_queue(states: Iterable[TaskState]) -> dict[QueueKey, list[TaskState]]:
-    """Per queue, the tasks that could take a pool: the slot holder first (it is the
-    one provisioning now), then the waiting tasks in submit order."""
-    queues: dict[QueueKey, list[TaskState]] = {}
-    for state in states:
-        if state.cluster_id and can_take_pool(state, state.cluster_id, state.topology):
-            queues.setdefault((state.cluster_id, state.topology), []).append(state)
-    for takers in queues.values():
-        takers.sort(key=lambda s: (s.reason == "Waiting", s.submitted_at or _EARLIEST,
-                                   s.task_id))
-    return queues
+    return states
 
 
 class PoolDecider:
     """Decides the fate of ended tasks' pools within one tick, remembering which
     waiting tasks were already promised a pool so two pools never go to one task."""
 
-    def __init__(self, tick: Tick, states: list[TaskState]) -> None:
+    def __init__(self, tick: Tick, index: LifecycleIndex) -> None:
         self.tick = tick
-        self.takers = takers_by_queue(states)
-        self.promised = {
-            s.retained_for for s in states
-            if s.pool_disposition == "retained" and s.retained_for and s.is_terminal
-        }
+        self.index = index
+        self.promised: set[str] = set()
+        self._loaded: set[QueueKey] = set()
+
+    def _load(self, key: QueueKey) -> None:
+        """Tasks already promised a pool of this queue (by an earlier tick)."""
+        if key in self._loaded:
+            return
+        self._loaded.add(key)
+        for holder_id in self.index.retained(key):
+            holder = self.tick.state(holder_id)
+            if holder is not None and holder.pool_disposition == "retained" and holder.retained_for:
+                self.promised.add(holder.retained_for)
 
     def taker_for(self, cluster_id: str, topology: str) -> TaskState | None:
-        for candidate in self.takers.get((cluster_id, topology), ()):
-            fresh = self.tick.state(candidate.task_id)
-            if fresh is not None and fresh.task_id not in self.promised and can_take_pool(
-                    fresh, cluster_id, topology):
-                return fresh
-        return None
+        """The slot holder without a pool first (it is provisioning now), then the
+        waiting tasks in submit order."""
+        key = (cluster_id, topology)
+        self._load(key)
+        ids = self.index.takers(key) | {s.task_id for s in self.tick.touched()}
+        fresh = [s for i in ids if (s := self.tick.state(i)) is not None
+                 and s.task_id not in self.promised and can_take_pool(s, cluster_id, topology)]
+        if not fresh:
+            return None
+        return min(fresh, key=lambda s: (s.reason == "Waiting", s.submitted_at or _EARLIEST,
+                                         s.task_id))
 
     def dispose(self, state: TaskState) -> None:
         """Hand the ended task's pool over, or delete it."""
@@ -149,6 +107,23 @@ class PoolDecider:
             self.tick.emit(state.task_id, ev.NodePoolRetained(pool, taker.task_id))
         else:
             self.tick.emit(state.task_id, ev.NodePoolDeleteRequested(pool))
+
+    def check_retained(self, holder: TaskState) -> None:
+        """A retained pool stays promised while its taker can still take it."""
+        if holder.cluster_id is None or holder.node_pool_name is None:
+            return
+        self._load((holder.cluster_id, holder.topology))
+        taker = self.tick.state(holder.retained_for) if holder.retained_for else None
+        if can_take_pool(taker, holder.cluster_id, holder.topology):
+            return
+        self.promised.discard(holder.retained_for or "")
+        other = self.taker_for(holder.cluster_id, holder.topology)
+        if other is not None:
+            self.promised.add(other.task_id)
+            self.tick.emit(holder.task_id, ev.NodePoolRetained(holder.node_pool_name,
+                                                               other.task_id))
+        else:
+            self.tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name))
 
 
 def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext) -> bool:
@@ -168,48 +143,43 @@ def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext)
         return False
 
 
-def needs_disposal(state: TaskState) -> bool:
-    """The task ended holding a pool whose fate is not decided yet."""
-    return (state.node_pool_name is not None
-            and state.pool_intent not in (None, "not-created")
-            and state.pool_disposition is None)
+def handed_over_now(tick: Tick) -> set[str]:
+    """Tasks whose pool another task took over earlier in this tick."""
+    return {s.pool_from_task for s in tick.touched() if s.pool_from_task}
+
+
+def is_holder(index: LifecycleIndex, state: TaskState, handed_over: set[str]) -> bool:
+    """Still responsible for its pool: no task took it over, in an earlier tick (the
+    index knows) or in this one (``handed_over_now``)."""
+    if state.cluster_id is None or state.node_pool_name is None:
+        return False
+    if index.holder((state.cluster_id, state.node_pool_name)) not in (None, state.task_id):
+        return False
+    return state.task_id not in handed_over
 
 
 def deprovision(tick: Tick, ctx: HandlerContext) -> None:
     """Decide every ended task's pool; retry failed deletes; re-home retained pools
     whose taker went away."""
-    if ctx.ports is None:
+    if ctx.ports is None or ctx.effects is None:
         return
+    index = ctx.effects.index
     clusters = {c.id: c for c in ctx.clusters}
-    states = current_states(tick, ctx)
-    decider = PoolDecider(tick, states)
-    for record in sorted(pool_records(states).values(), key=lambda r: (r.cluster_id,
-                                                                       r.pool_name)):
-        holder = tick.state(record.holder.task_id)
-        if holder is None or not holder.is_terminal:
+    decider = PoolDecider(tick, index)
+    handed_over = handed_over_now(tick)
+    for holder in _ended_with_pools(candidates(tick, ctx, POOL_WATCH)):
+        if not is_holder(index, holder, handed_over):
             continue
         if needs_disposal(holder):
-            if pool_settled(holder, clusters.get(record.cluster_id), ctx):
+            if pool_settled(holder, clusters.get(holder.cluster_id or ""), ctx):
                 decider.dispose(holder)
         elif holder.pool_disposition == "retained":
-            _check_retained(tick, decider, holder)
+            decider.check_retained(holder)
         elif holder.pool_disposition == "delete-failed":
             due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings)
             if due is None or ctx.now >= due:
-                tick.emit(holder.task_id, ev.NodePoolDeleteRequested(record.pool_name))
+                tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name or ""))
 
 
-def _check_retained(tick: Tick, decider: PoolDecider, holder: TaskState) -> None:
-    """A retained pool stays promised while its taker can still take it."""
-    if holder.cluster_id is None or holder.node_pool_name is None:
-        return
-    taker = tick.state(holder.retained_for) if holder.retained_for else None
-    if can_take_pool(taker, holder.cluster_id, holder.topology):
-        return
-    decider.promised.discard(holder.retained_for)
-    other = decider.taker_for(holder.cluster_id, holder.topology)
-    if other is not None:
-        decider.promised.add(other.task_id)
-        tick.emit(holder.task_id, ev.NodePoolRetained(holder.node_pool_name, other.task_id))
-    else:
-        tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name))
+def _ended_with_pools(states: Iterable[TaskState]) -> list[TaskState]:
+    return [s for s in states if s.is_terminal and s.node_pool_name]

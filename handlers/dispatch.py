@@ -13,12 +13,13 @@ from __future__ import annotations
 from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
+from falcon_es.effects import DISPATCHING
 from falcon_es.runtime import Tick
-from handlers.deprovision import live_states
+from handlers.deprovision import candidates
 
 
 def dispatch(tick: Tick, ctx: HandlerContext) -> None:
-    for state in live_states(tick, ctx):
+    for state in candidates(tick, ctx, DISPATCHING):
         if (state.status == chart.PENDING and state.reason == "Dispatching"
                 and state.job_intent is None and state.pool_intent == "ready"
                 and state.node_pool_name):

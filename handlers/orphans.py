@@ -18,6 +18,7 @@ An orphan is recorded as ``OrphanPoolFound`` (an intent) in the stream
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from falcon_es import events as ev
@@ -27,7 +28,6 @@ from falcon_es.effects import POOL_MANAGED_BY, POOL_TASK_LABEL, orphan_stream
 from falcon_es.manifests import MANAGED_BY_VALUE
 from falcon_es.ports import NodePoolInfo, PortError
 from falcon_es.runtime import Tick
-from handlers.deprovision import PoolRecord, current_states, pool_records
 
 log = logging.getLogger("falcon_es.handlers.orphans")
 
@@ -40,7 +40,8 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
     if ctx.ports is None or effects is None or not effects.sweep_due(ctx.now):
         return
     effects.swept(ctx.now)
-    records = pool_records(current_states(tick, ctx))
+    index = effects.index
+    index.ensure()
     already = effects.open_orphans()
     for cluster in ctx.clusters:
         try:
@@ -51,12 +52,13 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
         for pool in sorted(pools, key=lambda p: p.name):
             if (cluster.id, pool.name) in already or not _is_ours(pool):
                 continue
-            record = records.get((cluster.id, pool.name))
-            if record is not None and not _orphaned(tick, ctx, record):
+            holder_id = index.holder((cluster.id, pool.name))
+            if holder_id is not None and not _orphaned(tick, ctx, holder_id,
+                                                       index.created_at((cluster.id, pool.name))):
                 continue
             if pool.status == "STOPPING":
                 continue
-            owner = record.holder.task_id if record else pool.labels.get(POOL_TASK_LABEL)
+            owner = holder_id or pool.labels.get(POOL_TASK_LABEL)
             tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
 
 
@@ -65,12 +67,15 @@ def _is_ours(pool: NodePoolInfo) -> bool:
             and pool.labels.get(POOL_MANAGED_BY) == MANAGED_BY_VALUE)
 
 
-def _orphaned(tick: Tick, ctx: HandlerContext, record: PoolRecord) -> bool:
-    holder = tick.state(record.holder.task_id) or record.holder
+def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str,
+              created_at: dt.datetime | None) -> bool:
+    holder = tick.state(holder_id)
+    if holder is None:
+        return True
     if not holder.is_terminal or holder.pool_disposition in OWNED_BY_DEPROVISION:
         return False
-    if record.created_at is not None:
-        age = (ctx.now - record.created_at).total_seconds()
+    if created_at is not None:
+        age = (ctx.now - created_at).total_seconds()
         if age < ctx.settings.create_visibility_grace_seconds:
             return False
     return True

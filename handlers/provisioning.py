@@ -29,6 +29,7 @@ import logging
 from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
+from falcon_es.effects import ACQUIRING as ACQUIRING_GROUP
 from falcon_es.effects import next_attempt, retry_due_at
 from falcon_es.ports import NOT_FOUND, PortError
 from falcon_es.registry import Cluster
@@ -37,7 +38,7 @@ from falcon_es.settings import Settings
 from falcon_es.spec import SUPPLY_MODES
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
-from handlers.deprovision import PoolKey, PoolRecord, current_states, live_states, pool_records
+from handlers.deprovision import candidates, handed_over_now, is_holder
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
@@ -72,17 +73,11 @@ class _Provisioner:
         self.ctx = ctx
         self.ports = ctx.ports
         self.clusters = {c.id: c for c in ctx.clusters}
-        self._records: dict[PoolKey, PoolRecord] | None = None
-        self.taken: set[PoolKey] = set()
+        self.taken: set[tuple[str, str]] = set()  # (cluster id, pool) reused this tick
+        self.handed_over = handed_over_now(tick)
         #: Reservation hosts granted to creates earlier in this tick, which the API
         #: cannot see until the executor has issued them.
         self.granted_hosts: dict[tuple[str, str], int] = {}
-
-    @property
-    def records(self) -> dict[PoolKey, PoolRecord]:
-        if self._records is None:
-            self._records = pool_records(current_states(self.tick, self.ctx))
-        return self._records
 
     def run(self, state: TaskState) -> None:
         cluster = self.clusters.get(state.cluster_id or "")
@@ -98,39 +93,43 @@ class _Provisioner:
 
     # ------------------------------------------------------------------- reuse
     def reuse(self, state: TaskState, cluster: Cluster) -> bool:
-        for record in self._idle_pools(state, cluster):
+        for holder in self._idle_pools(state, cluster):
+            pool = holder.node_pool_name or ""
             try:
-                info = self.ports.node_pools.get(cluster, record.pool_name)
+                info = self.ports.node_pools.get(cluster, pool)
             except PortError as error:
                 if error.code != NOT_FOUND:
-                    log.warning("idle pool %s on %s: %s", record.pool_name, cluster.name, error)
+                    log.warning("idle pool %s on %s: %s", pool, cluster.name, error)
                     return True  # look again next tick rather than create a second pool
                 info = None
-            self.taken.add((record.cluster_id, record.pool_name))
+            self.taken.add((cluster.id, pool))
             if info is None or info.status == "ERROR":
                 # Gone or broken while idle: let its last holder delete it.
-                self.tick.emit(record.holder.task_id,
-                               ev.NodePoolDeleteRequested(record.pool_name))
+                self.tick.emit(holder.task_id, ev.NodePoolDeleteRequested(pool))
                 continue
             if info.status != "RUNNING":
                 return True  # being repaired or upgraded: wait for it
             self.tick.emit(state.task_id, ev.NodePoolReused(
-                record.pool_name, record.holder.task_id,
-                record.holder.supply_mode or supply_mode_for(state, cluster)))
+                pool, holder.task_id, holder.supply_mode or supply_mode_for(state, cluster)))
             return True
         return False
 
-    def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[PoolRecord]:
+    def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[TaskState]:
+        """Ended tasks holding a retained pool of this queue: the one kept for this
+        task first."""
+        if self.ctx.effects is None:
+            return []
+        index = self.ctx.effects.index
         idle = []
-        for key, record in self.records.items():
-            holder = self.tick.state(record.holder.task_id) or record.holder
-            if (key in self.taken or record.cluster_id != cluster.id
-                    or record.topology != state.topology or not holder.is_terminal
-                    or holder.pool_disposition != "retained"):
+        for holder_id in index.retained((cluster.id, state.topology)):
+            holder = self.tick.state(holder_id)
+            if (holder is None or not holder.is_terminal or holder.node_pool_name is None
+                    or holder.pool_disposition != "retained"
+                    or (cluster.id, holder.node_pool_name) in self.taken
+                    or not is_holder(index, holder, self.handed_over)):
                 continue
-            idle.append(PoolRecord(record.cluster_id, record.pool_name, record.topology,
-                                   holder, record.created_at))
-        idle.sort(key=lambda r: (r.holder.retained_for != state.task_id, r.pool_name))
+            idle.append(holder)
+        idle.sort(key=lambda h: (h.retained_for != state.task_id, h.node_pool_name or ""))
         return idle
 
     # ----------------------------------------------------------------- acquire
@@ -245,7 +244,7 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
     """Move every task that holds a slot one step towards a ready pool."""
     if ctx.ports is None:
         return
-    work = [s for s in live_states(tick, ctx)
+    work = [s for s in candidates(tick, ctx, ACQUIRING_GROUP)
             if s.status == chart.PENDING and s.reason in ACQUIRING]
     if not work:
         return

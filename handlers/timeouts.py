@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import retry_due_at
+from falcon_es.effects import (
+    ACQUIRING, DISPATCHING, POOL_WATCH, RUNNING, EffectExecutor, retry_due_at,
+)
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
 from falcon_es.task import TaskState
-from handlers.deprovision import live_states
+from handlers.deprovision import candidates
 
 DISPATCHED = frozenset({"Pending.Dispatching", chart.RUNNING})
 PROVISIONING = frozenset({"Pending.Provisioning", "Pending.WaitingForNode"})
@@ -55,7 +57,9 @@ def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime |
 
 
 def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
-    for state in live_states(tick, ctx):
+    for state in candidates(tick, ctx, ACQUIRING, DISPATCHING, RUNNING):
+        if state.is_terminal:
+            continue
         deadline = job_deadline(state)
         if deadline is not None and ctx.now >= deadline:
             pending = state.pending_diagnosis if state.reason == "Dispatching" else None
@@ -89,3 +93,13 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
                 if due is not None:
                     moments.append(due)
     return min(moments) if moments else None
+
+
+def next_due_of(effects: EffectExecutor) -> dt.datetime | None:
+    """``next_due`` over the tasks the lifecycle index says can have a deadline or a
+    retry (what a loop should call instead of passing every task ever seen)."""
+    index = effects.index
+    index.ensure()
+    ids = index.ids(ACQUIRING, DISPATCHING, RUNNING, POOL_WATCH)
+    return next_due((s for i in ids if (s := index.tasks.get(i)) is not None),
+                    effects.settings)

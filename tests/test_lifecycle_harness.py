@@ -226,6 +226,7 @@ class Harness:
         self.controller: Controller = self._controller()
         self.restarts = 0
         self.ticks_since_start = 0
+        self.recording = True
 
     def _controller(self) -> Controller:
         if self.plan is None:
@@ -289,6 +290,8 @@ class Harness:
         return report.appended
 
     def record(self) -> None:
+        if not self.recording:
+            return
         for row in job_rows.list_rows(self.app.engine):
             step = (row["status"], row["reason"])
             seen = self.history.setdefault(row["id"], [])
@@ -301,7 +304,7 @@ class Harness:
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (
             self.world.next_due(),
-            timeouts.next_due(self.app.tasks.all(), self.settings),
+            timeouts.next_due_of(self.effects),
             self.effects.next_due(),
         ) if m is not None]
         return min(moments) if moments else None
