@@ -5,8 +5,8 @@ waiting tasks' position Message in the job table.
 ``QueueView`` is an inline projection registered after ``TaskStates`` and the job-table
 projection. In each append's transaction it folds the append's task changes into the
 scheduler's ``QueueBook`` (which the scheduling handlers already updated while they
-decided) and rewrites, in one batched UPDATE, the Message of the waiting tasks whose
-position text changed, only in queues whose pick order changed. Running in the append's
+decided) and rewrites, in bulk (``write_positions``), the Message of the waiting tasks
+whose position text changed, only in queues whose pick order changed. Running in the append's
 own transaction, after the job-table rows were written, it commits with the tick's
 events and covers events from every handler. A row the upper layer set to
 ``Aborting`` is never touched (``WHERE status = 'Pending'``).
@@ -69,11 +69,41 @@ def position_update() -> sa.Update:
     )
 
 
-def write_positions(conn: Connection, rows: Sequence[tuple[str, str]]) -> int:
-    """One executemany UPDATE for all rows; returns the rows written."""
+#: Rows per statement of the MySQL/MariaDB form (PyMySQL's executemany of an UPDATE
+#: is one round trip per row; a joined derived table carries many rows per trip).
+MYSQL_CHUNK = 500
+
+
+def _mysql_update(count: int) -> sa.TextClause:
+    """UPDATE ... JOIN (SELECT id, message UNION ALL ...) for ``count`` rows, with the
+    same guard: only rows still Pending."""
+    selects = " UNION ALL ".join(
+        f"SELECT :i{n} AS id, :m{n} AS message" if n == 0 else f"SELECT :i{n}, :m{n}"
+        for n in range(count)
+    )
+    return sa.text(
+        f"UPDATE job JOIN ({selects}) AS moved ON job.id = moved.id "
+        "SET job.message = moved.message WHERE job.status = :pending"
+    )
+
+
+def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
+                    update: sa.Update | None = None) -> int:
+    """Write (task id, Message) rows in bulk: one executemany UPDATE on SQLite, joined
+    multi-row UPDATEs of ``MYSQL_CHUNK`` rows on MySQL/MariaDB. Returns the rows sent."""
     if not rows:
         return 0
-    conn.execute(position_update(), [{"b_id": task_id, "b_message": m} for task_id, m in rows])
+    if conn.dialect.name in ("mysql", "mariadb"):
+        for start in range(0, len(rows), MYSQL_CHUNK):
+            chunk = rows[start:start + MYSQL_CHUNK]
+            params: dict[str, str] = {"pending": chart.PENDING}
+            for n, (task_id, message) in enumerate(chunk):
+                params[f"i{n}"] = task_id
+                params[f"m{n}"] = message
+            conn.execute(_mysql_update(len(chunk)), params)
+        return len(rows)
+    conn.execute(update if update is not None else position_update(),
+                 [{"b_id": task_id, "b_message": m} for task_id, m in rows])
     return len(rows)
 
 
@@ -158,13 +188,12 @@ class QueueView:
         return rows
 
     def refresh(self, conn: Connection) -> int:
-        """Write the changed positions in one batched UPDATE (within the append)."""
+        """Write the changed positions in bulk (within the append)."""
         if not self.book.changed:
             self.last_refresh_rows = 0
             return 0
         rows = self.pending_positions()
-        if rows:
-            conn.execute(self._update, [{"b_id": t, "b_message": m} for t, m in rows])
+        write_positions(conn, rows, self._update)
         self._staged.update(rows)
         self._refreshed = set(self.book.changed)
         self.last_refresh_rows = len(rows)

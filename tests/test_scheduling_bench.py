@@ -28,3 +28,11 @@ def test_cli_rejects_bad_sizes() -> None:
     result = CliRunner().invoke(main, ["bench", "scheduler", "--sizes", "ten"])
     assert result.exit_code == 2
     assert "--sizes 'ten': expected whole numbers" in result.output
+
+
+def test_benchmark_runs_in_scratch_databases_on_mariadb() -> None:
+    from tests.conftest import MYSQL_SERVER
+
+    report = bench.scheduler_benchmark(HANDLERS, sizes=(100, 200), server=MYSQL_SERVER)
+    assert report["backend"] == "mysql"
+    assert all(size["raw_rows_per_s"] > 0 for size in report["sizes"])

@@ -274,7 +274,6 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
     assert view is not None
     book = view.book
     key = max(book.waiting_queues(), key=book.waiting_count)
-    raw = sa.text("UPDATE job SET message = :b_message WHERE id = :b_id")
     refresh_rates, raw_rates = [], []
     rows = 0
     for _ in range(REFRESH_ROUNDS):
@@ -298,11 +297,31 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
             continue
         with app.engine.begin() as conn:
             started = time.perf_counter()
-            conn.execute(raw, params)
+            _raw_update(conn, params)
         raw_rates.append(len(params) / (time.perf_counter() - started))
         refresh_rates.append(rows / elapsed)
         book.changed = {key}
     return rows, max(refresh_rates, default=0.0), max(raw_rates, default=0.0)
+
+
+def _raw_update(conn: sa.Connection, params: list[dict[str, str]]) -> None:
+    """The baseline: the plainest batched UPDATE of these rows for the dialect, written
+    by hand. SQLite: one executemany. MySQL/MariaDB: PyMySQL's executemany of an UPDATE
+    is one round trip per row, so the baseline is the faster joined form, 500 rows a
+    statement (``UPDATE job JOIN (SELECT .. UNION ALL ..) ..``)."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        conn.execute(sa.text("UPDATE job SET message = :b_message WHERE id = :b_id"), params)
+        return
+    for start in range(0, len(params), 500):
+        chunk = params[start:start + 500]
+        values = {}
+        selects = []
+        for n, row in enumerate(chunk):
+            values[f"i{n}"], values[f"m{n}"] = row["b_id"], row["b_message"]
+            selects.append(f"SELECT :i{n} AS id, :m{n} AS message" if n == 0
+                           else f"SELECT :i{n}, :m{n}")
+        conn.execute(sa.text(f"UPDATE job JOIN ({' UNION ALL '.join(selects)}) AS moved "
+                             "ON job.id = moved.id SET job.message = moved.message"), values)
 
 
 def format_report(report: dict[str, Any]) -> str:
