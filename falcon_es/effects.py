@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from falcon_es import chart, manifests, naming
 from falcon_es import events as ev
@@ -40,6 +40,10 @@ from falcon_es.settings import Settings
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.task import TaskState, TaskStates
 from falcon_es.tpu import slice_shape
+
+if TYPE_CHECKING:  # the context module imports this one
+    from falcon_es.context import HandlerContext
+    from falcon_es.runtime import Tick
 
 log = logging.getLogger("falcon_es.effects")
 
@@ -396,7 +400,7 @@ class EffectExecutor:
             moments.append(self._next_sweep)
         return min(moments) if moments else None
 
-    def after_commit(self, ctx: Any, recorded: Sequence[RecordedEvent]) -> None:
+    def after_commit(self, ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
         """The tick's events are durable: bring the open intents up to date and do them."""
         now = self.ports.clock.now()
         clusters = {c.id: c for c in ctx.clusters}
@@ -644,7 +648,7 @@ class EffectExecutor:
         self._queue(intent, ev.NodePoolDeleteFailed(intent.name, error.message, attempt), now)
 
 
-def record_outcomes(tick: Any, ctx: Any) -> None:
+def record_outcomes(tick: Tick, ctx: HandlerContext) -> None:
     """Handler: append the outcomes the executor queued, if their intent is still open.
 
     An outcome whose intent closed meanwhile (another outcome won, a restart re-issued

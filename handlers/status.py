@@ -120,7 +120,8 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     return []
 
 
-def _failure_cause(pod: PodObservation | None, observation: JobObservation) -> tuple[str, int | None]:
+def _failure_cause(pod: PodObservation | None,
+                   observation: JobObservation) -> tuple[str, int | None]:
     """The pod's root cause in the words an operator looks for."""
     if pod is None:
         return "Job failed (no failed pod was observed)", None

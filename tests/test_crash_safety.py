@@ -2,13 +2,13 @@
 
 A full lifecycle -- a pool created for one task and its Job run to success, a second
 task waiting for reservation capacity (ClusterBusy) that takes the pool over, then is
-aborted while running (its Job deleted, the pool deleted) -- is run once without a crash to learn its steps. Then,
-for every step, a fresh run stops the controller there: after each handler that
-decided something (before its tick commits), after each commit (before its effects),
-and before and after each state-changing call to GKE, Kubernetes or Pub/Sub. A new
-controller (new App, same database, same simulated world) takes over, and the test
-shows every task still ends as in the crash-free run, with no pool or Job created
-twice and no pool left behind.
+aborted while running (its Job deleted, the pool deleted) -- is run once without a
+crash to learn its steps. Then, for every step, a fresh run stops the controller
+there: after each handler that decided something (before its tick commits), after
+each commit (before its effects), and before and after each state-changing call to
+GKE, Kubernetes or Pub/Sub. A new controller (new App, same database, same simulated
+world) takes over, and the test shows every task still ends as in the crash-free run,
+with no pool or Job created twice and no pool left behind.
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from test_lifecycle_harness import (
-    Harness, flex_cluster, reserved_cluster, sim_config,
+    NO_FAULTS, Harness, flex_cluster, reserved_cluster, sim_config,
 )
 
 from falcon_es import manifests, naming
 from falcon_es.adapters.sim import SimClusterConfig
-from falcon_es.adapters.sim.config import DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig
+from falcon_es.adapters.sim.config import (
+    DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
+)
 from falcon_es.clock import VirtualClock
 from falcon_es.effects import pool_labels
 from falcon_es.ports import NodePoolSpec
@@ -34,7 +36,7 @@ RESERVED_PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
 def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
     made: list[Harness] = []
 
-    def factory(*clusters: SimClusterConfig, delivery: DeliveryFaults = DeliveryFaults(),
+    def factory(*clusters: SimClusterConfig, delivery: DeliveryFaults = NO_FAULTS,
                 settings: Settings | None = None) -> Harness:
         harness = Harness(db_url, clock, sim_config(*clusters, delivery=delivery),
                           settings or Settings(db_url=db_url))
@@ -349,8 +351,10 @@ def test_orphan_pools_are_deleted_outside_the_grace(make: Make, db_url: str) -> 
     assert h.live_pools() == ["team-b-pool"]  # only what Falcon does not manage is left
     stream = [r.event for r in h.app.store.read_stream(f"orphans:{registered.id}")]
     found = [(e.type_name, e.pool_name) for e in stream]
-    assert found == [("OrphanPoolFound", "falcon-ghost-2x2"), ("OrphanPoolDeleted", "falcon-ghost-2x2"),
-                     ("OrphanPoolFound", "falcon-t1-2x2"), ("OrphanPoolDeleted", "falcon-t1-2x2")]
+    assert found == [
+        ("OrphanPoolFound", "falcon-ghost-2x2"), ("OrphanPoolDeleted", "falcon-ghost-2x2"),
+        ("OrphanPoolFound", "falcon-t1-2x2"), ("OrphanPoolDeleted", "falcon-t1-2x2"),
+    ]
 
 
 def _clusters(h: Harness) -> list:

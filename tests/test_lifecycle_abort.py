@@ -39,7 +39,8 @@ def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
         harness.close()
 
 
-def status_is(h: Harness, task_id: str, status: str, reason: str | None = None) -> Callable[[], bool]:
+def status_is(h: Harness, task_id: str, status: str,
+              reason: str | None = None) -> Callable[[], bool]:
     return lambda: h.statuses().get(task_id) == (status, reason)
 
 
@@ -99,7 +100,8 @@ def test_abort_while_the_pool_is_being_created_waits_for_the_create(make: Make) 
     assert h.row("t1")["message"] == ("aborted while Pending/Provisioning; "
                                       "node pool falcon-t1-2x2 deleted")
     (pool,) = h.world.pools(include_deleted=True)
-    assert pool.running_at is not None and pool.deleted_at >= pool.running_at  # create settled first
+    # The delete waited for the create to settle.
+    assert pool.running_at is not None and pool.deleted_at >= pool.running_at
 
 
 def test_abort_while_waiting_for_nodes_deletes_the_pool(make: Make) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from falcon_es import job_rows, registry
@@ -37,20 +38,24 @@ T = TypeVar("T")
 
 #: A quiet world: no random faults, fixed latencies, so sequences are exact.
 QUIET = ClusterBehaviour(
-    create_latency={"reservation": Span(60, 60), "on-demand": Span(120, 120),
-                    "flex-start": Span(300, 300)},
+    create_latency=MappingProxyType({"reservation": Span(60, 60), "on-demand": Span(120, 120),
+                                     "flex-start": Span(300, 300)}),
     delete_latency=Span(30, 30),
-    visibility_delay={"reservation": Span(0, 0), "on-demand": Span(0, 0),
-                      "flex-start": Span(20, 20)},
-    node_register_delay={"reservation": Span(20, 20), "on-demand": Span(30, 30),
-                         "flex-start": Span(60, 60)},
+    visibility_delay=MappingProxyType({"reservation": Span(0, 0), "on-demand": Span(0, 0),
+                                       "flex-start": Span(20, 20)}),
+    node_register_delay=MappingProxyType({"reservation": Span(20, 20),
+                                          "on-demand": Span(30, 30),
+                                          "flex-start": Span(60, 60)}),
     node_ready_lag=Span(5, 5),
 )
-SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",
-        "command": ["python", "train.py"], "sim": {"duration_seconds": 600}}
+NO_FAULTS = DeliveryFaults()
+SPEC: Mapping[str, Any] = MappingProxyType({
+    "image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",
+    "command": ("python", "train.py"), "sim": MappingProxyType({"duration_seconds": 600}),
+})
 
 
-def sim_config(*clusters: SimClusterConfig, delivery: DeliveryFaults = DeliveryFaults(),
+def sim_config(*clusters: SimClusterConfig, delivery: DeliveryFaults = NO_FAULTS,
                seed: int = 7) -> SimConfig:
     return SimConfig(seed=seed, clusters=clusters, defaults=QUIET, delivery=delivery)
 
@@ -65,7 +70,8 @@ def reserved_cluster(name: str = "v6e-res", tpu_type: str = "v6e", count: int = 
     )
 
 
-def flex_cluster(name: str = "v6e-flex", tpu_type: str = "v6e", **behaviour: Any) -> SimClusterConfig:
+def flex_cluster(name: str = "v6e-flex", tpu_type: str = "v6e",
+                 **behaviour: Any) -> SimClusterConfig:
     return SimClusterConfig(
         name=name, project="proj", location="us-east5-b", tpu_types=(tpu_type,),
         gcs_bucket="logs-bucket", behaviour=dataclasses.replace(QUIET, **behaviour),
@@ -254,7 +260,8 @@ class Harness:
 
     def submit(self, name: str, spec: Mapping[str, Any] | None = None, *, actor: str = "user-a",
                task_id: str | None = None, **changes: Any) -> str:
-        body = {**SPEC, **(spec or {}), **changes}
+        body = {**SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"]),
+                **(spec or {}), **changes}
         return job_rows.submit(self.app.engine, name=name, actor=actor, spec=body,
                                now=self.clock.now(), task_id=task_id or name)
 
