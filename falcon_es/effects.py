@@ -209,13 +209,16 @@ class LifecycleIndex:
         self._holders: dict[PoolKey, str] = {}
         self._created_at: dict[PoolKey, dt.datetime] = {}
         self._superseded: set[str] = set()
+        #: ``falcon-task`` label -> task id, for the ids that are not valid label values
+        #: themselves (informers report the label).
+        self._by_label: dict[str, str] = {}
         self.built = False
 
     def rebuild(self) -> None:
         for group in self._groups.values():
             group.clear()
         for index in (self._takers, self._retained, self._member, self._intents,
-                      self._holders, self._created_at):
+                      self._holders, self._created_at, self._by_label):
             index.clear()
         self._superseded.clear()
         for state in self.tasks.all():
@@ -256,6 +259,10 @@ class LifecycleIndex:
             self._intents[task_id] = intents
         else:
             self._intents.pop(task_id, None)
+        if state.job_name:
+            label = naming.task_label(task_id)
+            if label != task_id:
+                self._by_label[label] = task_id
 
     def _groups_of(self, state: TaskState) -> tuple[str, ...]:
         status, _, reason = state.state.partition(".")
@@ -325,6 +332,10 @@ class LifecycleIndex:
 
     def created_at(self, key: PoolKey) -> dt.datetime | None:
         return self._created_at.get(key)
+
+    def task_for_label(self, label: str) -> str:
+        """The task id a ``falcon-task`` label value stands for."""
+        return self._by_label.get(label, label)
 
     def intents(self) -> list[Intent]:
         return [i for group in self._intents.values() for i in group]

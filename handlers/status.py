@@ -51,6 +51,8 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
     if ctx.ports is None:
         return
     subscription = ctx.settings.edge_events_subscription
+    if ctx.effects is not None:
+        ctx.effects.index.ensure()
     by_task: dict[str, list[tuple[str, JobObservation]]] = {}
     for _ in range(MAX_PULLS):
         try:
@@ -66,7 +68,9 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
                           message.id, subscription, error)
                 ctx.acks.append(message.id)
                 continue
-            by_task.setdefault(observation.task_id, []).append((message.id, observation))
+            task_id = (ctx.effects.index.task_for_label(observation.task_id)
+                       if ctx.effects is not None else observation.task_id)
+            by_task.setdefault(task_id, []).append((message.id, observation))
         if len(messages) < PULL_BATCH:
             break
     for task_id, received in sorted(by_task.items()):

@@ -129,6 +129,18 @@ def test_pool_is_handed_over_to_the_next_task_of_its_topology(make: Make) -> Non
     assert h.live_pools() == []
 
 
+def test_a_task_id_that_is_no_valid_name_still_runs_end_to_end(make: Make) -> None:
+    task_id = "Team A/run #7: ünïcode"
+    h = make(reserved_cluster())
+    h.submit("odd", task_id=task_id)
+    h.run()
+    assert h.history[task_id] == [*RESERVED_PATH, ("Succeeded", None)]
+    pool = naming.pool_name(task_id, "2x2")
+    assert h.row(task_id)["message"] == f"succeeded (1 pod(s)); node pool {pool} deleted"
+    (created,) = h.world.pools(include_deleted=True)
+    assert created.name == pool and created.labels["falcon-task"] == naming.task_label(task_id)
+
+
 # ------------------------------------------------------------------ exceptions
 
 
