@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import freezegun
 import google.auth.transport.requests
 import google.oauth2.credentials
 import pytest
@@ -36,6 +37,13 @@ from tests.fakes.kube_server import FakeKubeServer
 from tests.fakes.pubsub_emulator import EmulatorError, PubSubEmulator
 
 _EMULATOR = pytest.StashKey[PubSubEmulator]()
+
+# kubernetes 37 imports its pydantic models lazily (a module ``__getattr__``). When
+# freezegun freezes time it reads every attribute of every loaded module, which would
+# import those models while ``datetime`` is its FakeDatetime, and pydantic cannot build
+# a model on that type. Once these fixtures have loaded the kubernetes client, every
+# later ``freeze_time`` in the session (tests/test_scheduling.py) must leave it alone.
+freezegun.configure(extend_ignore_list=["kubernetes"])
 
 
 def unique_name(prefix: str) -> str:
