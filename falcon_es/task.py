@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from falcon_es import chart
 from falcon_es import events as ev
@@ -22,6 +24,8 @@ _NOTE_EVENTS = (
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
+#: The Status of each chart state, looked up once per folded event.
+_STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,28 +100,42 @@ class TaskState:
 
 
 def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskState:
-    """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it."""
-    target = chart.next_state(state.task_id, state.state, event.type_name)
-    changes: dict[str, Any] = {
-        "state": target,
-        "version": state.version + 1,
-        "updated_at": recorded_at,
-        "last_event_at": recorded_at,
-    }
-    if target != state.state:
-        changes["phase_started_at"] = recorded_at
-    if chart.status_of(target) == chart.FAILED and state.status != chart.FAILED:
-        changes["failure_reason"] = event.failure()
-    if chart.status_of(target) in chart.TERMINAL_STATUSES and state.finished_at is None:
-        changes["finished_at"] = recorded_at
+    """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it.
+
+    Replays call this once per stored event, so it copies the state's fields once and
+    builds the new state without the frozen ``__init__`` (see ``_built``)."""
+    type_name = type(event).__name__
+    current = state.state
+    target = chart.next_state(state.task_id, current, type_name)
+    fields = state.__dict__.copy()
+    fields["state"] = target
+    fields["version"] = state.version + 1
+    fields["updated_at"] = fields["last_event_at"] = recorded_at
+    status = _STATUS_OF.get(target) or chart.status_of(target)
+    if target != current:
+        fields["phase_started_at"] = recorded_at
+        if status == chart.FAILED and (
+                _STATUS_OF.get(current) or chart.status_of(current)) != chart.FAILED:
+            fields["failure_reason"] = event.failure()
+    if status in chart.TERMINAL_STATUSES and state.finished_at is None:
+        fields["finished_at"] = recorded_at
     if isinstance(event, _NOTE_EVENTS):
-        changes["note_key"] = event.type_name
-        changes["note_args"] = event.to_data()
+        fields["note_key"] = type_name
+        fields["note_args"] = event.to_data()
     elif not isinstance(event, _SILENT_EVENTS):
-        changes["message_key"] = event.type_name
-        changes["message_args"] = event.to_data()
-    changes.update(_fields_from(event, state, recorded_at))
-    return dataclasses.replace(state, **changes)
+        fields["message_key"] = type_name
+        fields["message_args"] = event.to_data()
+    fields.update(_fields_from(event, state, recorded_at))
+    return _built(fields)
+
+
+def _built(fields: dict[str, Any]) -> TaskState:
+    """A ``TaskState`` holding ``fields`` (every field, by name), made without the
+    frozen ``__init__``, which sets each of its ~40 fields through
+    ``object.__setattr__``."""
+    new = object.__new__(TaskState)
+    object.__setattr__(new, "__dict__", fields)
+    return new
 
 
 def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str, Any]:
@@ -205,9 +223,9 @@ def fold(task_id: str, recorded: list[tuple[ev.Event, dt.datetime]]) -> TaskStat
 TASK_EVENT_TYPES = frozenset(cls.__name__ for cls in ev.TASK_EVENTS)
 
 
-@dataclasses.dataclass(frozen=True)
-class Change:
-    """One task's state before and after the events of one append."""
+class Change(NamedTuple):
+    """One task's state before and after the events of one append (a named tuple:
+    immutable, and cheap to build once per folded event)."""
 
     before: TaskState
     after: TaskState
@@ -221,8 +239,8 @@ class TaskStates:
     it commits, so a rolled-back tick leaves no trace here either.
     """
 
-    def __init__(self) -> None:
-        self._states: dict[str, TaskState] = {}
+    def __init__(self, states: Iterable[TaskState] = ()) -> None:
+        self._states: dict[str, TaskState] = {state.task_id: state for state in states}
         self._staged: dict[str, TaskState] = {}
         self._changes: dict[str, Change] = {}
 
@@ -241,18 +259,23 @@ class TaskStates:
     def fold(self, recorded: Any) -> list[Change]:
         """Fold recorded events (``store.RecordedEvent``-like) into staged states."""
         changes: list[Change] = []
+        staged, states, tracked = self._staged, self._states, self._changes
         for record in recorded:
-            if record.event.type_name not in TASK_EVENT_TYPES:
+            event = record.event
+            if type(event).__name__ not in TASK_EVENT_TYPES:
                 continue
-            before = self.get(record.stream_id) or TaskState(record.stream_id)
-            after = evolve(before, record.event, record.recorded_at)
-            self._staged[record.stream_id] = after
-            previous = self._changes.get(record.stream_id)
-            folds_abort = record.event.folds_abort or bool(previous and previous.folds_abort)
-            self._changes[record.stream_id] = Change(
-                previous.before if previous else before, after, folds_abort
-            )
-            changes.append(self._changes[record.stream_id])
+            task_id = record.stream_id
+            before = staged.get(task_id) or states.get(task_id) or TaskState(task_id)
+            after = evolve(before, event, record.recorded_at)
+            staged[task_id] = after
+            previous = tracked.get(task_id)
+            if previous is None:
+                change = Change(before, after, event.folds_abort)
+            else:
+                change = Change(previous.before, after,
+                                event.folds_abort or previous.folds_abort)
+            tracked[task_id] = change
+            changes.append(change)
         return changes
 
     def apply(self, conn: Any, recorded: Any) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from falcon_es import chart, db
 from falcon_es.store import EventStore
 from falcon_es.tables import job
-from falcon_es.task import Change, TaskStates
+from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve
 from projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
 from projections.queues import QueueView, write_positions
 
@@ -31,12 +31,18 @@ UPPER_LAYER_COLUMNS = ("id", "name", "actor", "created_at", "updated_at", "abort
 
 
 def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
-    """Every task's state as of ``until`` (a seq), or now."""
-    states = TaskStates()
+    """Every task's state as of ``until`` (a seq), or now. Folds with ``evolve`` directly:
+    a replay needs the end states, not the per-append changes ``TaskStates.fold``
+    tracks for the inline projections."""
+    latest: dict[str, TaskState] = {}
     for batch in store.read_batches(0, batch_size=5000, until=until):
-        states.fold(batch)
-        states.committed()
-    return states
+        for record in batch:
+            event = record.event
+            if type(event).__name__ in TASK_EVENT_TYPES:
+                task_id = record.stream_id
+                before = latest.get(task_id) or TaskState(task_id)
+                latest[task_id] = evolve(before, event, record.recorded_at)
+    return TaskStates(latest.values())
 
 
 def fold_views(store: EventStore, lang: str = "en", until: int | None = None) -> tuple[TaskStates, QueueView]:

@@ -323,3 +323,42 @@ def test_db_url_from_the_environment(db_url: str) -> None:
     ok(add_cluster(db_url))
     listed = json.loads(ok(cli(None, "cluster", "list", "--json", env={"FALCON_DB_URL": db_url})))
     assert [c["name"] for c in listed] == ["gke-a"]
+
+
+# ------------------------------------------------------------------ bench store
+
+
+def test_bench_store_runs_on_a_scratch_database_of_the_given_kind(db_url: str, tmp_path: Path) -> None:
+    """A small run: every figure is there, the replay matched, and the database named by
+    --db is left exactly as it was (the bench works in a scratch database beside it)."""
+    ok(add_cluster(db_url))
+    report = json.loads(ok(cli(None, "bench", "store", "--db", db_url, "--events", "400",
+                               "--tick", "50", "--json")))
+    assert report["backend"] == ("sqlite" if db_url.startswith("sqlite") else "mysql")
+    assert (report["events"], report["tick"], report["ticks"]) == (400, 50, 8)
+    for figure in ("append_events_per_s", "raw_insert_events_per_s", "replay_events_per_s",
+                   "raw_scan_events_per_s", "append_ratio", "replay_ratio"):
+        assert report[figure] > 0, figure
+    assert report["replay_matches_live"] is True
+    assert set(report["targets"]) == {"append_ratio >= 0.5", "replay_ratio >= 0.5"}
+    assert [c["name"] for c in json.loads(ok(cli(db_url, "cluster", "list", "--json")))] == ["gke-a"]
+    assert [json.loads(line)["type"] for line in ok(cli(db_url, "events", "--json")).splitlines()] == [
+        "ClusterRegistered"]
+    if db_url.startswith("sqlite"):
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".falcon-bench")) == []
+
+
+def test_bench_store_prints_a_readable_report(tmp_path: Path) -> None:
+    text = ok(cli(f"sqlite:///{tmp_path / 'x.db'}", "bench", "store", "--events", "200", "--tick", "20"))
+    assert text.startswith("store benchmark on sqlite")
+    assert "(a) append, tick transactions, inline projection" in text
+    assert "a/b = " in text and "c/d = " in text
+    assert "matches the live job table" in text
+    assert list(tmp_path.iterdir()) == [], "the scratch file beside x.db is removed, x.db never made"
+
+
+def test_bench_store_bad_input() -> None:
+    result = cli(None, "bench", "store", "--events", "0")
+    assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output
+    one_line_failure(cli(None, "bench", "store", "--db", "postgresql://x/y"), EXIT_BAD_INPUT,
+                     "database URL 'postgresql://x/y': unsupported dialect")
