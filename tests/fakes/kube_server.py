@@ -14,6 +14,10 @@ CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
   leaves them, which is what batch/v1 does by default);
 - ``core/v1`` Pods (get, list, watch), Nodes (list), Events (list) with label and
   field selectors.
+- ``coordination.k8s.io/v1`` Leases (get, create, replace) for leader election:
+  a replace whose ``resourceVersion`` is not the current one is a ``409 Conflict``,
+  and times must be MicroTime (RFC 3339 with exactly six fractional digits and a
+  zone), which is what the real API server parses them with.
 
 Every resource shares one resourceVersion counter, like etcd's revision, and every
 change is kept in a history that watches replay from any resourceVersion not older
@@ -51,6 +55,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Self
 
 from cryptography import x509
@@ -75,6 +80,7 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "pods": ("Pod", "v1"),
     "nodes": ("Node", "v1"),
     "events": ("Event", "v1"),
+    "leases": ("Lease", "coordination.k8s.io/v1"),
 }
 
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -87,6 +93,9 @@ _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
     (re.compile(r"^/api/v1/nodes$"), "nodes"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
+    (re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases$"), "leases"),
+    (re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases/(?P<name>[^/]+)$"),
+     "lease"),
 )
 
 
@@ -666,6 +675,41 @@ class FakeKubeServer:
             updated["status"] = status
             self._put("jobs", ns, updated, "MODIFIED")
 
+    # -- leases (coordination.k8s.io/v1) -------------------------------------------------
+
+    def _lease_request(self, method: str, ns: str, name: str | None, body: Any) -> dict[str, Any]:
+        """GET one lease, POST a new one, PUT a replacement (conditional on the
+        ``resourceVersion`` it carries, as the API server's optimistic concurrency is)."""
+        if method == "GET":
+            if name is None:
+                raise KubeApiError(405, "MethodNotAllowed", "listing leases is not served here")
+            lease = self.get("leases", name, ns)
+            if lease is None:
+                raise _lease_error(404, "NotFound", name, "not found")
+            return lease
+        lease = _checked_lease(body, ns, name)
+        with self._cond:
+            current = self._objects.get(("leases", ns, lease["metadata"]["name"]))
+            if method == "POST":
+                if current is not None:
+                    raise _lease_error(409, "AlreadyExists", lease["metadata"]["name"],
+                                       "already exists")
+                return copy.deepcopy(self._put("leases", ns, lease, "ADDED"))
+            if current is None:
+                raise _lease_error(404, "NotFound", lease["metadata"]["name"], "not found")
+            sent_version = lease["metadata"].get("resourceVersion")
+            if sent_version not in (None, "", current["metadata"]["resourceVersion"]):
+                raise KubeApiError(
+                    409, "Conflict",
+                    f'Operation cannot be fulfilled on leases.coordination.k8s.io '
+                    f'"{lease["metadata"]["name"]}": the object has been modified; please '
+                    "apply your changes to the latest version and try again",
+                    {"name": lease["metadata"]["name"], "group": "coordination.k8s.io",
+                     "kind": "leases"})
+            for kept in ("uid", "creationTimestamp"):
+                lease["metadata"][kept] = current["metadata"][kept]
+            return copy.deepcopy(self._put("leases", ns, lease, "MODIFIED"))
+
     # -- request handling ---------------------------------------------------------------
 
     def _authorise(self, headers: Mapping[str, str]) -> str | None:
@@ -888,6 +932,13 @@ class _QuietServer(http.server.ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         return
 
+    def get_request(self) -> tuple[Any, Any]:
+        """No Nagle delay: a reply is written as headers, then body, and the client's
+        delayed ACK of the first would hold the second back some 40 ms per request."""
+        connection, address = super().get_request()
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection, address
+
 
 def _node_ready(ready: bool) -> dict[str, str]:
     return {"type": "Ready", "status": "True" if ready else "False",
@@ -907,6 +958,71 @@ def _condition(kind: str, reason: str, message: str, moment: dt.datetime) -> dic
 def _container_status(name: str, state: Mapping[str, Any], *, ready: bool = False) -> dict[str, Any]:
     return {"name": name, "state": dict(state), "ready": ready, "restartCount": 0,
             "image": "image", "imageID": ""}
+
+
+_MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LEASE_SPEC_FIELDS: Mapping[str, type] = MappingProxyType({
+    "holderIdentity": str, "leaseDurationSeconds": int, "acquireTime": str, "renewTime": str,
+    "leaseTransitions": int, "strategy": str, "preferredHolder": str,
+})
+
+
+def _lease_error(code: int, reason: str, name: str, words: str) -> KubeApiError:
+    return KubeApiError(code, reason, f'leases.coordination.k8s.io "{name}" {words}',
+                        {"name": name, "group": "coordination.k8s.io", "kind": "leases"})
+
+
+def _checked_lease(body: Any, ns: str, url_name: str | None) -> dict[str, Any]:
+    """Decode and validate a Lease as the API server would: strict field types,
+    MicroTime parsed with Go's ``2006-01-02T15:04:05.000000Z07:00`` (so a time without
+    a zone or without its six fractional digits is a 400), positive lease duration.
+    Times are stored re-encoded in UTC, as the server writes them back."""
+    if not isinstance(body, dict):
+        raise KubeApiError(400, "BadRequest", "the body of the request was not a JSON object")
+    if body.get("kind") not in (None, "Lease") or body.get("apiVersion") not in (
+            None, "coordination.k8s.io/v1"):
+        raise KubeApiError(400, "BadRequest", f"expected coordination.k8s.io/v1 Lease, got "
+                                              f"{body.get('apiVersion')} {body.get('kind')}")
+    meta = dict(body.get("metadata") or {})
+    name = meta.get("name") or ""
+    if url_name is not None and name != url_name:
+        raise KubeApiError(400, "BadRequest", f"the name of the object ({name}) does not match "
+                                              f"the name on the URL ({url_name})")
+    if meta.get("namespace") not in (None, ns):
+        raise KubeApiError(400, "BadRequest", "the namespace of the provided object does not "
+                                              "match the namespace sent on the request")
+    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+        raise KubeApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                           "metadata.name: Invalid value: a lowercase RFC 1123 "
+                                           "subdomain")
+    spec = dict(body.get("spec") or {})
+    for field, value in list(spec.items()):
+        expected = _LEASE_SPEC_FIELDS.get(field)
+        if value is None:
+            del spec[field]
+            continue
+        if expected is None or not isinstance(value, expected) or isinstance(value, bool):
+            raise KubeApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled as '
+                                                  f"a Lease: spec.{field}: cannot unmarshal "
+                                                  f"{type(value).__name__}")
+        if field in ("acquireTime", "renewTime"):
+            if not _MICRO_TIME.match(value):
+                raise KubeApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled '
+                                                      f'as a Lease: parsing time "{value}" as '
+                                                      '"2006-01-02T15:04:05.000000Z07:00"')
+            moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            spec[field] = moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if spec.get("leaseDurationSeconds", 1) <= 0:
+        raise KubeApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                           "spec.leaseDurationSeconds: Invalid value: must be "
+                                           "greater than 0")
+    if spec.get("leaseTransitions", 0) < 0:
+        raise KubeApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                           "spec.leaseTransitions: Invalid value: must be "
+                                           "greater than or equal to 0")
+    meta = {k: v for k, v in meta.items() if k not in ("uid", "creationTimestamp")}
+    return {"metadata": meta, "spec": spec}
 
 
 def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
@@ -1006,6 +1122,10 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                     policy = query.get("propagationPolicy") or (
                         body.get("propagationPolicy") if isinstance(body, dict) else None)
                     self._reply(200, fake._delete_job(ns, groups["name"], policy))
+                elif route in ("leases", "lease") and self.command in ("GET", "POST", "PUT"):
+                    status = 201 if self.command == "POST" else 200
+                    self._reply(status, fake._lease_request(self.command, ns,
+                                                            groups.get("name"), body))
                 else:
                     raise KubeApiError(405, "MethodNotAllowed",
                                        f"{self.command} is not supported on {path}")
