@@ -36,8 +36,15 @@ TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
 
 
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    name: str = "sqlite"
+
+
 class RecordingConnection:
     """Stands in for a SQLAlchemy connection: keeps the last Message per row id."""
+
+    dialect = Dialect()
 
     def __init__(self) -> None:
         self.messages: dict[str, str] = {}
