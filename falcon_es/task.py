@@ -129,6 +129,28 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     return _built(fields)
 
 
+_FIELDS = dataclasses.fields(TaskState)
+#: Defaults of a task the log has not mentioned yet, for ``new_state``.
+_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in _FIELDS if f.default is not dataclasses.MISSING})
+_FACTORIES: tuple[tuple[str, Any], ...] = tuple(
+    (f.name, f.default_factory) for f in _FIELDS if f.default_factory is not dataclasses.MISSING)
+_ONLY_TASK_ID_REQUIRED = {f.name for f in _FIELDS} == {"task_id", *_DEFAULTS, *(n for n, _ in _FACTORIES)}
+
+
+def new_state(task_id: str) -> TaskState:
+    """``TaskState(task_id)``, the state before a task's first event, built in a few
+    dict operations: a replay starts one per task, and the frozen ``__init__`` of ~40
+    fields costs about as much as folding several events."""
+    if not _ONLY_TASK_ID_REQUIRED:
+        return TaskState(task_id)
+    fields = _DEFAULTS.copy()  # a dict: a mappingproxy copies its underlying mapping
+    fields["task_id"] = task_id
+    for name, factory in _FACTORIES:
+        fields[name] = factory()
+    return _built(fields)
+
+
 def _built(fields: dict[str, Any]) -> TaskState:
     """A ``TaskState`` holding ``fields`` (every field, by name), made without the
     frozen ``__init__``, which sets each of its ~40 fields through
@@ -265,7 +287,7 @@ class TaskStates:
             if type(event).__name__ not in TASK_EVENT_TYPES:
                 continue
             task_id = record.stream_id
-            before = staged.get(task_id) or states.get(task_id) or TaskState(task_id)
+            before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
             after = evolve(before, event, record.recorded_at)
             staged[task_id] = after
             previous = tracked.get(task_id)

@@ -9,7 +9,8 @@ reproduces the row whatever the interleaving was.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +30,8 @@ PROJECTED_COLUMNS = (
 
 
 _ABORT_STATUSES = frozenset({chart.ABORTING, chart.ABORTED})
+#: Column -> its parameter name in the compare-and-set UPDATE.
+_BOUND: Mapping[str, str] = MappingProxyType({c: f"b_{c}" for c in PROJECTED_COLUMNS})
 
 
 def row_values(state: TaskState, lang: str) -> dict[str, Any]:
@@ -101,50 +104,75 @@ def write_rows(
     params = []
     for change in changes:
         values = row_values(change.after, lang)
-        row = {f"b_{k}": v for k, v in values.items()}
+        row = {_BOUND[k]: v for k, v in values.items()}
         row["b_id"] = change.after.task_id
         abort_folded = change.folds_abort or change.after.status in _ABORT_STATUSES
         row["b_folds_abort"] = 1 if abort_folded else 0
         params.append(row)
     if not params:
         return 0
-    if conn.dialect.name in ("mysql", "mariadb"):
+    if _joined_update_works(conn.dialect):
         return sum(_write_joined(conn, params[first:first + JOINED_ROWS])
                    for first in range(0, len(params), JOINED_ROWS))
     result = conn.execute(update if update is not None else _cas_update(), params)
     return result.rowcount
 
 
-#: Rows per statement of the MySQL batched update.
+#: Rows per statement of the joined update.
 JOINED_ROWS = 500
 _JOINED_PARAMS = ("b_id", "b_folds_abort", *(f"b_{c}" for c in PROJECTED_COLUMNS))
+#: SQLite learned UPDATE ... FROM in 3.33.
+_SQLITE_UPDATE_FROM = (3, 33, 0)
 
 
-def _joined_update_sql(rows: int) -> str:
-    """One UPDATE for many rows on MySQL/MariaDB, joined to a derived table of the new
-    values. PyMySQL runs an executemany UPDATE as one round trip per row, which made
-    the projection most of an append's time there.
+def _joined_update_works(dialect: sa.Dialect) -> bool:
+    if dialect.name in ("mysql", "mariadb"):
+        return True
+    return dialect.name == "sqlite" and dialect.dbapi.sqlite_version_info >= _SQLITE_UPDATE_FROM
+
+
+def _joined_update_sql(rows: int, dialect_name: str) -> str:
+    """One UPDATE for many rows, joined to a derived table of the new values: on
+    MySQL/MariaDB PyMySQL runs an executemany UPDATE as one round trip per row (most of
+    an append's time there), and on SQLite one statement beats per-row executions.
 
     A multiple-table UPDATE does not promise left-to-right assignment, so no CASE may
     depend on another column's new value: the abort guard reads ``status``, which it
     only changes when the guard is off, and then to a value for which the guard stays
     off (``b_folds_abort`` is 1 whenever ``b_status`` is Aborting or Aborted).
     """
+    mysql = dialect_name in ("mysql", "mariadb")
+    target = "job." if mysql else ""  # SQLite names SET columns unqualified
+    mark = "%s" if mysql else "?"
     keep_abort = f"job.status = '{chart.ABORTING}' AND v.b_folds_abort = 0"
     assignments = [
-        f"job.reason = CASE WHEN {keep_abort} THEN NULL ELSE v.b_reason END",
-        (f"job.updated_at = CASE WHEN {keep_abort} AND job.updated_at > v.b_updated_at "
+        f"{target}reason = CASE WHEN {keep_abort} THEN NULL ELSE v.b_reason END",
+        (f"{target}updated_at = CASE WHEN {keep_abort} AND job.updated_at > v.b_updated_at "
          "THEN job.updated_at ELSE v.b_updated_at END"),
-        *(f"job.{c} = v.b_{c}" for c in PROJECTED_COLUMNS
+        *(f"{target}{c} = v.b_{c}" for c in PROJECTED_COLUMNS
           if c not in ("status", "reason", "updated_at")),
-        f"job.status = CASE WHEN {keep_abort} THEN job.status ELSE v.b_status END",
+        f"{target}status = CASE WHEN {keep_abort} THEN job.status ELSE v.b_status END",
     ]
-    first = "SELECT " + ", ".join(f"%s AS {name}" for name in _JOINED_PARAMS)
-    more = " UNION ALL SELECT " + ", ".join("%s" for _ in _JOINED_PARAMS)
-    return (f"UPDATE job JOIN ({first}{more * (rows - 1)}) AS v ON job.id = v.b_id "
-            f"SET {', '.join(assignments)}")
+    first = "SELECT " + ", ".join(f"{mark} AS {name}" for name in _JOINED_PARAMS)
+    values = f"{first}{(' UNION ALL SELECT ' + ', '.join(mark for _ in _JOINED_PARAMS)) * (rows - 1)}"
+    if mysql:
+        return f"UPDATE job JOIN ({values}) AS v ON job.id = v.b_id SET {', '.join(assignments)}"
+    return f"UPDATE job SET {', '.join(assignments)} FROM ({values}) AS v WHERE job.id = v.b_id"
 
 
 def _write_joined(conn: Connection, params: Sequence[dict[str, Any]]) -> int:
-    flat = tuple(row[name] for row in params for name in _JOINED_PARAMS)
-    return conn.exec_driver_sql(_joined_update_sql(len(params)), flat).rowcount
+    """The statement goes to the driver as is, so each value first gets the column
+    type's own bind processing (SQLite stores datetimes as text in SQLAlchemy's format,
+    which the time comparisons rely on)."""
+    dialect = conn.dialect
+    processors = [
+        None if name == "b_folds_abort"
+        else job.c[name[2:]].type.dialect_impl(dialect).bind_processor(dialect)
+        for name in _JOINED_PARAMS
+    ]
+    flat = tuple(
+        value if process is None or value is None else process(value)
+        for row in params
+        for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
+    )
+    return conn.exec_driver_sql(_joined_update_sql(len(params), dialect.name), flat).rowcount

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from falcon_es import chart, db
 from falcon_es.store import EventStore
 from falcon_es.tables import job
-from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve
+from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
 from projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
 from projections.queues import QueueView, write_positions
 
@@ -40,7 +40,7 @@ def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
             event = record.event
             if type(event).__name__ in TASK_EVENT_TYPES:
                 task_id = record.stream_id
-                before = latest.get(task_id) or TaskState(task_id)
+                before = latest.get(task_id) or new_state(task_id)
                 latest[task_id] = evolve(before, event, record.recorded_at)
     return TaskStates(latest.values())
 
