@@ -373,3 +373,31 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
         assert controller.tick().appended == 0, "a folded abort is not folded twice"
     finally:
         folding.close()
+
+
+def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: VirtualClock) -> None:
+    """SQLite before 3.33 has no UPDATE ... FROM and gets the per-row compare-and-set;
+    both forms must leave identical rows, an unfolded abort included."""
+    from projections import job_table
+    from falcon_es.task import Change, fold
+
+    for task_id in ("a1", "a2", "b1", "b2"):
+        new_row(app, task_id)
+    job_rows.request_abort(app.engine, "a2", clock.now())
+    job_rows.request_abort(app.engine, "b2", clock.now())
+    states = {t: fold(t, [(e, clock.now() + dt.timedelta(seconds=i)) for i, e in enumerate(TO_RUNNING)])
+              for t in ("a1", "a2", "b1", "b2")}
+    params = []
+    for task_id in ("b1", "b2"):
+        row = {f"b_{k}": v for k, v in job_table.row_values(states[task_id], "en").items()}
+        params.append({**row, "b_id": task_id, "b_folds_abort": 0})
+    with app.engine.begin() as conn:
+        joined = job_table.write_rows(conn, [Change(states[t], states[t], False) for t in ("a1", "a2")], "en")
+        per_row = conn.execute(job_table._cas_update(), params).rowcount
+    assert joined == per_row == 2
+    rows = {r["id"]: r for r in job_rows.list_rows(app.engine)}
+    for first, second in (("a1", "b1"), ("a2", "b2")):
+        same = {k: v for k, v in rows[first].items() if k != "id"}
+        assert same == {k: v for k, v in rows[second].items() if k != "id"}
+    assert (rows["a2"]["status"], rows["a2"]["reason"]) == ("Aborting", None)
+    assert (rows["a1"]["status"], rows["a1"]["message"]) == ("Running", "1/1 active")
