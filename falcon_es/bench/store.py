@@ -48,7 +48,7 @@ START = dt.datetime(2026, 11, 1, 8, 0, 0)
 #: Events each task stream gets in one tick (a tick touches tick / this many streams).
 EVENTS_PER_STREAM = 5
 #: Rounds of the replay-vs-scan comparison (the best of each side is compared).
-SCAN_ROUNDS = 5
+SCAN_ROUNDS = 7
 SCAN_BATCH = 5000
 META = Meta(actor="controller", controller="bench")
 SPEC_ITEMS = (("image", "us-docker.pkg.dev/p/r/train:1"), ("tpu_type", "v6e"), ("topology", "2x2"))
