@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from falcon_es.db import DEFAULT_URL
 
 LANGUAGES = ("en", "zh")
+GKE_TRANSPORTS = ("grpc", "rest")
 
 
 class SettingsError(ValueError):
@@ -44,6 +45,13 @@ class Settings:
     scale_down_on_demand_seconds: int = 600
     scale_down_flex_start_seconds: int = 6 * 3600
     orphan_sweep_seconds: int = 300
+    # The gcp backend (issue 5): where the ops stream goes, which project holds the
+    # Pub/Sub topics, and API endpoints overridable for local fakes and emulators.
+    task_events_topic: str = "falcon-task-events"
+    pubsub_project: str | None = None
+    gke_endpoint: str | None = None
+    gke_transport: str = "grpc"
+    compute_endpoint: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -64,6 +72,14 @@ class Settings:
             job_service_account=env.get("FALCON_JOB_SERVICE_ACCOUNT") or cls.job_service_account,
             edge_events_subscription=env.get("FALCON_EDGE_EVENTS_SUBSCRIPTION")
             or cls.edge_events_subscription,
+            edge_events_topic=env.get("FALCON_EDGE_EVENTS_TOPIC") or cls.edge_events_topic,
+            task_events_topic=env.get("FALCON_TASK_EVENTS_TOPIC") or cls.task_events_topic,
+            pubsub_project=env.get("FALCON_PUBSUB_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT")
+            or None,
+            gke_endpoint=env.get("FALCON_GKE_ENDPOINT") or None,
+            gke_transport=_choice(env, "FALCON_GKE_TRANSPORT", GKE_TRANSPORTS,
+                                  cls.gke_transport),
+            compute_endpoint=env.get("FALCON_COMPUTE_ENDPOINT") or None,
             create_visibility_grace_seconds=_int(
                 env, "FALCON_CREATE_VISIBILITY_GRACE", cls.create_visibility_grace_seconds),
             provisioning_timeout_seconds=_int(
@@ -89,3 +105,12 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise SettingsError(f"{name}={raw!r}: must be positive")
     return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return raw
