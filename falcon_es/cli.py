@@ -508,11 +508,18 @@ def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
               envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
 @click.option("--ops-topic", default=None, envvar="FALCON_TASK_EVENTS_TOPIC",
               help="Publish every event to this topic (default: falcon-task-events with gcp).")
+@click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
+              envvar="FALCON_LEADER_ELECTION",
+              help="Who may append when several replicas run: a Kubernetes Lease "
+                   "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
+                   "database lock that refuses a second controller, or none (default: lease "
+                   "in a Kubernetes cluster with --backend gcp, else db).")
 @click.pass_context
 @_friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
                 until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
-                log_format: str | None, ops_topic: str | None) -> None:
+                log_format: str | None, ops_topic: str | None,
+                leader_election: str | None) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     import signal
     import threading
@@ -530,28 +537,46 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     observability = ObservabilitySettings.from_env()
     configure_logging(log_format or observability.log_format, observability.log_level)
     running: dict[str, Any] = {}
-    metrics = Metrics(tasks=lambda: running["svc"].app.tasks.all() if running else [])
+    election = leader_election or _default_leader_election(backend)
+    elector = _lease_elector() if election == "lease" else None
+    metrics = Metrics(tasks=lambda: running["svc"].app.tasks.all() if running and (
+        elector is None or elector.is_leader()) else [])
+    gcp_ports = _gcp_ports(settings) if backend == "gcp" else None
+
+    def build(leadership: Any = None) -> service.Service:
+        try:
+            built = service.start(settings, backend=backend, sim_config=sim_config, seed=seed,
+                                  realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
+                                  gcp_ports=gcp_ports, world=running.get("world"),
+                                  leadership=leadership, follow_log=election != "db")
+        except service.BackendError as error:
+            raise Failure(str(error)) from error
+        if built.world is not None:  # a later leadership term goes on in the same world
+            from falcon_es.adapters.sim.world import behaviour_from_tasks
+
+            built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)  # type: ignore[attr-defined]
+        running.update(svc=built, world=built.world)
+        return built
+
+    # With a lease, a replica builds its controller (folds the log) only once it leads.
+    svc = build() if elector is None else None
+    probe_engine = svc.app.engine if svc is not None else db.make_engine(settings.db_url)
+    lock = DatabaseLock(probe_engine) if election == "db" else None
     try:
-        svc = service.start(settings, backend=backend, sim_config=sim_config, seed=seed,
-                            realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                            gcp_ports=_gcp_ports(settings) if backend == "gcp" else None)
-    except service.BackendError as error:
-        raise Failure(str(error)) from error
-    running["svc"] = svc
-    lock = DatabaseLock(svc.app.engine)
-    try:
-        lock.acquire()
+        if lock is not None:
+            lock.acquire()
     except AlreadyRunning as error:
-        svc.close()
+        if svc is not None:
+            svc.close()
         raise Failure(str(error), EXIT_PROBLEM) from error
     server = None
     if health if health is not None else backend == "gcp":
         def database_check() -> None:
-            with svc.app.engine.connect() as conn:
+            with probe_engine.connect() as conn:
                 conn.execute(sa.text("SELECT 1"))
 
         def clusters() -> list[dict[str, Any]]:
-            with svc.app.engine.connect() as conn:
+            with probe_engine.connect() as conn:
                 return metrics.cluster_overview(list_clusters(conn))
 
         server = HealthServer(host=observability.health_host, port=observability.health_port,
@@ -564,17 +589,51 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
         signal.signal(signum, lambda *_: stop.set())
     topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
-               f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock)", err=True)
+               f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
+               f"leader election: {election}"
+               f"{f' as {elector.identity}' if elector is not None else ''})", err=True)
     try:
-        report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
-                               health=server, ops_topic=topic)
+        if elector is not None:
+            report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
+                                           metrics=metrics, health=server, ops_topic=topic)
+        else:
+            report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
+                                   health=server, ops_topic=topic)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
         if server is not None:
             server.stop()
-        svc.close()
+        if svc is not None:
+            svc.close()
+        else:
+            probe_engine.dispose()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)
+
+
+def _default_leader_election(backend: str) -> str:
+    """A lease where several replicas can run (in a Kubernetes cluster, real backends);
+    elsewhere the database lock, which refuses a second controller started by mistake."""
+    import os
+
+    return "lease" if backend == "gcp" and os.environ.get("KUBERNETES_SERVICE_HOST") else "db"
+
+
+def _lease_elector() -> Any:
+    from falcon_es.adapters.gcp.lease import (
+        LeaseConfigError,
+        LeaseElector,
+        LeaseSettings,
+        LeaseUnavailable,
+        in_cluster_api,
+    )
+
+    try:
+        lease = LeaseSettings.from_env()
+        return LeaseElector.from_settings(in_cluster_api(), lease)
+    except (LeaseConfigError, LeaseUnavailable) as error:
+        raise Failure(str(error)) from error
 
 
 def _gcp_ports(settings: Settings) -> Any:

@@ -9,6 +9,12 @@ until the next due moment or the tick interval, whichever comes first.
 
 A stop request (SIGINT/SIGTERM) is honoured between ticks: the current tick always
 finishes and commits.
+
+With several replicas, ``leadership`` (a lease elector) fences the loop: it ticks only
+while ``may_append()`` holds, checked before each tick and again right before each
+commit (``leadership_fence``), and stops as soon as the lease is lost. A replica that
+regains the lease starts over from a fresh fold of the log rather than resuming on
+states another leader has moved on since.
 """
 
 from __future__ import annotations
@@ -17,11 +23,37 @@ import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from falcon_es.clock import Clock, VirtualClock, utcnow
 from falcon_es.runtime import Controller, TickReport
 
 DueSource = Callable[[], dt.datetime | None]
+
+#: ``LoopReport.stopped_by`` when the lease was lost (the replica goes back to standby).
+LOST_LEADERSHIP = "lost-leadership"
+
+
+class Leadership(Protocol):
+    """Whether this replica may append now (a lease elector's fence)."""
+
+    def may_append(self) -> bool: ...
+
+
+class LeadershipLost(RuntimeError):
+    """The lease ended during a tick: the tick's events were not appended."""
+
+
+def leadership_fence(leadership: Leadership) -> Callable[[Any, Any], None]:
+    """A controller ``before_commit`` step that refuses to commit without the lease, so
+    a tick that outlived the lease appends nothing (the log's optimistic concurrency
+    stays the fence behind this one)."""
+
+    def fence(tick: Any, ctx: Any) -> None:
+        if not leadership.may_append():
+            raise LeadershipLost("the lease was lost during the tick; nothing was appended")
+
+    return fence
 
 
 @dataclasses.dataclass
@@ -50,10 +82,31 @@ class Loop:
     #: False when no input can arrive from outside (demo, simulate): a loop with nothing
     #: due and work unfinished is then stuck, and stops instead of waiting forever.
     external_input: bool = True
+    #: The lease fence when several replicas run (None: this process is the only writer).
+    leadership: Leadership | None = None
+    #: Folds what another writer appended before each tick (``follow.LogFollower``).
+    follow_log: Callable[[], int] | None = None
 
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (source() for source in self.due_sources) if m is not None]
         return min(moments) if moments else None
+
+    def step(self) -> TickReport | None:
+        """One tick as ``run`` makes it: the lease fence, the world's own changes, the
+        log's head, then the tick; None when the lease is gone and nothing was appended."""
+        if self.leadership is not None and not self.leadership.may_append():
+            return None
+        if self.advance_world is not None:
+            self.advance_world()
+        if self.follow_log is not None:
+            self.follow_log()
+        try:
+            tick = self.controller.tick()
+        except LeadershipLost:
+            return None
+        if self.on_tick is not None:
+            self.on_tick(tick)
+        return tick
 
     def run(self, *, until_idle: bool = False, stop: threading.Event | None = None,
             max_ticks: int | None = None) -> LoopReport:
@@ -66,14 +119,13 @@ class Loop:
             if max_ticks is not None and report.ticks >= max_ticks:
                 report.stopped_by = "max-ticks"
                 return report
-            if self.advance_world is not None:
-                self.advance_world()
-            tick = self.controller.tick()
+            tick = self.step()
+            if tick is None:
+                report.stopped_by = LOST_LEADERSHIP
+                return report
             report.ticks += 1
             report.appended += tick.appended
             report.conflicts += tick.conflicts
-            if self.on_tick is not None:
-                self.on_tick(tick)
             if tick.appended or tick.conflicts or self.has_work():
                 continue
             due = self.next_due()

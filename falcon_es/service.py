@@ -11,13 +11,20 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from falcon_es import registry
 from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import Clock, VirtualClock, WallClock, utcnow
 from falcon_es.effects import EffectExecutor
-from falcon_es.loop import Loop, LoopReport
+from falcon_es.follow import LogFollower
+from falcon_es.loop import (
+    LOST_LEADERSHIP,
+    Leadership,
+    Loop,
+    LoopReport,
+    leadership_fence,
+)
 from falcon_es.ports import Ports
 from falcon_es.runtime import Controller, TickReport
 from falcon_es.settings import Settings
@@ -57,6 +64,22 @@ class Service:
                 return False
         return effects is None or (not effects.open_intents() and not effects.has_outcomes)
 
+    def catch_up(self) -> str:
+        """Before any new work: the log is folded (``start`` did that); re-issue the
+        intents a crash or a previous leader left without an outcome, so recording
+        their outcomes is the first thing the first tick does. Returns a summary for
+        the logs and for readiness."""
+        effects = self.effects
+        reissued = len(effects.open_intents()) if effects is not None else 0
+        if effects is not None and not effects.has_outcomes:
+            ctx = self.controller.make_context()
+            for step in self.controller.after_commit:
+                step(ctx, [])
+        states = self.app.tasks.all()
+        live = sum(1 for state in states if not state.is_terminal)
+        return (f"caught up: {len(states)} tasks folded ({live} live) up to log position "
+                f"{self.app.store.head()}, {reissued} open intent(s) re-issued")
+
     def close(self) -> None:
         self.app.close()
 
@@ -92,33 +115,51 @@ def start(
     seed: int | None = None, clock: Clock | None = None, realtime: bool = False,
     register_clusters: bool = True, tick_seconds: float = 1.0,
     on_tick: Callable[[TickReport], None] | None = None, gcp_ports: Ports | None = None,
-    metrics: Any = None,
+    metrics: Any = None, world: object | None = None, leadership: Leadership | None = None,
+    follow_log: bool = False,
 ) -> Service:
     """Wire a controller. ``metrics`` (an ``observability.Metrics``) adds its inline
-    projection so transition histograms and event counts follow each commit."""
+    projection so transition histograms and event counts follow each commit. ``world``
+    reuses a simulated world (several controllers on one world); ``leadership`` fences
+    the loop and every commit with a lease; ``follow_log`` folds what another writer
+    appended before each tick (one read of the log head per tick), for when nothing
+    guarantees a single writer."""
     if backend not in BACKENDS:
         raise BackendError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if clock is None:
         clock = WallClock() if realtime or backend == "gcp" else VirtualClock(utcnow())
-    extra = (lambda tasks: [metrics.projection(tasks)]) if metrics is not None else None
+    followers: list[LogFollower] = []
+
+    def extra(tasks: Any) -> list[Any]:
+        if follow_log:
+            followers.append(LogFollower(tasks))
+        return [*followers, *([metrics.projection(tasks)] if metrics is not None else [])]
+
     app = open_app(settings, clock, extra_projections=extra)
-    world = None
+    for follower in followers:
+        follower.attach(app.store, position=app.store.head(), queues=app.queue_view)
     if backend == "sim":
-        world = sim_world(clock, sim_config, seed, app)
+        world = world or sim_world(clock, sim_config, seed, app)
         ports: Ports = world.ports()  # type: ignore[attr-defined]
         if register_clusters:
             register_world_clusters(app, world)
     else:
+        world = None
         if gcp_ports is None:
             raise BackendError("backend gcp: no GCP ports were configured")
         ports = gcp_ports
     controller = build_controller(app, ports=ports)
+    if leadership is not None:
+        controller.before_commit = (*controller.before_commit, leadership_fence(leadership))
     service = Service(app, ports, controller, loop=None, world=world)  # type: ignore[arg-type]
+    for follower in followers:
+        follower.index = service.effects.index if service.effects is not None else None
     service.loop = Loop(
         controller=controller, clock=clock, due_sources=_due_sources(service),
         has_work=lambda: bool(service.effects and service.effects.has_outcomes),
         settled=service.settled, on_tick=on_tick, tick_seconds=tick_seconds,
-        advance_world=getattr(world, "step", None),
+        advance_world=getattr(world, "step", None), leadership=leadership,
+        follow_log=followers[0].catch_up if followers else None,
     )
     return service
 
@@ -171,8 +212,13 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event, metrics: Any
 
     svc.loop.on_tick = on_tick
     if health is not None:
+        health.set_ready(False, "catching up: re-issuing the open intents of the folded log")
+    summary = svc.catch_up()
+    log.info("%s; taking new work", summary)
+    if health is not None:
+        health.mark_tick()
         health.set_leader(True)
-        health.set_ready(True, f"caught up: {len(svc.app.tasks.all())} tasks folded")
+        health.set_ready(True, summary)
     if metrics is not None:
         metrics.set_leader(True)
     try:
@@ -187,3 +233,82 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event, metrics: Any
         if metrics is not None:
             metrics.set_leader(False)
     return report
+
+
+class Election(Leadership, Protocol):
+    """A lease campaign (``adapters.gcp.lease.LeaseElector``) as ``serve_elected`` uses it."""
+
+    retry_period: float
+
+    def run(self, stop: threading.Event) -> None: ...
+
+    def release(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
+                  until_idle: bool, stop: threading.Event, metrics: Any = None,
+                  health: Any = None, ops_topic: str | None = None) -> LoopReport:
+    """Serve as one of several replicas: stand by until this one holds the lease, then
+    build the controller (a fresh fold of the log, so whatever the previous leader
+    appended is in it), catch up and serve until stopped or the lease is lost; after a
+    loss, stand by again. The campaign runs in its own thread so renewals go on while
+    a tick or the fold runs. On stop: the current tick finishes, the outbox is
+    flushed, and only then is the lease released, so a standby takes over at once
+    without ever overlapping this replica's last commit."""
+    total = LoopReport()
+    campaign_stop = threading.Event()
+    campaign = threading.Thread(target=election.run, args=(campaign_stop,),
+                                name="falcon-lease", daemon=True)
+    campaign.start()
+    standing_by = ""
+    try:
+        while not stop.is_set():
+            if not election.may_append():
+                standing_by = _stand_by(election, standing_by, health, metrics)
+                stop.wait(min(election.retry_period, 1.0))
+                continue
+            standing_by = ""
+            log.info("%s; folding the log before taking new work", election.describe())
+            svc = build(election)
+            try:
+                report = serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
+                               health=health, ops_topic=ops_topic)
+            finally:
+                svc.close()
+            total.ticks += report.ticks
+            total.appended += report.appended
+            total.conflicts += report.conflicts
+            if report.stopped_by != LOST_LEADERSHIP:
+                total.stopped_by = report.stopped_by
+                return total
+            log.warning("lease lost after %d ticks: appending stopped; standing by",
+                        report.ticks)
+        total.stopped_by = "signal"
+        return total
+    finally:
+        campaign_stop.set()
+        campaign.join(timeout=CAMPAIGN_JOIN_SECONDS)
+        election.release()
+        if health is not None:
+            health.set_leader(False)
+
+
+#: How long shutdown waits for a lease request in flight before releasing anyway.
+CAMPAIGN_JOIN_SECONDS = 10.0
+
+
+def _stand_by(election: Election, said: str, health: Any, metrics: Any) -> str:
+    """A standby is alive and ready (it serves probes and metrics and takes over from
+    the log); say once per change who holds the lease."""
+    detail = election.describe()
+    if health is not None:
+        health.mark_tick()
+        health.set_leader(False)
+        health.set_ready(True, detail)
+    if metrics is not None:
+        metrics.set_leader(False)
+    if detail != said:
+        log.info("%s", detail)
+    return detail

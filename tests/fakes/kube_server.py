@@ -1011,7 +1011,7 @@ def _checked_lease(body: Any, ns: str, url_name: str | None) -> dict[str, Any]:
                 raise KubeApiError(400, "BadRequest", f'Lease in version "v1" cannot be handled '
                                                       f'as a Lease: parsing time "{value}" as '
                                                       '"2006-01-02T15:04:05.000000Z07:00"')
-            moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            moment = dt.datetime.fromisoformat(value)
             spec[field] = moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     if spec.get("leaseDurationSeconds", 1) <= 0:
         raise KubeApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
