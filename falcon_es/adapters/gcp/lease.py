@@ -397,7 +397,12 @@ class LeaseElector:
         release the lease on stop: the owner releases after its last commit."""
         leading = False
         while not stop.is_set():
-            now_leading = self.step()
+            try:
+                now_leading = self.step()
+            except Exception as error:  # the campaign must outlive any one odd answer
+                self.last_error = f"{type(error).__name__}: {error}"
+                log.exception("lease %s/%s: attempt failed", self.namespace, self.name)
+                now_leading = self.is_leader()
             if now_leading != leading:
                 callback = on_started_leading if now_leading else on_stopped_leading
                 if callback is not None:
