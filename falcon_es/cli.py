@@ -736,6 +736,245 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
+# ----------------------------------------------------------------------- gcp backend
+
+#: Seconds between the informer process's liveness marks (well inside the probe's limit).
+INFORMER_HEARTBEAT_SECONDS = 5.0
+
+
+@main.command("informer")
+@click.option("--cluster", "names", multiple=True, required=True, metavar="NAME",
+              help="A registered cluster to watch; repeat for several (one thread each).")
+@click.option("--health/--no-health", default=True, show_default=True,
+              help="Serve /healthz and /readyz on FALCON_HEALTH_HOST:FALCON_HEALTH_PORT.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
+@click.pass_context
+@_friendly
+def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
+                     log_format: str | None) -> None:
+    """Watch Falcon's Jobs and Pods on edge clusters and publish every change to the
+    edge-events topic: an informer as a process of its own (stops on SIGINT/SIGTERM)."""
+    import signal
+    import threading
+
+    from falcon_es.adapters.gcp import wiring
+    from falcon_es.adapters.gcp.informer import run_informer
+    from falcon_es.observability import ObservabilitySettings
+    from falcon_es.observability.health import HealthServer
+    from falcon_es.observability.logs import configure_logging
+    from falcon_es.ports import PortError
+
+    settings: Settings = ctx.obj["settings"]
+    observability = ObservabilitySettings.from_env()
+    configure_logging(log_format or observability.log_format, observability.log_level)
+    with _app(ctx).engine.connect() as conn:
+        found = {name: registry.find_cluster(conn, name) for name in dict.fromkeys(names)}
+    unknown = [name for name, cluster in found.items() if cluster is None]
+    if unknown:
+        raise Failure(f"informer: no registered cluster named {', '.join(unknown)} "
+                      "(see falcon-es cluster list)")
+    backend = wiring.build_gcp_backend(settings)
+    clusters = [cluster for cluster in found.values() if cluster is not None]
+    try:
+        for cluster in clusters:  # endpoint and CA now: a wrong cluster fails at start
+            backend.edges.for_cluster(cluster)
+    except PortError as error:
+        backend.close()
+        raise Failure(f"informer: {error.message}", EXIT_PROBLEM) from error
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    threads = [threading.Thread(target=run_informer, args=(cluster, backend.edges, backend.bus,
+                                                           stop),
+                                kwargs={"settings": wiring.informer_settings(settings)},
+                                name=f"informer-{cluster.name}", daemon=True)
+               for cluster in clusters]
+    server = None
+    if health:
+        server = HealthServer(host=observability.health_host, port=observability.health_port,
+                              max_tick_age=observability.max_tick_age_seconds)
+        server.start()
+    for thread in threads:
+        thread.start()
+    if server is not None:
+        server.set_ready(True, f"watching {', '.join(found)}")
+    click.echo(f"falcon-es: informer watching {', '.join(found)} (namespace "
+               f"{settings.job_namespace}) -> topic {settings.edge_events_topic}", err=True)
+    heartbeat = min(INFORMER_HEARTBEAT_SECONDS, observability.max_tick_age_seconds / 3)
+    ended = []
+    try:
+        while not stop.is_set():
+            ended = [thread.name for thread in threads if not thread.is_alive()]
+            if ended:
+                break
+            if server is not None:
+                server.mark_tick()
+            stop.wait(heartbeat)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        if server is not None:
+            server.stop()
+        backend.close()
+    if ended:
+        raise Failure(f"informer: {', '.join(ended)} ended unexpectedly (see the log)",
+                      EXIT_PROBLEM)
+    click.echo("falcon-es: informer stopped", err=True)
+
+
+@main.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="The checks as a JSON list.")
+@click.pass_context
+def doctor_command(ctx: click.Context, as_json: bool) -> None:
+    """Check what running against real GCP needs, one line each with the fix for a
+    failure: the database, the credentials, each registered cluster (GKE, Workload
+    Identity, GCS FUSE, Kubernetes API, node pools, reservation) and the Pub/Sub
+    topics and subscription. Exit 1 when a check fails."""
+    from falcon_es.adapters.gcp.doctor import Doctor
+
+    settings: Settings = ctx.obj["settings"]
+    database, clusters = _database_check(settings)
+    checks = [database, *Doctor(settings).run(clusters)]
+    if as_json:
+        click.echo(json.dumps([check.as_dict() for check in checks], indent=2))
+    else:
+        for check in checks:
+            click.echo(check.line())
+        failed = sum(1 for check in checks if check.failed)
+        click.echo(f"{len(checks)} checks, {failed} failed" if failed else
+                   f"{len(checks)} checks, all passed")
+    if any(check.failed for check in checks):
+        sys.exit(EXIT_PROBLEM)
+
+
+def _database_check(settings: Settings) -> tuple[Any, list[registry.Cluster]]:
+    """The database line of ``doctor`` and, when it is usable, the registered clusters."""
+    from alembic.script import ScriptDirectory
+
+    from falcon_es.adapters.gcp.doctor import FAIL, OK, Check
+
+    try:
+        shown = sa.engine.make_url(settings.db_url).render_as_string(hide_password=True)
+        engine = db.make_engine(settings.db_url)
+    except (db.DatabaseUrlError, sa.exc.ArgumentError) as error:
+        return Check("database", "FALCON_DB_URL", FAIL, str(error),
+                     "set FALCON_DB_URL (or --db) to a mysql+pymysql:// or sqlite:/// URL"), []
+    fix = "falcon-es db upgrade"
+    try:
+        revision = db.current_revision(engine)
+        head = ScriptDirectory.from_config(db.alembic_config(engine)).get_current_head()
+        if revision != head:
+            found = f"at revision {revision}" if revision else "without the Falcon-ES schema"
+            return Check("database", shown, FAIL, f"reachable, {found}; this version needs "
+                                                  f"{head}", fix), []
+        with engine.connect() as conn:
+            clusters = registry.list_clusters(conn)
+    except sa.exc.DBAPIError as error:
+        return Check("database", shown, FAIL, _first_line(error),
+                     "check FALCON_DB_URL and that the server accepts connections from "
+                     "here"), []
+    finally:
+        engine.dispose()
+    return Check("database", shown, OK, f"reachable, schema at revision {revision}, "
+                                        f"{len(clusters)} cluster(s) registered"), clusters
+
+
+@main.command("clusters")
+@click.option("--live", is_flag=True,
+              help="Also ask GKE for each cluster's node pools and Compute for the "
+                   "reservation's remaining slices (gcp backend credentials).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@_friendly
+def clusters_command(ctx: click.Context, live: bool, as_json: bool) -> None:
+    """Per cluster: reservation remaining, active pools with topology, queue depths and
+    running counts, folded from the log (--live adds what GKE and Compute say now)."""
+    from falcon_es.observability.metrics import Metrics
+    from projections import replay as rp
+    from projections.node_pools import DELETED, pool_samples
+
+    app = _app(ctx)
+    states = rp.fold_log(app.store)
+    with app.engine.connect() as conn:
+        clusters = registry.list_clusters(conn)
+    pools = pool_samples(states, {c.id: c for c in clusters})
+    metrics = Metrics(tasks=states.all, pools=lambda: pools, process_collectors=False)
+    live_views = (_live_cluster_views(ctx.obj["settings"], clusters, pools, states.all(), metrics)
+                  if live else {})
+    overview = metrics.cluster_overview(clusters)
+    for entry in overview:
+        entry.update(live_views.get(entry["name"], {}))
+    if as_json:
+        click.echo(json.dumps(overview, indent=2, ensure_ascii=False))
+        return
+    rows = []
+    for entry in overview:
+        reservation = entry["default_reservation"] or ""
+        remaining = [f"{r['topology']}: {r['slices']} slice(s) free"
+                     for r in entry["reservation_remaining"]]
+        rows.append({
+            "cluster": entry["name"], "tpu": entry["tpu_type"], "status": entry["status"],
+            "reservation": "\n".join([reservation, *remaining]).strip(),
+            "pools": "\n".join(f"{p['name']} {p['topology']} {p['state']} ({p['owner_task']})"
+                               for p in entry["pools"] if p["state"] != DELETED),
+            "queues": "\n".join(f"{q['topology']}: {q['depth']} pending, {q['running']} running"
+                                for q in entry["queues"]),
+            **({"live pools": "\n".join(
+                f"{p['name']} {p['status']} {p['topology']}" for p in entry["live_pools"])
+                + "".join(f"\n{e}" for e in entry["errors"])} if live else {}),
+        })
+    _emit(rows, False)
+
+
+def _live_cluster_views(settings: Settings, clusters: Sequence[registry.Cluster],
+                        pools: Sequence[Any], tasks: Sequence[Any],
+                        metrics: Any) -> dict[str, dict[str, Any]]:
+    """GKE's node pools and Compute's remaining slices per cluster, read now (failures
+    are reported per cluster, not fatal)."""
+    from falcon_es.adapters.gcp import build_gcp_backend
+    from falcon_es.observability.metrics import queue_figures
+    from falcon_es.ports import PortError
+    from falcon_es.tpu import slice_shape
+
+    backend = build_gcp_backend(settings)
+    queues = queue_figures(tasks)
+    views: dict[str, dict[str, Any]] = {}
+    try:
+        for cluster in clusters:
+            errors: list[str] = []
+            live_pools: list[dict[str, Any]] = []
+            try:
+                for info in backend.node_pools.list(cluster):
+                    if info.labels.get("managed-by") != "falcon":
+                        continue
+                    live_pools.append({"name": info.name, "status": info.status,
+                                       "topology": info.labels.get("falcon-topology", ""),
+                                       "node_count": info.node_count,
+                                       "in_log": any(p.cluster == cluster.name
+                                                     and p.name == info.name for p in pools)})
+            except PortError as error:
+                errors.append(f"node pools: {error.message}")
+            topologies = sorted({p.topology for p in pools if p.cluster == cluster.name}
+                                | {q.topology for q in queues if q.cluster == cluster.name})
+            if cluster.default_reservation:
+                for topology in topologies:
+                    try:
+                        slices = backend.reservations.remaining_slices(
+                            cluster, cluster.default_reservation,
+                            slice_shape(cluster.tpu_type, topology))
+                    except PortError as error:
+                        errors.append(f"reservation {topology}: {error.message}")
+                        continue
+                    metrics.set_reservation_remaining(cluster.name, cluster.default_reservation,
+                                                      topology, slices)
+            views[cluster.name] = {"live_pools": live_pools, "errors": errors}
+    finally:
+        backend.close()
+    return views
+
+
 def run() -> None:
     main(prog_name="falcon-es")
 

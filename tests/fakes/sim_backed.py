@@ -560,6 +560,9 @@ class SimGke:
         self._lock = threading.Lock()
         self._operations: dict[str, _OperationRecord] = {}
         self._created: dict[tuple[str, str], container_v1.NodePool] = {}
+        #: What ``GetCluster`` reports (``falcon-es doctor`` checks both).
+        self.workload_identity = True
+        self.gcs_fuse = True
 
     def _cluster(self, path: str) -> tuple[ClusterSim, Cluster]:
         match = _CLUSTER_PATH.match(path)
@@ -639,10 +642,12 @@ class SimGke:
             name=row.name, location=row.location, locations=[row.location],
             endpoint=server.endpoint, status=container_v1.Cluster.Status.RUNNING,
             master_auth=container_v1.MasterAuth(cluster_ca_certificate=ca),
+            current_master_version="1.33.5-gke.1000000",
             workload_identity_config=container_v1.WorkloadIdentityConfig(
-                workload_pool=f"{row.project}.svc.id.goog"),
+                workload_pool=f"{row.project}.svc.id.goog" if self.workload_identity else ""),
             addons_config=container_v1.AddonsConfig(
-                gcs_fuse_csi_driver_config=container_v1.GcsFuseCsiDriverConfig(enabled=True)),
+                gcs_fuse_csi_driver_config=container_v1.GcsFuseCsiDriverConfig(
+                    enabled=self.gcs_fuse)),
         )
 
     def _operation(self, operation: Operation, record: _OperationRecord

@@ -1,0 +1,336 @@
+"""``falcon-es doctor``, ``falcon-es informer`` and ``falcon-es clusters`` against the
+sim-backed GKE, Compute and Kubernetes fakes (tests/fakes/sim_backed.py), Google's
+Pub/Sub emulator, and credentials found by ``google.auth.default()`` in a
+service-account key whose token endpoint is local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from google.oauth2 import service_account
+from test_lifecycle_harness import Harness, reserved_cluster, sim_config
+
+from falcon_es import registry
+from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
+from falcon_es.adapters.gcp.pubsub import PubSubBus
+from falcon_es.adapters.gcp.wiring import build_cluster_manager
+from falcon_es.adapters.sim import SimWorld, build_sim_ports
+from falcon_es.bootstrap import open_app
+from falcon_es.cli import main
+from falcon_es.clock import VirtualClock
+from falcon_es.manifests import JobPlacement, render_job
+from falcon_es.ports import JobObservation
+from falcon_es.settings import Settings
+from falcon_es.tpu import slice_shape
+from tests.fakes import fixtures
+from tests.fakes.fixtures import unique_name
+from tests.fakes.pubsub_emulator import PubSubEmulator, free_port
+from tests.fakes.sim_backed import SimBackedCloud
+
+pubsub_emulator = fixtures.pubsub_emulator
+
+START = dt.datetime(2026, 11, 1, 9, 0, 0)
+#: v6e-res: project proj, zone us-east5-b, reservation v6e-res-r of two VMs.
+CLUSTER = reserved_cluster(count=2)
+
+
+@dataclasses.dataclass
+class Installation:
+    """A database with the cluster registered, the cloud around it, the topics."""
+
+    db_url: str
+    cloud: SimBackedCloud
+    env: dict[str, str]
+    bus: PubSubBus
+
+    def cli(self, *args: str, **env: str) -> Result:
+        return CliRunner(env={**self.env, **env}).invoke(main, list(args))
+
+
+@pytest.fixture
+def installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Installation]:
+    world = SimWorld(VirtualClock(START), sim_config(CLUSTER))
+    cloud = SimBackedCloud(world).start()
+    key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
+    env = {**cloud.environment(key), "FALCON_DB_URL": db_url,
+           "PUBSUB_EMULATOR_HOST": pubsub_emulator.host,
+           "FALCON_PUBSUB_PROJECT": pubsub_emulator.project,
+           "FALCON_EDGE_EVENTS_TOPIC": unique_name("edge"),
+           "FALCON_EDGE_EVENTS_SUBSCRIPTION": unique_name("edge-sub"),
+           "FALCON_TASK_EVENTS_TOPIC": unique_name("ops")}
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_emulator.host)
+    bus = PubSubBus(pubsub_emulator.project, pull_timeout_seconds=0.5)
+    app = open_app(Settings(db_url=db_url))
+    registry.add_cluster(app.store, name=CLUSTER.name, project="proj", location="us-east5-b",
+                         tpu_type="v6e", gcs_bucket="logs-bucket",
+                         default_reservation=CLUSTER.default_reservation)
+    app.close()
+    yield Installation(db_url, cloud, env, bus)
+    bus.close()
+    cloud.stop()
+
+
+def topics(installation: Installation, *, subscription: bool = True) -> None:
+    env = installation.env
+    installation.bus.create_topic(env["FALCON_EDGE_EVENTS_TOPIC"])
+    installation.bus.create_topic(env["FALCON_TASK_EVENTS_TOPIC"])
+    if subscription:
+        installation.bus.create_subscription(env["FALCON_EDGE_EVENTS_SUBSCRIPTION"],
+                                             env["FALCON_EDGE_EVENTS_TOPIC"],
+                                             message_ordering=False)
+
+
+def lines(result: Result) -> dict[str, str]:
+    """Each check line by its subject and name ("cluster v6e-res: GKE get_cluster")."""
+    found = {}
+    for line in result.output.splitlines():
+        if line[:4] in ("ok  ", "FAIL", "skip"):
+            subject_and_name = ": ".join(line[5:].split(": ")[:2])
+            found[subject_and_name] = line
+    return found
+
+
+# ----------------------------------------------------------------------- doctor
+
+
+def test_doctor_passes_every_check_of_a_working_installation(installation: Installation) -> None:
+    topics(installation)
+    result = installation.cli("doctor")
+    assert result.exit_code == 0, result.output
+    found = lines(result)
+    assert all(line.startswith("ok") for line in found.values()), result.output
+    assert list(found) == [
+        "database: " + found_key(found, "database"),
+        "credentials: Application Default Credentials",
+        "cluster v6e-res: GKE get_cluster", "cluster v6e-res: Workload Identity",
+        "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
+        "cluster v6e-res: node pools list", "cluster v6e-res: reservation v6e-res-r",
+        f"pubsub: topic {installation.env['FALCON_EDGE_EVENTS_TOPIC']}",
+        f"pubsub: topic {installation.env['FALCON_TASK_EVENTS_TOPIC']}",
+        f"pubsub: subscription {installation.env['FALCON_EDGE_EVENTS_SUBSCRIPTION']}",
+    ]
+    credentials = found["credentials: Application Default Credentials"]
+    assert "service account falcon-controller@falcon-test.iam.gserviceaccount.com" in credentials
+    assert "ya29." not in result.output  # the token is never shown
+    assert "2 of 2 ct6e-standard-4t VM(s) free" in found["cluster v6e-res: reservation v6e-res-r"]
+    assert "v1.33" in found["cluster v6e-res: Kubernetes API"]
+    assert result.output.rstrip().endswith("11 checks, all passed")
+
+
+def found_key(found: dict[str, str], subject: str) -> str:
+    return next(k for k in found if k.startswith(subject + ": ")).split(": ", 1)[1]
+
+
+def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> None:
+    topics(installation, subscription=False)
+    installation.cloud.gke.workload_identity = False
+    installation.cloud.gke.gcs_fuse = False
+    app = open_app(Settings(db_url=installation.db_url))
+    registry.add_cluster(app.store, name="ghost", project="proj", location="us-east5-a",
+                         tpu_type="v6e", gcs_bucket="b", default_reservation="nowhere")
+    app.close()
+
+    result = installation.cli("doctor")
+
+    assert result.exit_code == 1
+    found = lines(result)
+    wi = found["cluster v6e-res: Workload Identity"]
+    assert wi.startswith("FAIL") and ("--workload-pool=proj.svc.id.goog" in wi)
+    fuse = found["cluster v6e-res: GCS FUSE CSI driver"]
+    assert fuse.startswith("FAIL") and "--update-addons GcsFuseCsiDriver=ENABLED" in fuse
+    ghost = found["cluster ghost: GKE get_cluster"]
+    assert ghost.startswith("FAIL") and "404 NotFound" in ghost
+    assert "correct the registration" in ghost
+    assert found["cluster ghost: Kubernetes API"].startswith("skip")  # root cause first
+    reservation = found["cluster ghost: reservation nowhere"]
+    assert "reservation nowhere not found in project proj zone us-east5-a" in reservation
+    edge_subscription = installation.env["FALCON_EDGE_EVENTS_SUBSCRIPTION"]
+    subscription = found[f"pubsub: subscription {edge_subscription}"]
+    assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
+
+
+def test_doctor_without_usable_credentials_or_schema(installation: Installation,
+                                                      tmp_path: Path) -> None:
+    dead = tmp_path / "dead-key.json"
+    key = json.loads(Path(installation.env["GOOGLE_APPLICATION_CREDENTIALS"]).read_text())
+    key["token_uri"] = f"http://127.0.0.1:{free_port()}/token"
+    dead.write_text(json.dumps(key))
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+
+    result = installation.cli("doctor", GOOGLE_APPLICATION_CREDENTIALS=str(dead),
+                              FALCON_DB_URL=empty)
+
+    assert result.exit_code == 1
+    found = lines(result)
+    assert "without the Falcon-ES schema" in found[f"database: {empty}"]
+    assert "fix: falcon-es db upgrade" in found[f"database: {empty}"]
+    credentials = found["credentials: Application Default Credentials"]
+    assert credentials.startswith("FAIL") and "no token could be obtained" in credentials
+    assert "Workload Identity binding" in credentials
+    assert found["pubsub: topics and subscription"].startswith("skip")
+
+
+def test_doctor_json(installation: Installation) -> None:
+    topics(installation)
+    result = installation.cli("doctor", "--json")
+    checks = json.loads(result.output)
+    assert result.exit_code == 0
+    assert {c["status"] for c in checks} == {"ok"}
+    assert set(checks[0]) == {"subject", "name", "status", "detail", "fix"}
+
+
+# ----------------------------------------------------------------------- informer
+
+
+def test_informer_of_an_unknown_cluster_is_refused(installation: Installation) -> None:
+    result = installation.cli("informer", "--cluster", "nope", "--no-health")
+    assert result.exit_code == 2
+    assert result.output.strip() == ("falcon-es: informer: no registered cluster named nope "
+                                     "(see falcon-es cluster list)")
+
+
+#: The process takes seconds just to import the Google clients: once, on SQLite (the
+#: informer reads the registry and nothing else from the database).
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_informer_process_publishes_serves_its_probes_and_stops_on_sigterm(
+        installation: Installation) -> None:
+    """``falcon-es informer --cluster NAME`` as the informer Deployment runs it."""
+    topics(installation)
+    port = free_port()
+    env = {**os.environ, **installation.env, "FALCON_HEALTH_PORT": str(port),
+           "FALCON_HEALTH_HOST": "127.0.0.1"}
+    process = subprocess.Popen([sys.executable, "-m", "falcon_es", "informer", "--cluster",
+                                CLUSTER.name], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        health = _get(port, "/healthz", until=lambda status: status == 200)
+        ready = json.loads(_get(port, "/readyz", until=lambda status: status == 200)[1])
+        installation.cloud.kube[CLUSTER.name].wait_for_watches(2)
+        manifest = render_job(task_id="t1", spec={"image": "busybox"},
+                              shape=slice_shape("v6e", "2x2"), pool_name="falcon-t1-2x2",
+                              placement=JobPlacement("falcon-jobs", "falcon-task", "logs"))
+        _submit(installation, manifest)
+        observation = _pull_observation(installation)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert health[0] == 200 and ready["ready"] is True
+    assert ready["detail"] == f"watching {CLUSTER.name}"
+    assert (observation.job_name, observation.task_id, observation.cluster_name) == (
+        "falcon-t1", "t1", CLUSTER.name)
+    assert process.returncode == 0, stderr
+    assert "informer stopped" in stderr
+
+
+def _get(port: int, path: str, *, until: Any, timeout: float = 30.0) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+                status, body = reply.status, reply.read().decode()
+        except OSError:
+            status, body = 0, ""
+        if until(status) or time.monotonic() > deadline:
+            return status, body
+        time.sleep(0.1)
+
+
+def _submit(installation: Installation, manifest: dict[str, Any]) -> None:
+    settings = Settings.from_env(installation.env)
+    credentials = service_account.Credentials.from_service_account_file(
+        installation.env["GOOGLE_APPLICATION_CREDENTIALS"],
+        scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    edges = KubeEdgeClusters(GkeEndpoints(build_cluster_manager(settings, credentials)),
+                             tokens=GoogleAccessTokens(credentials))
+    app = open_app(Settings(db_url=installation.db_url))
+    with app.engine.connect() as conn:
+        cluster = registry.find_cluster(conn, CLUSTER.name)
+    app.close()
+    assert cluster is not None
+    edges.for_cluster(cluster).submit_job(manifest)
+    edges.close()
+
+
+def _pull_observation(installation: Installation) -> JobObservation:
+    subscription = installation.env["FALCON_EDGE_EVENTS_SUBSCRIPTION"]
+    for _ in range(100):
+        messages = installation.bus.pull(subscription)
+        installation.bus.ack(subscription, [m.id for m in messages])
+        if messages:
+            return JobObservation.from_data(messages[-1].data)
+        time.sleep(0.05)
+    raise AssertionError("the informer published nothing")
+
+
+# ----------------------------------------------------------------------- clusters
+
+
+class SharedWorldHarness(Harness):
+    """The lifecycle harness on the world the fakes front (sim ports, one world)."""
+
+    def __init__(self, db_url: str, world: SimWorld) -> None:
+        super().__init__(db_url, world.clock, world.config,  # type: ignore[arg-type]
+                         Settings(db_url=db_url))
+        self.world = world
+        world.behaviour_source = self._behaviour
+        self.ports = build_sim_ports(world)
+        self.controller = self._controller()
+
+
+def test_clusters_shows_pools_queues_and_live_state(installation: Installation) -> None:
+    """A controller on the sim backend leaves two tasks running on the reservation and a
+    4x4 one in ClusterBusy; ``clusters`` folds that from the log, and ``--live`` asks the
+    sim-backed GKE and Compute, which front the same world, what they hold now."""
+    harness = SharedWorldHarness(installation.db_url, installation.cloud.world)
+    try:
+        for name, topology in (("long", "2x2"), ("next", "2x2"), ("wide", "4x4")):
+            harness.submit(name, topology=topology, sim={"duration_seconds": 50_000})
+            harness.clock.advance(1)
+        harness.run(lambda: harness.statuses() == {
+            "long": ("Running", None), "next": ("Running", None),
+            "wide": ("Pending", "ClusterBusy")})
+    finally:
+        harness.close()
+
+    result = installation.cli("clusters", "--json")
+    (entry,) = json.loads(result.output)
+    assert entry["name"] == CLUSTER.name and entry["default_reservation"] == "v6e-res-r"
+    assert entry["pools"] == [
+        {"name": f"falcon-{task}-2x2", "topology": "2x2", "supply_mode": "reservation",
+         "state": "active", "owner_task": task} for task in ("long", "next")]
+    assert entry["queues"] == [
+        {"topology": "2x2", "depth": 0, "running": 2, "acquiring_task": None},
+        {"topology": "4x4", "depth": 1, "running": 0, "acquiring_task": "wide"}]
+    assert entry["reservation_remaining"] == []
+
+    live = installation.cli("clusters", "--json", "--live")
+    assert live.exit_code == 0, live.output
+    (seen,) = json.loads(live.output)
+    assert seen["live_pools"] == [
+        {"name": f"falcon-{task}-2x2", "status": "RUNNING", "topology": "2x2",
+         "node_count": 1, "in_log": True} for task in ("long", "next")]
+    assert {(r["topology"], r["slices"]) for r in seen["reservation_remaining"]} == {
+        ("2x2", 0), ("4x4", 0)}
+    assert seen["errors"] == []
+    table = installation.cli("clusters", "--live")
+    assert "falcon-long-2x2 2x2 active (long)" in table.output
+    assert "2x2: 0 pending, 2 running" in table.output
+    assert "4x4: 0 slice(s) free" in table.output
