@@ -514,12 +514,16 @@ def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
                    "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
                    "database lock that refuses a second controller, or none (default: lease "
                    "in a Kubernetes cluster with --backend gcp, else db).")
+@click.option("--in-process-informers/--no-in-process-informers", default=False,
+              envvar="FALCON_IN_PROCESS_INFORMERS",
+              help="With --backend gcp, also watch every active registered cluster from this "
+                   "process (instead of falcon-es informer Deployments).")
 @click.pass_context
 @_friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
                 until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
                 log_format: str | None, ops_topic: str | None,
-                leader_election: str | None) -> None:
+                leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     import signal
     import threading
@@ -587,6 +591,8 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    informers = (_in_process_informers(settings, gcp_ports, probe_engine, stop)
+                 if in_process_informers and gcp_ports is not None else [])
     topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
@@ -600,6 +606,9 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
                                    health=server, ops_topic=topic)
     finally:
+        stop.set()  # in-process informers end with the loop
+        for informer in informers:
+            informer.join(timeout=30)
         if lock is not None:
             lock.release()
         if server is not None:
@@ -640,6 +649,17 @@ def _gcp_ports(settings: Settings) -> Any:
     from falcon_es.adapters.gcp import build_gcp_ports
 
     return build_gcp_ports(settings)
+
+
+def _in_process_informers(settings: Settings, ports: Any, engine: sa.engine.Engine,
+                          stop: Any) -> list[Any]:
+    """An informer thread per active registered cluster, sharing the controller's
+    Kubernetes clients and Pub/Sub bus (clusters registered later need a restart)."""
+    from falcon_es.adapters.gcp.wiring import start_informers
+
+    with engine.connect() as conn:
+        active = [c for c in registry.list_clusters(conn) if c.status == "active"]
+    return start_informers(active, ports.edges, ports.bus, settings, stop)
 
 
 @main.command("demo")
@@ -759,7 +779,6 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     import threading
 
     from falcon_es.adapters.gcp import wiring
-    from falcon_es.adapters.gcp.informer import run_informer
     from falcon_es.observability import ObservabilitySettings
     from falcon_es.observability.health import HealthServer
     from falcon_es.observability.logs import configure_logging
@@ -785,18 +804,12 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    threads = [threading.Thread(target=run_informer, args=(cluster, backend.edges, backend.bus,
-                                                           stop),
-                                kwargs={"settings": wiring.informer_settings(settings)},
-                                name=f"informer-{cluster.name}", daemon=True)
-               for cluster in clusters]
     server = None
     if health:
         server = HealthServer(host=observability.health_host, port=observability.health_port,
                               max_tick_age=observability.max_tick_age_seconds)
         server.start()
-    for thread in threads:
-        thread.start()
+    threads = wiring.start_informers(clusters, backend.edges, backend.bus, settings, stop)
     if server is not None:
         server.set_ready(True, f"watching {', '.join(found)}")
     click.echo(f"falcon-es: informer watching {', '.join(found)} (namespace "

@@ -13,10 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -24,17 +26,20 @@ from click.testing import CliRunner, Result
 from google.oauth2 import service_account
 from test_lifecycle_harness import Harness, reserved_cluster, sim_config
 
-from falcon_es import registry
+from falcon_es import job_rows, registry
 from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.gcp.wiring import build_cluster_manager
-from falcon_es.adapters.sim import SimWorld, build_sim_ports
+from falcon_es.adapters.sim import (
+    ClusterBehaviour, JobDefaults, SimConfig, SimWorld, Span, build_sim_ports,
+)
 from falcon_es.bootstrap import open_app
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
+from falcon_es.clock import VirtualClock, WallClock, utcnow
 from falcon_es.manifests import JobPlacement, render_job
 from falcon_es.ports import JobObservation
 from falcon_es.settings import Settings
+from falcon_es.spec import SUPPLY_MODES
 from falcon_es.tpu import slice_shape
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
@@ -334,3 +339,90 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     assert "falcon-long-2x2 2x2 active (long)" in table.output
     assert "2x2: 0 pending, 2 running" in table.output
     assert "4x4: 0 slice(s) free" in table.output
+
+
+# ----------------------------------------------------------------------- run
+
+
+QUICK = ClusterBehaviour(
+    create_latency=MappingProxyType({mode: Span(0.5, 0.5) for mode in SUPPLY_MODES}),
+    delete_latency=Span(0.3, 0.3),
+    visibility_delay=MappingProxyType({mode: Span(0, 0) for mode in SUPPLY_MODES}),
+    node_register_delay=MappingProxyType({mode: Span(0, 0) for mode in SUPPLY_MODES}),
+    node_ready_lag=Span(0, 0),
+)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_run_gcp_backend_with_in_process_informers_until_idle(
+        db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``falcon-es run --backend gcp --in-process-informers --until-idle`` as a process:
+    ports from the environment, a task through its whole life on a wall-clock world
+    behind the fakes, its Job's changes published by the controller's own informer, and
+    every event on the ops topic."""
+    config = SimConfig(seed=3, clusters=(dataclasses.replace(CLUSTER, behaviour=QUICK),),
+                       defaults=QUICK, jobs=JobDefaults(duration_seconds=1.0,
+                                                        pod_start=Span(0.2, 0.2)))
+    cloud = SimBackedCloud(SimWorld(WallClock(), config)).start()
+    stepping = threading.Event()
+    stepper = threading.Thread(target=_follow_the_wall_clock, args=(cloud, stepping),
+                               daemon=True)
+    stepper.start()
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_emulator.host)
+    bus = PubSubBus(pubsub_emulator.project, pull_timeout_seconds=0.5)
+    try:
+        key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
+        env = {**os.environ, **cloud.environment(key), "FALCON_DB_URL": db_url,
+               "PUBSUB_EMULATOR_HOST": pubsub_emulator.host,
+               "FALCON_PUBSUB_PROJECT": pubsub_emulator.project,
+               "FALCON_EDGE_EVENTS_TOPIC": unique_name("edge"),
+               "FALCON_EDGE_EVENTS_SUBSCRIPTION": unique_name("edge-sub"),
+               "FALCON_TASK_EVENTS_TOPIC": unique_name("ops")}
+        for topic in (env["FALCON_EDGE_EVENTS_TOPIC"], env["FALCON_TASK_EVENTS_TOPIC"]):
+            bus.create_topic(topic)
+        bus.create_subscription(env["FALCON_EDGE_EVENTS_SUBSCRIPTION"],
+                                env["FALCON_EDGE_EVENTS_TOPIC"], message_ordering=False,
+                                ack_deadline_seconds=10)
+        ops = unique_name("ops-sub")
+        bus.create_subscription(ops, env["FALCON_TASK_EVENTS_TOPIC"])
+        app = open_app(Settings(db_url=db_url))
+        registry.add_cluster(app.store, name=CLUSTER.name, project="proj",
+                             location="us-east5-b", tpu_type="v6e", gcs_bucket="logs-bucket",
+                             default_reservation=CLUSTER.default_reservation)
+        job_rows.submit(app.engine, name="t1", actor="user-a", task_id="t1", now=utcnow(),
+                        spec={"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e",
+                              "topology": "2x2", "command": ["python", "train.py"]})
+        finished = subprocess.run(
+            [sys.executable, "-m", "falcon_es", "run", "--backend", "gcp", "--until-idle",
+             "--in-process-informers", "--no-health", "--tick", "0.1"],
+            env=env, capture_output=True, text=True, timeout=120)
+        row = job_rows.get_row(app.engine, "t1")
+        head = app.store.head()
+        app.close()
+        published = []
+        for _ in range(40):
+            batch = bus.pull(ops)
+            bus.ack(ops, [m.id for m in batch])
+            published.extend(batch)
+            if len({m.data["seq"] for m in published}) >= head:
+                break
+    finally:
+        stepping.set()
+        stepper.join(timeout=10)
+        bus.close()
+        cloud.stop()
+    assert finished.returncode == 0, finished.stderr
+    assert "stopped (idle)" in finished.stderr
+    assert (row["status"], row["message"]) == (
+        "Succeeded", "succeeded (1 pod(s)); node pool falcon-t1-2x2 deleted")
+    assert cloud.world.pools() == []
+    assert sorted({m.data["seq"] for m in published}) == list(range(1, head + 1))
+    assert {m.attributes["stream_id"] for m in published} >= {"t1"}
+
+
+def _follow_the_wall_clock(cloud: SimBackedCloud, stop: threading.Event) -> None:
+    """The world moves with the wall clock here (the controller runs on it)."""
+    while not stop.is_set():
+        cloud.step()
+        stop.wait(0.05)

@@ -16,7 +16,8 @@ clients honour by themselves).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 
 import google.auth
 from google.auth import exceptions as auth_exceptions
@@ -25,11 +26,12 @@ from google.cloud import container_v1
 
 from falcon_es.adapters.gcp.compute import ComputeReservations, WorkloadPolicies
 from falcon_es.adapters.gcp.gke import CLOUD_PLATFORM_SCOPE, GkeNodePools, cluster_manager_client
-from falcon_es.adapters.gcp.informer import InformerSettings
+from falcon_es.adapters.gcp.informer import InformerSettings, ObservationPublisher, run_informer
 from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import Clock, WallClock
 from falcon_es.ports import Ports
+from falcon_es.registry import Cluster
 from falcon_es.settings import Settings, SettingsError
 
 #: Seconds a pull of the edge-events subscription may take. The controller pulls at
@@ -78,6 +80,20 @@ def pubsub_project(settings: Settings, adc_project: str | None) -> str:
 def informer_settings(settings: Settings) -> InformerSettings:
     """The informers publish where the controller's subscription listens."""
     return InformerSettings(topic=settings.edge_events_topic)
+
+
+def start_informers(clusters: Iterable[Cluster], edges: KubeEdgeClusters,
+                    bus: ObservationPublisher, settings: Settings,
+                    stop: threading.Event) -> list[threading.Thread]:
+    """One informer thread per cluster, until ``stop`` is set: ``falcon-es informer``,
+    or the controller's own when it runs them in-process."""
+    threads = [threading.Thread(target=run_informer, args=(cluster, edges, bus, stop),
+                                kwargs={"settings": informer_settings(settings)},
+                                name=f"informer-{cluster.name}", daemon=True)
+               for cluster in clusters]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 @dataclasses.dataclass
