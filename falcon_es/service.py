@@ -140,6 +140,10 @@ def start(
         follower.attach(app.store, position=app.store.head(), queues=app.queue_view)
     if backend == "sim":
         world = world or sim_world(clock, sim_config, seed, app)
+        # The status handler pulls settings.edge_events_subscription, on either backend:
+        # attach it to the topic the simulated informers publish to.
+        world.bus.subscribe(world.config.delivery.topic,  # type: ignore[attr-defined]
+                            settings.edge_events_subscription)
         ports: Ports = world.ports()  # type: ignore[attr-defined]
         if register_clusters:
             register_world_clusters(app, world)

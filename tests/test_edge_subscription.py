@@ -1,0 +1,34 @@
+"""The edge-events subscription the status handler pulls is configurable
+(FALCON_EDGE_EVENTS_SUBSCRIPTION) on the sim backend as on the gcp one."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from falcon_es import db, job_rows, service
+from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
+
+SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",
+        "sim": {"duration_seconds": 60}}
+
+
+def test_a_renamed_subscription_still_receives_the_simulated_informers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'falcon.db'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    settings = Settings.from_env({"FALCON_DB_URL": url,
+                                  "FALCON_EDGE_EVENTS_SUBSCRIPTION": "falcon-edge-events-ctl"})
+    svc = service.start(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)
+    try:
+        job_rows.submit(svc.app.engine, task_id="s1", name="s1", actor="a", spec=SPEC,
+                        now=dt.datetime(2026, 11, 1))
+        report = svc.loop.run(until_idle=True, max_ticks=2000)
+        row = job_rows.get_row(svc.app.engine, "s1")
+    finally:
+        svc.close()
+    assert report.stopped_by == "idle"
+    assert row["status"] == "Succeeded" and "1/1 active" not in (row["message"] or "")
+    assert svc.ports.bus.backlog("falcon-edge-events-ctl") == 0  # type: ignore[attr-defined]
