@@ -6,6 +6,7 @@ The CLI's ``task`` commands use these so a standalone install behaves like produ
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -54,19 +55,38 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
     return row.status
 
 
+def _rows_query() -> sa.Select[Any]:
+    """Every column, with ``spec`` read as text: the upper layer may have stored
+    something that is not JSON, and reading a row must not fail because of it."""
+    columns = [sa.type_coerce(c, sa.Text).label("spec") if c.name == "spec" else c
+               for c in job.columns]
+    return sa.select(*columns)
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    values = dict(row._mapping)
+    raw = values.get("spec")
+    if isinstance(raw, str):
+        try:
+            values["spec"] = json.loads(raw)
+        except json.JSONDecodeError:
+            values["spec"] = raw
+    return values
+
+
 def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    query = sa.select(job).order_by(job.c.created_at, job.c.id)
+    query = _rows_query().order_by(job.c.created_at, job.c.id)
     if status:
         query = query.where(job.c.status == status)
     if limit:
         query = query.limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query)]
+        return [_as_dict(r) for r in conn.execute(query)]
 
 
 def get_row(engine: Engine, task_id: str) -> dict[str, Any]:
     with engine.connect() as conn:
-        row = conn.execute(sa.select(job).where(job.c.id == task_id)).first()
+        row = conn.execute(_rows_query().where(job.c.id == task_id)).first()
     if row is None:
         raise JobRowError(f"task {task_id!r} does not exist")
-    return dict(row._mapping)
+    return _as_dict(row)
