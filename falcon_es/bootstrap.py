@@ -13,6 +13,7 @@ from falcon_es.runtime import Controller
 
 from falcon_es import db
 from falcon_es.clock import Clock, WallClock
+from falcon_es.cluster_cache import ClusterCache
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
@@ -28,6 +29,8 @@ class App:
     store: EventStore
     tasks: TaskStates
     queue_view: QueueView | None = None
+    #: The cluster registry as ticks read it (kept current by the store's appends).
+    cluster_cache: ClusterCache | None = None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -42,9 +45,11 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     tasks = TaskStates()
     queue_view = QueueView(tasks, settings.language)
     extra = list(extra_projections(tasks)) if extra_projections else []
+    cluster_cache = ClusterCache(engine)
     store = EventStore(engine, clock, projections=[
-        tasks, JobTableProjection(tasks, settings.language), queue_view, *extra])
-    return App(settings, engine, clock, store, tasks, queue_view)
+        tasks, JobTableProjection(tasks, settings.language), queue_view, *extra,
+        cluster_cache])
+    return App(settings, engine, clock, store, tasks, queue_view, cluster_cache)
 
 
 def load_task_states(app: App) -> None:
@@ -61,20 +66,27 @@ def build_controller(app: App, *, ports: object = None, handlers: tuple | None =
     """The controller loop wired to this app's store, views and ports."""
     from falcon_es.context import HandlerContext
     from falcon_es.inbox import JobInbox
-    from falcon_es.registry import list_clusters
+    from falcon_es.registry import Cluster, list_clusters
     from falcon_es.runtime import Controller
     from falcon_es.effects import EffectExecutor
     from handlers import HANDLERS
+    from handlers.intake import INTAKE_BATCH
     from handlers.status import ack_folded
 
     inbox = JobInbox(app.engine)
     # The after-commit effect executor carries out the intents the handlers record.
     effects = EffectExecutor(app.store, app.tasks, app.settings, ports) if ports else None
 
-    def make_context() -> HandlerContext:
+    def read_clusters() -> list[Cluster]:
+        if app.cluster_cache is not None:
+            return app.cluster_cache.clusters()
         with app.engine.connect() as conn:
-            clusters = list_clusters(conn)
-        return HandlerContext(app.settings, app.clock.now(), app.tasks, clusters, inbox, ports,
+            return list_clusters(conn)
+
+    def make_context() -> HandlerContext:
+        # One poll of the upper layer's inputs per tick, shared by the intake handlers.
+        return HandlerContext(app.settings, app.clock.now(), app.tasks, read_clusters(),
+                              inbox.poll(INTAKE_BATCH), ports,
                               queues=app.queue_view.book if app.queue_view else None,
                               effects=effects,
                               outcomes=effects.take_outcomes() if effects else ())

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from falcon_es.effects import EffectExecutor, Outcome
-from falcon_es.inbox import JobInbox
+from falcon_es.inbox import Inbox
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import QueueBook
 from falcon_es.settings import Settings
@@ -22,7 +22,7 @@ class HandlerContext:
     now: dt.datetime
     tasks: TaskStates
     clusters: list[Cluster]
-    inbox: JobInbox
+    inbox: Inbox
     ports: Any = None
     #: The scheduler's queue index (kept current by the queue view projection).
     queues: QueueBook | None = None

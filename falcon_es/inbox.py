@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import chart
+from falcon_es import chart, db
 from falcon_es.tables import job
 
 
@@ -28,26 +28,96 @@ class AbortRow:
     aborting_at: dt.datetime | None
 
 
+class Inbox(Protocol):
+    """What the intake handlers read: new rows (oldest first) and abort requests."""
+
+    def new_rows(self, limit: int = 1000) -> list[NewRow]: ...
+
+    def abort_rows(self) -> list[AbortRow]: ...
+
+
+_NEW_COLUMNS = (job.c.id, job.c.name, job.c.actor,
+                sa.type_coerce(job.c.spec, sa.Text).label("spec_raw"), job.c.created_at)
+_IS_NEW = sa.and_(job.c.status == chart.PENDING, job.c.reason.is_(None))
+_NEW_ROWS = (
+    sa.select(*_NEW_COLUMNS).where(_IS_NEW)
+    .order_by(job.c.created_at, job.c.id)
+    .limit(sa.bindparam("limit"))
+)
+_ABORT_ROWS = sa.select(job.c.id, job.c.aborting_at).where(job.c.status == chart.ABORTING)
+_NEW_ROWS_FIRST = _NEW_ROWS.subquery("new_rows")
+#: Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
+#: every abort request, told apart by ``is_abort`` and ordered as ``_NEW_ROWS`` orders.
+#: Each half fills the other's columns with typed NULLs so every column keeps its
+#: result processing.
+_POLL = sa.union_all(
+    sa.select(
+        _NEW_ROWS_FIRST.c.id, _NEW_ROWS_FIRST.c.name, _NEW_ROWS_FIRST.c.actor,
+        _NEW_ROWS_FIRST.c.spec_raw, _NEW_ROWS_FIRST.c.created_at,
+        sa.type_coerce(sa.null(), job.c.aborting_at.type).label("aborting_at"),
+        sa.literal(0).label("is_abort"),
+    ),
+    sa.select(
+        job.c.id, sa.type_coerce(sa.null(), job.c.name.type).label("name"),
+        sa.type_coerce(sa.null(), job.c.actor.type).label("actor"),
+        sa.type_coerce(sa.null(), sa.Text).label("spec_raw"),
+        sa.type_coerce(sa.null(), job.c.created_at.type).label("created_at"),
+        job.c.aborting_at, sa.literal(1).label("is_abort"),
+    ).where(job.c.status == chart.ABORTING),
+).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
+           sa.literal_column("id"))
+
+
 class JobInbox:
     """New rows are ``Pending`` with no Reason yet (the projection sets one on intake);
-    abort requests are rows in ``Aborting``. Both use the (status, reason) index."""
+    abort requests are rows in ``Aborting``. Both use the (status, reason) index.
+
+    Reads begin deferred (``db.read_only``): on SQLite a poll must not take the write
+    lock the controller's own appends need."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.reader = db.read_only(engine)
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
-        query = (
-            sa.select(job.c.id, job.c.name, job.c.actor,
-                      sa.type_coerce(job.c.spec, sa.Text).label("spec_raw"), job.c.created_at)
-            .where(job.c.status == chart.PENDING, job.c.reason.is_(None))
-            .order_by(job.c.created_at, job.c.id)
-            .limit(limit)
-        )
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [NewRow(r.id, r.name, r.actor, r.spec_raw, r.created_at)
-                    for r in conn.execute(query)]
+                    for r in conn.execute(_NEW_ROWS, {"limit": limit})]
 
     def abort_rows(self) -> list[AbortRow]:
-        query = sa.select(job.c.id, job.c.aborting_at).where(job.c.status == chart.ABORTING)
-        with self.engine.connect() as conn:
-            return [AbortRow(r.id, r.aborting_at) for r in conn.execute(query)]
+        with self.reader.connect() as conn:
+            return [AbortRow(r.id, r.aborting_at) for r in conn.execute(_ABORT_ROWS)]
+
+    def poll(self, limit: int = 1000) -> InboxPoll:
+        """Both inputs as of now, in one statement: what a tick reads (each tick polls
+        once instead of once per input)."""
+        new: list[NewRow] = []
+        aborts: list[AbortRow] = []
+        with self.reader.connect() as conn:
+            for row in conn.execute(_POLL, {"limit": limit}):
+                if row.is_abort:
+                    aborts.append(AbortRow(row.id, row.aborting_at))
+                else:
+                    new.append(NewRow(row.id, row.name, row.actor, row.spec_raw,
+                                      row.created_at))
+        return InboxPoll(self, limit, new, aborts)
+
+
+class InboxPoll:
+    """One poll's rows, answering like the inbox it came from; asked for more new rows
+    than a full poll holds, it reads them from the inbox."""
+
+    def __init__(self, inbox: JobInbox, limit: int, new: list[NewRow],
+                 aborts: list[AbortRow]) -> None:
+        self.inbox = inbox
+        self.limit = limit
+        self._new = new
+        self._aborts = aborts
+
+    def new_rows(self, limit: int = 1000) -> list[NewRow]:
+        if limit > self.limit and len(self._new) >= self.limit:
+            return self.inbox.new_rows(limit)
+        return self._new[:limit]
+
+    def abort_rows(self) -> list[AbortRow]:
+        return list(self._aborts)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from falcon_es import registry
 from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import Clock, VirtualClock, WallClock, utcnow
-from falcon_es.effects import EffectExecutor
+from falcon_es.effects import POOL_WATCH, EffectExecutor
 from falcon_es.follow import LogFollower
 from falcon_es.loop import (
     LOST_LEADERSHIP,
@@ -53,11 +53,26 @@ class Service:
         return None
 
     def settled(self) -> bool:
-        """Every task ended, every pool decided, no effect left open or queued."""
+        """Every task ended, every pool decided, no effect left open or queued.
+
+        The loop asks after every tick that found nothing to do: the live-task count and
+        the executor's index answer "not yet" without looking at every task; the full
+        look runs only when they say "settled" (so a stale index cannot stop a loop)."""
         from handlers.deprovision import needs_disposal
 
         effects = self.effects
-        for state in self.app.tasks.all():
+        tasks = self.app.tasks
+        if effects is not None:
+            if tasks.live_count() or effects.has_outcomes:
+                return False
+            index = effects.index
+            index.ensure()
+            for task_id in index.ids(POOL_WATCH):
+                state = tasks.get(task_id)
+                if state is not None and (needs_disposal(state)
+                                          or state.pool_disposition == "delete-failed"):
+                    return False
+        for state in tasks.all():
             if not state.is_terminal or needs_disposal(state):
                 return False
             if state.pool_disposition == "delete-failed":
@@ -171,11 +186,14 @@ def start(
 def _due_sources(service: Service) -> list[Callable[[], dt.datetime | None]]:
     from handlers import timeouts
 
+    effects = service.effects
     sources: list[Callable[[], dt.datetime | None]] = [
-        lambda: timeouts.next_due(service.app.tasks.all(), service.app.settings),
+        # Only the tasks the executor's index says can have a deadline or a retry.
+        (lambda: timeouts.next_due_of(effects)) if effects is not None
+        else (lambda: timeouts.next_due(service.app.tasks.all(), service.app.settings)),
     ]
-    if service.effects is not None:
-        sources.append(service.effects.next_due)
+    if effects is not None:
+        sources.append(effects.next_due)
     if service.ports.next_due is not None:
         sources.append(service.ports.next_due)
     return sources

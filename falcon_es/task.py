@@ -265,6 +265,9 @@ class TaskStates:
         self._states: dict[str, TaskState] = {state.task_id: state for state in states}
         self._staged: dict[str, TaskState] = {}
         self._changes: dict[str, Change] = {}
+        #: Committed tasks that have not ended, kept on each commit so that "is any task
+        #: still live?" does not look at every task ever seen.
+        self._live: set[str] = {s.task_id for s in self._states.values() if not s.is_terminal}
 
     def get(self, task_id: str) -> TaskState | None:
         return self._staged.get(task_id) or self._states.get(task_id)
@@ -307,7 +310,17 @@ class TaskStates:
         """Per task, the net change made by the append in progress."""
         return list(self._changes.values())
 
+    def live_count(self) -> int:
+        """How many committed tasks have not ended (staged states not included)."""
+        return len(self._live)
+
     def committed(self) -> None:
+        live = self._live
+        for task_id, state in self._staged.items():
+            if state.is_terminal:
+                live.discard(task_id)
+            else:
+                live.add(task_id)
         self._states.update(self._staged)
         self._staged.clear()
         self._changes.clear()
@@ -320,3 +333,4 @@ class TaskStates:
         """Drop cached states (after a concurrency error another writer won)."""
         for task_id in task_ids:
             self._states.pop(task_id, None)
+            self._live.discard(task_id)

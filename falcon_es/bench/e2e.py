@@ -1,0 +1,352 @@
+"""``falcon-es bench e2e``: tasks through their whole lifecycle on the sim backend.
+
+The real controller (service.start: handlers, event store, inline projections, effect
+executor) runs against the simulated world of ``e2e_world.json`` on a virtual clock:
+five clusters (v6e, v7x and v5p; three with reservations, two flex-start with
+stockouts), several topologies each, delete failures and late, duplicated and
+reordered edge events. Every task is written to the job table up front, as an upper
+layer dropping a batch would, so each tick carries as much work as the world allows;
+a burst of abort requests arrives a while in. Task specs are drawn from a seed: most
+succeed, some fail (exit codes, OOM, image pull errors), some time out, a few are
+invalid.
+
+Measured over the run from the first tick until every task has ended and every pool
+is settled: wall time, tasks per second, database statements and transactions per
+task (counted by SQLAlchemy event listeners on the engine: one ``before_cursor_execute``
+per statement sent, so an executemany counts once; ``commit``/``rollback`` per
+transaction end), peak memory (the process's peak resident set, ``ru_maxrss``, and
+its growth during the run), and ticks. Submitting the rows and aborting are the
+upper layer's work: their statements are not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import random
+import resource
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from falcon_es import chart, db, job_rows, service
+from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
+from falcon_es.tables import job
+
+DEFAULT_TASKS = 10_000
+DEFAULT_SEED = 1
+WORLD_RESOURCE = "e2e_world.json"
+START = dt.datetime(2026, 3, 2, 8, 0, 0)
+#: Virtual time after the start at which the burst of abort requests arrives.
+ABORT_AFTER = dt.timedelta(minutes=30)
+#: The wall-time target for 10,000 tasks on SQLite (issue 4).
+TARGET_SECONDS_10K_SQLITE = 60.0
+ACTORS = 20
+IMAGE = "us-docker.pkg.dev/falcon-bench/tpu/workload:1"
+#: Topologies drawn per TPU type of the bench world (single-host shapes more often).
+#: Only shapes on 4-chip VMs, the machine type the world's reservations hold.
+TOPOLOGIES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "v6e": ("2x2", "2x2", "4x4", "4x8"),
+    "v7x": ("2x2x1", "2x2x1", "2x2x2", "2x2x4"),
+    "v5p": ("2x2x1", "2x2x1", "2x2x2"),
+})
+TPU_WEIGHTS = (("v6e", 0.4), ("v7x", 0.4), ("v5p", 0.2))
+DURATIONS = (60, 120, 300, 600, 900)
+#: (kind, weight): what a task is meant to do.
+KINDS = (
+    ("succeed", 0.88), ("fail", 0.04), ("oom", 0.03), ("image-pull-error", 0.01),
+    ("timeout", 0.02), ("abort", 0.01), ("invalid", 0.01),
+)
+
+
+class BenchError(RuntimeError):
+    """The run did not end as a lifecycle benchmark must (says what was left)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedTask:
+    task_id: str
+    actor: str
+    kind: str
+    spec: Mapping[str, Any]
+
+
+def plan_tasks(count: int, seed: int) -> list[PlannedTask]:
+    """The tasks of a run, drawn from ``seed`` (the same seed, the same tasks)."""
+    rng = random.Random(seed)
+    kinds = [k for k, _ in KINDS]
+    kind_weights = [w for _, w in KINDS]
+    tpu_types = [t for t, _ in TPU_WEIGHTS]
+    tpu_weights = [w for _, w in TPU_WEIGHTS]
+    planned = []
+    for index in range(count):
+        kind = rng.choices(kinds, kind_weights)[0]
+        tpu_type = rng.choices(tpu_types, tpu_weights)[0]
+        duration = rng.choice(DURATIONS)
+        sim: dict[str, Any] = {"duration_seconds": duration, "outcome": "succeed"}
+        spec: dict[str, Any] = {"image": IMAGE, "tpu_type": tpu_type,
+                                "topology": rng.choice(TOPOLOGIES[tpu_type]), "sim": sim}
+        if kind in ("fail", "oom", "image-pull-error"):
+            sim["outcome"] = kind
+        if kind == "fail":
+            sim["exit_code"] = rng.choice((1, 2, 3))
+        elif kind == "timeout":
+            sim["duration_seconds"] = 1800
+            spec["timeout_seconds"] = 120
+        elif kind == "invalid":
+            spec["topology"] = "3x3"
+        actor = f"actor-{rng.randrange(ACTORS) + 1:02d}"
+        planned.append(PlannedTask(f"e2e-{index:06d}", actor, kind, spec))
+    return planned
+
+
+class StatementCounter:
+    """Statements sent and transactions ended on an engine, while ``counting``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.statements = 0
+        self.executemany = 0
+        self.commits = 0
+        self.rollbacks = 0
+        self.counting = True
+
+    def __enter__(self) -> StatementCounter:
+        sa.event.listen(self.engine, "before_cursor_execute", self._statement)
+        sa.event.listen(self.engine, "commit", self._commit)
+        sa.event.listen(self.engine, "rollback", self._rollback)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        sa.event.remove(self.engine, "before_cursor_execute", self._statement)
+        sa.event.remove(self.engine, "commit", self._commit)
+        sa.event.remove(self.engine, "rollback", self._rollback)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.counting = False
+        try:
+            yield
+        finally:
+            self.counting = True
+
+    def _statement(self, _conn: Any, _cursor: Any, _statement: str, _parameters: Any,
+                   _context: Any, executemany: bool) -> None:
+        if self.counting:
+            self.statements += 1
+            self.executemany += executemany
+
+    def _commit(self, _conn: Any) -> None:
+        if self.counting:
+            self.commits += 1
+
+    def _rollback(self, _conn: Any) -> None:
+        if self.counting:
+            self.rollbacks += 1
+
+
+@contextmanager
+def scratch_database(url: str | None) -> Iterator[str]:
+    """A fresh, migrated database: a temporary SQLite file by default, a new SQLite
+    file at ``url``, or a new database on the MySQL/MariaDB server ``url`` names
+    (dropped afterwards; any database in the URL is ignored)."""
+    if url is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = f"sqlite:///{Path(tmp) / 'e2e.db'}"
+            _migrate(fresh)
+            yield fresh
+        return
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and Path(parsed.database).exists():
+            raise BenchError(f"--db {url}: the file exists; the benchmark needs a fresh one")
+        _migrate(url)
+        yield url
+        return
+    server = parsed.set(database=None, query={})
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    name = f"falcon_e2e_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+    except sa.exc.OperationalError as error:
+        admin.dispose()
+        raise BenchError(f"--db {server.render_as_string(hide_password=True)}: cannot create "
+                         f"a scratch database ({error.orig})") from None
+    try:
+        fresh = server.set(database=name, query={"charset": "utf8mb4"})
+        fresh_url = fresh.render_as_string(hide_password=False)
+        _migrate(fresh_url)
+        yield fresh_url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+        admin.dispose()
+
+
+def _migrate(url: str) -> None:
+    engine = db.make_engine(url)
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
+                  seed: int = DEFAULT_SEED,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``tasks`` through their lifecycle and return the figures (``format_report``).
+    Raises ``BenchError`` when a task did not end."""
+    if tasks <= 0:
+        raise BenchError(f"--tasks {tasks}: expected a positive number of tasks")
+    with scratch_database(db_url) as url, resources.as_file(
+            resources.files(__package__).joinpath(WORLD_RESOURCE)) as world_path:
+        return _run(url, world_path, plan_tasks(tasks, seed), seed, progress)
+
+
+def _run(url: str, world_path: Path, planned: list[PlannedTask], seed: int,
+         progress: Callable[[str], None] | None) -> dict[str, Any]:
+    clock = VirtualClock(START)
+    svc = service.start(Settings(db_url=url), backend="sim", sim_config=world_path,
+                        seed=seed, clock=clock)
+    try:
+        backend = svc.app.engine.dialect.name
+        if progress:
+            progress(f"{len(planned)} tasks on {backend} ...")
+        submit_started = time.perf_counter()
+        _submit(svc.app.engine, planned)
+        submit_seconds = time.perf_counter() - submit_started
+        aborts = [p.task_id for p in planned if p.kind == "abort"]
+        abort_at = START + ABORT_AFTER
+        with StatementCounter(svc.app.engine) as counter:
+            def request_aborts(_report: Any = None) -> None:
+                if not aborts or clock.now() < abort_at:
+                    return
+                with counter.paused():
+                    for task_id in aborts:
+                        try:
+                            job_rows.request_abort(svc.app.engine, task_id, clock.now())
+                        except job_rows.JobRowError:
+                            pass  # ended before the abort arrived: nothing to abort
+                aborts.clear()
+
+            loop = svc.loop
+            loop.on_tick = request_aborts
+            loop.due_sources = [*loop.due_sources, lambda: abort_at if aborts else None]
+            settled = loop.settled
+            loop.settled = lambda: not aborts and settled()
+            loop.external_input = False
+            rss_before = _max_rss_kib()
+            started = time.perf_counter()
+            report = loop.run(until_idle=True, stop=threading.Event())
+            wall = time.perf_counter() - started
+            rss_after = _max_rss_kib()
+        outcomes = _final_counts(svc.app.engine)
+        open_tasks = {k: v for k, v in outcomes.items()
+                      if k.split("/")[0] not in chart.TERMINAL_STATUSES}
+        if open_tasks or report.stopped_by != "idle":
+            raise BenchError(
+                f"{sum(open_tasks.values())} of {len(planned)} tasks did not end "
+                f"(loop stopped: {report.stopped_by}; open: "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(open_tasks.items())) or 'none'})")
+        count = len(planned)
+        return {
+            "backend": backend,
+            "tasks": count,
+            "seed": seed,
+            "wall_seconds": round(wall, 2),
+            "tasks_per_second": round(count / wall, 1) if wall else 0.0,
+            "ticks": report.ticks,
+            "events": report.appended,
+            "conflicts": report.conflicts,
+            "ms_per_tick": round(wall * 1000 / report.ticks, 3) if report.ticks else 0.0,
+            "statements": counter.statements,
+            "statements_per_task": round(counter.statements / count, 2),
+            "executemany_statements": counter.executemany,
+            "commits": counter.commits,
+            "commits_per_task": round(counter.commits / count, 2),
+            "rollbacks": counter.rollbacks,
+            "round_trips_per_task": round(
+                (counter.statements + counter.commits + counter.rollbacks) / count, 2),
+            "peak_rss_mib": round(rss_after / 1024, 1),
+            "rss_growth_mib": round((rss_after - rss_before) / 1024, 1),
+            "memory_measure": "ru_maxrss (peak resident set of the process; growth = "
+                              "peak after the run minus peak before it)",
+            "virtual_hours": round((clock.now() - START).total_seconds() / 3600, 2),
+            "submit_seconds": round(submit_seconds, 2),
+            "final": dict(sorted(outcomes.items())),
+            "all_terminal": True,
+            "target": {"seconds_for_10k_sqlite": TARGET_SECONDS_10K_SQLITE,
+                       "met": (wall <= TARGET_SECONDS_10K_SQLITE
+                               if backend == "sqlite" and count >= DEFAULT_TASKS else None)},
+        }
+    finally:
+        svc.close()
+
+
+def _submit(engine: Engine, planned: list[PlannedTask]) -> None:
+    """Every task's Pending row, in one transaction (one millisecond apart, so the
+    submission order is the id order)."""
+    rows = [{
+        "id": p.task_id, "name": f"{p.kind}-{p.task_id}", "actor": p.actor,
+        "spec": dict(p.spec), "status": chart.PENDING, "reason": None, "message": None,
+        "created_at": START + dt.timedelta(milliseconds=index), "updated_at": START,
+    } for index, p in enumerate(planned)]
+    with engine.begin() as conn:
+        for first in range(0, len(rows), 5000):
+            conn.execute(job.insert(), rows[first:first + 5000])
+
+
+def _final_counts(engine: Engine) -> dict[str, int]:
+    """Tasks by final ``Status`` or ``Status/Reason``, as the job table shows them."""
+    query = sa.select(job.c.status, job.c.reason, sa.func.count()).group_by(
+        job.c.status, job.c.reason)
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    counts: Counter[str] = Counter()
+    for status, reason, count in rows:
+        counts[f"{status}/{reason}" if reason else str(status)] += int(count)
+    return dict(counts)
+
+
+def _max_rss_kib() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    target = report["target"]
+    verdict = ("" if target["met"] is None else
+               f" (target <= {target['seconds_for_10k_sqlite']:.0f} s: "
+               f"{'met' if target['met'] else 'missed'})")
+    lines = [
+        f"e2e lifecycle bench on {report['backend']}: {report['tasks']} tasks, seed "
+        f"{report['seed']}, {report['virtual_hours']} virtual hours",
+        f"wall: {report['wall_seconds']} s{verdict}; {report['tasks_per_second']} tasks/s; "
+        f"{report['ticks']} ticks ({report['ms_per_tick']} ms/tick), {report['events']} events",
+        f"database: {report['round_trips_per_task']} round trips/task = "
+        f"{report['statements_per_task']} statements/task + "
+        f"{report['commits_per_task']} commits/task + "
+        f"{round(report['rollbacks'] / report['tasks'], 2)} rollbacks/task",
+        f"memory: peak RSS {report['peak_rss_mib']} MiB (grew {report['rss_growth_mib']} MiB "
+        f"during the run; ru_maxrss)",
+        "final: " + ", ".join(f"{k} {v}" for k, v in report["final"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def report_json(reports: list[dict[str, Any]]) -> str:
+    return json.dumps(reports if len(reports) != 1 else reports[0], indent=2)
