@@ -1050,7 +1050,15 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
             return
 
         def _reply(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
+            """Buffer the answer: the request is recorded before the client can read
+            it (a test that checks ``requests`` after a call must find the call)."""
+            self._pending = (code, json.dumps(body).encode())
+
+        def _flush(self) -> None:
+            pending, self._pending = getattr(self, "_pending", None), None
+            if pending is None:
+                return
+            code, data = pending
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -1089,9 +1097,11 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                         "gitCommit": "0" * 40, "gitTreeState": "clean",
                         "buildDate": "2026-10-01T00:00:00Z", "goVersion": "go1.24.6",
                         "compiler": "gc", "platform": "linux/amd64"})
+                    self._flush()
                     return
                 if route == "token":
                     self._reply(200, fake._issue_from_form(body if isinstance(body, dict) else {}))
+                    self._flush()
                     return
                 token = fake._authorise(self.headers)
                 fault = fake._take_fault(self.command, path, watch)
@@ -1133,6 +1143,7 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                 status = error.code
                 self._reply(error.code, error.status())
             fake.requests.append(RequestRecord(self.command, path, query, token, status, body))
+            self._flush()
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _dispatch
 
