@@ -24,6 +24,8 @@ What an observation means:
 
 from __future__ import annotations
 
+import datetime as dt
+
 import logging
 from collections.abc import Callable, Sequence
 
@@ -44,6 +46,10 @@ OBSERVED = frozenset({"Pending.Dispatching", chart.RUNNING})
 #: Waiting reasons of a container that will never start by itself.
 IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 OOM_EXIT_CODE = 137
+#: How long a Job reported failed with no failed pod in view is held back, unacked,
+#: waiting for the observation that carries the pod (an informer's Job and Pod watches
+#: deliver independently, so the Job's Failed status can come first).
+TORN_VIEW_GRACE = dt.timedelta(seconds=30)
 
 
 def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
@@ -84,13 +90,25 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
         state = tick.state(task_id)
         if state is not None and state.state in OBSERVED and state.job_uid is None:
             continue  # the submit's outcome is not folded yet: let it come back
-        ctx.acks.append(message_id)
         if (state is None or state.state not in OBSERVED
                 or observation.job_uid != state.job_uid
                 or observation.resource_version <= state.last_resource_version):
+            ctx.acks.append(message_id)
             continue
+        if _torn_failure(ctx, observation):
+            continue  # unacked: it comes back after the ack deadline, decided then
+        ctx.acks.append(message_id)
         for event in _events_for(ctx, state, observation):
             tick.emit(task_id, event)
+
+
+def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
+    """A Job failed with no failed pod in view yet, seen recently: wait for the pod's
+    root cause instead of recording a failure without one."""
+    failed = observation.condition == "Failed" or observation.failed > 0
+    if not failed or any(p.phase == "Failed" for p in observation.pods):
+        return False
+    return ctx.now - observation.observed_at < TORN_VIEW_GRACE
 
 
 def _events_for(ctx: HandlerContext, state: TaskState,

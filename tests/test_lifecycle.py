@@ -374,3 +374,28 @@ def _clusters(h: Harness) -> list:
 
     with h.app.engine.connect() as conn:
         return list_clusters(conn)
+
+
+def test_a_failed_job_seen_before_its_failed_pod_waits_for_the_root_cause(make: Make) -> None:
+    """An informer's Job and Pod watches deliver independently: a Job reported Failed
+    with no failed pod in view is held (unacked) until the pod's reason arrives."""
+    from falcon_es.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation
+
+    h = make(reserved_cluster())
+    h.submit("t1", sim={"duration_seconds": 3600})
+    h.run(lambda: h.statuses()["t1"] == ("Running", None))
+    row = h.row("t1")
+    base = dict(cluster_name="v6e-res", job_name="falcon-t1", job_uid=row["job_uid"],
+                task_id="t1", active=0, succeeded=0, failed=1, completions=1,
+                condition="Failed")
+    torn = JobObservation(resource_version=10_000, pods=(), observed_at=h.clock.now(), **base)
+    h.world.bus.publish(EDGE_EVENTS_TOPIC, torn.to_data())
+    h.tick()
+    assert h.statuses()["t1"] == ("Running", None)
+    whole = JobObservation(
+        resource_version=10_001, observed_at=h.clock.now(),
+        pods=(PodObservation("falcon-t1-0", "Failed", "OOMKilled", 137),), **base)
+    h.world.bus.publish(EDGE_EVENTS_TOPIC, whole.to_data())
+    h.tick()
+    assert h.statuses()["t1"] == ("Failed", "JobFailed")
+    assert h.row("t1")["message"].startswith("OOMKilled (exit code 137)")
