@@ -69,13 +69,15 @@ def build_controller(app: App, *, ports: object = None, handlers: tuple | None =
     from falcon_es.registry import Cluster, list_clusters
     from falcon_es.runtime import Controller
     from falcon_es.effects import EffectExecutor
-    from handlers import HANDLERS
+    from handlers import HANDLERS, timeouts
     from handlers.intake import INTAKE_BATCH
     from handlers.status import ack_folded
 
     inbox = JobInbox(app.engine)
     # The after-commit effect executor carries out the intents the handlers record.
     effects = EffectExecutor(app.store, app.tasks, app.settings, ports) if ports else None
+    if effects is not None:
+        effects.index.wake_of = timeouts.wake_of(app.settings)
 
     def read_clusters() -> list[Cluster]:
         if app.cluster_cache is not None:

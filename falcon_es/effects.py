@@ -26,8 +26,11 @@ import dataclasses
 import datetime as dt
 import logging
 import random
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from sortedcontainers import SortedKeyList
 
 from falcon_es import chart, manifests, naming
 from falcon_es import events as ev
@@ -59,8 +62,11 @@ POOL_MANAGED_BY = manifests.MANAGED_BY
 POOL_TASK_LABEL = manifests.TASK_LABEL
 POOL_TOPOLOGY_LABEL = "falcon-topology"
 POOL_SUPPLY_LABEL = "falcon-supply-mode"
-#: How often the index is rebuilt from every task state, in case a stream changed
-#: without passing through this executor (a reload after a lost race).
+#: How often (wall seconds) the index is rebuilt from every task state, in case a
+#: stream changed without passing through this executor. A reload after a lost race
+#: (``TaskStates.forget``) rebuilds it at the next commit anyway. Wall time, not the
+#: controller's clock: on a virtual clock hours pass in seconds, and a rebuild looks
+#: at every task ever seen.
 FULL_SCAN_SECONDS = 300.0
 #: Pause before an intent is tried again when its outcome was not recorded.
 UNRECORDED_RETRY_SECONDS = 5.0
@@ -191,6 +197,10 @@ def needs_disposal(state: TaskState) -> bool:
             and state.pool_disposition is None)
 
 
+def _moment(wake: tuple[dt.datetime, str]) -> dt.datetime:
+    return wake[0]
+
+
 class LifecycleIndex:
     """Which tasks each lifecycle handler must look at, and who holds each pool.
 
@@ -212,14 +222,22 @@ class LifecycleIndex:
         #: ``falcon-task`` label -> task id, for the ids that are not valid label values
         #: themselves (informers report the label).
         self._by_label: dict[str, str] = {}
+        #: When each task next needs a look by time alone (a deadline or a retry), as
+        #: ``wake_of`` computes it (the timeouts handler supplies it: the core does not
+        #: know the deadlines), so loops and handlers find what is due without looking
+        #: at every task.
+        self.wake_of: Callable[[TaskState], dt.datetime | None] | None = None
+        self._wake_at: dict[str, dt.datetime] = {}
+        self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
         self.built = False
 
     def rebuild(self) -> None:
         for group in self._groups.values():
             group.clear()
         for index in (self._takers, self._retained, self._member, self._intents,
-                      self._holders, self._created_at, self._by_label):
+                      self._holders, self._created_at, self._by_label, self._wake_at):
             index.clear()
+        self._wakes.clear()
         self._superseded.clear()
         for state in self.tasks.all():
             self.update(state)
@@ -263,6 +281,19 @@ class LifecycleIndex:
             label = naming.task_label(task_id)
             if label != task_id:
                 self._by_label[label] = task_id
+        if self.wake_of is not None:
+            self._set_wake(task_id, self.wake_of(state))
+
+    def _set_wake(self, task_id: str, moment: dt.datetime | None) -> None:
+        previous = self._wake_at.get(task_id)
+        if previous == moment:
+            return
+        if previous is not None:
+            self._wakes.remove((previous, task_id))
+            del self._wake_at[task_id]
+        if moment is not None:
+            self._wake_at[task_id] = moment
+            self._wakes.add((moment, task_id))
 
     def _groups_of(self, state: TaskState) -> tuple[str, ...]:
         status, _, reason = state.state.partition(".")
@@ -343,6 +374,14 @@ class LifecycleIndex:
     def intents_of(self, task_id: str) -> tuple[Intent, ...]:
         return self._intents.get(task_id, ())
 
+    def next_wake(self) -> dt.datetime | None:
+        """The earliest moment a task needs a look by time alone (``wake_of``)."""
+        return self._wakes[0][0] if self._wakes else None
+
+    def waking(self, now: dt.datetime) -> list[str]:
+        """Tasks whose ``wake_of`` moment has come, earliest first."""
+        return [task_id for _, task_id in self._wakes.irange_key(max_key=now)]
+
 
 class EffectExecutor:
     """Performs open intents after each commit; its outcomes feed the next tick.
@@ -365,7 +404,8 @@ class EffectExecutor:
         self._not_before: dict[Intent, dt.datetime] = {}
         self._failures: dict[Intent, int] = {}
         self._deleting: dict[Intent, str] = {}  # delete in progress: operation id or ""
-        self._next_full_scan: dt.datetime | None = None
+        self._next_full_scan: float | None = None  # time.monotonic()
+        self._forgets_seen = tasks.forgets
         self._next_sweep: dt.datetime | None = None
 
     # ------------------------------------------------------------ tick interface
@@ -416,9 +456,12 @@ class EffectExecutor:
         now = self.ports.clock.now()
         clusters = {c.id: c for c in ctx.clusters}
         self._load_orphan_streams(clusters)
-        if self._next_full_scan is None or now >= self._next_full_scan:
+        wall = time.monotonic()
+        if (self._next_full_scan is None or wall >= self._next_full_scan
+                or self.tasks.forgets != self._forgets_seen):
             self.index.rebuild()
-            self._next_full_scan = now + dt.timedelta(seconds=FULL_SCAN_SECONDS)
+            self._next_full_scan = wall + FULL_SCAN_SECONDS
+            self._forgets_seen = self.tasks.forgets
         else:
             self._refresh(recorded)
         self._fold_orphans(recorded)

@@ -86,6 +86,11 @@ class Loop:
     leadership: Leadership | None = None
     #: Folds what another writer appended before each tick (``follow.LogFollower``).
     follow_log: Callable[[], int] | None = None
+    #: On a virtual clock, the finest step of a jump (seconds; 0: jump to the exact due
+    #: moment). A due moment rounds up to the next multiple, as a wall-clock loop that
+    #: looks at the world every ``resolution`` seconds would see it; what falls due in
+    #: between is handled by one tick.
+    resolution: float = 0.0
 
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (source() for source in self.due_sources) if m is not None]
@@ -146,7 +151,8 @@ class Loop:
         now = self.clock.now()
         if isinstance(self.clock, VirtualClock):
             if due is not None:
-                self.clock.advance_to(max(due, now + dt.timedelta(microseconds=1)))
+                target = max(due, now + dt.timedelta(microseconds=1))
+                self.clock.advance_to(_round_up(target, self.resolution))
                 return
             stop.wait(self.tick_seconds)
             self.clock.advance_to(utcnow())
@@ -155,3 +161,15 @@ class Loop:
         if due is not None:
             pause = min(pause, max((due - now).total_seconds(), 0.0))
         stop.wait(pause)
+
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _round_up(moment: dt.datetime, seconds: float) -> dt.datetime:
+    """``moment`` rounded up to a whole multiple of ``seconds`` since the epoch."""
+    step = round(seconds * 1_000_000)
+    if step <= 0:
+        return moment
+    micros = (moment - _EPOCH) // dt.timedelta(microseconds=1)
+    return _EPOCH + dt.timedelta(microseconds=-(-micros // step) * step)

@@ -15,7 +15,7 @@ any task falls, so it can jump there when nothing else is left to do.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from falcon_es import chart
 from falcon_es import events as ev
@@ -28,6 +28,7 @@ from falcon_es.settings import Settings
 from falcon_es.task import TaskState
 from handlers.deprovision import candidates
 
+_EARLIEST = dt.datetime.min
 DISPATCHED = frozenset({"Pending.Dispatching", chart.RUNNING})
 PROVISIONING = frozenset({"Pending.Provisioning", "Pending.WaitingForNode"})
 #: Retried steps and the states in which their retry is pending.
@@ -57,7 +58,7 @@ def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime |
 
 
 def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
-    for state in candidates(tick, ctx, ACQUIRING, DISPATCHING, RUNNING):
+    for state in _deadline_candidates(tick, ctx):
         if state.is_terminal:
             continue
         deadline = job_deadline(state)
@@ -72,6 +73,27 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
         if deadline is not None and ctx.now >= deadline and state.pool_requested_at:
             waited = int((ctx.now - state.pool_requested_at).total_seconds())
             tick.emit(state.task_id, ev.NodePoolTimedOut(state.node_pool_name or "", waited))
+
+
+def _deadline_candidates(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
+    """The tasks whose deadline may have passed: with the executor's wake index (see
+    ``wake_of``), those due by now plus those this tick changed, earliest submitted
+    first; without it, every task of the groups a deadline applies to."""
+    index = ctx.effects.index if ctx.effects is not None else None
+    if index is None or index.wake_of is None:
+        return candidates(tick, ctx, ACQUIRING, DISPATCHING, RUNNING)
+    index.ensure()
+    ids = set(index.waking(ctx.now))
+    ids.update(s.task_id for s in tick.touched())
+    states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
+    states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
+    return states
+
+
+def wake_of(settings: Settings) -> Callable[[TaskState], dt.datetime | None]:
+    """One task's next deadline or retry (``next_due`` of that task alone), for the
+    executor's wake index: whatever the moment, no deadline comes before it."""
+    return lambda state: next_due((state,), settings)
 
 
 def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | None:
@@ -100,6 +122,8 @@ def next_due_of(effects: EffectExecutor) -> dt.datetime | None:
     retry (what a loop should call instead of passing every task ever seen)."""
     index = effects.index
     index.ensure()
+    if index.wake_of is not None:
+        return index.next_wake()
     ids = index.ids(ACQUIRING, DISPATCHING, RUNNING, POOL_WATCH)
     return next_due((s for i in ids if (s := index.tasks.get(i)) is not None),
                     effects.settings)

@@ -51,18 +51,27 @@ DEFAULT_TASKS = 10_000
 DEFAULT_SEED = 1
 WORLD_RESOURCE = "e2e_world.json"
 START = dt.datetime(2026, 3, 2, 8, 0, 0)
-#: Virtual time after the start at which the burst of abort requests arrives.
-ABORT_AFTER = dt.timedelta(minutes=30)
+#: Virtual time after a burst at which its abort requests arrive.
+ABORT_AFTER = dt.timedelta(minutes=10)
+#: Tasks the upper layer submits at once, and the virtual seconds between bursts.
+DEFAULT_BURST = 1_000
+DEFAULT_BURST_EVERY = 1_200.0
+#: The loop's virtual-time step: it looks at the world once a second, as ``run`` does
+#: on the wall clock with its default ``--tick 1``.
+DEFAULT_RESOLUTION = 1.0
 #: The wall-time target for 10,000 tasks on SQLite (issue 4).
 TARGET_SECONDS_10K_SQLITE = 60.0
 ACTORS = 20
 IMAGE = "us-docker.pkg.dev/falcon-bench/tpu/workload:1"
-#: Topologies drawn per TPU type of the bench world (single-host shapes more often).
-#: Only shapes on 4-chip VMs, the machine type the world's reservations hold.
+#: Topologies drawn per TPU type of the bench world, four per type (so 5 clusters make
+#: 20 queues), smaller slices more often. Only shapes on 4-chip VMs, the machine type
+#: the world's reservations hold.
 TOPOLOGIES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "v6e": ("2x2", "2x2", "4x4", "4x8"),
-    "v7x": ("2x2x1", "2x2x1", "2x2x2", "2x2x4"),
-    "v5p": ("2x2x1", "2x2x1", "2x2x2"),
+    "v6e": ("2x2", "2x2", "2x2", "2x2", "4x4", "4x4", "4x4", "4x8", "4x8", "8x8"),
+    "v7x": ("2x2x1", "2x2x1", "2x2x1", "2x2x1", "2x2x2", "2x2x2", "2x2x2", "2x2x4", "2x2x4",
+            "2x4x4"),
+    "v5p": ("2x2x1", "2x2x1", "2x2x1", "2x2x1", "2x2x2", "2x2x2", "2x2x2", "2x2x4", "2x2x4",
+            "2x4x4"),
 })
 TPU_WEIGHTS = (("v6e", 0.4), ("v7x", 0.4), ("v5p", 0.2))
 DURATIONS = (60, 120, 300, 600, 900)
@@ -207,67 +216,113 @@ def _migrate(url: str) -> None:
 
 
 def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
-                  seed: int = DEFAULT_SEED,
+                  seed: int = DEFAULT_SEED, world: str | Path | None = None,
+                  burst: int = DEFAULT_BURST, burst_every: float = DEFAULT_BURST_EVERY,
+                  resolution: float = DEFAULT_RESOLUTION,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run ``tasks`` through their lifecycle and return the figures (``format_report``).
+
+    ``world`` is a sim config file (default: the packaged bench world); the upper layer
+    submits ``burst`` tasks every ``burst_every`` virtual seconds (``burst >= tasks``:
+    all up front); ``resolution`` is the loop's virtual-time step (0: exact jumps).
     Raises ``BenchError`` when a task did not end."""
     if tasks <= 0:
         raise BenchError(f"--tasks {tasks}: expected a positive number of tasks")
+    if burst <= 0:
+        raise BenchError(f"--burst {burst}: expected a positive number of tasks")
+    if burst_every <= 0 or resolution < 0:
+        raise BenchError("--burst-every must be positive and --resolution not negative")
+    plan = UpperLayerPlan(plan_tasks(tasks, seed), burst, dt.timedelta(seconds=burst_every))
     with scratch_database(db_url) as url, resources.as_file(
-            resources.files(__package__).joinpath(WORLD_RESOURCE)) as world_path:
-        return _run(url, world_path, plan_tasks(tasks, seed), seed, progress)
+            resources.files(__package__).joinpath(WORLD_RESOURCE)) as packaged:
+        return _run(url, Path(world) if world else packaged, plan, seed, resolution, progress)
 
 
-def _run(url: str, world_path: Path, planned: list[PlannedTask], seed: int,
+class UpperLayerPlan:
+    """What the upper layer does during the run, at set virtual moments: insert each
+    burst's Pending rows, and abort that burst's abort-kind tasks ``ABORT_AFTER`` later."""
+
+    def __init__(self, planned: list[PlannedTask], burst: int, every: dt.timedelta) -> None:
+        self.planned = planned
+        self.actions: list[tuple[dt.datetime, str, list[PlannedTask]]] = []
+        for number, first in enumerate(range(0, len(planned), burst)):
+            at = START + every * number
+            group = planned[first:first + burst]
+            self.actions.append((at, "submit", group))
+            aborts = [p for p in group if p.kind == "abort"]
+            if aborts:
+                self.actions.append((at + ABORT_AFTER, "abort", aborts))
+        self.actions.sort(key=lambda action: (action[0], action[1] == "abort"))
+        self.bursts = -(-len(planned) // burst)
+
+    def next_due(self) -> dt.datetime | None:
+        return self.actions[0][0] if self.actions else None
+
+    def pending(self) -> bool:
+        return bool(self.actions)
+
+    def play(self, engine: Engine, now: dt.datetime) -> None:
+        """Carry out every action due by ``now``."""
+        while self.actions and self.actions[0][0] <= now:
+            at, kind, group = self.actions.pop(0)
+            if kind == "submit":
+                _submit(engine, group, at)
+                continue
+            for planned in group:
+                try:
+                    job_rows.request_abort(engine, planned.task_id, now)
+                except job_rows.JobRowError:
+                    pass  # ended before the abort arrived: nothing to abort
+
+
+def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution: float,
          progress: Callable[[str], None] | None) -> dict[str, Any]:
     clock = VirtualClock(START)
     svc = service.start(Settings(db_url=url), backend="sim", sim_config=world_path,
                         seed=seed, clock=clock)
+    count = len(plan.planned)
     try:
         backend = svc.app.engine.dialect.name
         if progress:
-            progress(f"{len(planned)} tasks on {backend} ...")
-        submit_started = time.perf_counter()
-        _submit(svc.app.engine, planned)
-        submit_seconds = time.perf_counter() - submit_started
-        aborts = [p.task_id for p in planned if p.kind == "abort"]
-        abort_at = START + ABORT_AFTER
+            progress(f"{count} tasks on {backend} ...")
+        upper_layer_seconds = 0.0
         with StatementCounter(svc.app.engine) as counter:
-            def request_aborts(_report: Any = None) -> None:
-                if not aborts or clock.now() < abort_at:
+            def upper_layer(_report: Any = None) -> None:
+                nonlocal upper_layer_seconds
+                if plan.next_due() is None or plan.next_due() > clock.now():
                     return
+                started = time.perf_counter()
                 with counter.paused():
-                    for task_id in aborts:
-                        try:
-                            job_rows.request_abort(svc.app.engine, task_id, clock.now())
-                        except job_rows.JobRowError:
-                            pass  # ended before the abort arrived: nothing to abort
-                aborts.clear()
+                    plan.play(svc.app.engine, clock.now())
+                upper_layer_seconds += time.perf_counter() - started
 
             loop = svc.loop
-            loop.on_tick = request_aborts
-            loop.due_sources = [*loop.due_sources, lambda: abort_at if aborts else None]
+            loop.on_tick = upper_layer
+            loop.due_sources = [*loop.due_sources, plan.next_due]
             settled = loop.settled
-            loop.settled = lambda: not aborts and settled()
+            loop.settled = lambda: not plan.pending() and settled()
             loop.external_input = False
+            loop.resolution = resolution
             rss_before = _max_rss_kib()
             started = time.perf_counter()
+            upper_layer()
             report = loop.run(until_idle=True, stop=threading.Event())
-            wall = time.perf_counter() - started
+            wall = time.perf_counter() - started - upper_layer_seconds
             rss_after = _max_rss_kib()
         outcomes = _final_counts(svc.app.engine)
         open_tasks = {k: v for k, v in outcomes.items()
                       if k.split("/")[0] not in chart.TERMINAL_STATUSES}
-        if open_tasks or report.stopped_by != "idle":
+        if open_tasks or report.stopped_by != "idle" or sum(outcomes.values()) != count:
             raise BenchError(
-                f"{sum(open_tasks.values())} of {len(planned)} tasks did not end "
+                f"{sum(open_tasks.values())} of {count} tasks did not end "
                 f"(loop stopped: {report.stopped_by}; open: "
                 f"{', '.join(f'{k} {v}' for k, v in sorted(open_tasks.items())) or 'none'})")
-        count = len(planned)
         return {
             "backend": backend,
             "tasks": count,
             "seed": seed,
+            "bursts": plan.bursts,
+            "resolution_seconds": resolution,
             "wall_seconds": round(wall, 2),
             "tasks_per_second": round(count / wall, 1) if wall else 0.0,
             "ticks": report.ticks,
@@ -287,7 +342,7 @@ def _run(url: str, world_path: Path, planned: list[PlannedTask], seed: int,
             "memory_measure": "ru_maxrss (peak resident set of the process; growth = "
                               "peak after the run minus peak before it)",
             "virtual_hours": round((clock.now() - START).total_seconds() / 3600, 2),
-            "submit_seconds": round(submit_seconds, 2),
+            "upper_layer_seconds": round(upper_layer_seconds, 2),
             "final": dict(sorted(outcomes.items())),
             "all_terminal": True,
             "target": {"seconds_for_10k_sqlite": TARGET_SECONDS_10K_SQLITE,
@@ -298,13 +353,13 @@ def _run(url: str, world_path: Path, planned: list[PlannedTask], seed: int,
         svc.close()
 
 
-def _submit(engine: Engine, planned: list[PlannedTask]) -> None:
-    """Every task's Pending row, in one transaction (one millisecond apart, so the
-    submission order is the id order)."""
+def _submit(engine: Engine, planned: list[PlannedTask], at: dt.datetime) -> None:
+    """A burst's Pending rows, in one transaction (one millisecond apart, so the
+    submission order is the plan's order)."""
     rows = [{
         "id": p.task_id, "name": f"{p.kind}-{p.task_id}", "actor": p.actor,
         "spec": dict(p.spec), "status": chart.PENDING, "reason": None, "message": None,
-        "created_at": START + dt.timedelta(milliseconds=index), "updated_at": START,
+        "created_at": at + dt.timedelta(milliseconds=index), "updated_at": at,
     } for index, p in enumerate(planned)]
     with engine.begin() as conn:
         for first in range(0, len(rows), 5000):
