@@ -229,15 +229,23 @@ class LifecycleIndex:
         self.wake_of: Callable[[TaskState], dt.datetime | None] | None = None
         self._wake_at: dict[str, dt.datetime] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
+        #: Retained pools and the task each is promised to (holder -> taker, and taker
+        #: -> holders), and the holders whose taker could take the pool as of the last
+        #: commit: those need no look from deprovisioning until one of the two changes.
+        self._promised_to: dict[str, str] = {}
+        self._promised_by: dict[str, set[str]] = {}
+        self._kept: set[str] = set()
         self.built = False
 
     def rebuild(self) -> None:
         for group in self._groups.values():
             group.clear()
         for index in (self._takers, self._retained, self._member, self._intents,
-                      self._holders, self._created_at, self._by_label, self._wake_at):
+                      self._holders, self._created_at, self._by_label, self._wake_at,
+                      self._promised_to, self._promised_by):
             index.clear()
         self._wakes.clear()
+        self._kept.clear()
         self._superseded.clear()
         for state in self.tasks.all():
             self.update(state)
@@ -272,6 +280,11 @@ class LifecycleIndex:
             retained = (state.cluster_id, state.topology)
             self._retained.setdefault(retained, set()).add(task_id)
         self._member[task_id] = (groups, taker, retained)
+        self._track_promise(state, retained is not None)
+        for holder_id in self._promised_by.get(task_id, ()):
+            holder = self.tasks.get(holder_id)
+            if holder is not None:
+                self._judge_promise(holder)
         intents = task_intents(state)
         if intents:
             self._intents[task_id] = intents
@@ -283,6 +296,29 @@ class LifecycleIndex:
                 self._by_label[label] = task_id
         if self.wake_of is not None:
             self._set_wake(task_id, self.wake_of(state))
+
+    def _track_promise(self, state: TaskState, holds_retained: bool) -> None:
+        self._drop_promise(state.task_id)
+        if holds_retained and state.retained_for:
+            self._promised_to[state.task_id] = state.retained_for
+            self._promised_by.setdefault(state.retained_for, set()).add(state.task_id)
+            self._judge_promise(state)
+
+    def _drop_promise(self, holder_id: str) -> None:
+        self._kept.discard(holder_id)
+        taker_id = self._promised_to.pop(holder_id, None)
+        if taker_id is not None:
+            holders = self._promised_by[taker_id]
+            holders.discard(holder_id)
+            if not holders:
+                del self._promised_by[taker_id]
+
+    def _judge_promise(self, holder: TaskState) -> None:
+        taker = self.tasks.get(holder.retained_for) if holder.retained_for else None
+        if holder.cluster_id and can_take_pool(taker, holder.cluster_id, holder.topology):
+            self._kept.add(holder.task_id)
+        else:
+            self._kept.discard(holder.task_id)
 
     def _set_wake(self, task_id: str, moment: dt.datetime | None) -> None:
         previous = self._wake_at.get(task_id)
@@ -340,6 +376,7 @@ class LifecycleIndex:
         self._groups[POOL_WATCH].discard(task_id)
         if retained is not None:
             self._retained[retained].discard(task_id)
+        self._drop_promise(task_id)
         self._member[task_id] = (tuple(g for g in groups if g != POOL_WATCH), taker, None)
 
     # ------------------------------------------------------------------ reading
@@ -347,6 +384,16 @@ class LifecycleIndex:
         found: set[str] = set()
         for group in groups:
             found |= self._groups[group]
+        return found
+
+    def pool_watch(self, changed: Iterable[str] = ()) -> set[str]:
+        """The ``POOL_WATCH`` tasks whose pool may need a decision: all but the holders
+        of a retained pool whose taker could still take it at the last commit, unless
+        that taker is among ``changed`` (states a tick has moved since)."""
+        watch = self._groups[POOL_WATCH]
+        found = watch - self._kept
+        for task_id in changed:
+            found.update(h for h in self._promised_by.get(task_id, ()) if h in watch)
         return found
 
     def takers(self, key: QueueKey) -> set[str]:

@@ -53,6 +53,12 @@ def candidates(tick: Tick, ctx: HandlerContext, *groups: str) -> list[TaskState]
         ids = effects.index.ids(*groups)
     else:
         ids = {s.task_id for s in ctx.tasks.live()}
+    return states_of(tick, ids)
+
+
+def states_of(tick: Tick, ids: set[str]) -> list[TaskState]:
+    """These tasks plus those this tick already changed, as the tick sees them,
+    earliest submitted first."""
     ids |= {s.task_id for s in tick.touched()}
     states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
     states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
@@ -167,7 +173,11 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
     clusters = {c.id: c for c in ctx.clusters}
     decider = PoolDecider(tick, index)
     handed_over = handed_over_now(tick)
-    for holder in _ended_with_pools(candidates(tick, ctx, POOL_WATCH)):
+    # A retained pool whose taker can still take it needs no look (``pool_watch``):
+    # ``check_retained`` would find nothing to do for it.
+    index.ensure()
+    watch = index.pool_watch(s.task_id for s in tick.touched())
+    for holder in _ended_with_pools(states_of(tick, watch)):
         if not is_holder(index, holder, handed_over):
             continue
         if needs_disposal(holder):
