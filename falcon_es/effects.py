@@ -421,6 +421,10 @@ class LifecycleIndex:
     def intents_of(self, task_id: str) -> tuple[Intent, ...]:
         return self._intents.get(task_id, ())
 
+    def wake_at(self, task_id: str) -> dt.datetime | None:
+        """The task's ``wake_of`` moment as of the last commit."""
+        return self._wake_at.get(task_id)
+
     def next_wake(self) -> dt.datetime | None:
         """The earliest moment a task needs a look by time alone (``wake_of``)."""
         return self._wakes[0][0] if self._wakes else None

@@ -183,7 +183,14 @@ class _Provisioner:
     # ------------------------------------------------------------------ follow
     def follow(self, state: TaskState, cluster: Cluster) -> None:
         pool = state.node_pool_name or ""
-        if state.pool_operation:
+        if state.retry_kind in _POLL_KINDS:
+            # Looking again after a 404 or unready nodes: the create operation had
+            # finished without error before either was recorded, and a finished
+            # operation never changes, so only the retry's time matters.
+            due = retry_due_at(state, state.retry_kind, self.ctx.settings)
+            if due is not None and self.ctx.now < due:
+                return
+        elif state.pool_operation:
             try:
                 operation = self.ports.node_pools.get_operation(cluster, state.pool_operation)
             except PortError as error:
@@ -193,10 +200,6 @@ class _Provisioner:
                 return
             if operation.error:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
-                return
-        if state.retry_kind in _POLL_KINDS:
-            due = retry_due_at(state, state.retry_kind, self.ctx.settings)
-            if due is not None and self.ctx.now < due:
                 return
         try:
             info = self.ports.node_pools.get(cluster, pool)
@@ -249,7 +252,17 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
     if not work:
         return
     provisioner = _Provisioner(tick, ctx)
+    index = ctx.effects.index if ctx.effects is not None else None
+    touched = {s.task_id for s in tick.touched()}
     for state in work:
         fresh = tick.state(state.task_id)
-        if fresh is not None and fresh.status == chart.PENDING and fresh.reason in ACQUIRING:
-            provisioner.run(fresh)
+        if fresh is None or fresh.status != chart.PENDING or fresh.reason not in ACQUIRING:
+            continue
+        if (index is not None and fresh.task_id not in touched
+                and fresh.pool_intent == "create-started" and fresh.retry_kind in _POLL_KINDS):
+            # Waiting for a retry: its wake moment (no later than the retry) says
+            # whether ``follow`` has anything to do yet, without working the retry out.
+            wake = index.wake_at(fresh.task_id)
+            if wake is not None and ctx.now < wake:
+                continue
+        provisioner.run(fresh)
