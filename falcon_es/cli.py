@@ -756,6 +756,53 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
+@bench_group.command("e2e")
+@click.option("--tasks", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--db", "db_urls", multiple=True, metavar="URL",
+              help="Where to run: 'sqlite' (a fresh temporary file, the default), a new "
+                   "SQLite file URL, or a MySQL/MariaDB server URL (a scratch database "
+                   "there, dropped afterwards). Repeat to run on several.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--burst", type=click.IntRange(min=1), default=None,
+              help="Tasks the upper layer submits at once (default: the bench's bursts; "
+                   "--burst N >= --tasks submits everything up front).")
+@click.option("--burst-every", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Virtual seconds between bursts.")
+@click.option("--resolution", type=click.FloatRange(min=0), default=None,
+              help="The loop's virtual-time step in seconds (0: exact jumps).")
+@click.option("--world", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A sim config to run in instead of the bench world.")
+@click.option("--json", "as_json", is_flag=True)
+@_friendly
+def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None,
+              burst_every: float | None, resolution: float | None, world: str | None,
+              as_json: bool) -> None:
+    """Tasks through their whole lifecycle on the sim backend: wall time, tasks/s,
+    database round trips per task, peak memory, ticks, final Status/Reason."""
+    from falcon_es.bench import e2e
+
+    options: dict[str, Any] = {"burst": burst, "burst_every": burst_every,
+                               "resolution": resolution}
+    options = {k: v for k, v in options.items() if v is not None}
+    reports = []
+    for url in db_urls or ("sqlite",):
+        target = None if url == "sqlite" else url
+        if target is not None:
+            db.make_engine(target).dispose()  # a bad URL is reported before any work starts
+        try:
+            reports.append(e2e.e2e_benchmark(
+                tasks=tasks, db_url=target, seed=seed, world=world,
+                progress=lambda m: click.echo(m, err=True), **options))
+        except e2e.BenchInputError as error:
+            raise Failure(str(error)) from error
+        except e2e.BenchError as error:
+            raise Failure(str(error), EXIT_PROBLEM) from error
+        if not as_json:
+            click.echo(e2e.format_report(reports[-1]))
+    if as_json:
+        click.echo(e2e.report_json(reports))
+
+
 # ----------------------------------------------------------------------- gcp backend
 
 #: Seconds between the informer process's liveness marks (well inside the probe's limit).

@@ -1,0 +1,96 @@
+"""The end-to-end lifecycle benchmark at a few hundred tasks, on SQLite and MariaDB:
+the report has its figures and every task ended. Not a timed test (the figures of a
+10,000-task run are the benchmark's own business)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from conftest import MYSQL_SERVER
+from falcon_es import chart
+from falcon_es.bench import e2e
+from falcon_es.cli import main
+
+TASKS = 300
+#: Small bursts close together keep the run to a few virtual hours and a few seconds.
+SMALL_RUN = {"burst": 100, "burst_every": 120.0}
+FIGURES = ("wall_seconds", "tasks_per_second", "cpu_seconds", "ticks", "events",
+           "ms_per_tick", "statements", "commits", "rollbacks", "round_trips",
+           "round_trips_per_task", "peak_rss_mib", "rss_growth_mib", "virtual_hours")
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def server(request: pytest.FixtureRequest) -> str | None:
+    """Where the bench makes its scratch database: a temporary SQLite file (None) or
+    a new database on the MariaDB server (dropped afterwards)."""
+    return None if request.param == "sqlite" else MYSQL_SERVER
+
+
+def test_every_task_ends_and_the_report_has_its_figures(server: str | None) -> None:
+    report = e2e.e2e_benchmark(tasks=TASKS, db_url=server, seed=3, **SMALL_RUN)
+
+    assert report["backend"] == ("sqlite" if server is None else "mysql")
+    assert report["tasks"] == TASKS and report["bursts"] == 3
+    assert report["all_terminal"] is True
+    final = report["final"]
+    assert sum(final.values()) == TASKS
+    assert {key.split("/")[0] for key in final} <= chart.TERMINAL_STATUSES
+    # The seeded plan makes every kind of ending: success, Job failures, timeouts,
+    # invalid specs and aborts.
+    assert final["Succeeded"] > TASKS // 2
+    assert {"Failed/JobFailed", "Failed/Timeout", "Failed/InvalidTopology", "Aborted"} <= set(final)
+    for figure in FIGURES:
+        assert isinstance(report[figure], (int, float)) and report[figure] >= 0, figure
+    assert report["ticks"] > 0 and report["events"] >= 4 * TASKS
+    assert report["round_trips"] >= report["statements"] + report["commits"] > 0
+    assert report["pings_per_checkout"] is (server is not None)
+    assert report["target"]["met"] is None, "the 60 s target is judged at 10,000 tasks only"
+    lines = e2e.format_report(report).splitlines()
+    assert lines[0].startswith(f"e2e lifecycle bench on {report['backend']}: {TASKS} tasks")
+    assert lines[-1].startswith("final: ")
+
+
+def test_the_scratch_mysql_database_is_dropped_afterwards() -> None:
+    admin = sa.create_engine(MYSQL_SERVER + "/")
+    try:
+        def scratch() -> set[str]:
+            with admin.connect() as conn:
+                return {name for (name,) in conn.exec_driver_sql("SHOW DATABASES")
+                        if name.startswith("falcon_e2e_")}
+
+        before = scratch()
+        e2e.e2e_benchmark(tasks=20, db_url=MYSQL_SERVER, **SMALL_RUN)
+        assert scratch() == before
+    finally:
+        admin.dispose()
+
+
+def test_cli_runs_the_bench_and_prints_json(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    result = CliRunner().invoke(main, ["bench", "e2e", "--tasks", "40", "--db", url,
+                                       "--burst", "20", "--burst-every", "60", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tasks"] == 40 and sum(report["final"].values()) == 40
+    assert report["resolution_seconds"] == e2e.DEFAULT_RESOLUTION
+
+
+def test_cli_refuses_a_database_file_that_is_not_fresh(tmp_path: Path) -> None:
+    used = tmp_path / "used.db"
+    used.write_bytes(b"")
+    result = CliRunner().invoke(main, ["bench", "e2e", "--tasks", "10",
+                                       "--db", f"sqlite:///{used}"])
+    assert result.exit_code == 2
+    assert "the file exists; the benchmark needs a fresh one" in result.output
+
+
+def test_the_same_seed_plans_the_same_tasks() -> None:
+    first, again = e2e.plan_tasks(200, 5), e2e.plan_tasks(200, 5)
+    assert first == again
+    assert first != e2e.plan_tasks(200, 6)
+    assert {p.kind for p in first} == {kind for kind, _ in e2e.KINDS}
