@@ -1,7 +1,9 @@
 """Handlers: small functions ``handler(tick, ctx)``, one module per concern.
 
-``HANDLERS`` is the order in which a tick runs them: inputs first (intake, aborts),
-then decisions from the current views.
+``HANDLERS`` is the order in which a tick runs them: inputs first (intake, aborts, the
+outcomes of effects, the edge clusters' observations), then decisions from the current
+views. Inputs first lets a tick act on what just happened: a slot freed by a pod
+reported Running is filled in the same tick rather than the next one.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from handlers import status, timeouts
 HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,
     intake.notice_abort_requests,
+    # Task lifecycle (issue 4): outcomes of effects and the edge observations are
+    # inputs too; then each phase's decisions.
+    record_outcomes,
+    status.fold_observations,
     scheduling.requeue_from_inactive_clusters,
     scheduling.choose_clusters,
     scheduling.fill_free_slots,
-    # Task lifecycle (issue 4): outcomes of effects first, then each phase's decisions.
-    record_outcomes,
     abort.advance_aborts,
-    status.fold_observations,
     timeouts.enforce_deadlines,
     provisioning.provision,
     dispatch.dispatch,
