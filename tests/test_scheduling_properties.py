@@ -55,6 +55,14 @@ class RecordingConnection:
         for row in params:
             self.messages[row["b_id"]] = row["b_message"]
 
+    def exec_driver_sql(self, statement: str, params: list[tuple[str, str, str]]) -> None:
+        """SQLite's driver-level form: (message, id, status) per row."""
+        assert statement.startswith("UPDATE job SET message=?"), statement
+        self.statements += 1
+        for message, task_id, status in params:
+            assert status == chart.PENDING
+            self.messages[task_id] = message
+
 
 @dataclasses.dataclass
 class Pick:
