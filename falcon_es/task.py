@@ -51,11 +51,11 @@ class TaskState:
     aborted_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
-    #: Structured message: the catalog key (an event type) and its arguments.
-    message_key: str | None = None
-    message_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    note_key: str | None = None
-    note_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Structured message: the event whose type is the catalog key and whose data are
+    #: its arguments. The event itself, not its data: a fold sets it on most events and
+    #: the arguments are only needed when a row is rendered.
+    message_event: ev.Event | None = None
+    note_event: ev.Event | None = None
     #: Provisioning bookkeeping the handlers need (which step is in flight).
     pool_intent: str | None = None  # create-requested | create-started | ready
     job_intent: str | None = None  # submit-requested | submitted | delete-requested
@@ -91,6 +91,22 @@ class TaskState:
         return None
 
     @property
+    def message_key(self) -> str | None:
+        return type(self.message_event).__name__ if self.message_event is not None else None
+
+    @property
+    def message_args(self) -> dict[str, Any]:
+        return self.message_event.to_data() if self.message_event is not None else {}
+
+    @property
+    def note_key(self) -> str | None:
+        return type(self.note_event).__name__ if self.note_event is not None else None
+
+    @property
+    def note_args(self) -> dict[str, Any]:
+        return self.note_event.to_data() if self.note_event is not None else {}
+
+    @property
     def is_terminal(self) -> bool:
         return self.status in chart.TERMINAL_STATUSES
 
@@ -120,11 +136,9 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     if status in chart.TERMINAL_STATUSES and state.finished_at is None:
         fields["finished_at"] = recorded_at
     if isinstance(event, _NOTE_EVENTS):
-        fields["note_key"] = type_name
-        fields["note_args"] = event.to_data()
+        fields["note_event"] = event
     elif not isinstance(event, _SILENT_EVENTS):
-        fields["message_key"] = type_name
-        fields["message_args"] = event.to_data()
+        fields["message_event"] = event
     fields.update(_fields_from(event, state, recorded_at))
     return _built(fields)
 

@@ -35,13 +35,10 @@ def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
     a replay needs the end states, not the per-append changes ``TaskStates.fold``
     tracks for the inline projections."""
     latest: dict[str, TaskState] = {}
-    for batch in store.read_batches(0, batch_size=5000, until=until):
-        for record in batch:
-            event = record.event
-            if type(event).__name__ in TASK_EVENT_TYPES:
-                task_id = record.stream_id
-                before = latest.get(task_id) or new_state(task_id)
-                latest[task_id] = evolve(before, event, record.recorded_at)
+    for batch in store.read_for_fold(TASK_EVENT_TYPES, until=until):
+        for task_id, event, recorded_at in batch:
+            before = latest.get(task_id) or new_state(task_id)
+            latest[task_id] = evolve(before, event, recorded_at)
     return TaskStates(latest.values())
 
 

@@ -70,6 +70,23 @@ def test_read_stream_and_read_after_in_batches(app: App) -> None:
     assert only.meta == {"actor": "tester", "causation_id": "c-1", "correlation_id": "corr-1"}
 
 
+def test_read_for_fold_decodes_the_named_types_like_read_batches(app: App, clock) -> None:
+    clock.advance(0.5)
+    app.store.append([StreamAppend("a", 0, (accepted("a"), ev.NoActiveCluster("v6e", ({"name": "c", "status": "offline"},))), META)])
+    app.store.append([StreamAppend("cluster-1", None, (ev.ClusterRegistered(
+        "c-1", "gke-a", "p", "l", "v6e", "b", None, "active"),), META)])
+    clock.advance(1.25)
+    app.store.append([StreamAppend("b", 0, (accepted("b"),), META)])
+    wanted = {"TaskAccepted", "NoActiveCluster"}
+    batches = list(app.store.read_for_fold(wanted, batch_size=2))
+    full = [(r.stream_id, r.event, r.recorded_at) for r in app.store.read_after(0)
+            if r.type_name in wanted]
+    assert [tuple(r) for batch in batches for r in batch] == full
+    assert [len(batch) for batch in batches] == [2, 1]  # the cluster event read, not kept
+    assert full[-1][2].microsecond == 750000
+    assert [tuple(r) for b in app.store.read_for_fold(wanted, until=2) for r in b] == full[:2]
+
+
 def test_recorded_at_keeps_microseconds(app: App, clock) -> None:
     clock.advance(0.123456)
     app.store.append([StreamAppend("a", 0, (accepted(),), META)])
