@@ -78,6 +78,7 @@ class JobInbox:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.reader = db.read_only(engine)
+        self._compiled_poll: tuple[str, tuple[str, ...], dict[str, Any]] | None = None
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         with self.reader.connect() as conn:
@@ -90,17 +91,39 @@ class JobInbox:
 
     def poll(self, limit: int = 1000) -> InboxPoll:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls
-        once instead of once per input)."""
+        once instead of once per input). Sent as the driver's SQL, compiled once: every
+        tick polls, and compiling, caching and result processing cost more than the
+        query when there is nothing new."""
+        sql, names, fixed = self._poll_statement()
+        values = {**fixed, "limit": limit}
+        params: Any = tuple(values[name] for name in names) if names else values
         new: list[NewRow] = []
         aborts: list[AbortRow] = []
         with self.reader.connect() as conn:
-            for row in conn.execute(_POLL, {"limit": limit}):
-                if row.is_abort:
-                    aborts.append(AbortRow(row.id, row.aborting_at))
-                else:
-                    new.append(NewRow(row.id, row.name, row.actor, row.spec_raw,
-                                      row.created_at))
+            rows = conn.exec_driver_sql(sql, params).all()
+        for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
+            if is_abort:
+                aborts.append(AbortRow(row_id, _timestamp(aborting_at)))
+            else:
+                new.append(NewRow(row_id, name, actor, spec_raw, _timestamp(created_at)))
         return InboxPoll(self, limit, new, aborts)
+
+    def _poll_statement(self) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+        """The poll as this dialect's SQL text, the names of its positional parameters
+        (empty for named ones) and the values of those that never change."""
+        if self._compiled_poll is None:
+            compiled = _POLL.compile(dialect=self.engine.dialect)
+            names = tuple(compiled.positiontup or ()) if compiled.positional else ()
+            self._compiled_poll = (str(compiled), names, dict(compiled.params))
+        return self._compiled_poll
+
+
+def _timestamp(value: Any) -> dt.datetime | None:
+    """A DATETIME as the driver returns it: text on SQLite (SQLAlchemy's storage
+    format, which ``fromisoformat`` reads), a datetime from PyMySQL."""
+    if isinstance(value, str):
+        return dt.datetime.fromisoformat(value)
+    return value
 
 
 class InboxPoll:
