@@ -27,10 +27,10 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sortedcontainers import SortedKeyList
+from sortedcontainers import SortedKeyList, SortedList
 
 from falcon_es import chart, manifests, naming
 from falcon_es import events as ev
@@ -190,6 +190,12 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
     )
 
 
+def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:
+    """Who gets a retained pool first: a slot holder still without a pool (it is
+    provisioning now), then waiting tasks, each in submit order."""
+    return (state.reason == "Waiting", state.submitted_at or dt.datetime.min, state.task_id)
+
+
 def needs_disposal(state: TaskState) -> bool:
     """The task holds a pool whose fate (hand over or delete) is not decided yet."""
     return (state.node_pool_name is not None
@@ -213,8 +219,12 @@ class LifecycleIndex:
         self.tasks = tasks
         self._groups: dict[str, set[str]] = {g: set() for g in GROUPS}
         self._takers: dict[QueueKey, set[str]] = {}
+        #: The same takers by ``taker_rank``: the first of a queue that is not promised
+        #: yet is usually the one, where a scan of every waiting task cost O(queue).
+        self._taker_order: dict[QueueKey, SortedList] = {}
         self._retained: dict[QueueKey, set[str]] = {}
         self._member: dict[str, tuple[tuple[str, ...], QueueKey | None, QueueKey | None]] = {}
+        self._ranks: dict[str, tuple[bool, dt.datetime, str]] = {}
         self._intents: dict[str, tuple[Intent, ...]] = {}
         self._holders: dict[PoolKey, str] = {}
         self._created_at: dict[PoolKey, dt.datetime] = {}
@@ -240,7 +250,8 @@ class LifecycleIndex:
     def rebuild(self) -> None:
         for group in self._groups.values():
             group.clear()
-        for index in (self._takers, self._retained, self._member, self._intents,
+        for index in (self._takers, self._taker_order, self._ranks, self._retained,
+                      self._member, self._intents,
                       self._holders, self._created_at, self._by_label, self._wake_at,
                       self._promised_to, self._promised_by):
             index.clear()
@@ -264,6 +275,7 @@ class LifecycleIndex:
                 self._groups[group].discard(task_id)
             if taker is not None:
                 self._takers[taker].discard(task_id)
+                self._taker_order[taker].discard(self._ranks.pop(task_id))
             if retained is not None:
                 self._retained[retained].discard(task_id)
         self._track_pool(state)
@@ -275,6 +287,8 @@ class LifecycleIndex:
         if state.cluster_id and can_take_pool(state, state.cluster_id, state.topology):
             taker = (state.cluster_id, state.topology)
             self._takers.setdefault(taker, set()).add(task_id)
+            rank = self._ranks[task_id] = taker_rank(state)
+            self._taker_order.setdefault(taker, SortedList()).add(rank)
         if (state.cluster_id and state.pool_disposition == "retained" and state.is_terminal
                 and not handed_on):
             retained = (state.cluster_id, state.topology)
@@ -398,6 +412,10 @@ class LifecycleIndex:
 
     def takers(self, key: QueueKey) -> set[str]:
         return set(self._takers.get(key, ()))
+
+    def takers_in_order(self, key: QueueKey) -> Iterator[str]:
+        """This queue's takers as of the last commit, best ``taker_rank`` first."""
+        return (rank[2] for rank in self._taker_order.get(key, ()))
 
     def retained(self, key: QueueKey) -> set[str]:
         return set(self._retained.get(key, ()))

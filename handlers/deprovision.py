@@ -26,6 +26,7 @@ from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.effects import (
     POOL_WATCH, LifecycleIndex, QueueKey, can_take_pool, needs_disposal, retry_due_at,
+    taker_rank,
 )
 from falcon_es.ports import PortError
 from falcon_es.registry import Cluster
@@ -90,13 +91,21 @@ class PoolDecider:
         waiting tasks in submit order."""
         key = (cluster_id, topology)
         self._load(key)
-        ids = self.index.takers(key) | {s.task_id for s in self.tick.touched()}
-        fresh = [s for i in ids if (s := self.tick.state(i)) is not None
-                 and s.task_id not in self.promised and can_take_pool(s, cluster_id, topology)]
-        if not fresh:
-            return None
-        return min(fresh, key=lambda s: (s.reason == "Waiting", s.submitted_at or _EARLIEST,
-                                         s.task_id))
+        touched = {s.task_id for s in self.tick.touched()}
+        best: TaskState | None = None
+        for task_id in self.index.takers_in_order(key):
+            # Untouched tasks are as the index ranked them: the first free one is best.
+            if task_id not in touched and task_id not in self.promised:
+                state = self.tick.state(task_id)
+                if can_take_pool(state, cluster_id, topology):
+                    best = state
+                    break
+        for task_id in touched - self.promised:
+            state = self.tick.state(task_id)
+            if (state is not None and can_take_pool(state, cluster_id, topology)
+                    and (best is None or taker_rank(state) < taker_rank(best))):
+                best = state
+        return best
 
     def dispose(self, state: TaskState) -> None:
         """Hand the ended task's pool over, or delete it."""

@@ -74,8 +74,11 @@ def requeue_from_inactive_clusters(tick: Tick, ctx: HandlerContext) -> None:
 
 def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
+    unplaced = book.unplaced()
+    if not unplaced:
+        return
     idle_pools = book.idle_pool_queues()
-    for tpu_type, entries in book.unplaced().items():
+    for tpu_type, entries in unplaced.items():
         # Without an active cluster of the type the verdict is the same for every task
         # of the group (it does not depend on queue depths): work it out once.
         verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools)
