@@ -30,7 +30,6 @@ import dataclasses
 import datetime as dt
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType

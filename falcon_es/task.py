@@ -27,7 +27,7 @@ _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
 #: The outcomes that end each retried step (``ApiCallRetrying.step``, the effect
 #: executor's intent kinds): once one is folded, a note saying the step is being
 #: retried is stale and the note it replaced comes back.
-_STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
+STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
     "pool-create": frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
     "job-submit": frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
     "job-delete": frozenset({"JobDeleted"}),
@@ -154,7 +154,7 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     if state.api_retries:
         _end_retried_steps(fields, state, type_name)
     note = state.note_event
-    if type(note) is ev.ApiCallRetrying and type_name in _STEP_OUTCOMES.get(note.step, ()):
+    if type(note) is ev.ApiCallRetrying and type_name in STEP_OUTCOMES.get(note.step, ()):
         fields["note_event"] = state.note_before_retry
     if type_name == "ApiCallRetrying":
         _show_retry(fields, state, event, status)
@@ -169,7 +169,7 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
 def _end_retried_steps(fields: dict[str, Any], state: TaskState, type_name: str) -> None:
     """A step's outcome ends its series of failed calls: the attempts counted are
     those since the step last got an answer."""
-    ended = [step for step in state.api_retries if type_name in _STEP_OUTCOMES.get(step, ())]
+    ended = [step for step in state.api_retries if type_name in STEP_OUTCOMES.get(step, ())]
     if ended:
         fields["api_retries"] = {step: retried for step, retried in state.api_retries.items()
                                  if step not in ended}

@@ -21,12 +21,13 @@ from falcon_es import events as ev
 from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import FaultRule, SimConfig, SimConfigError
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import API_OF_STEP, JOB_DELETE, JOB_SUBMIT, POOL_CREATE, POOL_DELETE
-from falcon_es.effects import RESERVATION_CHECK
+from falcon_es.effects import (
+    API_OF_STEP, JOB_DELETE, JOB_SUBMIT, POOL_CREATE, POOL_DELETE, RESERVATION_CHECK,
+)
 from falcon_es.ports import RETRYABLE, PortError
 from falcon_es.retry import DEFAULT_BACKOFFS, Backoff
 from falcon_es.settings import Settings, SettingsError
-from falcon_es.task import _STEP_OUTCOMES, fold
+from falcon_es.task import STEP_OUTCOMES, fold
 from projections.messages import CALLS, task_message
 
 Make = Callable[..., Harness]
@@ -224,7 +225,7 @@ def test_the_attempt_count_restarts_once_the_step_got_an_answer() -> None:
 
 def test_every_retried_step_has_a_call_name_an_api_and_its_outcomes() -> None:
     steps = {POOL_CREATE, POOL_DELETE, JOB_SUBMIT, JOB_DELETE, RESERVATION_CHECK}
-    assert steps == set(CALLS) == set(_STEP_OUTCOMES) <= set(API_OF_STEP)
+    assert steps == set(CALLS) == set(STEP_OUTCOMES) <= set(API_OF_STEP)
 
 
 # --------------------------------------------------------- reservation reads
