@@ -128,6 +128,15 @@ class TaskChart(StateChart):
         succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
         | aborted.to.itself()
     )
+    # A call that failed with a transient error is made again later: the task stays
+    # where it is. Wherever an effect can be open (or, in ClusterBusy, a reservation
+    # read is retried).
+    ApiCallRetrying = (
+        pending.provisioning.to.itself() | pending.cluster_busy.to.itself()
+        | pending.dispatching.to.itself() | running.to.itself()
+        | aborting.to.itself() | succeeded.to.itself() | failed.to.itself()
+        | aborted.to.itself()
+    )
 
 
 def state_of(configuration: object) -> str:

@@ -15,9 +15,13 @@ exists" means adopt after checking the ``falcon-task`` label, and "not found" on
 means done. A submit whose task is being aborted is cancelled instead of issued (if an
 earlier controller submitted it before crashing, the Job is adopted and then deleted).
 
-Transient API errors (``RETRYABLE``) leave the intent open and are retried after a
-backoff kept in memory; outcomes that change nothing in the log are not invented for
-them. Definite failures become outcome events with the API's own words.
+Transient API errors (``RETRYABLE``) leave the intent open and are retried after the
+backoff of the API called (``Settings.retry``: gke for pools, kubernetes for Jobs);
+each failed attempt is recorded (``ApiCallRetrying``: the attempt, the limit, the API's
+words, the delay) so the task's Message says what it waits on. A create or submit that
+uses up its attempts becomes the definite failure (``NodePoolFailed`` /
+``JobSubmitFailed``, "gave up after N attempts: ..."); deletes are never given up.
+Definite failures become outcome events with the API's own words.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import random
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -38,7 +43,7 @@ from falcon_es.ports import (
     ALREADY_EXISTS, NOT_FOUND, RETRYABLE, NodePoolSpec, Operation, PortError, Ports,
 )
 from falcon_es.registry import Cluster
-from falcon_es.retry import Backoff
+from falcon_es.retry import COMPUTE, GKE, KUBERNETES, WAIT, Backoff, seeded_delay
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.task import TaskState, TaskStates
@@ -55,6 +60,8 @@ JOB_SUBMIT = "job-submit"
 JOB_DELETE = "job-delete"
 POOL_DELETE = "pool-delete"
 ORPHAN_DELETE = "orphan-delete"
+#: Not an intent: the provisioning handler's read of a reservation's free capacity.
+RESERVATION_CHECK = "reservation-check"
 
 ORPHAN_STREAM_PREFIX = "orphans:"
 #: Labels on every pool Falcon-ES creates (the orphan sweep lists pools by them).
@@ -109,12 +116,24 @@ def task_intents(state: TaskState) -> tuple[Intent, ...]:
     return tuple(found)
 
 
-def retry_backoff(settings: Settings) -> Backoff:
-    """The backoff of steps retried through the log (reservation capacity, pool
-    visibility, node readiness, pool deletion): never exhausted, only capped."""
-    return Backoff(initial=float(settings.retry_initial_seconds),
-                   maximum=float(max(settings.retry_max_seconds, settings.retry_initial_seconds)),
-                   multiplier=2.0, jitter=0.1, attempts=1_000_000)
+#: The API each effect calls (and whose backoff paces its retries).
+API_OF_STEP = MappingProxyType({
+    POOL_CREATE: GKE, POOL_DELETE: GKE, ORPHAN_DELETE: GKE,
+    JOB_SUBMIT: KUBERNETES, JOB_DELETE: KUBERNETES,
+    RESERVATION_CHECK: COMPUTE,
+})
+#: Steps retried until they succeed, whatever the policy's attempts: a pool or Job
+#: left behind costs money and blocks nothing else.
+NEVER_GIVEN_UP = frozenset({POOL_DELETE, JOB_DELETE, ORPHAN_DELETE})
+#: Steps retried through the log whose pace is not an API's: waits on the world.
+WAIT_KINDS = frozenset({"ReservationInsufficient", "NodePoolNotVisible", "NodesNotReady"})
+
+
+def retry_backoff(settings: Settings, kind: str) -> Backoff:
+    """The backoff of a step retried through the log: the ``wait`` policy for waits on
+    the world (reservation capacity, pool visibility, node readiness), the GKE policy
+    for a failed pool delete (``NodePoolDeleteFailed``, never given up)."""
+    return settings.retry.for_api(WAIT if kind in WAIT_KINDS else GKE)
 
 
 def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime | None:
@@ -125,9 +144,47 @@ def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime
     """
     if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
         return None
-    rng = random.Random(f"{state.task_id}:{kind}:{state.retry_attempt}")
-    delay = retry_backoff(settings).delay(state.retry_attempt, rng)
+    delay = seeded_delay(retry_backoff(settings, kind), state.retry_attempt,
+                         f"{state.task_id}:{kind}:{state.retry_attempt}")
     return state.retry_at + dt.timedelta(seconds=delay)
+
+
+def call_retry_due_at(state: TaskState, step: str) -> dt.datetime | None:
+    """When the call of ``step`` that last failed with a transient error is due again
+    (recorded by ``ApiCallRetrying``; None when it never failed)."""
+    retried = state.api_retries.get(step)
+    return retried[1] if retried is not None else None
+
+
+def call_failed(state: TaskState, step: str, error: str,
+                settings: Settings) -> ev.ApiCallRetrying | None:
+    """The record of a failed call of ``step`` for this task: the attempt it was, the
+    limit and when the next is due; None when the attempts are used up.
+
+    The attempt counts every failed call of the step in the task's log, so a restarted
+    controller goes on counting where the last one stopped; the delay is seeded by the
+    task, the step and the attempt."""
+    attempt = failed_calls(state, step) + 1
+    backoff = settings.retry.for_api(API_OF_STEP[step])
+    never = step in NEVER_GIVEN_UP
+    if not never and backoff.exhausted(attempt):
+        return None
+    delay = seeded_delay(backoff, attempt, f"{state.task_id}:{step}:{attempt}")
+    return ev.ApiCallRetrying(
+        api=API_OF_STEP[step], step=step, attempt=attempt,
+        attempts=None if never else backoff.attempts, error=error,
+        retry_in_seconds=max(1, math.ceil(delay)))
+
+
+def failed_calls(state: TaskState, step: str) -> int:
+    """How many calls of ``step`` failed with a transient error, as the log says."""
+    retried = state.api_retries.get(step)
+    return retried[0] if retried is not None else 0
+
+
+def gave_up(attempts: int, error: str) -> str:
+    """The definite failure's words once a step used up its attempts."""
+    return f"gave up after {attempts} attempts: {error}"
 
 
 def next_attempt(state: TaskState, kind: str) -> int:
@@ -590,15 +647,45 @@ class EffectExecutor:
         self._not_before[intent] = now + dt.timedelta(seconds=UNRECORDED_RETRY_SECONDS)
 
     def _later(self, intent: Intent, now: dt.datetime, error: PortError | None = None) -> None:
-        """A transient failure: the intent stays open and is tried again after a backoff."""
+        """A transient failure: the intent stays open and is tried again after the
+        backoff of the API it calls. A task's failed call is recorded (so its Message
+        shows the attempt) and, once a create or submit has used up its attempts,
+        becomes its definite failure."""
+        state = self.tasks.get(intent.stream_id) if intent.kind != ORPHAN_DELETE else None
+        if state is None or error is None:
+            self._later_unrecorded(intent, now, error)
+            return
+        retrying = call_failed(state, intent.kind, error.message, self.settings)
+        if retrying is None:
+            attempts = failed_calls(state, intent.kind) + 1
+            log.warning("%s %s on %s: %s; gave up after %d attempts", intent.kind,
+                        intent.name, intent.cluster_id, error, attempts)
+            self._queue(intent, self._given_up(intent, gave_up(attempts, error.message)), now)
+            return
+        log.warning("%s %s on %s: %s; attempt %d, next in %ds", intent.kind, intent.name,
+                    intent.cluster_id, error, retrying.attempt, retrying.retry_in_seconds)
+        self._queued.append(Outcome(intent, retrying))
+        self._queued_intents.add(intent)
+        self._not_before[intent] = now + dt.timedelta(seconds=retrying.retry_in_seconds)
+
+    def _later_unrecorded(self, intent: Intent, now: dt.datetime,
+                          error: PortError | None) -> None:
+        """A retry no task's log records (an orphan's delete, a cluster not registered):
+        counted in memory, never given up."""
         failures = self._failures.get(intent, 0) + 1
         self._failures[intent] = failures
-        rng = random.Random(f"{intent}:{failures}")
-        delay = retry_backoff(self.settings).delay(failures, rng)
+        backoff = self.settings.retry.for_api(API_OF_STEP[intent.kind])
+        delay = seeded_delay(backoff, failures, f"{intent}:{failures}")
         self._not_before[intent] = now + dt.timedelta(seconds=delay)
         if error is not None:
             log.warning("%s %s on %s: %s; retry %d in %.0fs", intent.kind, intent.name,
                         intent.cluster_id, error, failures, delay)
+
+    @staticmethod
+    def _given_up(intent: Intent, words: str) -> ev.Event:
+        if intent.kind == POOL_CREATE:
+            return ev.NodePoolFailed(intent.name, words)
+        return ev.JobSubmitFailed(intent.name, words)
 
     # ------------------------------------------------------------------ effects
     def _perform(self, intent: Intent, cluster: Cluster, now: dt.datetime) -> None:
@@ -652,7 +739,11 @@ class EffectExecutor:
         try:
             info = self.ports.node_pools.get(cluster, intent.name)
         except PortError as error:
-            self._later(intent, now, error)
+            if error.code == NOT_FOUND:
+                # GKE lists a just-created pool late: no failed call, only a wait.
+                self._later_unrecorded(intent, now, error)
+            else:
+                self._later(intent, now, error)
             return
         owner = info.labels.get(POOL_TASK_LABEL)
         if owner == naming.task_label(state.task_id):

@@ -339,6 +339,28 @@ class NodePoolDeleteFailed(Event):
     attempt: int
 
 
+# Transient API errors (issue 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiCallRetrying(Event):
+    """A call to an external API failed with a transient error (429, a concurrent
+    operation, 5xx, no answer) and will be made again in ``retry_in_seconds``.
+
+    One per failed attempt, so the task's Message can say which attempt it waits on.
+    ``step`` is what was being done (``pool-create``, ``pool-delete``, ``job-submit``,
+    ``job-delete``, ``reservation-check``); ``attempts`` is the limit, ``None`` for
+    steps never given up (deletes: a pool left behind costs money).
+    """
+
+    api: str
+    step: str
+    attempt: int
+    attempts: int | None
+    error: str
+    retry_in_seconds: int
+
+
 # ------------------------------------------------------------- streams of their own
 
 
@@ -383,7 +405,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
     NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
-    JobSubmitCancelled,
+    JobSubmitCancelled, ApiCallRetrying,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted,

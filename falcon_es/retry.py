@@ -1,10 +1,16 @@
 """Retry with backoff for every external API, configured in one place.
 
+``RetryPolicies`` holds one ``Backoff`` per external API (gke, compute, kubernetes,
+pubsub) plus ``wait``, the pace of the steps that wait on the world through the log
+(reservation capacity, a pool not visible yet, nodes not ready): those are not failed
+calls and are never given up. ``Settings.retry`` carries the policies, read from
+``FALCON_RETRY_<API>_<FIELD>`` by ``RetryPolicies.from_env``.
+
 Two ways to retry exist in Falcon-ES and both use the same ``Backoff`` policy:
 
-- handlers never block a tick: they record the attempt in an event and come back when
-  ``RetryPolicies.decide(api, attempt, now)`` says the next one is due (the attempt
-  count and the limit go into the task's Message, "attempt 3 of 10");
+- the effect executor and the handlers never block a tick: they record the attempt in
+  an event and come back when the next one is due (the attempt count and the limit go
+  into the task's Message, "attempt 3 of 12, next in 40s");
 - adapters and informers that must retry a call in place (reconnecting a watch, a 429
   on a read) use ``call_with_retry`` with an injected ``sleep``.
 
@@ -26,7 +32,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 GKE, COMPUTE, KUBERNETES, PUBSUB = "gke", "compute", "kubernetes", "pubsub"
-APIS = (GKE, COMPUTE, KUBERNETES, PUBSUB)
+#: Not an API: the pace of log-driven waits on the world (never given up).
+WAIT = "wait"
+APIS = (GKE, COMPUTE, KUBERNETES, PUBSUB, WAIT)
 
 
 class RetryConfigError(ValueError):
@@ -38,7 +46,8 @@ class Backoff:
     """Exponential backoff with proportional jitter.
 
     ``attempts`` counts every call, the first included: with ``attempts=5`` there are
-    at most four retries. Jitter spreads retries of many tasks that failed together
+    at most four retries; ``None`` never gives up (the delay stays at ``maximum``).
+    Jitter spreads retries of many tasks that failed together
     (a stockout hits every queue at once) so they do not return in lockstep.
     """
 
@@ -46,7 +55,7 @@ class Backoff:
     maximum: float = 60.0
     multiplier: float = 2.0
     jitter: float = 0.2
-    attempts: int = 5
+    attempts: int | None = 5
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,7 +67,7 @@ class Backoff:
             problems.append(f"multiplier={self.multiplier} must be at least 1")
         if not 0 <= self.jitter <= 1:
             problems.append(f"jitter={self.jitter} must be between 0 and 1")
-        if self.attempts < 1:
+        if self.attempts is not None and self.attempts < 1:
             problems.append(f"attempts={self.attempts} must be at least 1")
         if problems:
             raise RetryConfigError("backoff: " + "; ".join(problems))
@@ -88,7 +97,7 @@ class Backoff:
 
     def exhausted(self, attempt: int) -> bool:
         """True once ``attempt`` calls have been made and no more are allowed."""
-        return attempt >= self.attempts
+        return self.attempts is not None and attempt >= self.attempts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +107,7 @@ class RetryDecision:
 
     api: str
     attempt: int
-    attempts: int
+    attempts: int | None
     delay_seconds: float | None
     due_at: dt.datetime | None
 
@@ -110,7 +119,8 @@ class RetryDecision:
         """The words a Message carries while a task waits on retries."""
         if self.exhausted:
             return f"gave up after {self.attempt} of {self.attempts} attempts"
-        return (f"attempt {self.attempt} of {self.attempts} failed, "
+        limit = f" of {self.attempts}" if self.attempts is not None else ""
+        return (f"attempt {self.attempt}{limit} failed, "
                 f"next in {self.delay_seconds:.0f}s")
 
 
@@ -121,7 +131,10 @@ DEFAULT_BACKOFFS: Mapping[str, Backoff] = MappingProxyType({
     COMPUTE: Backoff(initial=5.0, maximum=120.0, multiplier=2.0, jitter=0.2, attempts=8),
     KUBERNETES: Backoff(initial=1.0, maximum=60.0, multiplier=2.0, jitter=0.2, attempts=10),
     PUBSUB: Backoff(initial=0.5, maximum=30.0, multiplier=2.0, jitter=0.2, attempts=10),
+    WAIT: Backoff(initial=15.0, maximum=300.0, multiplier=2.0, jitter=0.1, attempts=None),
 })
+#: Policies whose ``attempts`` cannot be set: what they pace is never given up.
+UNLIMITED = frozenset({WAIT})
 
 #: Environment variable suffix -> Backoff field.
 _ENV_FIELDS = MappingProxyType({
@@ -132,7 +145,8 @@ _ENV_FIELDS = MappingProxyType({
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicies:
-    """The backoff of each external API (gke, compute, kubernetes, pubsub)."""
+    """The backoff of each external API (gke, compute, kubernetes, pubsub) and of the
+    log-driven waits (``wait``)."""
 
     backoffs: Mapping[str, Backoff] = dataclasses.field(default_factory=lambda: DEFAULT_BACKOFFS)
 
@@ -162,22 +176,38 @@ class RetryPolicies:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetryPolicies:
         """Read ``FALCON_RETRY_<API>_<FIELD>`` overrides, e.g. ``FALCON_RETRY_GKE_MAX=600``
-        (fields: INITIAL, MAX, MULTIPLIER, JITTER in seconds or fractions; ATTEMPTS)."""
+        (fields: INITIAL, MAX, MULTIPLIER, JITTER in seconds or fractions; ATTEMPTS,
+        except for WAIT, which is never given up). A bad value raises one
+        ``RetryConfigError`` naming the variables at fault."""
         env = os.environ if environ is None else environ
-        backoffs = {}
-        for api, default in DEFAULT_BACKOFFS.items():
-            changes: dict[str, float | int] = {}
-            for suffix, field in _ENV_FIELDS.items():
-                name = f"FALCON_RETRY_{api.upper()}_{suffix}"
-                raw = env.get(name)
-                if raw is None or raw.strip() == "":
-                    continue
-                changes[field] = _number(name, raw, whole=field == "attempts")
-            try:
-                backoffs[api] = dataclasses.replace(default, **changes)
-            except RetryConfigError as error:
-                raise RetryConfigError(f"FALCON_RETRY_{api.upper()}_*: {error}") from None
-        return cls(backoffs)
+        return cls({api: _backoff_from_env(api, default, env)
+                    for api, default in DEFAULT_BACKOFFS.items()})
+
+
+def seeded_delay(backoff: Backoff, attempt: int, seed: str) -> float:
+    """The jittered delay after ``attempt`` failed calls, drawn from a generator seeded
+    by ``seed`` (a task, a step and the attempt), so every controller and every replay
+    of the log computes the same moment."""
+    return backoff.delay(attempt, random.Random(seed))
+
+
+def _backoff_from_env(api: str, default: Backoff, env: Mapping[str, str]) -> Backoff:
+    changes: dict[str, float | int] = {}
+    named: list[str] = []
+    for suffix, field in _ENV_FIELDS.items():
+        name = f"FALCON_RETRY_{api.upper()}_{suffix}"
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        if field == "attempts" and api in UNLIMITED:
+            raise RetryConfigError(f"{name}={raw!r}: {api} retries are never given up; "
+                                   "only INITIAL, MAX, MULTIPLIER and JITTER can be set")
+        changes[field] = _number(name, raw, whole=field == "attempts")
+        named.append(f"{name}={raw}")
+    try:
+        return dataclasses.replace(default, **changes)
+    except RetryConfigError as error:
+        raise RetryConfigError(f"{', '.join(named)}: {error}") from None
 
 
 def _number(name: str, raw: str, *, whole: bool) -> float | int:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from falcon_es.db import DEFAULT_URL
+from falcon_es.retry import RetryConfigError, RetryPolicies
 
 LANGUAGES = ("en", "zh")
 GKE_TRANSPORTS = ("grpc", "rest")
@@ -38,9 +39,9 @@ class Settings:
     create_visibility_grace_seconds: int = 300
     provisioning_timeout_seconds: int = 1800
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
-    #: First and longest wait between retries of a step recorded in the log.
-    retry_initial_seconds: int = 15
-    retry_max_seconds: int = 300
+    #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
+    #: waiting on the world through the log). ``FALCON_RETRY_<API>_<FIELD>``.
+    retry: RetryPolicies = dataclasses.field(default_factory=RetryPolicies)
     scale_down_reservation_seconds: int = 600
     scale_down_on_demand_seconds: int = 600
     scale_down_flex_start_seconds: int = 6 * 3600
@@ -91,7 +92,16 @@ class Settings:
                 env, "FALCON_SCALE_DOWN_RESERVATION", cls.scale_down_reservation_seconds),
             scale_down_flex_start_seconds=_int(
                 env, "FALCON_SCALE_DOWN_FLEX_START", cls.scale_down_flex_start_seconds),
+            retry=_retry_policies(env),
         )
+
+
+def _retry_policies(env: Mapping[str, str]) -> RetryPolicies:
+    """The retry policies, a bad value reported as every other bad setting is."""
+    try:
+        return RetryPolicies.from_env(env)
+    except RetryConfigError as error:
+        raise SettingsError(str(error)) from None
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -24,6 +24,17 @@ _NOTE_EVENTS = (
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
+#: The outcomes that end each retried step (``ApiCallRetrying.step``, the effect
+#: executor's intent kinds): once one is folded, a note saying the step is being
+#: retried is stale and the note it replaced comes back.
+STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
+    "pool-create": frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
+    "job-submit": frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
+    "job-delete": frozenset({"JobDeleted"}),
+    "pool-delete": frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
+    "reservation-check": frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
+                                    "NodePoolFailed"}),
+})
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
@@ -56,6 +67,8 @@ class TaskState:
     #: the arguments are only needed when a row is rendered.
     message_event: ev.Event | None = None
     note_event: ev.Event | None = None
+    #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
+    note_before_retry: ev.Event | None = None
     #: Provisioning bookkeeping the handlers need (which step is in flight).
     pool_intent: str | None = None  # create-requested | create-started | ready
     job_intent: str | None = None  # submit-requested | submitted | delete-requested
@@ -72,6 +85,9 @@ class TaskState:
     retry_kind: str | None = None  # the event type of the step being retried
     retry_attempt: int = 0
     retry_at: dt.datetime | None = None
+    #: Calls retried after transient API errors (``ApiCallRetrying``): per step, the
+    #: attempts made so far and when the next one is due.
+    api_retries: dict[str, tuple[int, dt.datetime]] = dataclasses.field(default_factory=dict)
     not_visible_since: dt.datetime | None = None  # first 404 of the current streak
     last_resource_version: int = 0  # of the last Job observation folded
     pods_active: int | None = None
@@ -135,12 +151,41 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
             fields["failure_reason"] = event.failure()
     if status in chart.TERMINAL_STATUSES and state.finished_at is None:
         fields["finished_at"] = recorded_at
-    if isinstance(event, _NOTE_EVENTS):
+    if state.api_retries:
+        _end_retried_steps(fields, state, type_name)
+    note = state.note_event
+    if type(note) is ev.ApiCallRetrying and type_name in STEP_OUTCOMES.get(note.step, ()):
+        fields["note_event"] = state.note_before_retry
+    if type_name == "ApiCallRetrying":
+        _show_retry(fields, state, event, status)
+    elif isinstance(event, _NOTE_EVENTS):
         fields["note_event"] = event
     elif not isinstance(event, _SILENT_EVENTS):
         fields["message_event"] = event
     fields.update(_fields_from(event, state, recorded_at))
     return _built(fields)
+
+
+def _end_retried_steps(fields: dict[str, Any], state: TaskState, type_name: str) -> None:
+    """A step's outcome ends its series of failed calls: the attempts counted are
+    those since the step last got an answer."""
+    ended = [step for step in state.api_retries if type_name in STEP_OUTCOMES.get(step, ())]
+    if ended:
+        fields["api_retries"] = {step: retried for step, retried in state.api_retries.items()
+                                 if step not in ended}
+
+
+def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
+                status: str) -> None:
+    """A retried call is the main message while the task is Pending (it is what the
+    task waits on); later (a Job or pool delete while Running, Aborting or after the
+    end) it is a note, so the Message keeps saying how the task went."""
+    if status == chart.PENDING:
+        fields["message_event"] = event
+        return
+    if type(state.note_event) is not ev.ApiCallRetrying:
+        fields["note_before_retry"] = state.note_event
+    fields["note_event"] = event
 
 
 _FIELDS = dataclasses.fields(TaskState)
@@ -244,6 +289,9 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                     "retry_attempt": event.attempt, "retry_at": at}
         case ev.NodePoolDeleteRequested():
             return {"pool_disposition": "delete-requested"}
+        case ev.ApiCallRetrying():
+            due = at + dt.timedelta(seconds=event.retry_in_seconds)
+            return {"api_retries": {**state.api_retries, event.step: (event.attempt, due)}}
         case ev.NodePoolDeleted():
             return {"pool_disposition": "deleted"}
     return {}

@@ -30,7 +30,10 @@ from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.effects import ACQUIRING as ACQUIRING_GROUP
-from falcon_es.effects import next_attempt, retry_due_at
+from falcon_es.effects import (
+    RESERVATION_CHECK, call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt,
+    retry_due_at,
+)
 from falcon_es.ports import NOT_FOUND, PortError
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
@@ -138,6 +141,9 @@ class _Provisioner:
             due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
             if due is not None and self.ctx.now < due:
                 return
+        due = call_retry_due_at(state, RESERVATION_CHECK)
+        if due is not None and self.ctx.now < due:
+            return
         supply_mode = supply_mode_for(state, cluster)
         shape = slice_shape(state.tpu_type, state.topology)
         pool = naming.pool_name(state.task_id, state.topology)
@@ -167,7 +173,7 @@ class _Provisioner:
             if error.code == NOT_FOUND:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, error.message))
             else:
-                log.warning("reservation %s on %s: %s", reservation, cluster.name, error)
+                self._check_failed(state, pool, f"reservation {reservation}: {error.message}")
             return False
         key = (cluster.id, reservation)
         granted = self.granted_hosts.get(key, 0)
@@ -179,6 +185,18 @@ class _Provisioner:
             return False
         self.granted_hosts[key] = granted + SLICES_PER_TASK * shape.hosts
         return True
+
+    def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
+        """Compute did not answer the capacity read: record the attempt (the Message
+        shows it) and read again after the compute backoff, or give up."""
+        retrying = call_failed(state, RESERVATION_CHECK, words, self.ctx.settings)
+        if retrying is None:
+            attempts = failed_calls(state, RESERVATION_CHECK) + 1
+            self.tick.emit(state.task_id, ev.NodePoolFailed(pool, gave_up(attempts, words)))
+            return
+        log.warning("task %s: %s; attempt %d, next in %ds", state.task_id, words,
+                    retrying.attempt, retrying.retry_in_seconds)
+        self.tick.emit(state.task_id, retrying)
 
     # ------------------------------------------------------------------ follow
     def follow(self, state: TaskState, cluster: Cluster) -> None:

@@ -21,7 +21,8 @@ from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.effects import (
-    ACQUIRING, DISPATCHING, POOL_WATCH, RUNNING, EffectExecutor, retry_due_at,
+    ACQUIRING, DISPATCHING, POOL_WATCH, RESERVATION_CHECK, RUNNING, EffectExecutor,
+    call_retry_due_at, retry_due_at,
 )
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
@@ -114,6 +115,10 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
                 due = retry_due_at(state, kind, settings)
                 if due is not None:
                     moments.append(due)
+        if state.api_retries and state.pool_intent is None:
+            due = call_retry_due_at(state, RESERVATION_CHECK)
+            if due is not None:
+                moments.append(due)
     return min(moments) if moments else None
 
 

@@ -40,6 +40,26 @@ def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
     return render
 
 
+#: The API call behind each retried step (``ApiCallRetrying.step``), named as the
+#: API's own reference does, so the same in every language.
+CALLS: Mapping[str, str] = MappingProxyType({
+    "pool-create": "GKE create_node_pool",
+    "pool-delete": "GKE delete_node_pool",
+    "job-submit": "Kubernetes create Job",
+    "job-delete": "Kubernetes delete Job",
+    "reservation-check": "Compute get reservation",
+})
+
+
+def _retrying(limited: str, unlimited: str) -> Callable[[Args], str]:
+    """A retried call: 'attempt 3 of 12' while it may be given up, 'attempt 3' for a
+    step retried until it succeeds (a delete)."""
+    def render(args: Args) -> str:
+        template = unlimited if args.get("attempts") is None else limited
+        return template.format(call=CALLS.get(args["step"], args["step"]), **args)
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": "invalid task spec: {field}: {detail}",
@@ -85,6 +105,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodePoolDeleteRequested": "deleting node pool {pool_name}",
     "NodePoolDeleted": "node pool {pool_name} deleted",
     "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+    "ApiCallRetrying": _retrying(
+        "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
+        "{call} failed ({error}), attempt {attempt}, next in {retry_in_seconds}s"),
     "position": "#{position}, {ahead} ahead{names}",
     "position-first": "#1, next in line",
     "more": "{count} more",
@@ -132,6 +155,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodePoolDeleteRequested": "正在删除节点池 {pool_name}",
     "NodePoolDeleted": "节点池 {pool_name} 已删除",
     "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+    "ApiCallRetrying": _retrying(
+        "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
+        "{call} 调用失败（{error}），第 {attempt} 次尝试，{retry_in_seconds} 秒后重试"),
     "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
     "position-first": "队列位置 #1，下一个",
     "more": "另外 {count} 个",

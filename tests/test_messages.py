@@ -141,6 +141,20 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
     ((*RUN, ev.TaskTimedOut(3600), ev.JobDeleteRequested("falcon-j1", "timeout"),
       ev.JobDeleted("falcon-j1")), "Failed", "Timeout",
      "timed out after 3600s; Job deleted", "运行超过 3600 秒超时，Job 已删除"),
+    # Transient API errors: the main message while Pending, a note afterwards.
+    ((*PROVISIONING, CREATE,
+      ev.ApiCallRetrying("gke", "pool-create", 3, 12, "429 Too Many Requests", 40)),
+     "Pending", "Provisioning",
+     "GKE create_node_pool failed (429 Too Many Requests), attempt 3 of 12, next in 40s",
+     "GKE create_node_pool 调用失败（429 Too Many Requests），第 3/12 次尝试，40 秒后重试"),
+    ((*DISPATCHING, SUBMIT, ev.ApiCallRetrying("kubernetes", "job-submit", 1, 10, "503", 2)),
+     "Pending", "Dispatching",
+     "Kubernetes create Job failed (503), attempt 1 of 10, next in 2s",
+     "Kubernetes create Job 调用失败（503），第 1/10 次尝试，2 秒后重试"),
+    ((*RUN, ev.AbortRequested(AT, "Running"), ev.JobDeleteRequested("falcon-j1", "abort"),
+      ev.ApiCallRetrying("kubernetes", "job-delete", 2, None, "503", 4)), "Aborting", None,
+     "abort requested while Running; Kubernetes delete Job failed (503), attempt 2, next in 4s",
+     "在 Running 阶段请求中止；Kubernetes delete Job 调用失败（503），第 2 次尝试，4 秒后重试"),
 )
 
 

@@ -75,10 +75,21 @@ def test_attempts_count_the_first_call() -> None:
     assert backoff.exhausted(3)
 
 
-def test_every_external_api_has_a_default_policy() -> None:
+def test_every_external_api_and_the_waits_have_a_default_policy() -> None:
     policies = RetryPolicies()
-    assert set(policies.backoffs) == {"gke", "compute", "kubernetes", "pubsub"}
+    assert set(policies.backoffs) == {"gke", "compute", "kubernetes", "pubsub", "wait"}
     assert policies.for_api("gke").maximum >= policies.for_api("kubernetes").maximum
+    wait = policies.for_api("wait")
+    assert wait.attempts is None and not wait.exhausted(10**9)
+    assert wait.base_delay(10**9) == wait.maximum
+
+
+def test_a_backoff_without_attempts_is_never_exhausted_and_says_so() -> None:
+    policies = RetryPolicies({**retry.DEFAULT_BACKOFFS,
+                              "gke": Backoff(initial=10, maximum=300, jitter=0, attempts=None)})
+    decision = policies.decide("gke", 40, NOW, random.Random(0))
+    assert not decision.exhausted and decision.delay_seconds == 300
+    assert decision.describe() == "attempt 40 failed, next in 300s"
 
 
 def test_an_unknown_api_is_named_in_the_error() -> None:
@@ -106,7 +117,12 @@ def test_environment_overrides_one_api_and_leaves_the_others() -> None:
         ({"FALCON_RETRY_KUBERNETES_JITTER": "lots"},
          "FALCON_RETRY_KUBERNETES_JITTER='lots': expected a number"),
         ({"FALCON_RETRY_COMPUTE_MAX": "1", "FALCON_RETRY_COMPUTE_INITIAL": "5"},
-         r"FALCON_RETRY_COMPUTE_\*: backoff: max=1.0 must be at least initial=5.0"),
+         "FALCON_RETRY_COMPUTE_INITIAL=5, FALCON_RETRY_COMPUTE_MAX=1: backoff: max=1.0 must "
+         "be at least initial=5.0"),
+        ({"FALCON_RETRY_WAIT_INITIAL": "0"},
+         "FALCON_RETRY_WAIT_INITIAL=0: backoff: initial=0.0 must be positive"),
+        ({"FALCON_RETRY_WAIT_ATTEMPTS": "3"},
+         "FALCON_RETRY_WAIT_ATTEMPTS='3': wait retries are never given up"),
     ],
 )
 def test_bad_environment_values_name_the_variable(environ: dict, words: str) -> None:

@@ -64,6 +64,12 @@ class FaultRule:
         roll = rng.random()
         return index < self.first_n or roll < self.probability
 
+    @property
+    def inert(self) -> bool:
+        """Never hits: a fault added later may skip its draw, so worlds written before
+        it keep their random stream."""
+        return self.first_n == 0 and self.probability == 0
+
 
 @dataclasses.dataclass(frozen=True)
 class StockoutConfig:
@@ -118,6 +124,10 @@ class ClusterBehaviour:
     stockout: StockoutConfig = StockoutConfig()
     quota: QuotaConfig = QuotaConfig()
     delete_failures: FaultRule = FaultRule()
+    #: Pool creates GKE refuses with its 429 words (nothing is created; try again later).
+    create_throttled: FaultRule = FaultRule()
+    #: Job submits the Kubernetes API refuses with 429 Too Many Requests.
+    submit_throttled: FaultRule = FaultRule()
     #: GKE leaves a pool whose create failed in status ERROR until someone deletes it.
     failed_pool_remains: bool = True
     #: None: unlimited; else a create/delete beyond it gets GKE's 429 words.
@@ -237,6 +247,7 @@ _BEHAVIOUR_KEYS = frozenset({
     "create_latency_seconds", "delete_latency_seconds", "visibility_delay_seconds",
     "node_register_seconds", "node_ready_lag_seconds", "stockout", "quota",
     "delete_failures", "failed_pool_remains", "max_concurrent_operations", "system_nodes",
+    "create_throttled", "submit_throttled",
 })
 _CLUSTER_KEYS = frozenset({
     "name", "project", "location", "tpu_types", "tpu_type", "gcs_bucket",
@@ -336,15 +347,9 @@ class _Parser:
             changes["stockout"] = self.stockout(data["stockout"], f"{where}.stockout", base.stockout)
         if "quota" in data:
             changes["quota"] = self.quota(data["quota"], f"{where}.quota", base.quota)
-        if "delete_failures" in data:
-            rule = self.obj(data["delete_failures"], f"{where}.delete_failures",
-                            {"probability", "first_n"})
-            changes["delete_failures"] = FaultRule(
-                self.probability(rule.get("probability", base.delete_failures.probability),
-                                 f"{where}.delete_failures.probability"),
-                self.integer(rule.get("first_n", base.delete_failures.first_n),
-                             f"{where}.delete_failures.first_n"),
-            )
+        for key in ("delete_failures", "create_throttled", "submit_throttled"):
+            if key in data:
+                changes[key] = self.fault_rule(data[key], f"{where}.{key}", getattr(base, key))
         if "failed_pool_remains" in data:
             changes["failed_pool_remains"] = self.boolean(data["failed_pool_remains"],
                                                           f"{where}.failed_pool_remains")
@@ -356,6 +361,13 @@ class _Parser:
         if "system_nodes" in data:
             changes["system_nodes"] = self.integer(data["system_nodes"], f"{where}.system_nodes")
         return dataclasses.replace(base, **changes)
+
+    def fault_rule(self, data: Any, where: str, base: FaultRule) -> FaultRule:
+        rule = self.obj(data, where, {"probability", "first_n"})
+        return FaultRule(
+            self.probability(rule.get("probability", base.probability), f"{where}.probability"),
+            self.integer(rule.get("first_n", base.first_n), f"{where}.first_n"),
+        )
 
     def stockout(self, data: Any, where: str, base: StockoutConfig) -> StockoutConfig:
         data = self.obj(data, where, {"supply_modes", "probability", "first_n", "duration_seconds"})

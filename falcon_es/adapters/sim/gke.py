@@ -160,6 +160,7 @@ class NodePoolService:
         self._quota_index = 0
         self._stockout_index = 0
         self._delete_index = 0
+        self._create_index = 0
 
     # ----------------------------------------------------------------- API
 
@@ -171,6 +172,7 @@ class NodePoolService:
                 raise PortError(RETRYABLE, self._busy_words(existing.delete_operation or "",
                                                             "deleting", existing.name))
             raise PortError(ALREADY_EXISTS, f"Already exists: {self.identity.pool_path(spec.name)}.")
+        self._check_throttled()
         self._check_concurrency()
         rng, behaviour, mode = self._rng, self.behaviour, spec.supply_mode
         latency = behaviour.create_latency[mode].draw(rng)
@@ -314,6 +316,19 @@ class NodePoolService:
                 raise PortError(INVALID, f"Reservation {self.identity.reservation_path(name)} "
                                          f"was not found (reservation {name} not found in project "
                                          f"{self.identity.project} zone {self.identity.location}).")
+
+    def _check_throttled(self) -> None:
+        """GKE's per-cluster rate limit on node-pool operations (``create_throttled``)."""
+        rule = self.behaviour.create_throttled
+        if rule.inert:
+            return
+        hit = rule.hits(self._create_index, self._rng)
+        self._create_index += 1
+        if hit:
+            raise PortError(RETRYABLE, "429 Too Many Requests: Quota exceeded for quota metric "
+                                       "'Node pool operations' of service "
+                                       "'container.googleapis.com' for consumer 'project_number:"
+                                       f"{self.identity.project}'; please try again later.")
 
     def _check_concurrency(self) -> None:
         limit = self.behaviour.max_concurrent_operations

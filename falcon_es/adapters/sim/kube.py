@@ -30,7 +30,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, JobObservation, JobRef, NodeCounts, PodObservation, PortError,
+    ALREADY_EXISTS, INVALID, RETRYABLE, JobObservation, JobRef, NodeCounts, PodObservation,
+    PortError,
 )
 from falcon_es.registry import Cluster
 from falcon_es.spec import SIM_OUTCOMES, SimBehaviour
@@ -135,6 +136,7 @@ class KubeService:
         self._unbound: dict[str | None, dict[str, None]] = {}
         self._dirty: dict[str, SimJob] = {}
         self.resource_version = 0
+        self._submit_index = 0
         self._system_nodes = [
             SimNode(f"gke-{identity.name[:12]}-default-pool-{suffix(rng, 8)}-{suffix(rng, 4)}",
                     ready=True, shared=True)
@@ -144,6 +146,7 @@ class KubeService:
     # ----------------------------------------------------------------- API
 
     def submit(self, manifest: Mapping[str, Any], now: dt.datetime) -> JobRef:
+        self._check_throttled()
         job = self._parse(manifest, now)
         if job.name in self.jobs:
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
@@ -153,6 +156,18 @@ class KubeService:
         self._dirty[job.name] = job
         self._schedule_job(job, now)
         return JobRef(job.name, job.uid, job.task_label or None)
+
+    def _check_throttled(self) -> None:
+        """The API server's priority and fairness refusing a request
+        (``submit_throttled``)."""
+        rule = self.identity.behaviour.submit_throttled
+        if rule.inert:
+            return
+        hit = rule.hits(self._submit_index, self._rng)
+        self._submit_index += 1
+        if hit:
+            raise PortError(RETRYABLE, "429 Too Many Requests: the server has received too "
+                                       "many requests and has asked us to try again later")
 
     def get_job(self, name: str) -> JobRef | None:
         job = self.jobs.get(name)
