@@ -403,6 +403,8 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
         "container.nodePools.delete", "container.nodePools.update",
         "container.operations.get", "container.operations.list", "container.clusters.get",
         "compute.reservations.get", "compute.reservations.list",
+        "compute.resourcePolicies.get", "compute.resourcePolicies.create",
+        "compute.regionOperations.get",
         "container.jobs.create", "container.jobs.get", "container.jobs.list",
         "container.jobs.watch", "container.jobs.delete",
         "container.pods.get", "container.pods.list", "container.pods.watch",

@@ -58,6 +58,11 @@ EDGE_PERMISSIONS=(
   # remaining reservation capacity (count - inUseCount)
   compute.reservations.get
   compute.reservations.list
+  # Ironwood (v7x) multi-host slices: read or create their workload placement policy
+  # and follow the regional operation that creates it
+  compute.resourcePolicies.get
+  compute.resourcePolicies.create
+  compute.regionOperations.get
   # Kubernetes API of the edge cluster: submit / watch / delete Jobs, read Pods,
   # Nodes and Events for status and root-cause diagnostics
   container.jobs.create
