@@ -377,6 +377,7 @@ def test_a_watch_outlives_its_token() -> None:
 # -------------------------------------------------------------- versions (the cache)
 
 COMPLETE = [{"type": "Complete", "status": "True"}]
+FAILED = [{"type": "Failed", "status": "True"}]
 
 
 def _job(rv: int, **status: Any) -> dict[str, Any]:
@@ -391,7 +392,7 @@ def _pod(rv: int, phase: str) -> dict[str, Any]:
             "status": {"phase": phase}}
 
 
-def test_a_view_changed_by_a_late_pod_event_gets_a_newer_version() -> None:
+def test_a_job_update_ahead_of_its_pods_is_held_until_they_arrive_with_a_newer_version() -> None:
     clock = VirtualClock(utcnow())
     views = JobViews("edge-a", clock)
     views.replace(PODS, [_pod(101, "Pending")], 101)
@@ -400,16 +401,16 @@ def test_a_view_changed_by_a_late_pod_event_gets_a_newer_version() -> None:
     assert first is not None and first.pods[0].phase == "Pending"
     views.published("job-1", first.resource_version)
 
-    # The job controller's update (rv 111) arrives before the pod event that caused it.
+    # The job controller's update (rv 111) arrives before the pod event that caused it:
+    # "succeeded: 1" with a pod still Pending would be a torn view, so it is held.
     views.apply(JOBS, "MODIFIED", _job(111, succeeded=1, conditions=COMPLETE))
-    stale = views.observe("job-1")
-    views.apply(PODS, "MODIFIED", _pod(110, "Succeeded"))
+    assert views.observe("job-1") is None
+    assert views.apply(PODS, "MODIFIED", _pod(110, "Succeeded")) == ["job-1"]
     fresh = views.observe("job-1")
-    views.apply(PODS, "MODIFIED", _pod(110, "Succeeded"))  # replayed: nothing new
+    assert views.apply(PODS, "MODIFIED", _pod(110, "Succeeded")) == []  # replayed: nothing new
 
-    assert stale is not None and fresh is not None
-    assert stale.pods[0].phase == "Pending" and fresh.pods[0].phase == "Succeeded"
-    assert first.resource_version < stale.resource_version < fresh.resource_version
+    assert fresh is not None and fresh.pods[0].phase == "Succeeded" and fresh.succeeded == 1
+    assert first.resource_version < fresh.resource_version
     views.published("job-1", fresh.resource_version)
     assert views.observe("job-1") is None
     assert views.observe("job-1", republish=True) == dataclasses.replace(
@@ -421,6 +422,22 @@ def test_a_view_changed_by_a_late_pod_event_gets_a_newer_version() -> None:
     restarted.replace(PODS, [_pod(110, "Succeeded")], 112)
     again = restarted.observe("job-1")
     assert again is not None and again.resource_version > fresh.resource_version
+
+
+def test_a_held_job_is_published_once_the_pods_watch_passes_it_without_its_pod() -> None:
+    """Its pod was deleted before the pods watch saw it finish: once the watch has
+    delivered everything up to the Job's resourceVersion (here a bookmark), the Job's
+    own counts are all there is, and it is published."""
+    views = JobViews("edge-a", VirtualClock(utcnow()))
+    views.replace(PODS, [_pod(101, "Running")], 101)
+    views.replace(JOBS, [_job(100)], 102)
+    views.apply(JOBS, "MODIFIED", _job(120, failed=1, conditions=FAILED))
+    assert views.observe("job-1") is None
+    assert views.advance(PODS, 119) == []
+    assert views.advance(PODS, 125) == ["job-1"]
+    published = views.observe("job-1")
+    assert published is not None and published.failed == 1
+    assert published.pods[0].phase == "Running"
 
 
 # --------------------------------------------------------------- the CLI entry point

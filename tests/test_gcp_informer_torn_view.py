@@ -12,30 +12,24 @@ root cause never reaches the job table (DESIGN §10), while the sim backend, who
 informer publishes one consistent view per change, always shows it.
 
 This test makes the race deterministic: the pods watch is kept away (a 503 on its
-reconnect; the change happens during its backoff) while the Job's update flows. It is
-marked xfail(strict=True) until the informer holds back a Job whose status counts more
-finished pods than its pod view shows, for as long as the pods watch has not reached
-the Job's resourceVersion (``JobViews.observe``); when that is fixed it passes, strict
-xfail fails, and the marker and the tolerance in the e2e OOM scenario go.
+reconnect; the change happens during its backoff) while the Job's update flows. The
+informer holds back a Job whose status counts more finished pods than its pod view
+shows, for as long as the pods watch has not reached the Job's resourceVersion
+(``JobViews.observe``); the status handler's grace for a Failed Job without its pod is
+the second line of defence.
 """
 
 from __future__ import annotations
 
-import pytest
 from test_gcp_informer import close_world, make_world, submit
 
 from falcon_es.ports import JobObservation
-
-TORN_VIEW = ("informer publishes a Job's Failed status before its failed pod "
-             "(adapters/gcp/informer.py JobViews.observe; owner: the informer)")
-
 
 def _torn(observation: JobObservation) -> bool:
     says_failed = observation.failed > 0 or observation.condition == "Failed"
     return says_failed and not any(p.phase == "Failed" for p in observation.pods)
 
 
-@pytest.mark.xfail(strict=True, reason=TORN_VIEW)
 def test_a_job_is_never_published_failed_before_its_failed_pod() -> None:
     world = make_world()
     try:

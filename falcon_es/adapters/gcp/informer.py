@@ -163,6 +163,9 @@ class JobViews:
         self._pods: dict[str, dict[str, Any]] = {}
         self._pods_of: dict[str, set[str]] = {}
         self._positions = {JOBS: 0, PODS: 0}
+        #: Jobs held back because their status counts finished pods the pod view has not
+        #: seen yet, with the Job's resourceVersion the pods watch has to reach.
+        self._held: dict[str, int] = {}
 
     @property
     def lock(self) -> threading.RLock:
@@ -175,16 +178,15 @@ class JobViews:
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> list[str]:
         """Fold one watch event; the uids of the Jobs whose view it touched."""
         with self._lock:
-            self.advance(kind, _rv(obj))
+            released = self.advance(kind, _rv(obj))
             if kind == JOBS:
-                return self._apply_job(event_type, dict(obj))
-            return self._apply_pod(event_type, dict(obj))
+                return [*self._apply_job(event_type, dict(obj)), *released]
+            return [*self._apply_pod(event_type, dict(obj)), *released]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int) -> list[str]:
         """Fold a full list: objects not in it were deleted (at or before ``list_rv``)."""
         with self._lock:
-            self.advance(kind, list_rv)
-            touched: list[str] = []
+            touched = self.advance(kind, list_rv)
             listed = {_uid(item): dict(item) for item in items}
             known = set(self._views) if kind == JOBS else set(self._pods)
             for uid in sorted(known - set(listed)):
@@ -198,11 +200,19 @@ class JobViews:
                 touched += self.apply(kind, "MODIFIED", item)
             return list(dict.fromkeys(touched))
 
-    def advance(self, kind: str, resource_version: int) -> None:
+    def advance(self, kind: str, resource_version: int) -> list[str]:
         """The watch of ``kind`` has delivered everything up to ``resource_version``
-        (an event, a list, a bookmark)."""
+        (an event, a list, a bookmark). Returns the held Jobs the pods watch has now
+        caught up with (to be observed again)."""
         with self._lock:
             self._positions[kind] = max(self._positions[kind], resource_version)
+            if kind != PODS or not self._held:
+                return []
+            caught_up = [uid for uid, job_rv in self._held.items()
+                         if job_rv <= self._positions[PODS]]
+            for uid in caught_up:
+                del self._held[uid]
+            return caught_up
 
     def observe(self, job_uid: str, *, republish: bool = False) -> JobObservation | None:
         """The Job's observation if its view changed since it was last published (or
@@ -218,6 +228,14 @@ class JobViews:
                             TASK_ID_ANNOTATION)
                 return None
             pods = [self._pods[uid] for uid in self._pods_of.get(job_uid, ())]
+            if self._pods_behind(view.job, pods):
+                # The two watches are not ordered: the Job's "failed: 1" can arrive
+                # before the pod update that says why. Publishing it now would end the
+                # task without its root cause; wait until the pods watch has reached
+                # the Job's resourceVersion (an event, a bookmark or a relist).
+                self._held[job_uid] = _rv(view.job)
+                return None
+            self._held.pop(job_uid, None)
             content = _content(view.job, pods)
             if content == view.published and not republish:
                 return None
@@ -240,6 +258,18 @@ class JobViews:
             return view.max_rv if view else 0
 
     # -- internals --------------------------------------------------------------
+
+    def _pods_behind(self, job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+        """The Job's status counts more finished pods than the pod view shows, and the
+        pods watch has not yet delivered everything up to the Job's resourceVersion
+        (one revision counter orders both resources, so by then it would have)."""
+        status = job.get("status") or {}
+        counted = int(status.get("succeeded") or 0) + int(status.get("failed") or 0)
+        if counted == 0:
+            return False
+        seen = sum(1 for pod in pods
+                   if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+        return counted > seen and self._positions[PODS] < _rv(job)
 
     def _apply_job(self, event_type: str, job: dict[str, Any]) -> list[str]:
         uid, rv = _uid(job), _rv(job)
@@ -477,7 +507,7 @@ class EdgeInformer:
                 raw = event["raw_object"]
                 version = (raw.get("metadata") or {}).get("resourceVersion")
                 if event["type"] == "BOOKMARK":
-                    self.views.advance(kind, _rv(raw))
+                    self._publish(self.views.advance(kind, _rv(raw)))
                 else:
                     self._publish(self.views.apply(kind, event["type"], raw))
                 if version:
