@@ -95,5 +95,7 @@ def build_controller(app: App, *, ports: object = None, handlers: tuple | None =
 
     load_task_states(app)
     after_commit = (effects.after_commit, ack_folded) if effects else ()
+    reloaded = (app.queue_view.resync,) if app.queue_view else ()
     return Controller(app.store, app.tasks, handlers or HANDLERS, make_context,
-                      after_commit=after_commit, controller_id=app.settings.controller_id)
+                      after_commit=after_commit, reloaded=reloaded,
+                      controller_id=app.settings.controller_id)

@@ -105,6 +105,7 @@ class Controller:
         *,
         after_commit: Sequence[AfterCommit] = (),
         before_commit: Sequence[Handler] = (),
+        reloaded: Sequence[Callable[[Sequence[TaskState]], None]] = (),
         controller_id: str = "falcon-controller",
     ) -> None:
         self.store = store
@@ -112,6 +113,9 @@ class Controller:
         self.handlers = tuple(handlers)
         self.before_commit = tuple(before_commit)
         self.after_commit = tuple(after_commit)
+        #: Views kept from task states (the queue book) told which states a reload
+        #: replaced, so they follow the other writer's moves too.
+        self.reloaded = tuple(reloaded)
         self.make_context = make_context
         self.controller_id = controller_id
 
@@ -141,3 +145,6 @@ class Controller:
             if records:
                 self.tasks.fold(records)
         self.tasks.committed()
+        states = [s for stream_id in stream_ids if (s := self.tasks.get(stream_id)) is not None]
+        for follow in self.reloaded:
+            follow(states)

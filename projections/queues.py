@@ -26,7 +26,7 @@ from falcon_es.registry import Cluster
 from falcon_es.scheduling import WAITING, Entry, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
-from falcon_es.task import Change, TaskStates
+from falcon_es.task import Change, TaskState, TaskStates
 from projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
 
 #: Events that take a retained pool out of the idle set.
@@ -166,6 +166,20 @@ class QueueView:
                     book.pool_retained(event.pool_name, (state.cluster_id, state.topology))
             elif isinstance(event, _POOL_GONE):
                 book.pool_gone(event.pool_name)
+
+    def resync(self, states: Iterable[TaskState]) -> None:
+        """Put tasks whose states were folded again from the log (another writer won a
+        race) where those states say; their queues' positions are rewritten with the
+        next append. Who a queue served last is not replayed from their history."""
+        book = self.book
+        for state in states:
+            self._written.pop(state.task_id, None)
+            before = book.place(state.task_id)
+            book.sync(state)
+            for place in (before, book.place(state.task_id)):
+                if place is not None and place[0] == WAITING:
+                    book.changed.add(place[1])
+        book.commit()
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch

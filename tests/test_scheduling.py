@@ -12,7 +12,7 @@ from freezegun import freeze_time
 
 from falcon_es import events as ev
 from falcon_es import job_rows, registry
-from falcon_es.bootstrap import App, build_controller, open_app
+from falcon_es.bootstrap import App, build_controller, load_task_states, open_app
 from falcon_es.clock import WallClock
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller
@@ -367,3 +367,36 @@ def test_a_tick_that_fails_leaves_no_trace_in_the_book(app: App) -> None:
     assert types(app, task) == ["TaskAccepted", "ClusterChosen", "TaskPicked"]
     assert last(app, task, "ClusterChosen").candidates[0]["queued"] == 0
     assert last(app, task, "TaskPicked").last_actor is None, "the failed pick was rolled back"
+
+
+def test_a_tick_that_lost_a_race_leaves_the_book_where_the_winner_put_the_tasks(
+        app: App, db_url: str, clock) -> None:
+    """Another writer moved a slot holder to Running; this controller's next tick was
+    decided on the old version, the log refused it, and the reload must move the task
+    in the queue book too, or the slot it freed would stay taken."""
+    add_cluster(app, "tpu-a")
+    ctl = controller(app)
+    first, second = submit(app, "u", "t1"), submit(app, "u", "t2")
+    ctl.tick()
+    assert status(app, first) == ("Pending", "Provisioning")
+    assert status(app, second) == ("Pending", "Waiting")
+
+    other = open_app(Settings(db_url=db_url), clock)
+    try:
+        load_task_states(other)
+        run(other, first)  # the winner: the pod runs, the slot is free
+    finally:
+        other.close()
+    stale: list[str] = []
+
+    def decide_on_the_old_version(tick, ctx) -> None:  # type: ignore[no-untyped-def]
+        if not stale:
+            stale.append(first)
+            tick.emit(first, ev.ReservationInsufficient("res-a", 0, 1, 1))
+
+    ctl.handlers = (*SCHEDULING, decide_on_the_old_version)
+    assert ctl.tick().conflicts == 1
+    assert app.tasks.get(first).status == "Running"
+    ctl.tick()
+    assert status(app, second) == ("Pending", "Provisioning")
+    assert types(app, second)[-1] == "TaskPicked"
