@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import freezegun
 import pytest
 import sqlalchemy as sa
 
@@ -20,6 +21,11 @@ from falcon_es.bootstrap import App, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.tables import metadata
+
+# pydantic builds a model's schema on first use; under a frozen clock it would meet
+# freezegun's FakeDatetime (the kubernetes client's models are pydantic's), so whether
+# a test passed would depend on which test used a model first.
+freezegun.configure(extend_ignore_list=["pydantic", "pydantic_core", "kubernetes"])
 
 MYSQL_SERVER = os.environ.get("FALCON_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306")
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
