@@ -19,7 +19,7 @@ is settled: wall time and process CPU time (the upper layer's own inserts and ab
 excluded), tasks per second, database round trips per task (SQLAlchemy event
 listeners on the engine: ``before_cursor_execute`` once per statement sent, so an
 executemany counts once; ``commit`` and ``rollback`` once per transaction end; and,
-where the pool pings on checkout as it does on MySQL, one ping per checkout; the upper
+each ping the MySQL pool sends before handing out a connection that sat idle; the upper
 layer's statements are not counted), peak memory (the process's peak resident set,
 ``ru_maxrss``, and its growth during the run), ticks, and the final Status/Reason of
 every task, which must all be terminal.
@@ -143,10 +143,10 @@ class StatementCounter:
         self.executemany = 0
         self.commits = 0
         self.rollbacks = 0
-        #: Connections taken from the pool; with ``pool_pre_ping`` (MySQL) each one is
-        #: a ping, a round trip of its own.
+        #: Connections taken from the pool, and those the pool pinged first (MySQL,
+        #: idle connections: ``db.PINGED``), a round trip of its own each.
         self.checkouts = 0
-        self.pings = bool(getattr(engine.pool, "_pre_ping", False))
+        self.pings = 0
         self.counting = True
 
     def __enter__(self) -> StatementCounter:
@@ -166,7 +166,7 @@ class StatementCounter:
     def round_trips(self) -> int:
         """Statements, transaction ends, and pings (where the pool pings)."""
         return (self.statements + self.commits + self.rollbacks
-                + (self.checkouts if self.pings else 0))
+                + self.pings)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -190,9 +190,10 @@ class StatementCounter:
         if self.counting:
             self.rollbacks += 1
 
-    def _checkout(self, *_args: Any) -> None:
+    def _checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         if self.counting:
             self.checkouts += 1
+            self.pings += bool(record.info.get(db.PINGED))
 
 
 @contextmanager
@@ -366,7 +367,7 @@ def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution
             "commits_per_task": round(counter.commits / count, 2),
             "rollbacks": counter.rollbacks,
             "pool_checkouts": counter.checkouts,
-            "pings_per_checkout": counter.pings,
+            "pool_pings": counter.pings,
             "round_trips": counter.round_trips,
             "round_trips_per_task": round(counter.round_trips / count, 2),
             "peak_rss_mib": round(rss_after / 1024, 1),
@@ -429,8 +430,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"{report['statements_per_task']} statements + "
         f"{report['commits_per_task']} commits + "
         f"{round(report['rollbacks'] / report['tasks'], 2)} rollbacks"
-        + (f" + {round(report['pool_checkouts'] / report['tasks'], 2)} pool pings"
-           if report["pings_per_checkout"] else "") + " per task",
+        + (f" + {round(report['pool_pings'] / report['tasks'], 2)} pool pings"
+           if report["pool_pings"] else "") + " per task",
         f"memory: peak RSS {report['peak_rss_mib']} MiB (grew {report['rss_growth_mib']} MiB "
         f"during the run; ru_maxrss)",
         "final: " + ", ".join(f"{k} {v}" for k, v in report["final"].items()),
