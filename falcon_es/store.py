@@ -202,18 +202,8 @@ class EventStore:
     def read_batches(
         self, position: int, *, batch_size: int = 2000, until: int | None = None
     ) -> Iterator[list[RecordedEvent]]:
-        while True:
-            query = sa.select(*_LOG_COLUMNS).where(task_events.c.seq > position)
-            if until is not None:
-                query = query.where(task_events.c.seq <= until)
-            query = query.order_by(task_events.c.seq).limit(batch_size)
-            with self.reader.connect() as conn:
-                rows = conn.execute(query).all()
-            batch = [to_recorded(row) for row in rows]
-            if not batch:
-                return
-            yield batch
-            position = batch[-1].seq
+        for rows in self._pages(_LOG_COLUMNS, position, batch_size, until):
+            yield [to_recorded(row) for row in rows]
 
     def read_for_fold(
         self, types: Collection[str], *, batch_size: int = 5000, until: int | None = None
@@ -224,7 +214,13 @@ class EventStore:
         text with ``json.loads`` and, on SQLite, the timestamp text with
         ``datetime.fromisoformat``, instead of SQLAlchemy's per-value processors."""
         columns = _fold_columns(self.reader.dialect.name)
-        position = 0
+        for rows in self._pages(columns, 0, batch_size, until):
+            yield _fold_records(rows, types)
+
+    def _pages(self, columns: Sequence[Any], position: int, batch_size: int,
+               until: int | None) -> Iterator[Sequence[Any]]:
+        """Rows of ``columns`` (seq first) after ``position``, a batch per read, each read
+        on its own connection so no transaction stays open between batches."""
         while True:
             query = sa.select(*columns).where(task_events.c.seq > position)
             if until is not None:
@@ -234,7 +230,7 @@ class EventStore:
                 rows = conn.execute(query).all()
             if not rows:
                 return
-            yield _fold_records(rows, types)
+            yield rows
             position = rows[-1][0]
 
     def seq_at(self, moment: dt.datetime) -> int:
