@@ -633,10 +633,21 @@ class EffectExecutor:
             self._failures.pop(stale, None)
         for stale in [i for i in self._deleting if i not in live]:
             del self._deleting[stale]
+        for intent in intents:
+            if intent not in self._not_before:
+                self._resume_recorded_retry(intent)
         return sorted(
             i for i in intents
             if i not in self._queued_intents and self._not_before.get(i, now) <= now
         )
+
+    def _resume_recorded_retry(self, intent: Intent) -> None:
+        """A call the log says failed and is due again later (``ApiCallRetrying``) waits
+        for that moment, also in a controller that has just started."""
+        state = self.tasks.get(intent.stream_id) if intent.kind != ORPHAN_DELETE else None
+        due = call_retry_due_at(state, intent.kind) if state is not None else None
+        if due is not None:
+            self._not_before[intent] = due
 
     def _queue(self, intent: Intent, event: ev.Event, now: dt.datetime) -> None:
         self._queued.append(Outcome(intent, event))

@@ -108,9 +108,13 @@ def test_a_restart_goes_on_counting_the_attempts_from_the_log(make: Make) -> Non
              {"FALCON_RETRY_GKE_ATTEMPTS": "3"})
     h.submit("t1")
     h.run(lambda: len(retries(h, "t1")) == 1)
-    h.restart()  # the in-memory backoff is lost; the attempt count is not
+    (first,) = retries(h, "t1")
+    (failed_at,) = recorded(h, "t1", "ApiCallRetrying")
+    h.restart()  # the attempt count and the moment of the next call come from the log
     h.run()
     assert [e.attempt for e in retries(h, "t1")] == [1, 2]
+    second_at = recorded(h, "t1", "ApiCallRetrying")[1]
+    assert second_at >= failed_at + dt.timedelta(seconds=first.retry_in_seconds)
     assert h.history["t1"][-1] == ("Failed", "NodePoolFailed")
     assert "gave up after 3 attempts" in h.row("t1")["message"]
 
