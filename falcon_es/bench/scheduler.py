@@ -143,8 +143,9 @@ def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> Si
         timed = tuple(_timed(h, decide_ms) if h.__name__ == "fill_free_slots" else h
                       for h in handlers)
         controller = build_controller(app, handlers=timed)
-        while controller.tick().appended:
-            pass
+        appended = controller.tick().appended
+        while appended:  # accept and place every row before measuring
+            appended = controller.tick().appended
         setup = time.perf_counter() - started
         pick_us, decide_us, measured = _measure_picks(app)
         tick_seconds, tick_picks, refresh_ms, refresh_rows = _measure_tick(app, controller, decide_ms)

@@ -189,7 +189,7 @@ class PubSubBus:
         try:
             self._publisher.create_topic(request={"name": path})
         except gexc.AlreadyExists:
-            pass
+            return path  # made earlier: by setup.sh, another replica or a previous run
         except Exception as error:
             raise _call_error(f"creating topic {path}", error) from error
         return path
@@ -212,11 +212,14 @@ class PubSubBus:
                    "enable_message_ordering": message_ordering}
         try:
             self._subscriber.create_subscription(request=request)
-            return path
         except gexc.AlreadyExists:
-            pass
+            return self._check_existing(path, topic_path, message_ordering)
         except Exception as error:
             raise _call_error(f"creating subscription {path} on {topic_path}", error) from error
+        return path
+
+    def _check_existing(self, path: str, topic_path: str, message_ordering: bool) -> str:
+        """An existing subscription is used only if it delivers what a new one would."""
         try:
             existing = self._subscriber.get_subscription(request={"subscription": path})
         except Exception as error:
