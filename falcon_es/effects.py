@@ -295,6 +295,9 @@ class LifecycleIndex:
         #: at every task.
         self.wake_of: Callable[[TaskState], dt.datetime | None] | None = None
         self._wake_at: dict[str, dt.datetime] = {}
+        #: When each task's running create operation is to be asked again (``polled``),
+        #: kept with the operation it is about.
+        self._next_poll: dict[str, tuple[str, dt.datetime]] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
         #: Retained pools and the task each is promised to (holder -> taker, and taker
         #: -> holders), and the holders whose taker could take the pool as of the last
@@ -308,7 +311,7 @@ class LifecycleIndex:
         for group in self._groups.values():
             group.clear()
         for index in (self._takers, self._taker_order, self._ranks, self._retained,
-                      self._member, self._intents,
+                      self._member, self._intents, self._next_poll,
                       self._holders, self._created_at, self._by_label, self._wake_at,
                       self._promised_to, self._promised_by):
             index.clear()
@@ -366,7 +369,7 @@ class LifecycleIndex:
             if label != task_id:
                 self._by_label[label] = task_id
         if self.wake_of is not None:
-            self._set_wake(task_id, self.wake_of(state))
+            self._set_wake(task_id, self._wake_moment(state))
 
     def _track_promise(self, state: TaskState, holds_retained: bool) -> None:
         self._drop_promise(state.task_id)
@@ -495,6 +498,33 @@ class LifecycleIndex:
 
     def intents_of(self, task_id: str) -> tuple[Intent, ...]:
         return self._intents.get(task_id, ())
+
+    def polled(self, state: TaskState, next_at: dt.datetime | None) -> None:
+        """The task's create operation was asked: still running, ask again at
+        ``next_at`` and wake a loop then (a loop that jumps virtual time would not
+        come back for it otherwise); done (None), never again."""
+        if next_at is not None and state.pool_operation:
+            self._next_poll[state.task_id] = (state.pool_operation, next_at)
+        else:
+            self._next_poll.pop(state.task_id, None)
+        self._set_wake(state.task_id, self._wake_moment(state))
+
+    def poll_due(self, state: TaskState) -> dt.datetime | None:
+        """When the task's running create operation is to be asked again (None: now)."""
+        poll = self._next_poll.get(state.task_id)
+        return poll[1] if poll is not None and poll[0] == state.pool_operation else None
+
+    def _wake_moment(self, state: TaskState) -> dt.datetime | None:
+        """The earlier of ``wake_of`` (deadlines, retries) and the next operation poll;
+        a poll about an operation the task no longer follows is forgotten."""
+        deadline = self.wake_of(state) if self.wake_of is not None else None
+        poll = self._next_poll.get(state.task_id)
+        if poll is None:
+            return deadline
+        if poll[0] != state.pool_operation or state.pool_intent != "create-started":
+            del self._next_poll[state.task_id]
+            return deadline
+        return min(poll[1], deadline) if deadline is not None else poll[1]
 
     def wake_at(self, task_id: str) -> dt.datetime | None:
         """The task's ``wake_of`` moment as of the last commit."""

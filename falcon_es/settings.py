@@ -37,6 +37,9 @@ class Settings:
     edge_events_subscription: str = "falcon-edge-events"
     #: A just-created pool may 404 on get this long (flex-start); orphans are spared too.
     create_visibility_grace_seconds: int = 300
+    #: How often a running node-pool create operation is asked whether it is done: GKE
+    #: creates take minutes, and each look is a call against the project's API quota.
+    operation_poll_seconds: int = 5
     provisioning_timeout_seconds: int = 1800
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
     #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
@@ -83,6 +86,8 @@ class Settings:
             compute_endpoint=env.get("FALCON_COMPUTE_ENDPOINT") or None,
             create_visibility_grace_seconds=_int(
                 env, "FALCON_CREATE_VISIBILITY_GRACE", cls.create_visibility_grace_seconds),
+            operation_poll_seconds=_int(
+                env, "FALCON_OPERATION_POLL_SECONDS", cls.operation_poll_seconds),
             provisioning_timeout_seconds=_int(
                 env, "FALCON_PROVISIONING_TIMEOUT", cls.provisioning_timeout_seconds),
             flex_start_provisioning_timeout_seconds=_int(

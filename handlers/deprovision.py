@@ -28,7 +28,7 @@ from falcon_es.effects import (
     POOL_WATCH, LifecycleIndex, QueueKey, can_take_pool, needs_disposal, retry_due_at,
     taker_rank,
 )
-from falcon_es.ports import PortError
+from falcon_es.ports import Operation, PortError
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
 from falcon_es.task import TaskState
@@ -148,14 +148,31 @@ def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext)
         return False
     if state.pool_intent != "create-started" or not state.pool_operation:
         return True
-    if cluster is None or ctx.ports is None:
+    if cluster is None:
         return False
+    operation = ask_create_operation(state, cluster, ctx)
+    return operation is not None and operation.done
+
+
+def ask_create_operation(state: TaskState, cluster: Cluster,
+                         ctx: HandlerContext) -> Operation | None:
+    """The task's running create operation, asked at most every
+    ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
+    and a create takes minutes); None when it is not time yet or the call failed."""
+    index = ctx.effects.index if ctx.effects is not None else None
+    due = index.poll_due(state) if index is not None else None
+    if ctx.ports is None or not state.pool_operation or (due is not None and ctx.now < due):
+        return None
     try:
-        return ctx.ports.node_pools.get_operation(cluster, state.pool_operation).done
+        operation = ctx.ports.node_pools.get_operation(cluster, state.pool_operation)
     except PortError as error:
         log.warning("operation %s of pool %s: %s", state.pool_operation,
                     state.node_pool_name, error)
-        return False
+        return None
+    if index is not None:
+        interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
+        index.polled(state, None if operation.done else ctx.now + interval)
+    return operation
 
 
 def handed_over_now(tick: Tick) -> set[str]:

@@ -41,7 +41,7 @@ from falcon_es.settings import Settings
 from falcon_es.spec import SUPPLY_MODES
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
-from handlers.deprovision import candidates, handed_over_now, is_holder
+from handlers.deprovision import ask_create_operation, candidates, handed_over_now, is_holder
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
@@ -209,12 +209,8 @@ class _Provisioner:
             if due is not None and self.ctx.now < due:
                 return
         elif state.pool_operation:
-            try:
-                operation = self.ports.node_pools.get_operation(cluster, state.pool_operation)
-            except PortError as error:
-                log.warning("operation %s of pool %s: %s", state.pool_operation, pool, error)
-                return
-            if not operation.done:
+            operation = ask_create_operation(state, cluster, self.ctx)
+            if operation is None or not operation.done:
                 return
             if operation.error:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
@@ -282,5 +278,11 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
             # whether ``follow`` has anything to do yet, without working the retry out.
             wake = index.wake_at(fresh.task_id)
             if wake is not None and ctx.now < wake:
+                continue
+        if (index is not None and fresh.task_id not in touched
+                and fresh.pool_intent == "create-started" and fresh.retry_kind not in _POLL_KINDS):
+            # A running create operation asked a moment ago: nothing to ask it yet.
+            due = index.poll_due(fresh)
+            if due is not None and ctx.now < due:
                 continue
         provisioner.run(fresh)

@@ -1,0 +1,63 @@
+"""A running node-pool create is asked whether it is done every
+``operation_poll_seconds``, not on every tick: each look is a call against the
+project's GKE quota, and a create takes minutes."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from test_lifecycle_harness import Harness, flex_cluster, sim_config
+
+from falcon_es.clock import VirtualClock
+from falcon_es.ports import Operation
+from falcon_es.registry import Cluster
+from falcon_es.settings import Settings
+
+
+class _OperationLooks:
+    """GKE's node-pool API, noting when each create operation was asked about."""
+
+    def __init__(self, inner: object, clock: VirtualClock) -> None:
+        self._inner, self._clock = inner, clock
+        self.asked: list[tuple[str, dt.datetime]] = []
+
+    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
+        self.asked.append((operation_id, self._clock.now()))
+        return self._inner.get_operation(cluster, operation_id)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+@pytest.fixture
+def harness(db_url: str, clock: VirtualClock) -> Iterator[Harness]:
+    h = Harness(db_url, clock, sim_config(flex_cluster()),
+                Settings(db_url=db_url, operation_poll_seconds=20))
+    h.add_cluster(flex_cluster())
+    yield h
+    h.close()
+
+
+def test_a_running_create_is_asked_every_poll_interval_and_seen_done_within_one(
+        harness: Harness, clock: VirtualClock) -> None:
+    h = harness
+    looks = _OperationLooks(h.ports.node_pools, clock)
+    h.ports = dataclasses.replace(h.ports, node_pools=looks)
+    h.controller = h._controller()
+    task = h.submit("t1")
+    h.run()
+    assert h.history[task][-1] == ("Succeeded", None)
+
+    (create,) = [r for r in h.app.store.read_stream(task)
+                 if r.type_name == "NodePoolCreateStarted"]
+    asked = [moment for operation, moment in looks.asked if operation == create.event.operation]
+    create_seconds = 300  # the flex-start create latency of the test world
+    gaps = [(b - a).total_seconds() for a, b in zip(asked, asked[1:])]
+    assert asked and min(gaps) >= 20, gaps
+    assert len(asked) <= create_seconds // 20 + 2
+    done_at = create.recorded_at + dt.timedelta(seconds=create_seconds)
+    assert asked[-1] >= done_at
+    assert (asked[-1] - done_at).total_seconds() <= 20
