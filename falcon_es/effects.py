@@ -296,8 +296,9 @@ class LifecycleIndex:
         self.wake_of: Callable[[TaskState], dt.datetime | None] | None = None
         self._wake_at: dict[str, dt.datetime] = {}
         #: When each task's running create operation is to be asked again (``polled``),
-        #: kept with the operation it is about.
-        self._next_poll: dict[str, tuple[str, dt.datetime]] = {}
+        #: valid only for the task version it was decided on: any event (this
+        #: controller's or another's) means looking afresh.
+        self._next_poll: dict[str, tuple[int, dt.datetime]] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
         #: Retained pools and the task each is promised to (holder -> taker, and taker
         #: -> holders), and the holders whose taker could take the pool as of the last
@@ -504,7 +505,7 @@ class LifecycleIndex:
         ``next_at`` and wake a loop then (a loop that jumps virtual time would not
         come back for it otherwise); done (None), never again."""
         if next_at is not None and state.pool_operation:
-            self._next_poll[state.task_id] = (state.pool_operation, next_at)
+            self._next_poll[state.task_id] = (state.version, next_at)
         else:
             self._next_poll.pop(state.task_id, None)
         self._set_wake(state.task_id, self._wake_moment(state))
@@ -512,16 +513,16 @@ class LifecycleIndex:
     def poll_due(self, state: TaskState) -> dt.datetime | None:
         """When the task's running create operation is to be asked again (None: now)."""
         poll = self._next_poll.get(state.task_id)
-        return poll[1] if poll is not None and poll[0] == state.pool_operation else None
+        return poll[1] if poll is not None and poll[0] == state.version else None
 
     def _wake_moment(self, state: TaskState) -> dt.datetime | None:
         """The earlier of ``wake_of`` (deadlines, retries) and the next operation poll;
-        a poll about an operation the task no longer follows is forgotten."""
+        a poll decided on an earlier version of the task is forgotten."""
         deadline = self.wake_of(state) if self.wake_of is not None else None
         poll = self._next_poll.get(state.task_id)
         if poll is None:
             return deadline
-        if poll[0] != state.pool_operation or state.pool_intent != "create-started":
+        if poll[0] != state.version:
             del self._next_poll[state.task_id]
             return deadline
         return min(poll[1], deadline) if deadline is not None else poll[1]
