@@ -711,6 +711,21 @@ def test_a_same_named_service_of_someone_else_fails_the_submit_and_withdraws_the
     assert sim.run() == []  # nothing is published about the withdrawn Job
 
 
+def test_a_service_of_the_task_left_by_an_earlier_job_is_replaced() -> None:
+    sim = Sim()
+    sim.world.cluster("east").kube.create_service({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "falcon-t1", "namespace": "falcon-jobs",
+                     "labels": {"managed-by": "falcon", "falcon-task": "t1"},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                          "name": "falcon-t1", "uid": "an-earlier-job"}]},
+        "spec": {"clusterIP": "None", "selector": {"job-name": "falcon-t1"}}})
+
+    ref = sim.edge(sim.east).submit_job(multi_host_job("falcon-t1", "falcon-a", hosts=4))
+
+    assert sim.world.service("east", "falcon-t1").owner_uids == (ref.uid,)
+
+
 def test_ttl_seconds_after_finished_removes_the_finished_job() -> None:
     sim = Sim()
     ready_pool(sim)
