@@ -10,6 +10,14 @@ the topology and the node pool; ``google.com/tpu`` requested and limited as a st
 equal to the chips per VM; a toleration for the TPU taint; one Pod per VM, so a
 multi-host slice is an Indexed Job with completions = parallelism = hosts.
 
+Multi-host workers find each other by name: the pods' ``subdomain`` is the Job's name
+and a headless Service of that name selects them, so each pod resolves as
+``<job>-<index>.<job>``. GKE's TPU webhook injects ``TPU_WORKER_ID`` and
+``TPU_WORKER_HOSTNAMES`` from exactly that (Indexed, a subdomain, parallelism > 1,
+``google.com/tpu`` requested). The Service is rendered from the Job manifest and the
+Job's uid (``render_headless_service``): it is owned by the Job, so Kubernetes' garbage
+collector deletes it with the Job. Single-host Jobs get neither.
+
 Logs: a GCS FUSE CSI ephemeral volume mounts the cluster's bucket and the container's
 command runs under ``/bin/sh -c`` with stdout and stderr redirected to
 ``gs://<bucket>/logs/<job_id>/<pod_name>.log`` (the pod name from the downward API).
@@ -40,6 +48,9 @@ NODEPOOL_SELECTOR = "cloud.google.com/gke-nodepool"
 LOG_VOLUME = "falcon-logs"
 LOG_MOUNT = "/falcon-logs"
 CONTAINER_NAME = "task"
+#: The label the Job controller puts on each of its pods (with the newer
+#: ``batch.kubernetes.io/job-name``); the headless Service selects on it.
+JOB_NAME_POD_LABEL = "job-name"
 #: Environment variables the log wrapper reads; a spec cannot override them.
 POD_NAME_ENV = "FALCON_POD_NAME"
 LOG_DIR_ENV = "FALCON_LOG_DIR"
@@ -86,7 +97,9 @@ def render_job(
     caller decides (never taken from the spec's pod-level fields).
     """
     labels = task_labels(task_id)
+    name = naming.job_name(task_id)
     job_annotations = {TASK_ID_ANNOTATION: task_id, **dict(annotations or {})}
+    pod_spec = _pod_spec(task_id, spec, shape, pool_name, placement)
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": shape.hosts,
@@ -96,23 +109,62 @@ def render_job(
                 "labels": dict(labels),
                 "annotations": {GCSFUSE_ANNOTATION: "true"},
             },
-            "spec": _pod_spec(task_id, spec, shape, pool_name, placement),
+            "spec": pod_spec,
         },
     }
     if shape.multi_host:
         job_spec["completionMode"] = "Indexed"
+        pod_spec["subdomain"] = name
     if placement.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = placement.ttl_seconds_after_finished
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": naming.job_name(task_id),
+            "name": name,
             "namespace": placement.namespace,
             "labels": labels,
             "annotations": job_annotations,
         },
         "spec": job_spec,
+    }
+
+
+def render_headless_service(job: Mapping[str, Any], job_uid: str) -> dict[str, Any] | None:
+    """The headless Service through which a multi-host Job's pods resolve each other,
+    or None for a Job whose pods name no subdomain of the Job's own name (every
+    single-host Job).
+
+    Rendered from the Job manifest (name, namespace, the falcon labels), which
+    ``render_job`` fixes, never from the spec; the uid is the created Job's. Headless
+    (``clusterIP: None``) because workers address one another, not a load balancer; no
+    ports, which a headless Service may omit; ``publishNotReadyAddresses`` because
+    workers look each other up before any of them is Ready. The ownerReference lets
+    the garbage collector delete it with the Job; it is no controller reference (the
+    Job controller does not manage Services) and does not block the Job's deletion
+    (which would also need update rights on the Job's finalizers).
+    """
+    metadata = job["metadata"]
+    name = metadata["name"]
+    pod_spec = job["spec"]["template"]["spec"]
+    if pod_spec.get("subdomain") != name:
+        return None
+    job_labels = metadata.get("labels") or {}
+    labels = {MANAGED_BY: MANAGED_BY_VALUE}
+    if TASK_LABEL in job_labels:
+        labels[TASK_LABEL] = job_labels[TASK_LABEL]
+    namespace = {"namespace": metadata["namespace"]} if metadata.get("namespace") else {}
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
+             "controller": False, "blockOwnerDeletion": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, **namespace, "labels": labels, "ownerReferences": [owner]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_NAME_POD_LABEL: name},
+            "publishNotReadyAddresses": True,
+        },
     }
 
 

@@ -99,7 +99,15 @@ class NodeCounts:
 
 
 class EdgeCluster(Protocol):
-    """One edge GKE cluster's Kubernetes API."""
+    """One edge GKE cluster's Kubernetes API.
+
+    ``submit_job`` creates the Job and, for a multi-host Job (its pods' subdomain is its
+    name), the headless Service its workers find each other through, owned by the Job
+    (``manifests.render_headless_service``): one call, so no caller can forget the
+    Service, and a crash between the two creates heals when the re-issued submit adopts
+    the Job. ``delete_job`` takes the Service along (Kubernetes' garbage collector
+    follows the ownerReference).
+    """
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef: ...  # PortError(ALREADY_EXISTS)
     def get_job(self, name: str) -> JobRef | None: ...

@@ -407,6 +407,7 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
         "compute.regionOperations.get",
         "container.jobs.create", "container.jobs.get", "container.jobs.list",
         "container.jobs.watch", "container.jobs.delete",
+        "container.services.create", "container.services.get", "container.services.delete",
         "container.pods.get", "container.pods.list", "container.pods.watch",
         "container.nodes.get", "container.nodes.list", "container.events.list",
     }

@@ -311,8 +311,15 @@ def test_reservation_too_small_then_capacity_frees(make: Make) -> None:
         h.submit("small", topology="2x2")
         h.run()
 
-    _, gcp = both(make, (reserved_cluster(count=4),), scenario)
+    sim, gcp = both(make, (reserved_cluster(count=4),), scenario)
     assert gcp.history["wide"] == [*RESERVED_PATH, ("Succeeded", None)]
+    # The multi-host Job's headless Service, owned by the Job, on both backends.
+    assert isinstance(gcp, GcpHarness)
+    service = gcp.cloud.kube["v6e-res"].get("services", "falcon-wide")
+    owners = [o["uid"] for o in service["metadata"]["ownerReferences"]]
+    assert owners == [gcp.row("wide")["job_uid"]]
+    assert sim.world.service("v6e-res", "falcon-wide").owner_uids == (sim.row("wide")["job_uid"],)
+    assert gcp.cloud.kube["v6e-res"].names("services") == ["falcon-wide"]  # none for "small"
     assert gcp.history["small"] == [("Pending", "ClusterBusy"), *RESERVED_PATH,
                                     ("Succeeded", None)]
     assert "4/4 active" in gcp.messages["wide"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import google.oauth2.credentials
 import pytest
@@ -30,6 +31,7 @@ from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION
 from falcon_es.ports import (
     ALREADY_EXISTS,
+    FAILED,
     INVALID,
     NOT_FOUND,
     PERMISSION_DENIED,
@@ -47,7 +49,7 @@ from tests.fakes.fixtures import (
     edge_clusters_for,
 )
 from tests.fakes.fixtures import falcon_manifest as manifest
-from tests.fakes.kube_server import FakeKubeServer, make_tls
+from tests.fakes.kube_server import FakeKubeServer, label_matcher, make_tls
 
 # The fixtures this module uses (pytest looks them up by name in the module).
 kube_server = fixtures.kube_server
@@ -183,6 +185,124 @@ def test_a_same_named_job_of_another_task_is_not_adopted(edge: KubeEdgeCluster) 
 
     assert refused.value.code == ALREADY_EXISTS
     assert "belongs to task task-5" in refused.value.message
+
+
+# ------------------------------------------------- multi-host: the headless Service
+
+def owner_uids(obj: dict[str, Any]) -> list[str]:
+    return [o["uid"] for o in obj["metadata"].get("ownerReferences", [])]
+
+
+def test_a_multi_host_job_comes_with_its_headless_service_owned_by_the_job(
+        edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
+    ref = edge.submit_job(manifest("task-20", "4x4"))
+
+    service = kube_server.get("services", "falcon-task-20")
+    assert service is not None
+    assert owner_uids(service) == [ref.uid]
+    assert service["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    job = kube_server.get("jobs", "falcon-task-20")
+    assert job["spec"]["template"]["spec"]["subdomain"] == "falcon-task-20"
+    # The Service selects exactly the pods the Job controller makes for this Job.
+    pods = kube_server.start_pods("falcon-task-20")
+    selects = label_matcher(",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items()))
+    assert sorted(p for p in pods
+                  if selects(kube_server.get("pods", p)["metadata"]["labels"])) == sorted(pods)
+    posts = [r.path for r in kube_server.requests if r.method == "POST"]
+    assert posts == [f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
+                     f"/api/v1/namespaces/{NAMESPACE}/services"]  # the Job first: its uid
+
+
+def test_a_single_host_job_comes_without_a_service(edge: KubeEdgeCluster,
+                                                   kube_server: FakeKubeServer) -> None:
+    edge.submit_job(manifest("task-21", "2x2"))
+    assert kube_server.names("services") == []
+    assert "subdomain" not in kube_server.get("jobs", "falcon-task-21")["spec"]["template"]["spec"]
+
+
+def test_resubmitting_a_multi_host_job_adopts_it_and_its_service(
+        edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
+    first = edge.submit_job(manifest("task-22", "4x4"))
+    service_uid = kube_server.get("services", "falcon-task-22")["metadata"]["uid"]
+
+    again = edge.submit_job(manifest("task-22", "4x4"))
+
+    assert again == first
+    assert kube_server.names("services") == ["falcon-task-22"]
+    assert kube_server.get("services", "falcon-task-22")["metadata"]["uid"] == service_uid
+    assert not [r for r in kube_server.requests if r.method == "DELETE"]
+
+
+def test_a_crash_between_the_job_and_its_service_heals_on_the_next_submit(
+        edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
+    kube_server.inject("POST", r"/services$", 503, message="apiserver is shutting down")
+    with pytest.raises(PortError) as interrupted:
+        edge.submit_job(manifest("task-23", "4x4"))
+    assert interrupted.value.code == RETRYABLE
+    assert "creating Service falcon-task-23" in interrupted.value.message
+    assert kube_server.names("jobs") == ["falcon-task-23"]
+    assert kube_server.names("services") == []
+
+    ref = edge.submit_job(manifest("task-23", "4x4"))  # re-issued: adopts the Job
+
+    assert owner_uids(kube_server.get("services", "falcon-task-23")) == [ref.uid]
+
+
+def test_deleting_the_job_takes_its_service_along(edge: KubeEdgeCluster,
+                                                  kube_server: FakeKubeServer) -> None:
+    edge.submit_job(manifest("task-24", "4x4"))
+    kube_server.start_pods("falcon-task-24")
+
+    edge.delete_job("falcon-task-24")
+
+    assert kube_server.names("services") == []
+    assert kube_server.names("pods") == []
+
+
+def test_a_service_left_by_an_earlier_job_of_the_task_is_replaced(
+        edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
+    earlier = edge.submit_job(manifest("task-25", "4x4"))
+    # Deleted without propagation (by hand): the Service stays, owned by nobody.
+    edge.batch.delete_namespaced_job("falcon-task-25", NAMESPACE)
+    stale = kube_server.get("services", "falcon-task-25")
+    assert stale is not None and owner_uids(stale) == []
+
+    ref = edge.submit_job(manifest("task-25", "4x4"))
+
+    assert ref.uid != earlier.uid
+    service = kube_server.get("services", "falcon-task-25")
+    assert owner_uids(service) == [ref.uid]
+    assert service["metadata"]["uid"] != stale["metadata"]["uid"]
+    (removed,) = [r for r in kube_server.requests
+                  if r.method == "DELETE" and "/services/" in r.path]
+    assert removed.body["preconditions"] == {"uid": stale["metadata"]["uid"]}
+
+
+@pytest.mark.parametrize(("labels", "owner"), [
+    ({"app": "web"}, "no Falcon task"),
+    ({"managed-by": "falcon", "falcon-task": "someone-else"}, "task someone-else"),
+])
+def test_a_same_named_service_of_someone_else_fails_the_submit_and_withdraws_the_job(
+        edge: KubeEdgeCluster, kube_server: FakeKubeServer, labels: dict[str, str],
+        owner: str) -> None:
+    edge.core.create_namespaced_service(NAMESPACE, {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "falcon-task-26", "labels": labels},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}})
+    foreign_uid = kube_server.get("services", "falcon-task-26")["metadata"]["uid"]
+
+    with pytest.raises(PortError) as refused:
+        edge.submit_job(manifest("task-26", "4x4"))
+
+    assert refused.value.code == FAILED
+    assert refused.value.message == (
+        f'services "falcon-task-26" already exists in namespace {NAMESPACE} on cluster edge-a '
+        f"and belongs to {owner}; Job falcon-task-26 needs that name for its workers to find "
+        "each other, so it was deleted again")
+    assert kube_server.names("jobs") == []
+    assert kube_server.get("services", "falcon-task-26")["metadata"]["uid"] == foreign_uid
 
 
 def test_a_job_may_not_leave_its_namespace(edge: KubeEdgeCluster,

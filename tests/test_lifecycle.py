@@ -108,6 +108,24 @@ def test_multi_host_slice_runs_one_pod_per_host(make: Make) -> None:
     assert (pool.hosts, pool.machine_type) == (4, "ct6e-standard-4t")
 
 
+def test_a_multi_host_job_has_its_headless_service_until_the_job_expires(
+        make: Make, db_url: str) -> None:
+    h = make(reserved_cluster(), settings=Settings(db_url=db_url,
+                                                    job_ttl_seconds_after_finished=600))
+    h.submit("big", topology="4x4")
+    h.run(lambda: h.statuses().get("big", ("", None))[0] == "Running")
+    service = h.world.service("v6e-res", "falcon-big")
+    assert service is not None and service.owner_uids == (h.row("big")["job_uid"],)
+
+    h.run()
+    assert h.history["big"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert h.world.service("v6e-res", "falcon-big") is not None  # the Job is still there
+
+    h.run(lambda: h.world.job_state("v6e-res", "falcon-big") is None)  # its TTL
+
+    assert h.world.service("v6e-res", "falcon-big") is None
+
+
 def test_pool_is_handed_over_to_the_next_task_of_its_topology(make: Make) -> None:
     h = make(reserved_cluster(count=1))
     for name in ("a", "b", "c"):
@@ -250,6 +268,26 @@ def test_job_submit_failure_fails_the_task_and_deprovisions(make: Make) -> None:
     assert h.row("t1")["message"] == (
         "Job falcon-t1 could not be submitted: a Job named falcon-t1 already exists and is not "
         "this task's (falcon-task=someone-else); node pool falcon-t1-2x2 deleted")
+    assert h.live_pools() == []
+
+
+def test_a_service_name_taken_by_someone_else_fails_the_submit_and_deprovisions(
+        make: Make) -> None:
+    h = make(reserved_cluster())
+    h.world.cluster("v6e-res").kube.create_service({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "falcon-big", "namespace": "falcon-jobs",
+                     "labels": {"falcon-task": "someone-else"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}})
+    h.submit("big", topology="4x4")
+    h.run(lambda: h.settled())
+    assert h.history["big"] == [*RESERVED_PATH[:3], ("Failed", "JobSubmitFailed")]
+    assert h.row("big")["message"] == (
+        'Job falcon-big could not be submitted: services "falcon-big" already exists in '
+        "namespace falcon-jobs on cluster v6e-res and belongs to task someone-else; Job "
+        "falcon-big needs that name for its workers to find each other, so it was deleted "
+        "again; node pool falcon-big-4x4 deleted")
+    assert h.world.job_state("v6e-res", "falcon-big") is None
     assert h.live_pools() == []
 
 

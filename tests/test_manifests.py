@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falcon_es import manifests, naming
-from falcon_es.manifests import JobPlacement, render_job
+from falcon_es.manifests import JobPlacement, render_headless_service, render_job
 from falcon_es.spec import parse_spec
 from falcon_es.tpu import TPU_TYPES, slice_shape
 
@@ -130,6 +130,75 @@ def test_a_spec_without_command_keeps_the_image_entrypoint() -> None:
 ])
 def test_manifest_is_valid_for_the_kubernetes_api(kwargs: dict[str, Any]) -> None:
     kubernetes_validate.validate(job_for(**kwargs), "1.33", strict=True)
+
+
+# ------------------------------------------------- multi-host: the headless Service
+
+JOB_UID = "0b6c1d9e-3f4a-4e2b-9c8d-7a6b5c4d3e2f"
+
+
+@pytest.mark.parametrize("tpu_type,topology,hosts", [("v5p", "2x2x2", 2), ("v6e", "4x4", 4)])
+def test_a_multi_host_job_names_its_headless_service_as_the_pods_subdomain(
+        tpu_type: str, topology: str, hosts: int) -> None:
+    job = job_for(tpu_type=tpu_type, topology=topology)
+    name = job["metadata"]["name"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (hosts, hosts)
+    assert pod(job)["subdomain"] == name == "falcon-task-1"
+
+    service = render_headless_service(job, JOB_UID)
+
+    assert service == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": "falcon-jobs",
+            "labels": {"managed-by": "falcon", "falcon-task": "task-1"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                 "uid": JOB_UID, "controller": False,
+                                 "blockOwnerDeletion": False}],
+        },
+        "spec": {"clusterIP": "None", "selector": {"job-name": name},
+                 "publishNotReadyAddresses": True},
+    }
+
+
+@pytest.mark.parametrize("tpu_type,topology", [("v6e", "2x2"), ("v5e", "2x4"), ("v5p", "2x2x1"),
+                                               ("v7x", "1x1x1")])
+def test_a_single_host_job_has_no_subdomain_and_no_service(tpu_type: str, topology: str) -> None:
+    job = job_for(tpu_type=tpu_type, topology=topology)
+    assert "subdomain" not in pod(job)
+    assert render_headless_service(job, JOB_UID) is None
+
+
+def test_the_headless_service_without_ports_is_valid_for_the_kubernetes_api() -> None:
+    job = job_for(tpu_type="v6e", topology="4x4")
+    kubernetes_validate.validate(job, "1.33", strict=True)
+    kubernetes_validate.validate(render_headless_service(job, JOB_UID), "1.33", strict=True)
+
+
+@pytest.mark.parametrize("tampering", [
+    {"env": {"subdomain": "other", "namespace": "kube-system", "job-name": "other"}},
+    {"command": ["sh", "-c", "hostname"], "args": ["--subdomain=other"]},
+    {"subdomain": "other", "namespace": "kube-system", "name": "other", "hostname": "other",
+     "labels": {"job-name": "other"}, "selector": {"app": "other"}, "clusterIP": "10.0.0.1",
+     "ports": [{"port": 80}], "ownerReferences": []},
+])
+def test_nothing_from_the_task_spec_changes_the_service(tampering: dict[str, Any]) -> None:
+    shape = slice_shape("v5p", "2x2x2")
+
+    def rendered(spec: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        job = render_job(task_id="task-1", spec={"image": "us-docker.pkg.dev/p/r/train:1", **spec},
+                         shape=shape, pool_name="falcon-task-1-2x2x2", placement=PLACEMENT)
+        return pod(job)["subdomain"], render_headless_service(job, JOB_UID)
+
+    assert rendered(tampering) == rendered({})
+    subdomain, service = rendered(tampering)
+    assert service is not None
+    assert (service["metadata"]["name"], service["metadata"]["namespace"]) == (subdomain,
+                                                                              "falcon-jobs")
+    assert service["spec"]["selector"] == {"job-name": "falcon-task-1"}
 
 
 # ----------------------------------------------------------------------- names

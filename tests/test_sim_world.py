@@ -22,7 +22,7 @@ from falcon_es.adapters.sim import (
 )
 from falcon_es.clock import VirtualClock
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, EdgeCluster,
+    ALREADY_EXISTS, FAILED, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, EdgeCluster,
     JobObservation, NodePoolSpec, PortError, Ports,
 )
 from falcon_es.registry import Cluster
@@ -644,6 +644,86 @@ def test_a_pool_deleted_under_a_running_job_fails_its_pods() -> None:
     assert final.condition == "Failed"
     assert final.pods[0].reason == "DeletionByPodGC"
     assert "deleted with node pool falcon-a" in final.pods[0].message
+
+
+def multi_host_job(name: str, pool: str, *, hosts: int, **options: Any) -> dict[str, Any]:
+    """``job`` with the pods' subdomain the renderer gives a multi-host Job."""
+    manifest = job(name, pool, hosts=hosts, **options)
+    manifest["metadata"]["namespace"] = "falcon-jobs"
+    manifest["spec"]["completionMode"] = "Indexed"
+    manifest["spec"]["template"]["spec"]["subdomain"] = name
+    return manifest
+
+
+def test_a_multi_host_job_has_its_headless_service_until_the_job_is_deleted() -> None:
+    sim = Sim()
+    edge = sim.edge(sim.east)
+    sim.create(sim.east, "falcon-a", "4x4", "reservation", "res-a")
+    ref = edge.submit_job(multi_host_job("falcon-t1", "falcon-a", hosts=4))
+
+    service = sim.world.service("east", "falcon-t1")
+    assert service is not None
+    assert (service.owner_uids, service.task_label, service.headless) == ((ref.uid,), "t1", True)
+    assert dict(service.selector) == {"job-name": "falcon-t1"}
+    assert sim.run()[-1].condition == "Complete"
+    assert sim.world.service("east", "falcon-t1") is not None  # the Job is still there
+
+    edge.delete_job("falcon-t1")
+
+    assert sim.world.service("east", "falcon-t1") is None
+
+
+def test_the_ttl_controller_takes_the_service_along_with_the_job() -> None:
+    sim = Sim()
+    edge = sim.edge(sim.east)
+    ready_pool(sim, "falcon-a", "4x4")
+    edge.submit_job(multi_host_job("falcon-t1", "falcon-a", hosts=4, ttl=60,
+                                   sim={"duration_seconds": 10}))
+    sim.run()
+    assert edge.get_job("falcon-t1") is None
+    assert sim.world.service("east", "falcon-t1") is None
+
+
+def test_a_single_host_job_has_no_service() -> None:
+    sim = Sim()
+    sim.edge(sim.east).submit_job(job("falcon-t1", "falcon-a"))
+    assert sim.world.service("east", "falcon-t1") is None
+
+
+def test_a_same_named_service_of_someone_else_fails_the_submit_and_withdraws_the_job() -> None:
+    sim = Sim()
+    sim.world.cluster("east").kube.create_service({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "falcon-t1", "namespace": "falcon-jobs",
+                     "labels": {"falcon-task": "someone-else"}},
+        "spec": {"selector": {"app": "web"}}})
+
+    with pytest.raises(PortError) as refused:
+        sim.edge(sim.east).submit_job(multi_host_job("falcon-t1", "falcon-a", hosts=4))
+
+    assert refused.value.code == FAILED
+    assert refused.value.message == (
+        'services "falcon-t1" already exists in namespace falcon-jobs on cluster east and '
+        "belongs to task someone-else; Job falcon-t1 needs that name for its workers to find "
+        "each other, so it was deleted again")
+    assert sim.edge(sim.east).get_job("falcon-t1") is None
+    assert sim.world.service("east", "falcon-t1").task_label == "someone-else"
+    assert sim.run() == []  # nothing is published about the withdrawn Job
+
+
+def test_a_service_of_the_task_left_by_an_earlier_job_is_replaced() -> None:
+    sim = Sim()
+    sim.world.cluster("east").kube.create_service({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "falcon-t1", "namespace": "falcon-jobs",
+                     "labels": {"managed-by": "falcon", "falcon-task": "t1"},
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                          "name": "falcon-t1", "uid": "an-earlier-job"}]},
+        "spec": {"clusterIP": "None", "selector": {"job-name": "falcon-t1"}}})
+
+    ref = sim.edge(sim.east).submit_job(multi_host_job("falcon-t1", "falcon-a", hosts=4))
+
+    assert sim.world.service("east", "falcon-t1").owner_uids == (ref.uid,)
 
 
 def test_ttl_seconds_after_finished_removes_the_finished_job() -> None:

@@ -70,6 +70,11 @@ EDGE_PERMISSIONS=(
   container.jobs.list
   container.jobs.watch
   container.jobs.delete
+  # the headless Service of a multi-host Job (its workers find each other through it):
+  # create it, read one that exists already, replace one left by an earlier Job
+  container.services.create
+  container.services.get
+  container.services.delete
   container.pods.get
   container.pods.list
   container.pods.watch

@@ -14,6 +14,12 @@ CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
   leaves them, which is what batch/v1 does by default);
 - ``core/v1`` Pods (get, list, watch), Nodes (list), Events (list) with label and
   field selectors.
+- ``core/v1`` Services: create (``409 AlreadyExists`` for a taken name), get, list,
+  delete (honouring a uid precondition with ``409 Conflict``). The garbage collector is
+  modelled for them: deleting a Job with Background or Foreground propagation deletes
+  the Services whose ownerReferences name the Job's uid in the same request (the real
+  collector does it moments later, asynchronously); Orphan or no policy strips the
+  ownerReference and leaves them.
 - ``coordination.k8s.io/v1`` Leases (get, create, replace) for leader election:
   a replace whose ``resourceVersion`` is not the current one is a ``409 Conflict``,
   and times must be MicroTime (RFC 3339 with exactly six fractional digits and a
@@ -73,6 +79,7 @@ JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 CONTROLLER_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _WAIT_STEP = 0.02  # seconds a watch stream waits for news before looking again
 
 KINDS: Mapping[str, tuple[str, str]] = {
@@ -81,6 +88,7 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "nodes": ("Node", "v1"),
     "events": ("Event", "v1"),
     "leases": ("Lease", "coordination.k8s.io/v1"),
+    "services": ("Service", "v1"),
 }
 
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -91,6 +99,8 @@ _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
      "job"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services$"), "services"),
+    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<name>[^/]+)$"), "service"),
     (re.compile(r"^/api/v1/nodes$"), "nodes"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases$"), "leases"),
@@ -788,9 +798,8 @@ class FakeKubeServer:
                 raise KubeApiError(404, "NotFound", f'jobs.batch "{name}" not found',
                                    {"name": name, "group": "batch", "kind": "jobs"})
             uid = job["metadata"]["uid"]
-            owned = [pod for (kind, space, _), pod in sorted(self._objects.items())
-                     if kind == "pods" and space == ns and any(
-                         o.get("uid") == uid for o in pod["metadata"].get("ownerReferences", []))]
+            owned = self._owned_by(uid, "pods", ns)
+            services = self._owned_by(uid, "services", ns)
             if policy == "Foreground":
                 # The Job stays, marked for deletion, until the garbage collector has
                 # deleted its pods.
@@ -801,19 +810,81 @@ class FakeKubeServer:
                 for pod in owned:
                     self._put("pods", ns, copy.deepcopy(pod), "DELETED")
                 self._put("jobs", ns, marked, "DELETED")
+                self._collect(ns, uid, "services", services, delete=True)
             else:
                 self._put("jobs", ns, copy.deepcopy(job), "DELETED")
-                for pod in owned:
-                    if policy == "Background":  # the garbage collector follows the Job
-                        self._put("pods", ns, copy.deepcopy(pod), "DELETED")
-                    else:
-                        orphan = copy.deepcopy(pod)
-                        orphan["metadata"]["ownerReferences"] = [
-                            o for o in orphan["metadata"]["ownerReferences"]
-                            if o.get("uid") != uid]
-                        self._put("pods", ns, orphan, "MODIFIED")
+                # Background: the garbage collector follows the Job; otherwise orphans.
+                self._collect(ns, uid, "pods", owned, delete=policy == "Background")
+                self._collect(ns, uid, "services", services, delete=policy == "Background")
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "details": {"name": name, "group": "batch", "kind": "jobs", "uid": uid}}
+
+    def _owned_by(self, uid: str, resource: str, ns: str) -> list[dict[str, Any]]:
+        return [obj for (kind, space, _), obj in sorted(self._objects.items())
+                if kind == resource and space == ns and any(
+                    o.get("uid") == uid for o in obj["metadata"].get("ownerReferences", []))]
+
+    def _collect(self, ns: str, uid: str, resource: str, dependents: list[dict[str, Any]], *,
+                 delete: bool) -> None:
+        """The garbage collector on a deleted owner's dependents: delete them, or orphan
+        them (their ownerReference to it removed)."""
+        for dependent in dependents:
+            if delete:
+                self._put(resource, ns, copy.deepcopy(dependent), "DELETED")
+                continue
+            orphan = copy.deepcopy(dependent)
+            orphan["metadata"]["ownerReferences"] = [
+                o for o in orphan["metadata"]["ownerReferences"] if o.get("uid") != uid]
+            self._put(resource, ns, orphan, "MODIFIED")
+
+    def _create_service(self, ns: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise KubeApiError(400, "BadRequest", "the body of the request was not a JSON object")
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or ""
+        if body.get("kind") != "Service" or body.get("apiVersion") != "v1":
+            raise KubeApiError(400, "BadRequest", f"expected v1 Service, got "
+                                                  f"{body.get('apiVersion')} {body.get('kind')}")
+        if meta.get("namespace") not in (None, ns):
+            raise KubeApiError(400, "BadRequest", "the namespace of the provided object does not "
+                                                  "match the namespace sent on the request")
+        if not _DNS_1035_LABEL.match(name):
+            raise KubeApiError(422, "Invalid", f'Service "{name}" is invalid: metadata.name: '
+                                               "Invalid value: a DNS-1035 label")
+        spec = body.get("spec") or {}
+        if not spec.get("ports") and spec.get("clusterIP") != "None":
+            raise KubeApiError(422, "Invalid", f'Service "{name}" is invalid: spec.ports: '
+                                               "Required value")
+        with self._cond:
+            if ("services", ns, name) in self._objects:
+                raise KubeApiError(409, "AlreadyExists", f'services "{name}" already exists',
+                                   {"name": name, "kind": "services"})
+            service = copy.deepcopy(body)
+            service["metadata"] = {k: v for k, v in meta.items()
+                                   if k not in ("uid", "resourceVersion", "creationTimestamp")}
+            service["spec"] = {"type": "ClusterIP", "sessionAffinity": "None",
+                               "clusterIPs": [spec["clusterIP"]] if spec.get("clusterIP") else [],
+                               **copy.deepcopy(spec)}
+            service["status"] = {"loadBalancer": {}}
+            return copy.deepcopy(self._put("services", ns, service, "ADDED"))
+
+    def _delete_service(self, ns: str, name: str, body: Any) -> dict[str, Any]:
+        preconditions = (body.get("preconditions") or {}) if isinstance(body, dict) else {}
+        with self._cond:
+            service = self._objects.get(("services", ns, name))
+            if service is None:
+                raise KubeApiError(404, "NotFound", f'services "{name}" not found',
+                                   {"name": name, "kind": "services"})
+            uid = service["metadata"]["uid"]
+            if preconditions.get("uid") not in (None, uid):
+                raise KubeApiError(
+                    409, "Conflict", f'Operation cannot be fulfilled on services "{name}": '
+                                     f"Precondition failed: UID in precondition: "
+                                     f"{preconditions['uid']}, UID in object meta: {uid}",
+                    {"name": name, "kind": "services"})
+            # The Service registry answers with the deleted object (ReturnDeletedObject),
+            # not a Status: the client's delete_namespaced_service parses a V1Service.
+            return copy.deepcopy(self._put("services", ns, copy.deepcopy(service), "DELETED"))
 
     def _issue_from_form(self, form: Mapping[str, str]) -> dict[str, Any]:
         if (form.get("grant_type") != "refresh_token" or form.get("refresh_token") != REFRESH_TOKEN
@@ -1109,7 +1180,8 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                     raise fault
                 groups = match.groupdict()
                 ns = groups.get("ns") or ""
-                if route in ("jobs", "pods", "nodes", "events") and self.command == "GET":
+                if route in ("jobs", "pods", "nodes", "events", "services") and \
+                        self.command == "GET":
                     if watch:
                         fake.requests.append(RequestRecord(self.command, path, query, token,
                                                            200))
@@ -1119,7 +1191,10 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                 elif route == "jobs" and self.command == "POST":
                     status = 201
                     self._reply(201, fake._create_job(ns, body))
-                elif route in ("job", "pod") and self.command == "GET":
+                elif route == "services" and self.command == "POST":
+                    status = 201
+                    self._reply(201, fake._create_service(ns, body))
+                elif route in ("job", "pod", "service") and self.command == "GET":
                     resource = f"{route}s"
                     obj = fake.get(resource, groups["name"], ns)
                     if obj is None:
@@ -1128,6 +1203,8 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                                            f'"{groups["name"]}" not found',
                                            {"name": groups["name"], "kind": resource})
                     self._reply(200, obj)
+                elif route == "service" and self.command == "DELETE":
+                    self._reply(200, fake._delete_service(ns, groups["name"], body))
                 elif route == "job" and self.command == "DELETE":
                     policy = query.get("propagationPolicy") or (
                         body.get("propagationPolicy") if isinstance(body, dict) else None)

@@ -224,8 +224,8 @@ class Doctor:
             fix = ("the control plane is not reachable from here: check authorized networks "
                    "or the private endpoint")
             if error.code == PERMISSION_DENIED:
-                fix = (f"grant {self.identity_email()} {EDGE_ROLE} (container.jobs.*, pods, "
-                       f"nodes, events) in project {cluster.project} ({SETUP})")
+                fix = (f"grant {self.identity_email()} {EDGE_ROLE} (container.jobs.*, services, "
+                       f"pods, nodes, events) in project {cluster.project} ({SETUP})")
             return Check(subject, "Kubernetes API", FAIL, error.message, fix)
         except Exception as error:  # the kubernetes client raises many kinds
             port = edges.for_cluster(cluster).error(error, f"listing Jobs in {namespace}")

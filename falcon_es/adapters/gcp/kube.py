@@ -17,6 +17,15 @@ carries the same task id, deleting a Job that is gone is success, and deletes
 propagate (Background by default) so the pods go with the Job; batch/v1 would
 otherwise orphan them.
 
+A multi-host Job comes with its headless Service (``manifests.render_headless_service``)
+in the same ``submit_job``: created right after the Job, whose uid its ownerReference
+needs, and again whenever a submit adopts the Job, so a crash between the two creates
+heals when the submit is re-issued. An existing Service of the task's is adopted (one
+left by an earlier Job of the same name is replaced); one of anybody else's fails the
+submit and takes the just-submitted Job away again, since its workers could never find
+each other. Deleting the Job deletes the Service: the garbage collector follows the
+ownerReference.
+
 ``diagnose_pending`` puts the root cause first (DESIGN §10): a node pool without Ready
 nodes, then a pod the scheduler cannot place (PodScheduled=False / FailedScheduling),
 then containers that cannot start or died, and only then complaints about the Job
@@ -53,6 +62,7 @@ from falcon_es.manifests import (
     MANAGED_BY_VALUE,
     TASK_ID_ANNOTATION,
     TASK_LABEL,
+    render_headless_service,
 )
 from falcon_es.ports import (
     ALREADY_EXISTS,
@@ -271,17 +281,11 @@ class KubeEdgeCluster:
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
         body = self._checked_manifest(manifest)
-        name = body["metadata"]["name"]
-        try:
-            created = self.batch.create_namespaced_job(self.namespace, body,
-                                                       _request_timeout=self._timeout)
-            return _job_ref(created)
-        except ApiException as error:
-            if error.status != 409:
-                raise self.error(error, f"creating Job {name}") from error
-        except Exception as error:  # connection failures become PortErrors too
-            raise self.error(error, f"creating Job {name}") from error
-        return self._adopt(name, _task_of(body["metadata"]))
+        ref = self._create_or_adopt_job(body)
+        service = render_headless_service(body, ref.uid)
+        if service is not None:
+            self._ensure_service(service, ref)
+        return ref
 
     def get_job(self, name: str) -> JobRef | None:
         try:
@@ -383,6 +387,95 @@ class KubeEdgeCluster:
                                      f"Jobs run only in {self.namespace} on cluster {self.name}")
         metadata["namespace"] = self.namespace
         return body
+
+    def _create_or_adopt_job(self, body: dict[str, Any]) -> JobRef:
+        name = body["metadata"]["name"]
+        try:
+            created = self.batch.create_namespaced_job(self.namespace, body,
+                                                       _request_timeout=self._timeout)
+            return _job_ref(created)
+        except ApiException as error:
+            if error.status != 409:
+                raise self.error(error, f"creating Job {name}") from error
+        except Exception as error:  # connection failures become PortErrors too
+            raise self.error(error, f"creating Job {name}") from error
+        return self._adopt(name, _task_of(body["metadata"]))
+
+    def _ensure_service(self, service: dict[str, Any], job: JobRef) -> None:
+        """The Job's headless Service exists and is owned by this Job afterwards."""
+        name = service["metadata"]["name"]
+        if self._create_service(service):
+            return
+        existing = self._read_service(name)
+        wanted = service["metadata"]["labels"].get(TASK_LABEL)
+        owner = (existing.metadata.labels or {}).get(TASK_LABEL)
+        if wanted is None or owner != wanted:
+            self.delete_job(job.name)
+            raise self._foreign_service(job, name, owner)
+        owners = existing.metadata.owner_references or ()
+        if any(reference.uid == job.uid for reference in owners):
+            log.info("adopted existing Service %s of Job %s (uid %s) on %s", name, job.name,
+                     job.uid, self.name)
+            return
+        self._replace_stale_service(existing, service)
+
+    def _create_service(self, service: dict[str, Any]) -> bool:
+        """Create the Service; False when one of that name exists already."""
+        name = service["metadata"]["name"]
+        try:
+            self.core.create_namespaced_service(self.namespace, service,
+                                                _request_timeout=self._timeout)
+            return True
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise self.error(error, f"creating Service {name}") from error
+        except Exception as error:
+            raise self.error(error, f"creating Service {name}") from error
+
+    def _read_service(self, name: str) -> client.V1Service:
+        try:
+            return self.core.read_namespaced_service(name, self.namespace,
+                                                     _request_timeout=self._timeout)
+        except ApiException as error:
+            if error.status == 404:
+                raise PortError(RETRYABLE, f"Service {name} in namespace {self.namespace} on "
+                                           f"cluster {self.name} was deleted while it was "
+                                           "created; submit again") from error
+            raise self.error(error, f"reading existing Service {name}") from error
+        except Exception as error:
+            raise self.error(error, f"reading existing Service {name}") from error
+
+    def _replace_stale_service(self, existing: client.V1Service,
+                               service: dict[str, Any]) -> None:
+        """A Service of this task owned by an earlier Job of the same name: the garbage
+        collector would take it away from the new Job too, so it makes room for one owned
+        by the Job that runs now. Only that very Service is deleted (a uid precondition)."""
+        name = service["metadata"]["name"]
+        preconditions = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=existing.metadata.uid))
+        try:
+            self.core.delete_namespaced_service(name, self.namespace, body=preconditions,
+                                                _request_timeout=self._timeout)
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise self.error(error, f"deleting stale Service {name}") from error
+        except Exception as error:
+            raise self.error(error, f"deleting stale Service {name}") from error
+        log.info("replaced Service %s left by an earlier Job on %s", name, self.name)
+        if not self._create_service(service):
+            raise PortError(RETRYABLE, f"Service {name} in namespace {self.namespace} on "
+                                       f"cluster {self.name} was recreated by someone else "
+                                       "while it was replaced; submit again")
+
+    def _foreign_service(self, job: JobRef, service: str, owner: str | None) -> PortError:
+        """Another's Service holds the name the Job's pods resolve each other under: the
+        Job could never form its slice, so the submit fails (and the Job is deleted)."""
+        belongs = f"task {owner}" if owner else "no Falcon task"
+        return PortError(FAILED, f'services "{service}" already exists in namespace '
+                                f"{self.namespace} on cluster {self.name} and belongs to "
+                                f"{belongs}; Job {job.name} needs that name for its workers "
+                                "to find each other, so it was deleted again")
 
     def _adopt(self, name: str, task_id: str | None) -> JobRef:
         try:

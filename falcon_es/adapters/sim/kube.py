@@ -14,6 +14,12 @@ past it the Job gets the Failed condition and its remaining pods are deleted. Ev
 change to a Job or its pods becomes one ``JobObservation`` per Job and moment,
 published through the informer with a cluster-wide increasing resourceVersion.
 Deleting a Job removes it and its pods at once and publishes nothing more for it.
+
+Services: a multi-host Job's headless Service is created in the same ``submit_job``
+(as the gcp adapter does) and recorded with the uid of the Job that owns it; deleting
+the Job, by hand or by its TTL, deletes the Services it owns, as the garbage collector
+does. A Service draws nothing from the random stream, so a run's Jobs and pods are the
+same whether or not its Jobs have Services.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from falcon_es.manifests import render_headless_service
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, RETRYABLE, JobObservation, JobRef, NodeCounts, PodObservation,
-    PortError,
+    ALREADY_EXISTS, FAILED as PORT_FAILED, INVALID, RETRYABLE, JobObservation, JobRef,
+    NodeCounts, PodObservation, PortError,
 )
 from falcon_es.registry import Cluster
 from falcon_es.spec import SIM_OUTCOMES, SimBehaviour
@@ -119,6 +126,18 @@ class SimJob:
         return [p for p in self.pods if p.phase in (PENDING, RUNNING_PHASE)]
 
 
+@dataclasses.dataclass(frozen=True)
+class SimService:
+    """A Service as the API server holds it: what adoption and garbage collection read."""
+
+    name: str
+    namespace: str
+    task_label: str | None
+    owner_uids: tuple[str, ...]
+    selector: Mapping[str, str]
+    headless: bool
+
+
 class KubeService:
     """One edge cluster's Kubernetes API, reading nodes from the cluster's node pools."""
 
@@ -133,6 +152,7 @@ class KubeService:
         self._informer = informer
         self._behaviour_source = behaviour_source
         self.jobs: dict[str, SimJob] = {}
+        self.services: dict[str, SimService] = {}
         self._unbound: dict[str | None, dict[str, None]] = {}
         self._dirty: dict[str, SimJob] = {}
         self.resource_version = 0
@@ -177,10 +197,27 @@ class KubeService:
         job = self.jobs.pop(name, None)
         if job is None:
             return
+        self._collect_services_of(job.uid)
         self._dirty.pop(name, None)
         self._forget_unbound(job)
         freed = {pod.pool for pod in job.pods if self._unbind(pod)}
         self._reschedule(now, freed)
+
+    def create_service(self, manifest: Mapping[str, Any]) -> SimService:
+        """Record a Service; ALREADY_EXISTS when one of that name is there."""
+        service = _parse_service(manifest)
+        if service.name in self.services:
+            raise PortError(ALREADY_EXISTS, f'services "{service.name}" already exists')
+        self.services[service.name] = service
+        return service
+
+    def delete_service(self, name: str) -> None:
+        self.services.pop(name, None)
+
+    def _collect_services_of(self, job_uid: str) -> None:
+        """The garbage collector: Services owned by a deleted Job go with it."""
+        for name in [n for n, s in self.services.items() if job_uid in s.owner_uids]:
+            del self.services[name]
 
     def node_counts(self, pool_name: str) -> NodeCounts:
         pool = self._pools.pools.get(pool_name)
@@ -608,6 +645,26 @@ class KubeService:
         return SimBehaviour(float(duration), outcome, exit_code)
 
 
+def _parse_service(manifest: Mapping[str, Any]) -> SimService:
+    metadata = manifest.get("metadata") or {}
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if manifest.get("kind") != "Service" or manifest.get("apiVersion") != "v1":
+        raise PortError(INVALID, f"expected a v1 Service, found {manifest.get('apiVersion')} "
+                                 f"{manifest.get('kind')}")
+    if not isinstance(name, str) or not DNS_LABEL.match(name) or not name[0].isalpha():
+        raise PortError(INVALID, f'Service "{name}" is invalid: metadata.name: Invalid value: '
+                                 "a DNS-1035 label must consist of lower case alphanumeric "
+                                 "characters or '-', start with an alphabetic character, and "
+                                 "end with an alphanumeric character")
+    spec = manifest.get("spec") or {}
+    owners = tuple(str(o.get("uid")) for o in metadata.get("ownerReferences") or ()
+                   if isinstance(o, Mapping) and o.get("uid"))
+    return SimService(name=name, namespace=str(metadata.get("namespace") or "default"),
+                      task_label=(metadata.get("labels") or {}).get(TASK_LABEL),
+                      owner_uids=owners, selector=dict(spec.get("selector") or {}),
+                      headless=spec.get("clusterIP") == "None")
+
+
 def _tolerates_tpu(tolerations: Any) -> bool:
     for toleration in tolerations or ():
         if not isinstance(toleration, Mapping):
@@ -652,7 +709,7 @@ class SimEdgeCluster:
         self._sim = world.cluster(cluster)
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
-        return self._world.call(lambda now: self._sim.kube.submit(manifest, now))
+        return self._world.call(lambda now: self._submit(manifest, now))
 
     def get_job(self, name: str) -> JobRef | None:
         return self._world.call(lambda now: self._sim.kube.get_job(name))
@@ -665,6 +722,42 @@ class SimEdgeCluster:
 
     def diagnose_pending(self, job_name: str) -> str | None:
         return self._world.call(lambda now: self._sim.kube.diagnose(job_name))
+
+    def _submit(self, manifest: Mapping[str, Any], now: dt.datetime) -> JobRef:
+        """The Job, then its headless Service when it is multi-host: one port call, as
+        on GKE (see the gcp adapter for adoption after a crash between the two)."""
+        kube = self._sim.kube
+        ref = kube.submit(manifest, now)
+        service = render_headless_service(manifest, ref.uid)
+        if service is None:
+            return ref
+        try:
+            kube.create_service(service)
+        except PortError as error:
+            if error.code != ALREADY_EXISTS:
+                kube.delete_job(ref.name, now)
+                raise
+            self._take_over_service(service, ref, now)
+        return ref
+
+    def _take_over_service(self, service: Mapping[str, Any], ref: JobRef,
+                           now: dt.datetime) -> None:
+        """A Service of the task's left by an earlier Job makes room for this Job's;
+        anybody else's fails the submit and takes the Job away again."""
+        kube = self._sim.kube
+        name = service["metadata"]["name"]
+        existing = kube.services[name]
+        wanted = service["metadata"]["labels"].get(TASK_LABEL)
+        if wanted is None or existing.task_label != wanted:
+            kube.delete_job(ref.name, now)
+            belongs = f"task {existing.task_label}" if existing.task_label else "no Falcon task"
+            raise PortError(PORT_FAILED, f'services "{name}" already exists in namespace '
+                                         f"{existing.namespace} on cluster "
+                                         f"{kube.identity.name} and belongs to {belongs}; Job "
+                                         f"{ref.name} needs that name for its workers to find "
+                                         "each other, so it was deleted again")
+        kube.delete_service(name)
+        kube.create_service(service)
 
 
 class SimEdgeClusters:

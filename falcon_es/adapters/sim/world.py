@@ -26,7 +26,7 @@ from falcon_es.adapters.sim.compute import ReservationUsage, SimReservations
 from falcon_es.adapters.sim.config import SimClusterConfig, SimConfig
 from falcon_es.adapters.sim.gke import NodePoolService, PoolSnapshot, SimNode, SimNodePools, SimPool
 from falcon_es.adapters.sim.informer import Informer
-from falcon_es.adapters.sim.kube import BehaviourSource, KubeService, SimEdgeClusters
+from falcon_es.adapters.sim.kube import BehaviourSource, KubeService, SimEdgeClusters, SimService
 from falcon_es.adapters.sim.timeline import Timeline
 
 T = TypeVar("T")
@@ -212,6 +212,11 @@ class SimWorld:
         if sim is None or job is None:
             return None
         return sim.kube.observe(job, self.now())
+
+    def service(self, cluster: str, name: str) -> SimService | None:
+        """A Service as the cluster's API server holds it now."""
+        sim = self._clusters.get(cluster)
+        return sim.kube.services.get(name) if sim else None
 
     def delivery_stats(self) -> dict[str, int]:
         """What the informers published, and how many of those they duplicated or
