@@ -153,6 +153,8 @@ def test_injection_looking_text(where: str, text: str) -> None:
     if isinstance(result, TaskSpec):  # e.g. a random string that is a real topology
         if where == "supply_mode":
             assert text == "" and result.supply_mode is None, "empty means the default"
+        elif where == "sim.outcome":  # one of the outcomes the simulator knows
+            assert result.sim is not None and result.sim.outcome == text
         else:
             assert where == "image" or getattr(result, where, None) == text
         return
