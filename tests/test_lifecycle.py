@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from test_lifecycle_harness import (
-    NO_FAULTS, Harness, flex_cluster, reserved_cluster, sim_config,
+    Harness, Harnesses, flex_cluster, reserved_cluster,
 )
 
 from falcon_es import manifests, naming
-from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import (
     DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
 )
@@ -34,20 +33,9 @@ RESERVED_PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
 
 @pytest.fixture
 def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    made: list[Harness] = []
-
-    def factory(*clusters: SimClusterConfig, delivery: DeliveryFaults = NO_FAULTS,
-                settings: Settings | None = None) -> Harness:
-        harness = Harness(db_url, clock, sim_config(*clusters, delivery=delivery),
-                          settings or Settings(db_url=db_url))
-        for cluster in clusters:
-            harness.add_cluster(cluster)
-        made.append(harness)
-        return harness
-
-    yield factory
-    for harness in made:
-        harness.close()
+    harnesses = Harnesses(db_url, clock)
+    yield harnesses
+    harnesses.close()
 
 
 def deleted_pools(h: Harness) -> list[str]:

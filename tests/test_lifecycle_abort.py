@@ -10,13 +10,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from test_lifecycle_harness import (
-    Crash, CrashPlan, Harness, flex_cluster, reserved_cluster, sim_config,
+    Crash, CrashPlan, Harness, Harnesses, flex_cluster, reserved_cluster,
 )
 
-from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import FaultRule, Span, StockoutConfig
 from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
 
 Make = Callable[..., Harness]
 ABORTED = [("Aborting", None), ("Aborted", None)]
@@ -24,19 +22,9 @@ ABORTED = [("Aborting", None), ("Aborted", None)]
 
 @pytest.fixture
 def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    made: list[Harness] = []
-
-    def factory(*clusters: SimClusterConfig, plan: CrashPlan | None = None) -> Harness:
-        harness = Harness(db_url, clock, sim_config(*clusters), Settings(db_url=db_url),
-                          plan=plan)
-        for cluster in clusters:
-            harness.add_cluster(cluster)
-        made.append(harness)
-        return harness
-
-    yield factory
-    for harness in made:
-        harness.close()
+    harnesses = Harnesses(db_url, clock)
+    yield harnesses
+    harnesses.close()
 
 
 def status_is(h: Harness, task_id: str, status: str,

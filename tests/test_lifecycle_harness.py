@@ -374,3 +374,26 @@ class Harness:
 
     def close(self) -> None:
         self.app.close()
+
+
+class Harnesses:
+    """Makes harnesses on one database and one clock, each with its clusters
+    registered, and closes every one of them at the end (the ``make`` fixtures)."""
+
+    def __init__(self, db_url: str, clock: VirtualClock) -> None:
+        self.db_url = db_url
+        self.clock = clock
+        self._made: list[Harness] = []
+
+    def __call__(self, *clusters: SimClusterConfig, delivery: DeliveryFaults = NO_FAULTS,
+                 settings: Settings | None = None, plan: CrashPlan | None = None) -> Harness:
+        harness = Harness(self.db_url, self.clock, sim_config(*clusters, delivery=delivery),
+                          settings or Settings(db_url=self.db_url), plan=plan)
+        for cluster in clusters:
+            harness.add_cluster(cluster)
+        self._made.append(harness)
+        return harness
+
+    def close(self) -> None:
+        for harness in self._made:
+            harness.close()

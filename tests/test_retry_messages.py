@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
-from test_lifecycle_harness import Harness, reserved_cluster, sim_config
+from test_lifecycle_harness import Harness, Harnesses, reserved_cluster
 
 from falcon_es import events as ev
 from falcon_es.adapters.sim import SimClusterConfig
@@ -38,18 +38,14 @@ PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
 
 @pytest.fixture
 def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    made: list[Harness] = []
+    harnesses = Harnesses(db_url, clock)
 
     def factory(cluster: SimClusterConfig, env: Mapping[str, str] | None = None) -> Harness:
-        settings = Settings.from_env({"FALCON_DB_URL": db_url, **(env or {})})
-        harness = Harness(db_url, clock, sim_config(cluster), settings)
-        harness.add_cluster(cluster)
-        made.append(harness)
-        return harness
+        return harnesses(cluster, settings=Settings.from_env({"FALCON_DB_URL": db_url,
+                                                               **(env or {})}))
 
     yield factory
-    for harness in made:
-        harness.close()
+    harnesses.close()
 
 
 def retries(h: Harness, task_id: str) -> list[ev.ApiCallRetrying]:
