@@ -96,13 +96,15 @@ class TaskState:
 
     @property
     def status(self) -> str:
-        return chart.status_of(self.state)
+        # Looked up, not split: handlers ask every candidate's status each tick.
+        return _STATUS_OF.get(self.state) or chart.status_of(self.state)
 
     @property
     def reason(self) -> str | None:
-        if self.status == chart.PENDING:
+        status = self.status
+        if status == chart.PENDING:
             return chart.pending_reason(self.state)
-        if self.status == chart.FAILED:
+        if status == chart.FAILED:
             return self.failure_reason
         return None
 
