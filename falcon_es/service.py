@@ -25,6 +25,7 @@ from falcon_es.loop import (
     LoopReport,
     leadership_fence,
 )
+from falcon_es.observability.metered import metered_ports
 from falcon_es.ports import Ports
 from falcon_es.runtime import Controller, TickReport
 from falcon_es.settings import Settings
@@ -167,6 +168,8 @@ def start(
         if gcp_ports is None:
             raise BackendError("backend gcp: no GCP ports were configured")
         ports = gcp_ports
+    if metrics is not None:
+        ports = metered_ports(ports, metrics)
     controller = build_controller(app, ports=ports)
     if leadership is not None:
         controller.before_commit = (*controller.before_commit, leadership_fence(leadership))

@@ -663,3 +663,49 @@ def test_configure_logging_refuses_an_unknown_format_or_level() -> None:
         logs.configure_logging("yaml", environ={})
     with pytest.raises(logs.LogFormatError, match="log level 'LOUD'"):
         logs.configure_logging("text", "loud", environ={})
+
+
+# ------------------------------------------------------- external calls, end to end
+
+
+def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The ports the service wires are metered at the boundary: each GKE, Compute,
+    Kubernetes and Pub/Sub call of a task's life is timed under the API's own method
+    name, a throttled create counts as an error with its code and as a retry."""
+    from falcon_es import db, job_rows, service
+    from falcon_es.settings import Settings
+
+    world = tmp_path / "world.json"
+    world.write_text(json.dumps({
+        "seed": 3,
+        "defaults": {"create_throttled": {"first_n": 1}},
+        "clusters": [{"name": "v6e-res", "project": "p", "location": "us-east5-b",
+                      "tpu_types": ["v6e"], "gcs_bucket": "logs", "default_reservation": "r",
+                      "reservations": [{"name": "r", "count": 4, "in_use": 0}]}],
+        "delivery": {"late_probability": 0, "duplicate_probability": 0},
+    }))
+    url = f"sqlite:///{tmp_path / 'falcon.db'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    metrics = Metrics(clock=VirtualClock(START))
+    svc = service.start(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
+                        metrics=metrics)
+    try:
+        job_rows.submit(svc.app.engine, task_id="m1", name="m1", actor="a",
+                        spec={"image": "i", "tpu_type": "v6e", "topology": "2x2"}, now=START)
+        report = svc.loop.run(until_idle=True, max_ticks=3000)
+        assert report.stopped_by == "idle"
+        assert job_rows.get_row(svc.app.engine, "m1")["status"] == "Succeeded"
+    finally:
+        svc.close()
+    calls = {labels["method"]: count for (name, labels_tuple), count in samples(metrics).items()
+             if name == "falcon_external_call_seconds_count"
+             for labels in [dict(labels_tuple)]}
+    for method in ("create_node_pool", "get_operation", "get_reservation", "create_job",
+                   "list_nodes", "delete_node_pool", "pull"):
+        assert calls.get(method, 0) >= 1, (method, calls)
+    assert value(metrics, "falcon_external_call_errors_total", api="gke",
+                 method="create_node_pool", code="RETRYABLE") == 1
+    assert value(metrics, "falcon_external_call_retries_total", api="gke",
+                 method="create_node_pool") == 1

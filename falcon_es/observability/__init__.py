@@ -2,8 +2,10 @@
 metrics HTTP server, structured logs without credentials.
 
 The bootstrap creates one ``Metrics`` and one ``HealthServer`` per process (no
-module-level registry); handlers and adapters receive the ``Metrics`` and call its
-small methods (``observe_call``, ``timed_call``, ``set_reservation_remaining``, ...).
+module-level registry). External calls are observed at the port boundary
+(``metered.metered_ports`` wraps whichever backend runs); the rest reaches the
+``Metrics`` through its small methods (``set_reservation_remaining``, ``set_lag``, ...)
+and its inline projection of the log.
 """
 
 from __future__ import annotations

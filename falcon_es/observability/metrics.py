@@ -41,6 +41,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from falcon_es import chart
 from falcon_es.clock import Clock, WallClock
+from falcon_es.observability.metered import METHOD_OF_STEP
 from falcon_es.task import TASK_EVENT_TYPES, TaskState
 
 OK = "OK"
@@ -413,6 +414,10 @@ class Metrics:
         by_type: Tally[str] = Tally(record.type_name for record in records)
         for type_name, count in by_type.items():
             self.events_appended_total.labels(type_name).inc(count)
+        for record in records:
+            if record.type_name == "ApiCallRetrying":
+                event = record.event
+                self.retry_scheduled(event.api, METHOD_OF_STEP.get(event.step, event.step))
         if records:
             self.observe_head(max(record.seq for record in records))
         for transition in transitions:
