@@ -591,7 +591,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    informers = (_in_process_informers(settings, gcp_ports, probe_engine, stop)
+    informers = (_in_process_informers(settings, gcp_ports, probe_engine, stop, metrics)
                  if in_process_informers and gcp_ports is not None else [])
     topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
@@ -652,14 +652,14 @@ def _gcp_ports(settings: Settings) -> Any:
 
 
 def _in_process_informers(settings: Settings, ports: Any, engine: sa.engine.Engine,
-                          stop: Any) -> list[Any]:
+                          stop: Any, metrics: Any) -> list[Any]:
     """An informer thread per active registered cluster, sharing the controller's
     Kubernetes clients and Pub/Sub bus (clusters registered later need a restart)."""
     from falcon_es.adapters.gcp.wiring import start_informers
 
     with engine.connect() as conn:
         active = [c for c in registry.list_clusters(conn) if c.status == "active"]
-    return start_informers(active, ports.edges, ports.bus, settings, stop)
+    return start_informers(active, ports.edges, ports.bus, settings, stop, metrics=metrics)
 
 
 @main.command("demo")
@@ -829,6 +829,7 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     from falcon_es.observability import ObservabilitySettings
     from falcon_es.observability.health import HealthServer
     from falcon_es.observability.logs import configure_logging
+    from falcon_es.observability.metrics import Metrics
     from falcon_es.ports import PortError
 
     settings: Settings = ctx.obj["settings"]
@@ -852,11 +853,14 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server = None
+    metrics = Metrics()
     if health:
         server = HealthServer(host=observability.health_host, port=observability.health_port,
-                              max_tick_age=observability.max_tick_age_seconds)
+                              max_tick_age=observability.max_tick_age_seconds,
+                              metrics=metrics.exposition)
         server.start()
-    threads = wiring.start_informers(clusters, backend.edges, backend.bus, settings, stop)
+    threads = wiring.start_informers(clusters, backend.edges, backend.bus, settings, stop,
+                                     metrics=metrics)
     if server is not None:
         server.set_ready(True, f"watching {', '.join(found)}")
     click.echo(f"falcon-es: informer watching {', '.join(found)} (namespace "

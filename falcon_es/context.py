@@ -31,6 +31,9 @@ class HandlerContext:
     outcomes: tuple[Outcome, ...] = ()
     #: Bus message ids this tick folded; acknowledged only after the tick commits.
     acks: list[str] = dataclasses.field(default_factory=list)
+    #: What became of each edge observation this tick read, as (cluster, outcome):
+    #: applied, stale (a duplicate or older view), unknown-task, held, malformed.
+    edge_outcomes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -171,6 +171,8 @@ def start(
     if metrics is not None:
         ports = metered_ports(ports, metrics)
     controller = build_controller(app, ports=ports)
+    if metrics is not None:
+        controller.after_commit = (*controller.after_commit, metrics.edge_observations_folded)
     if leadership is not None:
         controller.before_commit = (*controller.before_commit, leadership_fence(leadership))
     service = Service(app, ports, controller, loop=None, world=world)  # type: ignore[arg-type]

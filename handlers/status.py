@@ -73,6 +73,8 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
                 log.error("message %s on %s is not a Job observation (%s); dropped",
                           message.id, subscription, error)
                 ctx.acks.append(message.id)
+                ctx.edge_outcomes.append((str(message.attributes.get("cluster", "")),
+                                          "malformed"))
                 continue
             task_id = (ctx.effects.index.task_for_label(observation.task_id)
                        if ctx.effects is not None else observation.task_id)
@@ -88,16 +90,24 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
                received: Sequence[tuple[str, JobObservation]]) -> None:
     for message_id, observation in received:
         state = tick.state(task_id)
+        cluster = observation.cluster_name
         if state is not None and state.state in OBSERVED and state.job_uid is None:
+            ctx.edge_outcomes.append((cluster, "held"))
             continue  # the submit's outcome is not folded yet: let it come back
         if (state is None or state.state not in OBSERVED
-                or observation.job_uid != state.job_uid
-                or observation.resource_version <= state.last_resource_version):
+                or observation.job_uid != state.job_uid):
             ctx.acks.append(message_id)
+            ctx.edge_outcomes.append((cluster, "unknown-task"))
+            continue
+        if observation.resource_version <= state.last_resource_version:
+            ctx.acks.append(message_id)
+            ctx.edge_outcomes.append((cluster, "stale"))
             continue
         if _torn_failure(ctx, observation):
+            ctx.edge_outcomes.append((cluster, "held"))
             continue  # unacked: it comes back after the ack deadline, decided then
         ctx.acks.append(message_id)
+        ctx.edge_outcomes.append((cluster, "applied"))
         for event in _events_for(ctx, state, observation):
             tick.emit(task_id, event)
 

@@ -95,6 +95,7 @@ class World:
     sleeps: Sleeps
     informer: EdgeInformer
     stop: threading.Event
+    restarts: list[str]  # the reasons the informer reported, as a metrics hook hears them
     thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -131,13 +132,15 @@ def make_world(*, resync_seconds: float = RESYNC_SECONDS, watch_timeout_seconds:
     tokens = access_tokens(server, clock=clock, refresh_margin_seconds=300)
     edges = edge_clusters_for(server, tokens=tokens)
     edge = edges.for_cluster(edge_cluster_row())
-    bus, sleeps = RecordingBus(), Sleeps()
+    bus, sleeps, restarts = RecordingBus(), Sleeps(), []
     informer = EdgeInformer(
         edge, bus, clock=clock, sleep=sleeps, rng=random.Random(7),
         settings=InformerSettings(topic=TOPIC, resync_seconds=resync_seconds,
                                   watch_timeout_seconds=watch_timeout_seconds,
-                                  backoff=NO_JITTER))
-    return World(server, clock, tokens, edges, edge, bus, sleeps, informer, threading.Event())
+                                  backoff=NO_JITTER),
+        restarted=restarts.append)
+    return World(server, clock, tokens, edges, edge, bus, sleeps, informer, threading.Event(),
+                 restarts)
 
 
 def close_world(world: World) -> None:
@@ -275,6 +278,7 @@ def test_failing_reconnects_back_off_exponentially_then_reset(world: World) -> N
     eventually(lambda: world.server.open_watches() == 2 and len(world.sleeps.delays) == 5,
                "the pod watch to come back after the drop and three refusals")
     assert sorted(world.sleeps.delays) == [1.0, 1.0, 2.0, 4.0, 8.0]
+    assert world.restarts == ["error"] * 5
 
     world.clock.advance(121)  # two quiet minutes: the next failure starts over
     world.server.drop_watches()
@@ -309,6 +313,7 @@ def test_410_on_an_open_watch_lists_again_at_once(world: World) -> None:
                "both watches to list again and resume")
 
     assert world.sleeps.delays == []
+    assert world.restarts == ["gone", "gone"]
     assert len(world.requests(watch=False)) == 4
     world.server.start_pods(job)
     world.wait_for(job, lambda o: len(o.pods) == 1)

@@ -682,7 +682,7 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
         "clusters": [{"name": "v6e-res", "project": "p", "location": "us-east5-b",
                       "tpu_types": ["v6e"], "gcs_bucket": "logs", "default_reservation": "r",
                       "reservations": [{"name": "r", "count": 4, "in_use": 0}]}],
-        "delivery": {"late_probability": 0, "duplicate_probability": 0},
+        "delivery": {"late_probability": 0, "duplicate_probability": 1.0},
     }))
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
     engine = db.make_engine(url)
@@ -709,3 +709,11 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
                  method="create_node_pool", code="RETRYABLE") == 1
     assert value(metrics, "falcon_external_call_retries_total", api="gke",
                  method="create_node_pool") == 1
+    # Every observation is delivered twice: each second copy is stale, or, once the
+    # task has ended, about a task no longer followed.
+    outcomes = {outcome: value(metrics, "falcon_edge_observations_total", cluster="v6e-res",
+                               outcome=outcome) or 0
+                for outcome in ("applied", "stale", "unknown-task", "held", "malformed")}
+    assert outcomes["applied"] >= 2  # Running, then Succeeded
+    assert outcomes["stale"] >= 1
+    assert outcomes["stale"] + outcomes["unknown-task"] == outcomes["applied"], outcomes

@@ -383,8 +383,13 @@ class Metrics:
         self.informer_restarts.labels(cluster, reason).inc()
 
     def edge_observation(self, cluster: str, outcome: str) -> None:
-        """``outcome``: applied, duplicate, stale, unknown-task."""
+        """``outcome``: applied, stale, unknown-task, held, malformed."""
         self.edge_observations.labels(cluster, outcome).inc()
+
+    def edge_observations_folded(self, ctx: Any, recorded: Sequence[Any]) -> None:
+        """After-commit step: count what became of the tick's edge observations."""
+        for cluster, outcome in ctx.edge_outcomes:
+            self.edge_observation(cluster, outcome)
 
     # ------------------------------------------------------------ the loop
     def set_leader(self, is_leader: bool) -> None:

@@ -399,8 +399,10 @@ class EdgeInformer:
         clock: Clock | None = None,
         sleep: Callable[[float], None] | None = None,
         rng: random.Random | None = None,
+        restarted: Callable[[str], None] | None = None,
     ) -> None:
         self.edge = edge
+        self._on_restart = restarted
         self.settings = settings or InformerSettings()
         self._bus = bus
         self._clock = clock or WallClock()
@@ -447,6 +449,7 @@ class EdgeInformer:
             except ApiException as error:
                 if error.status == 410:
                     self.stats.gone += 1
+                    self._restarted("gone")
                     log.info("%s watch on %s: %s; listing again", kind, self.edge.name,
                              error.reason)
                     resume_from = None
@@ -542,10 +545,15 @@ class EdgeInformer:
                 self.views.published(uid, observation.resource_version)
                 self.stats.published += 1
 
+    def _restarted(self, reason: str) -> None:
+        if self._on_restart is not None:
+            self._on_restart(reason)
+
     def _back_off(self, kind: str, failures: _Failures, error: BaseException,
                   stop: threading.Event) -> None:
         delay = failures.next_delay(self._clock.now(), self._rng)
         self.stats.reconnects += 1
+        self._restarted("error")
         self.stats.backoff_delays.append(delay)
         log.warning("%s watch on %s failed (%s); reconnecting in %.1fs", kind, self.edge.name,
                     error, delay)
@@ -569,11 +577,13 @@ def run_informer(
     clock: Clock | None = None,
     sleep: Callable[[float], None] | None = None,
     rng: random.Random | None = None,
+    restarted: Callable[[str], None] | None = None,
 ) -> InformerStats:
     """Run the informer of ``cluster`` until ``stop`` is set (``falcon-es informer``;
-    the controller may run it in a thread instead). Returns its counters."""
+    the controller may run it in a thread instead). Returns its counters;
+    ``restarted(reason)`` hears of each watch restart (``gone``: a 410, ``error``)."""
     informer = EdgeInformer(edges.for_cluster(cluster), bus, settings=settings, clock=clock,
-                            sleep=sleep, rng=rng)
+                            sleep=sleep, rng=rng, restarted=restarted)
     log.info("informer for cluster %s: watching namespace %s at %s", cluster.name,
              informer.edge.namespace, informer.edge.host)
     informer.run(stop)

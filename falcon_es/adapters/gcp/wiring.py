@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import google.auth
 from google.auth import exceptions as auth_exceptions
@@ -84,16 +85,24 @@ def informer_settings(settings: Settings) -> InformerSettings:
 
 def start_informers(clusters: Iterable[Cluster], edges: KubeEdgeClusters,
                     bus: ObservationPublisher, settings: Settings,
-                    stop: threading.Event) -> list[threading.Thread]:
+                    stop: threading.Event, metrics: Any = None) -> list[threading.Thread]:
     """One informer thread per cluster, until ``stop`` is set: ``falcon-es informer``,
-    or the controller's own when it runs them in-process."""
+    or the controller's own when it runs them in-process. ``metrics`` counts each watch
+    restart per cluster and reason."""
     threads = [threading.Thread(target=run_informer, args=(cluster, edges, bus, stop),
-                                kwargs={"settings": informer_settings(settings)},
+                                kwargs={"settings": informer_settings(settings),
+                                        "restarted": _restart_counter(metrics, cluster)},
                                 name=f"informer-{cluster.name}", daemon=True)
                for cluster in clusters]
     for thread in threads:
         thread.start()
     return threads
+
+
+def _restart_counter(metrics: Any, cluster: Cluster) -> Callable[[str], None] | None:
+    if metrics is None:
+        return None
+    return lambda reason: metrics.informer_restarted(cluster.name, reason)
 
 
 @dataclasses.dataclass
