@@ -167,7 +167,7 @@ class EventStore:
                 if shared_meta is not None:
                     meta, meta_text = shared_meta, shared_meta_text
                 else:
-                    meta = a.metas[index].to_data()  # type: ignore[index]
+                    meta = a.meta_of(index).to_data()
                     meta_text = dumps(meta)
                 seq += 1
                 version += 1
