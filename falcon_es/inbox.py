@@ -104,8 +104,8 @@ class JobInbox:
         for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
             if is_abort:
                 aborts.append(AbortRow(row_id, _timestamp(aborting_at)))
-            else:
-                new.append(NewRow(row_id, name, actor, spec_raw, _timestamp(created_at)))
+            else:  # created_at is NOT NULL
+                new.append(NewRow(row_id, name, actor, spec_raw, _timestamp(created_at)))  # type: ignore[arg-type]
         return InboxPoll(self, limit, new, aborts)
 
     def _poll_statement(self) -> tuple[str, tuple[str, ...], dict[str, Any]]:

@@ -205,7 +205,7 @@ def new_state(task_id: str) -> TaskState:
     fields costs about as much as folding several events."""
     if not _ONLY_TASK_ID_REQUIRED:
         return TaskState(task_id)
-    fields = _DEFAULTS.copy()  # a dict: a mappingproxy copies its underlying mapping
+    fields = dict(_DEFAULTS)
     fields["task_id"] = task_id
     for name, factory in _FACTORIES:
         fields[name] = factory()
