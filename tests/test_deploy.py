@@ -109,7 +109,12 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
         },
     },
 }
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_SCHEMA}
+#: The same for the PodMonitor (its endpoints are ``podMetricsEndpoints``).
+POD_MONITOR_SCHEMA: dict[str, Any] = json.loads(
+    json.dumps(SERVICE_MONITOR_SCHEMA).replace('"endpoints"', '"podMetricsEndpoints"')
+    .replace('"ServiceMonitor"', '"PodMonitor"'))
+CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_SCHEMA,
+               ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR_SCHEMA}
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -247,6 +252,21 @@ def test_service_and_monitor_select_the_controller_pods(rendered: Rendered) -> N
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"] == [
         {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+
+
+def test_the_pod_monitor_scrapes_every_informers_metrics_port(rendered: Rendered) -> None:
+    monitor = one(rendered["deploy/base"], "PodMonitor")
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    informers = [d for d in find(rendered["deploy/overlays/example"], "Deployment")
+                 if d["metadata"]["labels"]["app.kubernetes.io/component"] == INFORMER]
+    assert informers
+    for informer in informers:
+        pod = informer["spec"]["template"]
+        assert wanted.items() <= pod["metadata"]["labels"].items()
+        ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+        assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    controller = one(rendered["deploy/base"], "Deployment")
+    assert not wanted.items() <= controller["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_the_overlay_sets_project_image_replicas_and_one_informer_per_edge_cluster(
