@@ -14,6 +14,7 @@ from falcon_es.runtime import Controller
 from falcon_es import db
 from falcon_es.clock import Clock, WallClock
 from falcon_es.cluster_cache import ClusterCache
+from falcon_es.ports import Ports
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
@@ -62,7 +63,7 @@ def load_task_states(app: App) -> None:
         app.tasks.committed()
 
 
-def build_controller(app: App, *, ports: object = None, handlers: tuple | None = None) -> Controller:
+def build_controller(app: App, *, ports: Ports | None = None, handlers: tuple | None = None) -> Controller:
     """The controller loop wired to this app's store, views and ports."""
     from falcon_es.context import HandlerContext
     from falcon_es.inbox import JobInbox

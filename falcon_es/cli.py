@@ -38,7 +38,8 @@ class Failure(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a ClassVar but reads it from the raised instance.
+        self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"falcon-es: {self.message}", err=True)
@@ -271,7 +272,10 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
         raise Failure("task submit: missing " + ", ".join(
             f"--{m.replace('_', '-')}" for m in missing) + " (or put them in --spec-file)")
     for option, value in (("actor", actor), ("name", name)):
-        limit = job.c[option].type.length
+        column_type = job.c[option].type
+        if not isinstance(column_type, sa.String) or column_type.length is None:
+            raise TypeError(f"job.{option} is not a string column of a fixed length")
+        limit = column_type.length
         if len(value) > limit:
             raise Failure(f"task submit: --{option} is longer than {limit} characters")
     app = _app(ctx)
@@ -603,6 +607,8 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
                                            metrics=metrics, health=server, ops_topic=topic)
         else:
+            if svc is None:  # built above whenever there is no elector
+                raise RuntimeError("no controller was built to serve")
             report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
                                    health=server, ops_topic=topic)
     finally:

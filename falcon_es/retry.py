@@ -27,7 +27,7 @@ import os
 import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -192,7 +192,7 @@ def seeded_delay(backoff: Backoff, attempt: int, seed: str) -> float:
 
 
 def _backoff_from_env(api: str, default: Backoff, env: Mapping[str, str]) -> Backoff:
-    changes: dict[str, float | int] = {}
+    changes: dict[str, Any] = {}  # field -> value of that field's type
     named: list[str] = []
     for suffix, field in _ENV_FIELDS.items():
         name = f"FALCON_RETRY_{api.upper()}_{suffix}"

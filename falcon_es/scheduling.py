@@ -317,11 +317,11 @@ class QueueBook:
         for key, actor in self._undo_last.items():
             self._queue(key).last_actor = actor
             self.changed.add(key)
-        for pool, key in self._undo_pools.items():
-            if key is None:
+        for pool, pool_key in self._undo_pools.items():
+            if pool_key is None:
                 self._idle_pools.pop(pool, None)
             else:
-                self._idle_pools[pool] = key
+                self._idle_pools[pool] = pool_key
         self.commit()
 
     # ---------------------------------------------------------------- updates

@@ -157,8 +157,8 @@ def _report(records: Iterator[RecordedEvent], end: dt.datetime) -> dict[str, Any
         wait = (at - submitted[task]).total_seconds()
         waits_by_actor[actor_of[task]].append(wait)
         waits_by_queue[queue_of.get(task, "?")].append(wait)
-    pool_hours: Counter[str] = Counter()
-    node_hours: Counter[str] = Counter()
+    pool_hours: dict[str, float] = defaultdict(float)
+    node_hours: dict[str, float] = defaultdict(float)
     for name, (start, mode, nodes) in pool_start.items():
         hours = ((pool_end.get(name) or end) - start).total_seconds() / 3600
         pool_hours[mode] += hours

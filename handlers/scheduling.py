@@ -20,6 +20,8 @@ with the tick's append), so a decision sees the ones made before it in the same 
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
@@ -48,7 +50,7 @@ def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
     return book
 
 
-def _is_waiting(state: TaskState | None) -> bool:
+def _is_waiting(state: TaskState | None) -> TypeGuard[TaskState]:
     return state is not None and state.status == chart.PENDING and state.reason == "Waiting"
 
 

@@ -128,7 +128,11 @@ _SQLITE_UPDATE_FROM = (3, 33, 0)
 def _joined_update_works(dialect: sa.Dialect) -> bool:
     if dialect.name in ("mysql", "mariadb"):
         return True
-    return dialect.name == "sqlite" and dialect.dbapi.sqlite_version_info >= _SQLITE_UPDATE_FROM
+    if dialect.name != "sqlite":
+        return False
+    if dialect.dbapi is None:
+        raise ValueError("the SQLite dialect has no DBAPI module to ask for its version")
+    return dialect.dbapi.sqlite_version_info >= _SQLITE_UPDATE_FROM
 
 
 def _joined_update_sql(rows: int, dialect_name: str) -> str:

@@ -225,8 +225,8 @@ def scratch_database(url: str | None) -> Iterator[str]:
         raise BenchInputError(f"--db {server.render_as_string(hide_password=True)}: cannot "
                               f"create a scratch database ({error.orig})") from None
     try:
-        fresh = server.set(database=name, query={"charset": "utf8mb4"})
-        fresh_url = fresh.render_as_string(hide_password=False)
+        fresh_server = server.set(database=name, query={"charset": "utf8mb4"})
+        fresh_url = fresh_server.render_as_string(hide_password=False)
         _migrate(fresh_url)
         yield fresh_url
     finally:
@@ -317,7 +317,8 @@ def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution
         with StatementCounter(svc.app.engine) as counter:
             def upper_layer(_report: Any = None) -> None:
                 nonlocal upper_layer_seconds
-                if plan.next_due() is None or plan.next_due() > clock.now():
+                due = plan.next_due()
+                if due is None or due > clock.now():
                     return
                 started = time.perf_counter()
                 with counter.paused():

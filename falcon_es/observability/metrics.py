@@ -76,12 +76,17 @@ class PoolSample:
 
 
 class ClusterLike(Protocol):
-    """What the overview needs of a registered cluster (``registry.Cluster``)."""
+    """What the overview needs of a registered cluster (``registry.Cluster``, frozen:
+    the attributes are only read)."""
 
-    name: str
-    tpu_type: str
-    status: str
-    default_reservation: str | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def tpu_type(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def default_reservation(self) -> str | None: ...
 
 
 TaskSource = Callable[[], Iterable[TaskState]]
@@ -230,16 +235,17 @@ class StateCollector:
                 live[(pool.cluster, pool.topology, pool.supply_mode, pool.state)] += 1
             if pool.created_at is not None:
                 end = pool.deleted_at or now
-                key = (pool.cluster, pool.topology, pool.supply_mode)
-                hours[key] = hours.get(key, 0.0) + max(0.0, (end - pool.created_at).total_seconds()) / 3600
-        for labels, count in sorted(live.items()):
-            pool_count.add_metric(labels, count)
-        for labels, value in sorted(hours.items()):
-            pool_hours.add_metric(labels, value)
+                pool_key = (pool.cluster, pool.topology, pool.supply_mode)
+                hours[pool_key] = hours.get(pool_key, 0.0) + max(0.0, (end - pool.created_at).total_seconds()) / 3600
+        for pool_labels, count in sorted(live.items()):
+            pool_count.add_metric(pool_labels, count)
+        for hours_labels, value in sorted(hours.items()):
+            pool_hours.add_metric(hours_labels, value)
         return (tasks, depth, running, acquiring, pool_count, pool_hours)
 
     @staticmethod
-    def _families() -> tuple[Metric, ...]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
+                             GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
                 "falcon_tasks", "Tasks by Status and Reason (Reason is the Pending sub-state "

@@ -21,11 +21,12 @@ from types import MappingProxyType
 from typing import Any
 
 import google.auth.transport.requests
+import google.cloud.pubsub_v1 as pubsub_v1  # untyped (no py.typed): mypy skips this form
 import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
-from google.cloud import compute_v1, container_v1, pubsub_v1
+from google.cloud import compute_v1, container_v1
 
 from falcon_es.adapters.gcp.compute import reservation_ref
 from falcon_es.adapters.gcp.errors import api_words

@@ -34,7 +34,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import urllib3
 from kubernetes import watch as kube_watch
@@ -469,13 +469,16 @@ class EdgeInformer:
 
     def _relist(self, kind: str, *, republish: bool) -> str:
         if kind == JOBS:
-            response = self.edge.batch.list_namespaced_job(
+            listed: object = self.edge.batch.list_namespaced_job(
                 self.edge.namespace, label_selector=self.settings.job_selector,
                 _preload_content=False, _request_timeout=self._read_timeout(60))
         else:
-            response = self.edge.core.list_namespaced_pod(
+            listed = self.edge.core.list_namespaced_pod(
                 self.edge.namespace, label_selector=self.settings.pod_selector,
                 _preload_content=False, _request_timeout=self._read_timeout(60))
+        # With _preload_content=False the client returns the raw urllib3 response; it is
+        # declared to return the parsed list whatever that flag says.
+        response = cast(urllib3.BaseHTTPResponse, listed)
         body = json.loads(response.data)
         list_rv = str(body["metadata"]["resourceVersion"])
         self.stats.lists += 1
@@ -491,6 +494,7 @@ class EdgeInformer:
         """Stream events from ``resume_from``; the resourceVersion to resume from next."""
         remaining = (next_resync - self._clock.now()).total_seconds()
         timeout = int(max(1, min(self.settings.watch_timeout_seconds, remaining)))
+        call: Callable[..., object]  # the list call of the watched kind
         if kind == JOBS:
             call, selector = self.edge.batch.list_namespaced_job, self.settings.job_selector
         else:

@@ -44,7 +44,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import google.auth
 import google.auth.transport.requests
@@ -244,7 +244,8 @@ def kube_configuration(endpoint: KubeEndpoint, tokens: GoogleAccessTokens) -> cl
     def refresh(config: client.Configuration) -> None:
         config.api_key["authorization"] = tokens.token()
 
-    configuration.refresh_api_key_hook = refresh
+    # The client declares the hook None-only, yet calls it before every request.
+    configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
     return configuration
 
 
@@ -335,7 +336,7 @@ class KubeEdgeCluster:
             pending = [p for p in pods if p.status is None or p.status.phase == "Pending"]
             events = [*self._events_of("Job", job_name),
                       *(e for pod in pending[:MAX_PODS_EXAMINED]
-                        for e in self._events_of("Pod", pod.metadata.name))]
+                        for e in self._events_of("Pod", _name(pod, "a Pod")))]
         except PortError:
             raise
         except Exception as error:
@@ -391,8 +392,9 @@ class KubeEdgeCluster:
     def _create_or_adopt_job(self, body: dict[str, Any]) -> JobRef:
         name = body["metadata"]["name"]
         try:
-            created = self.batch.create_namespaced_job(self.namespace, body,
-                                                       _request_timeout=self._timeout)
+            created = self.batch.create_namespaced_job(
+                # The client is declared to take a V1Job but takes a dict body as well.
+                self.namespace, body, _request_timeout=self._timeout)  # type: ignore[arg-type]
             return _job_ref(created)
         except ApiException as error:
             if error.status != 409:
@@ -408,11 +410,12 @@ class KubeEdgeCluster:
             return
         existing = self._read_service(name)
         wanted = service["metadata"]["labels"].get(TASK_LABEL)
-        owner = (existing.metadata.labels or {}).get(TASK_LABEL)
+        existing_meta = _meta(existing, f"Service {name}")
+        owner = (existing_meta.labels or {}).get(TASK_LABEL)
         if wanted is None or owner != wanted:
             self.delete_job(job.name)
             raise self._foreign_service(job, name, owner)
-        owners = existing.metadata.owner_references or ()
+        owners = existing_meta.owner_references or ()
         if any(reference.uid == job.uid for reference in owners):
             log.info("adopted existing Service %s of Job %s (uid %s) on %s", name, job.name,
                      job.uid, self.name)
@@ -423,7 +426,8 @@ class KubeEdgeCluster:
         """Create the Service; False when one of that name exists already."""
         name = service["metadata"]["name"]
         try:
-            self.core.create_namespaced_service(self.namespace, service,
+            # The client is declared to take a V1Service but takes a dict body as well.
+            self.core.create_namespaced_service(self.namespace, service,  # type: ignore[arg-type]
                                                 _request_timeout=self._timeout)
             return True
         except ApiException as error:
@@ -453,7 +457,7 @@ class KubeEdgeCluster:
         by the Job that runs now. Only that very Service is deleted (a uid precondition)."""
         name = service["metadata"]["name"]
         preconditions = client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(uid=existing.metadata.uid))
+            preconditions=client.V1Preconditions(uid=_meta(existing, f"Service {name}").uid))
         try:
             self.core.delete_namespaced_service(name, self.namespace, body=preconditions,
                                                 _request_timeout=self._timeout)
@@ -488,7 +492,7 @@ class KubeEdgeCluster:
                                            "was submitted; submit again") from error
             raise self.error(error, f"reading existing Job {name}") from error
         ref = _job_ref(existing)
-        if existing.metadata.deletion_timestamp is not None:
+        if _meta(existing, f"Job {name}").deletion_timestamp is not None:
             raise PortError(RETRYABLE, f"Job {name} in namespace {self.namespace} on cluster "
                                        f"{self.name} is being deleted; submit again once it "
                                        "is gone")
@@ -502,11 +506,13 @@ class KubeEdgeCluster:
         return ref
 
     def _pods_of(self, job: client.V1Job) -> list[client.V1Pod]:
-        name, uid = job.metadata.name, job.metadata.uid
+        meta = _meta(job, "a Job")
+        name, uid = meta.name, meta.uid
         pods = self.core.list_namespaced_pod(self.namespace,
                                              label_selector=f"{JOB_NAME_LABEL}={name}",
                                              _request_timeout=self._timeout).items
-        owned = [p for p in pods if any(o.uid == uid for o in p.metadata.owner_references or ())]
+        owned = [p for p in pods
+                 if any(o.uid == uid for o in _meta(p, "a Pod").owner_references or ())]
         return sorted(owned, key=_pod_order)
 
     def _events_of(self, kind: str, name: str) -> list[client.CoreV1Event]:
@@ -523,7 +529,7 @@ class KubeEdgeCluster:
         findings: list[tuple[int, str]] = []
         pools_checked: set[str] = set()
         for pod in pods:
-            pod_name = pod.metadata.name
+            pod_name = _name(pod, "a Pod")
             pod_events = sorted(by_object.get(("Pod", pod_name), []), key=_event_time)
             unschedulable = _unschedulable_message(pod, pod_events)
             if unschedulable is not None:
@@ -544,12 +550,13 @@ class KubeEdgeCluster:
             if status is not None and status.phase == "Failed" and status.reason:
                 detail = f": {status.message}" if status.message else ""
                 findings.append((4, f"pod {pod_name} failed: {status.reason}{detail}"))
-        for event in sorted(by_object.get(("Job", job.metadata.name), []), key=_event_time):
+        job_name = _name(job, "a Job")
+        for event in sorted(by_object.get(("Job", job_name), []), key=_event_time):
             if event.type == "Warning":
-                findings.append((5, f"Job {job.metadata.name}: {event.reason}: {event.message}"))
+                findings.append((5, f"Job {job_name}: {event.reason}: {event.message}"))
         for condition in (job.status.conditions if job.status else None) or ():
             if condition.type == "Failed" and condition.status == "True":
-                findings.append((6, (f"Job {job.metadata.name} failed: {condition.reason}: "
+                findings.append((6, (f"Job {job_name} failed: {condition.reason}: "
                                      f"{condition.message}")))
         return findings
 
@@ -612,8 +619,35 @@ def _task_of(metadata: Any) -> str | None:
     return annotations.get(TASK_ID_ANNOTATION) or labels.get(TASK_LABEL) or None
 
 
+class _KubeObject(Protocol):
+    """An object the Kubernetes API returns (a Job, Pod, Service ...)."""
+
+    @property
+    def metadata(self) -> client.V1ObjectMeta | None: ...
+
+
+def _meta(obj: _KubeObject, what: str) -> client.V1ObjectMeta:
+    """The object's metadata, which the API server always sets: an answer without it
+    is malformed (a PortError naming ``what`` the object is)."""
+    if obj.metadata is None:
+        raise PortError(FAILED, f"the Kubernetes API returned {what} without metadata")
+    return obj.metadata
+
+
+def _name(obj: _KubeObject, what: str) -> str:
+    """The object's metadata.name, likewise always set by the API server."""
+    name = _meta(obj, what).name
+    if name is None:
+        raise PortError(FAILED, f"the Kubernetes API returned {what} without metadata.name")
+    return name
+
+
 def _job_ref(job: client.V1Job) -> JobRef:
-    return JobRef(name=job.metadata.name, uid=job.metadata.uid, task_id=_task_of(job.metadata))
+    name = _name(job, "a Job")
+    meta = _meta(job, f"Job {name}")
+    if meta.uid is None:
+        raise PortError(FAILED, f"the Kubernetes API returned Job {name} without metadata.uid")
+    return JobRef(name=name, uid=meta.uid, task_id=_task_of(meta))
 
 
 def _node_ready(node: client.V1Node) -> bool:
@@ -623,11 +657,11 @@ def _node_ready(node: client.V1Node) -> bool:
 
 def _pod_order(pod: client.V1Pod) -> tuple[int, str]:
     """The leader (completion index 0) first: its trouble is upstream of the others'."""
-    meta = pod.metadata
+    meta = _meta(pod, "a Pod")
     raw = (meta.labels or {}).get(COMPLETION_INDEX) or (meta.annotations or {}).get(
         COMPLETION_INDEX)
     index = int(raw) if raw is not None and raw.isdigit() else 1 << 30
-    return index, meta.name
+    return index, _name(pod, "a Pod")
 
 
 def _event_time(event: client.CoreV1Event) -> dt.datetime:
@@ -657,7 +691,7 @@ def _container_findings(pod: client.V1Pod) -> list[tuple[int, str]]:
     findings: list[tuple[int, str]] = []
     for container in statuses:
         state = container.state
-        where = f"pod {pod.metadata.name} container {container.name}"
+        where = f"pod {_meta(pod, 'a Pod').name} container {container.name}"
         if state and state.waiting and state.waiting.reason in CONTAINER_FAILURES:
             detail = f": {state.waiting.message}" if state.waiting.message else ""
             findings.append((2, f"{where}: {state.waiting.reason}{detail}"))

@@ -430,8 +430,10 @@ class LeaseElector:
 
     def _create(self, record: LeaderRecord, now: dt.datetime) -> bool:
         try:
-            lease = self.api.create_namespaced_lease(self.namespace, self._body(record, None),
-                                                     _request_timeout=self.request_timeout)
+            lease = self.api.create_namespaced_lease(
+                # The client is declared to take a V1Lease but takes a dict body as well.
+                self.namespace, self._body(record, None),  # type: ignore[arg-type]
+                _request_timeout=self.request_timeout)
         except ApiException as error:
             return self._failed("creating", error)
         except (urllib3.exceptions.HTTPError, OSError) as error:
@@ -442,7 +444,8 @@ class LeaseElector:
     def _replace(self, record: LeaderRecord, version: str, now: dt.datetime) -> bool:
         try:
             lease = self.api.replace_namespaced_lease(
-                self.name, self.namespace, self._body(record, version),
+                # The client is declared to take a V1Lease but takes a dict body as well.
+                self.name, self.namespace, self._body(record, version),  # type: ignore[arg-type]
                 _request_timeout=self.request_timeout)
         except ApiException as error:
             return self._failed("updating", error)

@@ -31,9 +31,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import google.cloud.pubsub_v1 as pubsub_v1  # untyped (no py.typed): mypy skips this form
 from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
-from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.publisher import exceptions as publish_exceptions
 
 from falcon_es.adapters.gcp.errors import code_for_api_error
