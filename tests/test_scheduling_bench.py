@@ -20,8 +20,9 @@ def test_benchmark_reports_every_figure() -> None:
         assert size["pick_us"] > 0 and size["refresh_rows"] > 0
         assert size["raw_rows_per_s"] > 0 and size["refresh_ratio"] > 0
     assert set(report["targets"]) == {"pick_us_at_largest <= 1000",
-                                      "pick growth <= log n growth", "refresh_ratio >= 0.5"}
-    assert "pick cost growth 100 -> 200" in bench.format_report(report)
+                                      "decision growth <= log n growth", "refresh_ratio >= 0.5"}
+    assert report["decide_growth"] > 0 and report["pick_growth"] > 0
+    assert "growth 100 -> 200: decision x" in bench.format_report(report)
 
 
 def test_cli_rejects_bad_sizes() -> None:
