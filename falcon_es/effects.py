@@ -528,11 +528,12 @@ class LifecycleIndex:
         return min(poll[1], deadline) if deadline is not None else poll[1]
 
     def wake_at(self, task_id: str) -> dt.datetime | None:
-        """The task's ``wake_of`` moment as of the last commit."""
+        """The task's ``wake_of`` moment as of the last commit (or its next operation
+        poll, when that comes first)."""
         return self._wake_at.get(task_id)
 
     def next_wake(self) -> dt.datetime | None:
-        """The earliest moment a task needs a look by time alone (``wake_of``)."""
+        """The earliest moment a task needs a look by time alone (``wake_of``, polls)."""
         return self._wakes[0][0] if self._wakes else None
 
     def waking(self, now: dt.datetime) -> list[str]:
