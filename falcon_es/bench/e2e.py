@@ -30,16 +30,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 import random
 import resource
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -49,6 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db, job_rows, service
+from falcon_es.bench.scratch import ScratchDatabaseError, scratch_mysql_database
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.tables import job
@@ -214,25 +213,13 @@ def scratch_database(url: str | None) -> Iterator[str]:
         _migrate(url)
         yield url
         return
-    server = parsed.set(database=None, query={})
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-    name = f"falcon_e2e_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
-    except sa.exc.OperationalError as error:
-        admin.dispose()
-        raise BenchInputError(f"--db {server.render_as_string(hide_password=True)}: cannot "
-                              f"create a scratch database ({error.orig})") from None
-    try:
-        fresh_server = server.set(database=name, query={"charset": "utf8mb4"})
-        fresh_url = fresh_server.render_as_string(hide_password=False)
+    with ExitStack() as stack:
+        try:
+            fresh_url = stack.enter_context(scratch_mysql_database(parsed, "falcon_e2e"))
+        except ScratchDatabaseError as error:
+            raise BenchInputError(f"--db {error}") from None
         _migrate(fresh_url)
         yield fresh_url
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-        admin.dispose()
 
 
 def _migrate(url: str) -> None:

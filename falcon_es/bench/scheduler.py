@@ -25,12 +25,10 @@ import dataclasses
 import datetime as dt
 import gc
 import math
-import os
 import random
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +38,7 @@ import sqlalchemy as sa
 
 from falcon_es import chart, db, registry
 from falcon_es import events as ev
+from falcon_es.bench.scratch import scratch_mysql_database
 from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import Handler
@@ -120,16 +119,8 @@ def _scratch(server: str | None) -> Iterator[str]:
         with tempfile.TemporaryDirectory() as tmp:
             yield f"sqlite:///{Path(tmp) / 'bench.db'}"
         return
-    admin = sa.create_engine(server.rstrip("/") + "/", isolation_level="AUTOCOMMIT")
-    name = f"falcon_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
-    try:
-        yield f"{server.rstrip('/')}/{name}?charset=utf8mb4"
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-        admin.dispose()
+    with scratch_mysql_database(server, "falcon_bench") as scratch:
+        yield scratch
 
 
 def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> SizeReport:

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import gc
-import os
 import tempfile
 import time
 import uuid
@@ -42,6 +41,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
 from falcon_es.tables import job, task_events
+from falcon_es.bench.scratch import scratch_mysql_database
 from projections import replay
 
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
@@ -144,18 +144,8 @@ def scratch_database(db_url: str) -> Iterator[str]:
     url = sa.engine.make_url(db_url)
     backend = url.get_backend_name()
     if backend in ("mysql", "mariadb"):
-        name = f"falcon_bench_store_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        admin = db.make_engine(url.set(database="").render_as_string(hide_password=False))
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
-            conn.commit()
-        try:
-            yield url.set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-                conn.commit()
-            admin.dispose()
+        with scratch_mysql_database(url, "falcon_bench_store") as scratch:
+            yield scratch
         return
     given = url.database if url.database and db_url != db.DEFAULT_URL else None
     with tempfile.TemporaryDirectory(dir=Path(given).resolve().parent if given else None,
