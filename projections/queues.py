@@ -149,11 +149,7 @@ class QueueView:
         """Fold task changes (in log order) and the decisions they record."""
         book = self.book
         for change in changes:
-            self._written.pop(change.after.task_id, None)
-            book.sync(change.after)
-            place = book.place(change.after.task_id)
-            if place is not None and place[0] == WAITING:
-                book.changed.add(place[1])
+            self._place(change.after)
         for record in recorded:
             event = record.event
             if isinstance(event, ev.TaskPicked):
@@ -171,15 +167,19 @@ class QueueView:
         """Put tasks whose states were folded again from the log (another writer won a
         race) where those states say; their queues' positions are rewritten with the
         next append. Who a queue served last is not replayed from their history."""
-        book = self.book
         for state in states:
-            self._written.pop(state.task_id, None)
-            before = book.place(state.task_id)
-            book.sync(state)
-            for place in (before, book.place(state.task_id)):
-                if place is not None and place[0] == WAITING:
-                    book.changed.add(place[1])
-        book.commit()
+            self._place(state)
+        self.book.commit()
+
+    def _place(self, state: TaskState) -> None:
+        """Put the task where its state says (the book marks the queues it left or
+        joined); its row's Message was just rewritten, so a waiting task's queue gets its
+        positions written again too."""
+        self._written.pop(state.task_id, None)
+        self.book.sync(state)
+        place = self.book.place(state.task_id)
+        if place is not None and place[0] == WAITING:
+            self.book.changed.add(place[1])
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
