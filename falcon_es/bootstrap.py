@@ -18,8 +18,8 @@ from falcon_es.ports import Ports
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
-from projections.job_table import JobTableProjection
-from projections.queues import QueueView
+from falcon_es.projections.job_table import JobTableProjection
+from falcon_es.projections.queues import QueueView
 
 
 @dataclasses.dataclass
@@ -70,9 +70,9 @@ def build_controller(app: App, *, ports: Ports | None = None, handlers: tuple | 
     from falcon_es.registry import Cluster, list_clusters
     from falcon_es.runtime import Controller
     from falcon_es.effects import EffectExecutor
-    from handlers import HANDLERS, timeouts
-    from handlers.intake import INTAKE_BATCH
-    from handlers.status import ack_folded
+    from falcon_es.handlers import HANDLERS, timeouts
+    from falcon_es.handlers.intake import INTAKE_BATCH
+    from falcon_es.handlers.status import ack_folded
 
     inbox = JobInbox(app.engine)
     # The after-commit effect executor carries out the intents the handlers record.

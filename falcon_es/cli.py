@@ -399,7 +399,7 @@ def events_command(ctx: click.Context, after: int, follow: bool, poll: float, as
 @_friendly
 def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: bool) -> None:
     """Replay the log: verify, rebuild, or time-travel (--until)."""
-    from projections import replay as rp
+    from falcon_es.projections import replay as rp
 
     app = _app(ctx)
     lang = app.settings.language
@@ -457,8 +457,8 @@ def _position(app: App, until: str) -> int:
 def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
     """The (cluster, topology) queues, folded from the log: slot holder, waiting tasks
     in pick order, running count, actor served last."""
-    from projections import replay as rp
-    from projections.queues import queue_rows, unplaced_rows
+    from falcon_es.projections import replay as rp
+    from falcon_es.projections.queues import queue_rows, unplaced_rows
 
     app = _app(ctx)
     _, view = rp.fold_views(app.store, app.settings.language)
@@ -747,7 +747,7 @@ def bench_store(ctx: click.Context, db_url: str | None, count: int, tick: int,
 def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
     """Pick decision cost, a tick filling every slot, position refresh vs raw UPDATE."""
     from falcon_es.bench import scheduler as bench
-    from handlers import intake, scheduling
+    from falcon_es.handlers import intake, scheduling
 
     try:
         counts = [int(s) for s in sizes.split(",") if s.strip()]
@@ -962,8 +962,8 @@ def clusters_command(ctx: click.Context, live: bool, as_json: bool) -> None:
     """Per cluster: reservation remaining, active pools with topology, queue depths and
     running counts, folded from the log (--live adds what GKE and Compute say now)."""
     from falcon_es.observability.metrics import Metrics
-    from projections import replay as rp
-    from projections.node_pools import DELETED, pool_samples
+    from falcon_es.projections import replay as rp
+    from falcon_es.projections.node_pools import DELETED, pool_samples
 
     app = _app(ctx)
     states = rp.fold_log(app.store)

@@ -116,7 +116,7 @@ def alembic_config(engine: Engine) -> Any:
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(importlib.resources.files("schema")))
+    config.set_main_option("script_location", str(importlib.resources.files("falcon_es.schema")))
     config.attributes["engine"] = engine
     return config
 

@@ -59,7 +59,7 @@ class Service:
         The loop asks after every tick that found nothing to do: the live-task count and
         the executor's index answer "not yet" without looking at every task; the full
         look runs only when they say "settled" (so a stale index cannot stop a loop)."""
-        from handlers.deprovision import needs_disposal
+        from falcon_es.handlers.deprovision import needs_disposal
 
         effects = self.effects
         tasks = self.app.tasks
@@ -189,7 +189,7 @@ def start(
 
 
 def _due_sources(service: Service) -> list[Callable[[], dt.datetime | None]]:
-    from handlers import timeouts
+    from falcon_es.handlers import timeouts
 
     effects = service.effects
     sources: list[Callable[[], dt.datetime | None]] = [
@@ -214,7 +214,7 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event, metrics: Any
           health: Any = None, ops_topic: str | None = None) -> LoopReport:
     """Run the loop as a service: mark health, feed metrics, publish the ops stream
     after commits, and on stop flush the outbox before returning."""
-    from handlers import outbox
+    from falcon_es.handlers import outbox
 
     last_publish = 0.0
 

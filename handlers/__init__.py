@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from falcon_es.runtime import Handler
 from falcon_es.effects import record_outcomes
-from handlers import abort, deprovision, dispatch, intake, orphans, provisioning, scheduling
-from handlers import status, timeouts
+from falcon_es.handlers import abort, deprovision, dispatch, intake, orphans, provisioning, scheduling
+from falcon_es.handlers import status, timeouts
 
 HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,

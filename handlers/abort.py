@@ -28,7 +28,7 @@ from falcon_es.context import HandlerContext
 from falcon_es.effects import ABORTING
 from falcon_es.runtime import Tick
 from falcon_es.task import TaskState
-from handlers.deprovision import (
+from falcon_es.handlers.deprovision import (
     JOB_GONE, PoolDecider, candidates, needs_disposal, pool_settled,
 )
 

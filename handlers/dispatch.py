@@ -15,7 +15,7 @@ from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.effects import DISPATCHING
 from falcon_es.runtime import Tick
-from handlers.deprovision import candidates
+from falcon_es.handlers.deprovision import candidates
 
 
 def dispatch(tick: Tick, ctx: HandlerContext) -> None:

@@ -41,7 +41,7 @@ from falcon_es.settings import Settings
 from falcon_es.spec import SUPPLY_MODES
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
-from handlers.deprovision import ask_create_operation, candidates, handed_over_now, is_holder
+from falcon_es.handlers.deprovision import ask_create_operation, candidates, handed_over_now, is_holder
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 

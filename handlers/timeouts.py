@@ -27,7 +27,7 @@ from falcon_es.effects import (
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
 from falcon_es.task import TaskState
-from handlers.deprovision import candidates
+from falcon_es.handlers.deprovision import candidates
 
 _EARLIEST = dt.datetime.min
 DISPATCHED = frozenset({"Pending.Dispatching", chart.RUNNING})

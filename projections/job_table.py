@@ -20,7 +20,7 @@ from falcon_es import chart
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
 from falcon_es.task import Change, TaskState, TaskStates
-from projections.messages import task_message
+from falcon_es.projections.messages import task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
 PROJECTED_COLUMNS = (

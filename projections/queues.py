@@ -27,7 +27,7 @@ from falcon_es.scheduling import WAITING, Entry, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
 from falcon_es.task import Change, TaskState, TaskStates
-from projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
+from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
 
 #: Events that take a retained pool out of the idle set.
 _POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)

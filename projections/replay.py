@@ -22,8 +22,8 @@ from falcon_es import chart, db
 from falcon_es.store import EventStore
 from falcon_es.tables import job
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
-from projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
-from projections.queues import QueueView, write_positions
+from falcon_es.projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
+from falcon_es.projections.queues import QueueView, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.

@@ -22,7 +22,7 @@ from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.tables import clusters, job
-from handlers import intake
+from falcon_es.handlers import intake
 
 from conftest import MYSQL_SERVER
 

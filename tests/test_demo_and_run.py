@@ -15,7 +15,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.demo import run_demo
 from falcon_es.settings import Settings
 from falcon_es.simulate import run_simulation
-from handlers import outbox
+from falcon_es.handlers import outbox
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/w:1", "tpu_type": "v7x", "topology": "2x2x1",
         "sim": {"duration_seconds": 300}}

@@ -41,7 +41,7 @@ from falcon_es.registry import Cluster, list_clusters
 from falcon_es.retry import Backoff
 from falcon_es.settings import Settings
 from falcon_es.tpu import slice_shape
-from handlers import outbox
+from falcon_es.handlers import outbox
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator

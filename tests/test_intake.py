@@ -14,7 +14,7 @@ from falcon_es.bootstrap import App, build_controller, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.tables import job
-from handlers import intake
+from falcon_es.handlers import intake
 
 #: Intake alone: with the scheduling handlers a task with no cluster of its TPU type
 #: would fail NoMatchingCluster in the same tick (tests/test_scheduling.py covers that).

@@ -28,7 +28,7 @@ from falcon_es.spec import (
 )
 from falcon_es.tables import job
 from falcon_es.tpu import TPU_TYPES
-from projections.messages import render
+from falcon_es.projections.messages import render
 from tests.test_scheduling import add_cluster, controller
 
 GOOD = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",

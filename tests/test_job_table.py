@@ -20,8 +20,8 @@ from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, Meta, StreamAppend
 from falcon_es.tables import job
-from handlers import intake
-from projections import replay
+from falcon_es.handlers import intake
+from falcon_es.projections import replay
 
 SUBMITTED = dt.datetime(2026, 11, 1, 8)
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
@@ -378,7 +378,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
 def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: VirtualClock) -> None:
     """SQLite before 3.33 has no UPDATE ... FROM and gets the per-row compare-and-set;
     both forms must leave identical rows, an unfolded abort included."""
-    from projections import job_table
+    from falcon_es.projections import job_table
     from falcon_es.task import Change, fold
 
     for task_id in ("a1", "a2", "b1", "b2"):

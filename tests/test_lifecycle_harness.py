@@ -30,8 +30,8 @@ from falcon_es.ports import (
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller, Handler, Tick
 from falcon_es.settings import Settings
-from handlers import HANDLERS, timeouts
-from handlers.deprovision import needs_disposal
+from falcon_es.handlers import HANDLERS, timeouts
+from falcon_es.handlers.deprovision import needs_disposal
 
 Step = tuple[str, str | None]
 T = TypeVar("T")

@@ -20,8 +20,8 @@ from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, StreamAppend
 from falcon_es.task import fold
-from projections import messages
-from projections.job_table import row_values
+from falcon_es.projections import messages
+from falcon_es.projections.job_table import row_values
 
 AT = dt.datetime(2026, 11, 1, 9)
 CJK = re.compile(r"[\u4e00-\u9fff]")

@@ -53,14 +53,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_migrations_and_every_package(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "schema/env.py" in names
-    assert any(n.startswith("schema/versions/0001") for n in names)
-    for package in ("falcon_es/__init__.py", "falcon_es/__main__.py", "projections/__init__.py",
-                    "handlers/__init__.py", "schema/__init__.py"):
+    assert "falcon_es/schema/env.py" in names
+    assert any(n.startswith("falcon_es/schema/versions/0001") for n in names)
+    for package in ("falcon_es/__init__.py", "falcon_es/__main__.py",
+                    "falcon_es/projections/__init__.py", "falcon_es/handlers/__init__.py",
+                    "falcon_es/schema/__init__.py"):
         assert package in names, package
-    on_disk = {str(p.relative_to(ROOT)) for top in ("falcon_es", "projections", "handlers", "schema")
-               for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "falcon_es").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    on_disk |= {f"falcon_es/{p.relative_to(ROOT)}" for top in ("projections", "handlers", "schema")
+                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert on_disk <= names, f"modules left out of the wheel: {sorted(on_disk - names)}"
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"falcon_es"}, f"the wheel installs more than one top-level name: {tops}"
 
 
 @pytest.mark.slow
@@ -77,10 +82,17 @@ def test_pip_install_of_the_wheel_into_a_fresh_venv_runs_db_upgrade(wheel: Path,
     _run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
           "--no-compile", wheel], cwd=tmp_path, env=env, timeout=600)
 
-    located = _run([venv / "bin" / "python", "-c", "import falcon_es, schema; "
-                    "print(falcon_es.__file__); print(schema.__file__)"], cwd=tmp_path, env=env)
+    located = _run([venv / "bin" / "python", "-c", "import falcon_es, falcon_es.schema; "
+                    "print(falcon_es.__file__); print(falcon_es.schema.__file__)"],
+                   cwd=tmp_path, env=env)
     for path in located.stdout.split():
         assert path.startswith(str(venv)), f"imported from outside the venv: {path}"
+    for top in ("handlers", "projections", "schema"):
+        clash = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {top}"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True,
+                               check=False)
+        assert clash.returncode != 0 and "ModuleNotFoundError" in clash.stderr, (
+            f"the wheel installs a top-level {top!r}")
 
     helped = _run([venv / "bin" / "falcon-es", "--help"], cwd=tmp_path, env=env)
     assert "Falcon-ES" in helped.stdout

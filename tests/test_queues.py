@@ -15,9 +15,9 @@ from falcon_es.bootstrap import App, open_app
 from falcon_es.cli import main
 from falcon_es.settings import Settings
 from falcon_es.tables import job
-from projections import replay as rp
-from projections.messages import position_message
-from projections.queues import queue_rows
+from falcon_es.projections import replay as rp
+from falcon_es.projections.messages import position_message
+from falcon_es.projections.queues import queue_rows
 from tests.test_scheduling import add_cluster, append, controller, row, run, submit
 
 
@@ -186,7 +186,7 @@ def test_bulk_position_rendering_equals_position_message() -> None:
     import datetime as dt
 
     from falcon_es.scheduling import Entry
-    from projections.queues import positions
+    from falcon_es.projections.queues import positions
 
     at = dt.datetime(2026, 1, 1)
     order = [Entry(f"t{i}", f"user-{i % 3}", f"job-{i}", at, "v6e", "2x2", (at, f"t{i}"))

@@ -19,7 +19,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, StreamAppend
 from falcon_es.tables import job
-from projections import replay
+from falcon_es.projections import replay
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
 SUBMITTED = dt.datetime(2026, 11, 1, 8)

@@ -28,7 +28,7 @@ from falcon_es.ports import RETRYABLE, PortError
 from falcon_es.retry import DEFAULT_BACKOFFS, Backoff
 from falcon_es.settings import Settings, SettingsError
 from falcon_es.task import STEP_OUTCOMES, fold
-from projections.messages import CALLS, task_message
+from falcon_es.projections.messages import CALLS, task_message
 
 Make = Callable[..., Harness]
 

@@ -18,7 +18,7 @@ from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, StreamAppend
-from handlers import intake, scheduling
+from falcon_es.handlers import intake, scheduling
 
 SCHEDULING = (
     intake.accept_new_rows, intake.notice_abort_requests,

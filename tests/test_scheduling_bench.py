@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from falcon_es.bench import scheduler as bench
 from falcon_es.cli import main
-from handlers import intake, scheduling
+from falcon_es.handlers import intake, scheduling
 
 HANDLERS = (intake.accept_new_rows, scheduling.requeue_from_inactive_clusters,
             scheduling.choose_clusters, scheduling.fill_free_slots)

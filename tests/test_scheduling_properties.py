@@ -26,8 +26,8 @@ from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
 from falcon_es.store import RecordedEvent
 from falcon_es.task import TaskState, TaskStates
-from handlers import scheduling
-from projections.queues import QueueView
+from falcon_es.handlers import scheduling
+from falcon_es.projections.queues import QueueView
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 SCHEDULING = (scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,

@@ -42,7 +42,7 @@ from falcon_es.settings import Settings
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
 from falcon_es.tables import job, task_events
 from falcon_es.bench.scratch import scratch_mysql_database
-from projections import replay
+from falcon_es.projections import replay
 
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
 #: Events each task stream gets in one tick (a tick touches tick / this many streams).
