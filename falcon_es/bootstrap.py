@@ -1,102 +1,245 @@
-"""The one place that wires the application: engine, store, inline projections,
-and (for the controller) the ports' adapters. Part of the composition root, with
-the CLI; the core modules never import projections, handlers or adapters."""
+"""The composition root: the one place that builds the application.
+
+``open_app`` builds the store with its inline projections (task states, job table,
+queue view, lifecycle index, cluster cache) for every command that reads or appends;
+``build_service`` builds a running controller on top: the chosen backend's ports, the
+effect executor, the handlers, the controller and its loop, every part set at
+construction. ``run``, ``demo``, ``simulate``, the benchmarks and the test harness all
+start here; the core modules never import handlers, projections or adapters.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
-from falcon_es.runtime import Controller
-
-from falcon_es import db
-from falcon_es.clock import Clock, WallClock
+from falcon_es import db, registry
+from falcon_es.clock import Clock, VirtualClock, WallClock, utcnow
 from falcon_es.cluster_cache import ClusterCache
+from falcon_es.context import HandlerContext
+from falcon_es.effects import EffectExecutor
+from falcon_es.follow import LogFollower
+from falcon_es.handlers import HANDLERS, timeouts
+from falcon_es.handlers.intake import INTAKE_BATCH
+from falcon_es.handlers.status import ack_folded
+from falcon_es.inbox import JobInbox
+from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.loop import Leadership, Loop, Script, leadership_fence
+from falcon_es.observability.metered import metered_ports
 from falcon_es.ports import Ports
+from falcon_es.projections.job_table import JobTableProjection
+from falcon_es.projections.queues import QueueView
+from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
+from falcon_es.service import Service
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
-from falcon_es.projections.job_table import JobTableProjection
-from falcon_es.projections.queues import QueueView
+
+if TYPE_CHECKING:
+    from falcon_es.adapters.sim import SimWorld
+    from falcon_es.observability.metrics import Metrics
+
+BACKENDS = ("sim", "gcp")
+#: Events read per batch when the log is folded at start.
+FOLD_BATCH = 5000
 
 
-@dataclasses.dataclass
+class BackendError(ValueError):
+    """The backend cannot be built from this configuration (says what is missing)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class App:
     settings: Settings
     engine: Engine
     clock: Clock
     store: EventStore
     tasks: TaskStates
-    queue_view: QueueView | None = None
+    #: The scheduler's queues and the waiting positions in the job table.
+    queue_view: QueueView
+    #: Which tasks each lifecycle handler looks at, who holds each pool, what is due.
+    index: LifecycleIndex
     #: The cluster registry as ticks read it (kept current by the store's appends).
-    cluster_cache: ClusterCache | None = None
+    cluster_cache: ClusterCache
+    #: Folds what another writer appended (only when nothing guarantees one writer).
+    follower: LogFollower | None = None
 
     def close(self) -> None:
         self.engine.dispose()
 
 
 def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None,
-             extra_projections: Callable[[TaskStates], Sequence[InlineProjection]] | None = None,
-             ) -> App:
-    """``extra_projections`` adds inline projections built on the task states (metrics)."""
+             metrics: Metrics | None = None, follow_log: bool = False) -> App:
+    """The store and its inline projections. ``metrics`` adds its projection, so
+    transition histograms and event counts follow each commit; ``follow_log`` folds
+    what another writer appended before each tick (one read of the log head per
+    tick), for when nothing guarantees a single writer."""
     engine = engine or db.make_engine(settings.db_url)
     clock = clock or WallClock()
     tasks = TaskStates()
     queue_view = QueueView(tasks, settings.language)
-    extra = list(extra_projections(tasks)) if extra_projections else []
+    index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
+    follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
-    store = EventStore(engine, clock, projections=[
-        tasks, JobTableProjection(tasks, settings.language), queue_view, *extra,
-        cluster_cache])
-    return App(settings, engine, clock, store, tasks, queue_view, cluster_cache)
+    projections: list[InlineProjection] = [
+        tasks, JobTableProjection(tasks, settings.language), queue_view, index]
+    if follower is not None:
+        projections.append(follower)
+    if metrics is not None:
+        projections.append(metrics.projection(tasks))
+    projections.append(cluster_cache)
+    store = EventStore(engine, clock, projections=projections)
+    if follower is not None:
+        # The head before the fold: events appended meanwhile are read again and told
+        # apart by version, never missed.
+        follower.attach(store, position=store.head(), queues=queue_view, index=index)
+    return App(settings, engine, clock, store, tasks, queue_view, index, cluster_cache,
+               follower)
 
 
 def load_task_states(app: App) -> None:
     """Fold the log once at start so handlers see every task's state."""
-    if app.queue_view is not None:
-        app.queue_view.load(app.store.read_batches(0, batch_size=5000))
-        return
-    for batch in app.store.read_batches(0, batch_size=5000):
-        app.tasks.fold(batch)
-        app.tasks.committed()
+    app.queue_view.load(app.store.read_batches(0, batch_size=FOLD_BATCH))
+    app.index.rebuild()
 
 
-def build_controller(app: App, *, ports: Ports | None = None, handlers: tuple | None = None) -> Controller:
-    """The controller loop wired to this app's store, views and ports."""
-    from falcon_es.context import HandlerContext
-    from falcon_es.inbox import JobInbox
-    from falcon_es.registry import Cluster, list_clusters
-    from falcon_es.runtime import Controller
-    from falcon_es.effects import EffectExecutor
-    from falcon_es.handlers import HANDLERS, timeouts
-    from falcon_es.handlers.intake import INTAKE_BATCH
-    from falcon_es.handlers.status import ack_folded
+def build_ports(settings: Settings, backend: str, clock: Clock, *,
+                sim_config: str | Path | None = None, seed: int | None = None,
+                app: App | None = None) -> tuple[Ports, SimWorld | None]:
+    """The ports of a backend: the simulated world's (with the world), or the Google
+    Cloud and Kubernetes clients'."""
+    if backend not in BACKENDS:
+        raise BackendError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend == "gcp":
+        from falcon_es.adapters.gcp import build_gcp_ports
 
+        return build_gcp_ports(settings, clock=clock), None
+    world = sim_world(clock, sim_config, seed, app)
+    return world.ports(), world
+
+
+def sim_world(clock: Clock, config_path: str | Path | None, seed: int | None,
+              app: App | None) -> SimWorld:
+    from falcon_es.adapters.sim import SimWorld, behaviour_from_tasks, load_sim_config
+
+    config = load_sim_config(config_path)
+    source = behaviour_from_tasks(app.tasks) if app is not None else None
+    return SimWorld(clock, config, seed=seed, behaviour_source=source)
+
+
+def register_world_clusters(app: App, world: SimWorld) -> list[registry.Cluster]:
+    """Register the simulated world's clusters that the registry does not know yet."""
+    added = []
+    with app.engine.connect() as conn:
+        known = {c.name for c in registry.list_clusters(conn)}
+    for config in world.config.clusters:
+        if config.name in known:
+            continue
+        added.append(registry.add_cluster(
+            app.store, name=config.name, project=config.project or "falcon-sim",
+            location=config.location or "us-central1-a", tpu_type=config.tpu_type,
+            gcs_bucket=config.gcs_bucket or "falcon-sim-logs",
+            default_reservation=config.default_reservation,
+        ))
+    return added
+
+
+def build_service(
+    settings: Settings, *, backend: str = "sim", sim_config: str | Path | None = None,
+    seed: int | None = None, clock: Clock | None = None, realtime: bool = False,
+    register_clusters: bool = True, tick_seconds: float = 1.0,
+    on_tick: Callable[[TickReport], None] | None = None, ports: Ports | None = None,
+    metrics: Metrics | None = None, world: SimWorld | None = None,
+    leadership: Leadership | None = None, follow_log: bool = False,
+    handlers: Sequence[Handler] = HANDLERS, app: App | None = None,
+    before_effects: Sequence[AfterCommit] = (), script: Script | None = None,
+    resolution: float = 0.0,
+) -> Service:
+    """A controller, ready to run. ``world`` reuses a simulated world (several
+    controllers, or several leadership terms, on one world); ``ports`` are the ports to
+    run on instead of the backend's own (the gcp clients built once for every term, or
+    a test's fault-injecting wrapper of the sim's); ``leadership`` fences the loop and
+    every commit with a lease; ``app`` is an app opened already (a test that set up the
+    registry first); ``before_effects`` run after each commit ahead of the effect
+    executor (a test's crash points); ``script`` is the upper layer of a run that ends
+    when its script does (demo, simulate, bench)."""
+    if backend not in BACKENDS:
+        raise BackendError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if clock is None:
+        clock = app.clock if app is not None else (
+            WallClock() if realtime or backend == "gcp" else VirtualClock(utcnow()))
+    if app is None:
+        app = open_app(settings, clock, metrics=metrics, follow_log=follow_log)
+    if backend == "sim":
+        if world is None:
+            world = sim_world(clock, sim_config, seed, app)
+        # The status handler pulls settings.edge_events_subscription on either backend:
+        # attach it to the topic the simulated informers publish to.
+        world.bus.subscribe(world.config.delivery.topic, settings.edge_events_subscription)
+        if register_clusters:
+            register_world_clusters(app, world)
+        ports = ports or world.ports()
+    else:
+        world = None
+        if ports is None:
+            ports, _ = build_ports(settings, backend, clock)
+    if metrics is not None:
+        ports = metered_ports(ports, metrics)
+    load_task_states(app)
+    executor = EffectExecutor(app.store, app.tasks, settings, ports, app.index)
+    controller = _controller(app, ports, executor, handlers, before_effects=before_effects,
+                             metrics=metrics, leadership=leadership)
+    loop = _loop(app, ports, executor, controller, world, clock, leadership=leadership,
+                 on_tick=on_tick, tick_seconds=tick_seconds, script=script,
+                 resolution=resolution)
+    return Service(app=app, ports=ports, index=app.index, executor=executor,
+                   controller=controller, loop=loop, world=world)
+
+
+def _controller(app: App, ports: Ports, executor: EffectExecutor,
+                handlers: Sequence[Handler], *, before_effects: Sequence[AfterCommit],
+                metrics: Metrics | None, leadership: Leadership | None) -> Controller:
     inbox = JobInbox(app.engine)
-    # The after-commit effect executor carries out the intents the handlers record.
-    effects = EffectExecutor(app.store, app.tasks, app.settings, ports) if ports else None
-    if effects is not None:
-        effects.index.wake_of = timeouts.wake_of(app.settings)
-
-    def read_clusters() -> list[Cluster]:
-        if app.cluster_cache is not None:
-            return app.cluster_cache.clusters()
-        with app.engine.connect() as conn:
-            return list_clusters(conn)
+    settings = app.settings
 
     def make_context() -> HandlerContext:
         # One poll of the upper layer's inputs per tick, shared by the intake handlers.
-        return HandlerContext(app.settings, app.clock.now(), app.tasks, read_clusters(),
-                              inbox.poll(INTAKE_BATCH), ports,
-                              queues=app.queue_view.book if app.queue_view else None,
-                              effects=effects,
-                              outcomes=effects.take_outcomes() if effects else ())
+        return HandlerContext(settings, app.clock.now(), app.tasks,
+                              app.cluster_cache.clusters(), inbox.poll(INTAKE_BATCH), ports,
+                              queues=app.queue_view.book, index=app.index, executor=executor,
+                              outcomes=executor.take_outcomes())
 
-    load_task_states(app)
-    after_commit = (effects.after_commit, ack_folded) if effects else ()
-    reloaded = (app.queue_view.resync,) if app.queue_view else ()
-    return Controller(app.store, app.tasks, handlers or HANDLERS, make_context,
-                      after_commit=after_commit, reloaded=reloaded,
-                      controller_id=app.settings.controller_id)
+    after_commit: list[AfterCommit] = [*before_effects, executor.after_commit, ack_folded]
+    if metrics is not None:
+        after_commit.append(metrics.edge_observations_folded)
+    before_commit = (leadership_fence(leadership),) if leadership is not None else ()
+    return Controller(app.store, app.tasks, handlers, make_context,
+                      after_commit=after_commit, before_commit=before_commit,
+                      reloaded=(app.queue_view.resync, app.index.resync),
+                      controller_id=settings.controller_id)
+
+
+def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controller,
+          world: SimWorld | None, clock: Clock, *, leadership: Leadership | None,
+          on_tick: Callable[[TickReport], None] | None, tick_seconds: float,
+          script: Script | None, resolution: float) -> Loop:
+    index = app.index
+    due_sources = [index.next_wake, executor.next_due]
+    if ports.next_due is not None:
+        due_sources.append(ports.next_due)
+
+    def settled() -> bool:
+        return Service.settled_state(app.tasks, index, executor)
+
+    return Loop(
+        controller=controller, clock=clock, due_sources=due_sources,
+        has_work=lambda: executor.has_outcomes, settled=settled, on_tick=on_tick,
+        tick_seconds=tick_seconds, advance_world=world.step if world is not None else None,
+        leadership=leadership,
+        follow_log=app.follower.catch_up if app.follower is not None else None,
+        script=script, resolution=resolution,
+    )

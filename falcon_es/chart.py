@@ -13,6 +13,7 @@ after it; for Failed the Reason comes from the event (``Event.failure``).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
@@ -26,10 +27,26 @@ FAILED = "Failed"
 ABORTING = "Aborting"
 ABORTED = "Aborted"
 
-PENDING_REASONS = ("Waiting", "Provisioning", "ClusterBusy", "WaitingForNode", "Dispatching")
+
+
+class PendingReason(enum.StrEnum):
+    """The sub-states of Pending, which the job table shows as the Reason."""
+
+    WAITING = "Waiting"
+    PROVISIONING = "Provisioning"
+    CLUSTER_BUSY = "ClusterBusy"
+    WAITING_FOR_NODE = "WaitingForNode"
+    DISPATCHING = "Dispatching"
+
+
+PENDING_REASONS = tuple(PendingReason)
 TERMINAL_STATUSES = frozenset({SUCCEEDED, FAILED, ABORTED})
+#: Pending sub-states in which a task is acquiring its pool: it holds its queue's
+#: acquisition slot, and no Job is submitted yet.
+ACQUIRING_REASONS = frozenset({PendingReason.PROVISIONING, PendingReason.CLUSTER_BUSY,
+                               PendingReason.WAITING_FOR_NODE})
 #: Pending sub-states that hold their queue's acquisition slot.
-SLOT_REASONS = frozenset({"Provisioning", "ClusterBusy", "WaitingForNode", "Dispatching"})
+SLOT_REASONS = ACQUIRING_REASONS | {PendingReason.DISPATCHING}
 
 
 class IllegalTransition(ValueError):

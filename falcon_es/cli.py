@@ -532,7 +532,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     import signal
     import threading
 
-    from falcon_es import service
+    from falcon_es import bootstrap, service
     from falcon_es.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability import ObservabilitySettings
     from falcon_es.observability.health import HealthServer
@@ -553,16 +553,17 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
 
     def build(leadership: Any = None) -> service.Service:
         try:
-            built = service.start(settings, backend=backend, sim_config=sim_config, seed=seed,
-                                  realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                                  gcp_ports=gcp_ports, world=running.get("world"),
-                                  leadership=leadership, follow_log=election != "db")
-        except service.BackendError as error:
+            built = bootstrap.build_service(
+                settings, backend=backend, sim_config=sim_config, seed=seed,
+                realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
+                ports=gcp_ports, world=running.get("world"), leadership=leadership,
+                follow_log=election != "db")
+        except bootstrap.BackendError as error:
             raise Failure(str(error)) from error
         if built.world is not None:  # a later leadership term goes on in the same world
             from falcon_es.adapters.sim.world import behaviour_from_tasks
 
-            built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)  # type: ignore[attr-defined]
+            built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)
         running.update(svc=built, world=built.world)
         return built
 

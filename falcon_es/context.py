@@ -1,14 +1,17 @@
 """What a handler may read during a tick: settings, the time, task states, the cluster
-registry, the upper layer's inbox, and the ports (None where a backend is not wired)."""
+registry, the upper layer's inbox, the views kept beside the task states, the ports,
+and the outcomes of the effects the last commit asked for."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
 
-from falcon_es.effects import EffectExecutor, Outcome
+from falcon_es.effects import EffectExecutor
 from falcon_es.inbox import Inbox
+from falcon_es.intents import Outcome
+from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.ports import Ports
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import QueueBook
 from falcon_es.settings import Settings
@@ -23,11 +26,13 @@ class HandlerContext:
     tasks: TaskStates
     clusters: list[Cluster]
     inbox: Inbox
-    ports: Any = None
+    ports: Ports
     #: The scheduler's queue index (kept current by the queue view projection).
-    queues: QueueBook | None = None
-    #: The effect executor (None without ports) and the outcomes it queued for this tick.
-    effects: EffectExecutor | None = None
+    queues: QueueBook
+    #: Which tasks each lifecycle handler has to look at (kept current by its projection).
+    index: LifecycleIndex
+    #: The effect executor, and the outcomes it queued for this tick.
+    executor: EffectExecutor
     outcomes: tuple[Outcome, ...] = ()
     #: Bus message ids this tick folded; acknowledged only after the tick commits.
     acks: list[str] = dataclasses.field(default_factory=list)

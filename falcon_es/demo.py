@@ -22,6 +22,7 @@ from typing import Any
 from tabulate import tabulate
 
 from falcon_es import db, job_rows, service
+from falcon_es.bootstrap import build_service
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
@@ -79,13 +80,6 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
     engine.dispose()
     clock = VirtualClock(DEMO_START)
     view = _LiveView(echo, live, clock)
-    svc = service.start(Settings(db_url=url, language=lang), backend="sim",
-                        sim_config=demo_config_path(), seed=seed, clock=clock)
-    view.engine = svc.app.engine
-    for offset, (task_id, actor, name, spec, _) in enumerate(DEMO_TASKS):
-        job_rows.submit(svc.app.engine, task_id=task_id, name=name, actor=actor,
-                        spec={"image": IMAGE, "command": ["python", "-m", "workload"], **spec},
-                        now=DEMO_START + dt.timedelta(seconds=offset))
     to_abort = {task_id for task_id, *_, abort in DEMO_TASKS if abort}
 
     def on_tick(report: TickReport) -> None:
@@ -96,7 +90,14 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
                 to_abort.discard(task_id)
         view.refresh()
 
-    svc.loop.on_tick = on_tick
+    svc = build_service(Settings(db_url=url, language=lang), backend="sim",
+                        sim_config=demo_config_path(), seed=seed, clock=clock,
+                        on_tick=on_tick)
+    view.engine = svc.app.engine
+    for offset, (task_id, actor, name, spec, _) in enumerate(DEMO_TASKS):
+        job_rows.submit(svc.app.engine, task_id=task_id, name=name, actor=actor,
+                        spec={"image": IMAGE, "command": ["python", "-m", "workload"], **spec},
+                        now=DEMO_START + dt.timedelta(seconds=offset))
     loop_report = svc.loop.run(until_idle=True, max_ticks=20_000)
     view.final()
     summary = _summary(svc, loop_report.ticks, time.perf_counter() - wall_start, db_path)

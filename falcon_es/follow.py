@@ -22,6 +22,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.scheduling import QueueBook
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskStates
@@ -40,12 +41,6 @@ class QueueFold(Protocol):
     def fold(self, changes: Sequence[Change], recorded: Sequence[RecordedEvent]) -> None: ...
 
 
-class IntentIndex(Protocol):
-    """The effect executor's index of tasks by duty (``effects.LifecycleIndex``)."""
-
-    def update(self, state: Any) -> None: ...
-
-
 class LogFollower:
     """Folds other writers' events; ``position`` is the last seq the views include.
 
@@ -58,14 +53,14 @@ class LogFollower:
         self.tasks = tasks
         self.store: EventStore | None = None
         self.queues: QueueFold | None = None
-        self.index: IntentIndex | None = None
+        self.index: LifecycleIndex | None = None
         self.position = 0
         self._pending: tuple[int, int] | None = None
         #: Events other writers appended that this controller folded.
         self.foreign_events = 0
 
     def attach(self, store: EventStore, *, position: int, queues: QueueFold | None = None,
-               index: IntentIndex | None = None) -> None:
+               index: LifecycleIndex | None = None) -> None:
         """Read ``position`` (the head) before the log is folded at start: events
         appended meanwhile are read again and told apart by version, never missed."""
         self.store, self.position, self.queues, self.index = store, position, queues, index

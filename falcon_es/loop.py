@@ -23,10 +23,11 @@ import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from falcon_es.clock import Clock, VirtualClock, utcnow
-from falcon_es.runtime import Controller, TickReport
+from falcon_es.context import HandlerContext
+from falcon_es.runtime import Controller, Handler, Tick, TickReport
 
 DueSource = Callable[[], dt.datetime | None]
 
@@ -40,16 +41,31 @@ class Leadership(Protocol):
     def may_append(self) -> bool: ...
 
 
+class Script(Protocol):
+    """The upper layer of a run that ends when its script does (the demo, ``simulate``,
+    the benchmarks): it submits and aborts tasks at moments of its own, so the loop
+    jumps to those moments too and is settled only once nothing is left to play."""
+
+    def next_due(self) -> dt.datetime | None:
+        """When the script acts next (None: it has nothing more planned)."""
+
+    def pending(self) -> bool:
+        """True while the script still has something to submit or abort."""
+
+    def on_tick(self, report: TickReport) -> None:
+        """After each tick: submit or abort what is due by now."""
+
+
 class LeadershipLost(RuntimeError):
     """The lease ended during a tick: the tick's events were not appended."""
 
 
-def leadership_fence(leadership: Leadership) -> Callable[[Any, Any], None]:
+def leadership_fence(leadership: Leadership) -> Handler:
     """A controller ``before_commit`` step that refuses to commit without the lease, so
     a tick that outlived the lease appends nothing (the log's optimistic concurrency
     stays the fence behind this one)."""
 
-    def fence(tick: Any, ctx: Any) -> None:
+    def fence(tick: Tick, ctx: HandlerContext) -> None:
         if not leadership.may_append():
             raise LeadershipLost("the lease was lost during the tick; nothing was appended")
 
@@ -78,7 +94,7 @@ class Loop:
     #: Wall seconds between ticks when nothing is due (realtime) or when waiting for input.
     tick_seconds: float = 1.0
     #: Applies the world's own changes up to the clock's now (the sim world's step).
-    advance_world: Callable[[], None] | None = None
+    advance_world: Callable[[], object] | None = None
     #: False when no input can arrive from outside (demo, simulate): a loop with nothing
     #: due and work unfinished is then stuck, and stops instead of waiting forever.
     external_input: bool = True
@@ -86,17 +102,31 @@ class Loop:
     leadership: Leadership | None = None
     #: Folds what another writer appended before each tick (``follow.LogFollower``).
     follow_log: Callable[[], int] | None = None
+    #: The upper layer of a scripted run (no input arrives from outside then).
+    script: Script | None = None
     #: On a virtual clock, the finest step of a jump (seconds; 0: jump to the exact due
     #: moment). A due moment rounds up to the next multiple, as a wall-clock loop that
     #: looks at the world every ``resolution`` seconds would see it; what falls due in
     #: between is handled by one tick.
     resolution: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.script is not None:
+            self.external_input = False
+
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (source() for source in self.due_sources) if m is not None]
+        if self.script is not None and (scripted := self.script.next_due()) is not None:
+            moments.append(scripted)
         return min(moments) if moments else None
 
-    def step(self) -> TickReport | None:
+    def is_settled(self) -> bool:
+        """Every task ended and nothing left open, nor anything left in the script."""
+        if self.script is not None and self.script.pending():
+            return False
+        return self.settled()
+
+    def step(self, on_tick: Callable[[TickReport], None] | None = None) -> TickReport | None:
         """One tick as ``run`` makes it: the lease fence, the world's own changes, the
         log's head, then the tick; None when the lease is gone and nothing was appended."""
         if self.leadership is not None and not self.leadership.may_append():
@@ -109,12 +139,19 @@ class Loop:
             tick = self.controller.tick()
         except LeadershipLost:
             return None
+        if self.script is not None:
+            self.script.on_tick(tick)
         if self.on_tick is not None:
             self.on_tick(tick)
+        if on_tick is not None:
+            on_tick(tick)
         return tick
 
     def run(self, *, until_idle: bool = False, stop: threading.Event | None = None,
-            max_ticks: int | None = None) -> LoopReport:
+            max_ticks: int | None = None,
+            on_tick: Callable[[TickReport], None] | None = None) -> LoopReport:
+        """Tick until stopped (or idle, with ``until_idle``); ``on_tick`` is called after
+        each tick besides the loop's own (the service's health marks and metrics)."""
         stop = stop or threading.Event()
         report = LoopReport()
         while True:
@@ -124,7 +161,7 @@ class Loop:
             if max_ticks is not None and report.ticks >= max_ticks:
                 report.stopped_by = "max-ticks"
                 return report
-            tick = self.step()
+            tick = self.step(on_tick)
             if tick is None:
                 report.stopped_by = LOST_LEADERSHIP
                 return report
@@ -134,7 +171,7 @@ class Loop:
             if tick.appended or tick.conflicts or self.has_work():
                 continue
             due = self.next_due()
-            settled = self.settled()
+            settled = self.is_settled()
             if until_idle and settled:
                 report.stopped_by = "idle"
                 return report

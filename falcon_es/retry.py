@@ -6,16 +6,15 @@ pubsub) plus ``wait``, the pace of the steps that wait on the world through the 
 calls and are never given up. ``Settings.retry`` carries the policies, read from
 ``FALCON_RETRY_<API>_<FIELD>`` by ``RetryPolicies.from_env``.
 
-Two ways to retry exist in Falcon-ES and both use the same ``Backoff`` policy:
+Retries never block a tick: the effect executor and the handlers record each failed
+call in the task's log (``ApiCallRetrying``) and come back when the next attempt is
+due, and the attempt count and the limit go into the task's Message ("attempt 3 of 12,
+next in 40s"). The rules below read those records back from the folded task state, so
+a restarted controller goes on counting where the last one stopped.
 
-- the effect executor and the handlers never block a tick: they record the attempt in
-  an event and come back when the next one is due (the attempt count and the limit go
-  into the task's Message, "attempt 3 of 12, next in 40s");
-- adapters and informers that must retry a call in place (reconnecting a watch, a 429
-  on a read) use ``call_with_retry`` with an injected ``sleep``.
-
-The delay is a pure function of the attempt number and an injected ``random.Random``,
-so tests and simulations are reproducible.
+The delay is a pure function of the attempt number and a generator seeded by the task,
+the step and the attempt, so every controller, every replay and every test computes
+the same moment.
 """
 
 from __future__ import annotations
@@ -25,11 +24,16 @@ import datetime as dt
 import math
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-T = TypeVar("T")
+from falcon_es import events as ev
+from falcon_es.intents import RESERVATION_CHECK, IntentKind
+
+if TYPE_CHECKING:  # the rules read task states; settings carry the policies
+    from falcon_es.settings import Settings
+    from falcon_es.task import TaskState
 
 GKE, COMPUTE, KUBERNETES, PUBSUB = "gke", "compute", "kubernetes", "pubsub"
 #: Not an API: the pace of log-driven waits on the world (never given up).
@@ -100,30 +104,6 @@ class Backoff:
         return self.attempts is not None and attempt >= self.attempts
 
 
-@dataclasses.dataclass(frozen=True)
-class RetryDecision:
-    """What a handler records after a failed call: which attempt this was, out of how
-    many, and when the next one is due (``None`` when the attempts are used up)."""
-
-    api: str
-    attempt: int
-    attempts: int | None
-    delay_seconds: float | None
-    due_at: dt.datetime | None
-
-    @property
-    def exhausted(self) -> bool:
-        return self.due_at is None
-
-    def describe(self) -> str:
-        """The words a Message carries while a task waits on retries."""
-        if self.exhausted:
-            return f"gave up after {self.attempt} of {self.attempts} attempts"
-        limit = f" of {self.attempts}" if self.attempts is not None else ""
-        return (f"attempt {self.attempt}{limit} failed, "
-                f"next in {self.delay_seconds:.0f}s")
-
-
 #: Defaults per API: GKE node-pool operations are slow and rate-limited per cluster,
 #: Kubernetes and Pub/Sub calls are quick and cheap to repeat.
 DEFAULT_BACKOFFS: Mapping[str, Backoff] = MappingProxyType({
@@ -163,15 +143,6 @@ class RetryPolicies:
             raise RetryConfigError(
                 f"no retry policy for API {api!r}; known: {', '.join(sorted(self.backoffs))}"
             ) from None
-
-    def decide(self, api: str, attempt: int, now: dt.datetime, rng: random.Random) -> RetryDecision:
-        """After ``attempt`` failed calls to ``api``: when to try again, if at all."""
-        backoff = self.for_api(api)
-        if backoff.exhausted(attempt):
-            return RetryDecision(api, attempt, backoff.attempts, None, None)
-        delay = backoff.delay(attempt, rng)
-        return RetryDecision(api, attempt, backoff.attempts, delay,
-                             now + dt.timedelta(seconds=delay))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetryPolicies:
@@ -218,41 +189,75 @@ def _number(name: str, raw: str, *, whole: bool) -> float | int:
         raise RetryConfigError(f"{name}={raw!r}: expected {kind}") from None
 
 
-class RetriesExhausted(Exception):
-    """Every attempt failed; ``last_error`` is the final failure."""
+# ------------------------------------------------------------------ log-driven rules
+#: The API each step calls (and whose backoff paces its retries).
+API_OF_STEP: Mapping[str, str] = MappingProxyType({
+    IntentKind.POOL_CREATE: GKE, IntentKind.POOL_DELETE: GKE, IntentKind.ORPHAN_DELETE: GKE,
+    IntentKind.JOB_SUBMIT: KUBERNETES, IntentKind.JOB_DELETE: KUBERNETES,
+    RESERVATION_CHECK: COMPUTE,
+})
+#: Steps retried until they succeed, whatever the policy's attempts: a pool or Job
+#: left behind costs money and blocks nothing else.
+NEVER_GIVEN_UP = frozenset({IntentKind.POOL_DELETE, IntentKind.JOB_DELETE,
+                            IntentKind.ORPHAN_DELETE})
+#: Steps retried through the log whose pace is not an API's: waits on the world.
+WAIT_KINDS = frozenset({"ReservationInsufficient", "NodePoolNotVisible", "NodesNotReady"})
 
-    def __init__(self, api: str, attempts: int, last_error: BaseException) -> None:
-        super().__init__(f"{api}: gave up after {attempts} attempts: {last_error}")
-        self.api = api
-        self.attempts = attempts
-        self.last_error = last_error
+
+def retry_backoff(settings: Settings, kind: str) -> Backoff:
+    """The backoff of a step retried through the log: the ``wait`` policy for waits on
+    the world (reservation capacity, pool visibility, node readiness), the GKE policy
+    for a failed pool delete (``NodePoolDeleteFailed``, never given up)."""
+    return settings.retry.for_api(WAIT if kind in WAIT_KINDS else GKE)
 
 
-def call_with_retry(
-    call: Callable[[], T],
-    *,
-    api: str,
-    policies: RetryPolicies,
-    is_retryable: Callable[[BaseException], bool],
-    sleep: Callable[[float], None],
-    rng: random.Random,
-    on_retry: Callable[[int, float, BaseException], None] | None = None,
-) -> T:
-    """Call ``call`` until it succeeds, a non-retryable error occurs, or the policy's
-    attempts are used up. ``on_retry(attempt, delay, error)`` lets the caller log and
-    count each retry (for example into the external-call metrics)."""
-    backoff = policies.for_api(api)
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except Exception as error:
-            if not is_retryable(error):
-                raise
-            if backoff.exhausted(attempt):
-                raise RetriesExhausted(api, attempt, error) from error
-            delay = backoff.delay(attempt, rng)
-            if on_retry is not None:
-                on_retry(attempt, delay, error)
-            sleep(delay)
+def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime | None:
+    """When the next attempt of ``kind`` is due for this task (None: try now)."""
+    if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
+        return None
+    delay = seeded_delay(retry_backoff(settings, kind), state.retry_attempt,
+                         f"{state.task_id}:{kind}:{state.retry_attempt}")
+    return state.retry_at + dt.timedelta(seconds=delay)
+
+
+def call_retry_due_at(state: TaskState, step: str) -> dt.datetime | None:
+    """When the call of ``step`` that last failed with a transient error is due again
+    (recorded by ``ApiCallRetrying``; None when it never failed)."""
+    retried = state.api_retries.get(step)
+    return retried[1] if retried is not None else None
+
+
+def call_failed(state: TaskState, step: str, error: str,
+                settings: Settings) -> ev.ApiCallRetrying | None:
+    """The record of a failed call of ``step`` for this task: the attempt it was, the
+    limit and when the next is due; None when the attempts are used up.
+
+    The attempt counts every failed call of the step in the task's log, so a restarted
+    controller goes on counting where the last one stopped; the delay is seeded by the
+    task, the step and the attempt."""
+    attempt = failed_calls(state, step) + 1
+    backoff = settings.retry.for_api(API_OF_STEP[step])
+    never = step in NEVER_GIVEN_UP
+    if not never and backoff.exhausted(attempt):
+        return None
+    delay = seeded_delay(backoff, attempt, f"{state.task_id}:{step}:{attempt}")
+    return ev.ApiCallRetrying(
+        api=API_OF_STEP[step], step=step, attempt=attempt,
+        attempts=None if never else backoff.attempts, error=error,
+        retry_in_seconds=max(1, math.ceil(delay)))
+
+
+def failed_calls(state: TaskState, step: str) -> int:
+    """How many calls of ``step`` failed with a transient error, as the log says."""
+    retried = state.api_retries.get(step)
+    return retried[0] if retried is not None else 0
+
+
+def gave_up(attempts: int, error: str) -> str:
+    """The definite failure's words once a step used up its attempts."""
+    return f"gave up after {attempts} attempts: {error}"
+
+
+def next_attempt(state: TaskState, kind: str) -> int:
+    """The attempt number of the next log-driven retry of ``kind``."""
+    return state.retry_attempt + 1 if state.retry_kind == kind else 1

@@ -13,16 +13,19 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+
+from sqlalchemy.engine import Connection
 
 from falcon_es import events as ev
+from falcon_es.context import HandlerContext
 from falcon_es.store import ConcurrencyError, EventStore, Meta, RecordedEvent, StreamAppend
 from falcon_es.task import TASK_EVENT_TYPES, TaskState, TaskStates, evolve
 
 log = logging.getLogger("falcon_es.runtime")
 
 CONTROLLER_ACTOR = "controller"
+_EARLIEST = dt.datetime.min
 
 
 class Tick:
@@ -36,7 +39,7 @@ class Tick:
         self._overlay: dict[str, TaskState] = {}
         self._streams: dict[str, list[tuple[ev.Event, Meta]]] = {}
         self._expected: dict[str, int | None] = {}
-        self.writes: list[Callable[[Any], None]] = []
+        self.writes: list[Callable[[Connection], None]] = []
 
     def state(self, task_id: str) -> TaskState | None:
         return self._overlay.get(task_id) or self.tasks.get(task_id)
@@ -60,7 +63,7 @@ class Tick:
         self._streams.setdefault(stream_id, []).append((event, meta))
         return new_state
 
-    def write(self, statement: Callable[[Any], None]) -> None:
+    def write(self, statement: Callable[[Connection], None]) -> None:
         """A database write that must commit together with this tick's events."""
         self.writes.append(statement)
 
@@ -71,6 +74,19 @@ class Tick:
     def touched(self) -> list[TaskState]:
         return list(self._overlay.values())
 
+    def candidates(self, ids: Iterable[str]) -> list[TaskState]:
+        """These tasks plus those this tick already changed, as the tick sees them,
+        earliest submitted first (so when tasks compete for reservation capacity in one
+        tick, the older one wins)."""
+        wanted = {*ids, *self._overlay}
+        states = [s for task_id in wanted if (s := self.state(task_id)) is not None]
+        states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
+        return states
+
+    def handed_over_now(self) -> set[str]:
+        """Tasks whose pool another task took over earlier in this tick."""
+        return {s.pool_from_task for s in self._overlay.values() if s.pool_from_task}
+
     def appends(self) -> list[StreamAppend]:
         out = []
         for stream_id, pairs in self._streams.items():
@@ -80,8 +96,11 @@ class Tick:
         return out
 
 
-Handler = Callable[[Tick, Any], None]
-AfterCommit = Callable[[Any, Sequence[RecordedEvent]], None]
+Handler = Callable[[Tick, HandlerContext], None]
+#: A step run once a tick's events are durable (the effect executor, the bus acks).
+AfterCommit = Callable[[HandlerContext, Sequence[RecordedEvent]], None]
+#: A view kept from task states, told which states a reload replaced.
+Resync = Callable[[Sequence[TaskState]], None]
 
 
 @dataclasses.dataclass
@@ -101,11 +120,11 @@ class Controller:
         store: EventStore,
         tasks: TaskStates,
         handlers: Sequence[Handler],
-        make_context: Callable[[], Any],
+        make_context: Callable[[], HandlerContext],
         *,
         after_commit: Sequence[AfterCommit] = (),
         before_commit: Sequence[Handler] = (),
-        reloaded: Sequence[Callable[[Sequence[TaskState]], None]] = (),
+        reloaded: Sequence[Resync] = (),
         controller_id: str = "falcon-controller",
     ) -> None:
         self.store = store
@@ -113,8 +132,8 @@ class Controller:
         self.handlers = tuple(handlers)
         self.before_commit = tuple(before_commit)
         self.after_commit = tuple(after_commit)
-        #: Views kept from task states (the queue book) told which states a reload
-        #: replaced, so they follow the other writer's moves too.
+        #: Views kept from task states (the queue book, the lifecycle index) told which
+        #: states a reload replaced, so they follow the other writer's moves too.
         self.reloaded = tuple(reloaded)
         self.make_context = make_context
         self.controller_id = controller_id
@@ -125,8 +144,8 @@ class Controller:
         tick = Tick(self.tasks, self.store.clock.now(), self.controller_id)
         for handler in self.handlers:
             handler(tick, ctx)
-        for step in self.before_commit:
-            step(tick, ctx)
+        for fence in self.before_commit:
+            fence(tick, ctx)
         try:
             recorded = self.store.append(tick.appends(), extra=tick.writes)
         except ConcurrencyError as error:

@@ -29,6 +29,7 @@ they are not.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import datetime as dt
 import heapq
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -58,11 +59,16 @@ WHY_ONLY_WAITING = "only-waiting"
 WHY_FIFO = "fifo"
 WHY_ROUND_ROBIN = "round-robin"
 
-# Where a task sits in the book.
-UNPLACED = "unplaced"  # Pending/Waiting, no cluster chosen yet (keyed by TPU type)
-WAITING = "waiting"  # Pending/Waiting in a queue
-SLOT = "slot"  # holds its queue's acquisition slot
-RUNNING = "running"
+
+
+class Placement(enum.StrEnum):
+    """Where a task sits in the book."""
+
+    UNPLACED = "unplaced"  # Pending/Waiting, no cluster chosen yet (keyed by TPU type)
+    WAITING = "waiting"  # Pending/Waiting in a queue
+    SLOT = "slot"  # holds its queue's acquisition slot
+    RUNNING = "running"
+
 
 _EPOCH = dt.datetime(1970, 1, 1)
 
@@ -96,14 +102,14 @@ def place_of(state: TaskState, current: Place | None) -> Place | None:
         reason = state.reason
         if reason == "Waiting":
             if state.cluster_id is None:
-                return (UNPLACED, state.tpu_type)
-            return (WAITING, (state.cluster_id, state.topology))
+                return (Placement.UNPLACED, state.tpu_type)
+            return (Placement.WAITING, (state.cluster_id, state.topology))
         if reason in chart.SLOT_REASONS and state.cluster_id is not None:
-            return (SLOT, (state.cluster_id, state.topology))
+            return (Placement.SLOT, (state.cluster_id, state.topology))
         return None
     if status == chart.RUNNING and state.cluster_id is not None:
-        return (RUNNING, (state.cluster_id, state.topology))
-    if status == chart.ABORTING and current is not None and current[0] == SLOT:
+        return (Placement.RUNNING, (state.cluster_id, state.topology))
+    if status == chart.ABORTING and current is not None and current[0] == Placement.SLOT:
         return current
     return None
 
@@ -365,17 +371,17 @@ class QueueBook:
         current = self._where.pop(task_id, None)
         if current is not None:
             (kind, key), entry = current
-            if kind == UNPLACED:
+            if kind == Placement.UNPLACED:
                 group = self._unplaced[key]
                 del group[task_id]
                 if not group:
                     del self._unplaced[key]
             else:
                 queue = self._queues[key]
-                if kind == WAITING:
+                if kind == Placement.WAITING:
                     queue.remove(entry)
                     self.changed.add(key)
-                elif kind == SLOT:
+                elif kind == Placement.SLOT:
                     queue.holders.discard(task_id)
                 else:
                     queue.running.discard(task_id)
@@ -385,14 +391,14 @@ class QueueBook:
             return
         (kind, key), entry = target
         self._where[task_id] = target
-        if kind == UNPLACED:
+        if kind == Placement.UNPLACED:
             self._unplaced.setdefault(key, {})[task_id] = entry
             return
         queue = self._queue(key)
-        if kind == WAITING:
+        if kind == Placement.WAITING:
             queue.add(entry)
             self.changed.add(key)
-        elif kind == SLOT:
+        elif kind == Placement.SLOT:
             queue.holders.add(task_id)
         else:
             queue.running.add(task_id)

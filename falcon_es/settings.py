@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from falcon_es.db import DEFAULT_URL
+from falcon_es.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 from falcon_es.retry import RetryConfigError, RetryPolicies
 
 LANGUAGES = ("en", "zh")
@@ -33,8 +34,8 @@ class Settings:
     job_namespace: str = "falcon-jobs"
     job_service_account: str = "falcon-task"
     job_ttl_seconds_after_finished: int = 24 * 3600
-    edge_events_topic: str = "falcon-edge-events"
-    edge_events_subscription: str = "falcon-edge-events"
+    edge_events_topic: str = EDGE_EVENTS_TOPIC
+    edge_events_subscription: str = EDGE_EVENTS_TOPIC
     #: A just-created pool may 404 on get this long (flex-start); orphans are spared too.
     create_visibility_grace_seconds: int = 300
     #: How often a running node-pool create operation is asked whether it is done: GKE
@@ -51,7 +52,7 @@ class Settings:
     orphan_sweep_seconds: int = 300
     # The gcp backend (issue 5): where the ops stream goes, which project holds the
     # Pub/Sub topics, and API endpoints overridable for local fakes and emulators.
-    task_events_topic: str = "falcon-task-events"
+    task_events_topic: str = TASK_EVENTS_TOPIC
     pubsub_project: str | None = None
     gke_endpoint: str | None = None
     gke_transport: str = "grpc"

@@ -21,8 +21,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es import db, job_rows, service
+from sqlalchemy.engine import Engine
+
+from falcon_es import db, job_rows
+from falcon_es.bootstrap import build_service
 from falcon_es.clock import VirtualClock
+from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
 from falcon_es.store import RecordedEvent
 
@@ -66,6 +70,41 @@ def arrivals(tpu_types: list[str], count: int, seed: int, *, actors: int = 5,
     return out
 
 
+class _Arrivals:
+    """The upper layer of a simulation: submits each arrival when its moment comes, and
+    stops the run once the horizon after the last arrival has passed."""
+
+    def __init__(self, clock: VirtualClock, stop: threading.Event) -> None:
+        self.clock = clock
+        self.stop = stop
+        self.engine: Engine | None = None
+        self.waiting: list[Arrival] = []  # latest first, so the next one pops off the end
+        self.horizon = SIM_START
+
+    def plan(self, engine: Engine, planned: list[Arrival], horizon_hours: float) -> None:
+        self.engine = engine
+        self.waiting = list(reversed(planned))
+        last_arrival = self.waiting[0].at if self.waiting else SIM_START
+        self.horizon = last_arrival + dt.timedelta(hours=horizon_hours)
+
+    def next_due(self) -> dt.datetime | None:
+        return self.waiting[-1].at if self.waiting else None
+
+    def pending(self) -> bool:
+        return bool(self.waiting)
+
+    def on_tick(self, report: TickReport) -> None:
+        self.admit()
+
+    def admit(self) -> None:
+        if self.clock.now() > self.horizon:
+            self.stop.set()
+        while self.waiting and self.waiting[-1].at <= self.clock.now() and self.engine:
+            a = self.waiting.pop()
+            job_rows.submit(self.engine, task_id=a.task_id, name=a.name, actor=a.actor,
+                            spec=a.spec, now=a.at)
+
+
 def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: int = 1,
                    db_url: str | None = None, mean_gap_seconds: float = 60.0,
                    horizon_hours: float = 168.0) -> dict[str, Any]:
@@ -78,29 +117,17 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
         db.upgrade(engine)
         engine.dispose()
         clock = VirtualClock(SIM_START)
-        svc = service.start(Settings(db_url=url), backend="sim", sim_config=config, seed=seed,
-                            clock=clock)
-        tpu_types = sorted({c.tpu_type for c in svc.world.config.clusters})  # type: ignore[attr-defined]
-        pending = list(reversed(arrivals(tpu_types, tasks, seed, mean_gap_seconds=mean_gap_seconds)))
-
-        last_arrival = pending[0].at if pending else SIM_START
-        horizon = last_arrival + dt.timedelta(hours=horizon_hours)
         stop = threading.Event()
-
-        def admit(_report: Any = None) -> None:
-            if clock.now() > horizon:
-                stop.set()
-            while pending and pending[-1].at <= clock.now():
-                a = pending.pop()
-                job_rows.submit(svc.app.engine, task_id=a.task_id, name=a.name, actor=a.actor,
-                                spec=a.spec, now=a.at)
-
-        svc.loop.on_tick = admit
-        svc.loop.due_sources = [*svc.loop.due_sources, lambda: pending[-1].at if pending else None]
-        original_settled = svc.loop.settled
-        svc.loop.settled = lambda: not pending and original_settled()
-        admit()
-        svc.loop.external_input = False
+        script = _Arrivals(clock, stop)
+        svc = build_service(Settings(db_url=url), backend="sim", sim_config=config, seed=seed,
+                            clock=clock, script=script)
+        world = svc.world
+        if world is None:
+            raise RuntimeError("the simulation runs on the sim backend")
+        tpu_types = sorted({c.tpu_type for c in world.config.clusters})
+        script.plan(svc.app.engine, arrivals(tpu_types, tasks, seed,
+                                             mean_gap_seconds=mean_gap_seconds), horizon_hours)
+        script.admit()
         loop_report = svc.loop.run(until_idle=True, stop=stop)
         report = _report(svc.app.store.read_after(0), clock.now())
         report["unfinished"] = sum(1 for s in svc.app.tasks.all() if not s.is_terminal)

@@ -332,9 +332,6 @@ class TaskStates:
         #: Committed tasks that have not ended, kept on each commit so that "is any task
         #: still live?" does not look at every task ever seen.
         self._live: set[str] = {s.task_id for s in self._states.values() if not s.is_terminal}
-        #: How many times states were dropped to be folded again from the log (views
-        #: kept beside these states rebuild when it moves).
-        self.forgets = 0
 
     def get(self, task_id: str) -> TaskState | None:
         return self._staged.get(task_id) or self._states.get(task_id)
@@ -398,7 +395,6 @@ class TaskStates:
 
     def forget(self, task_ids: Any) -> None:
         """Drop cached states (after a concurrency error another writer won)."""
-        self.forgets += 1
         for task_id in task_ids:
             self._states.pop(task_id, None)
             self._live.discard(task_id)

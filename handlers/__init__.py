@@ -8,17 +8,18 @@ reported Running is filled in the same tick rather than the next one.
 
 from __future__ import annotations
 
+from falcon_es.handlers import (
+    abort, deprovision, dispatch, intake, orphans, outcomes, provisioning, scheduling, status,
+    timeouts,
+)
 from falcon_es.runtime import Handler
-from falcon_es.effects import record_outcomes
-from falcon_es.handlers import abort, deprovision, dispatch, intake, orphans, provisioning, scheduling
-from falcon_es.handlers import status, timeouts
 
 HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,
     intake.notice_abort_requests,
-    # Task lifecycle (issue 4): outcomes of effects and the edge observations are
-    # inputs too; then each phase's decisions.
-    record_outcomes,
+    # Task lifecycle: outcomes of effects and the edge observations are inputs too;
+    # then each phase's decisions.
+    outcomes.record_outcomes,
     status.fold_observations,
     scheduling.requeue_from_inactive_clusters,
     scheduling.choose_clusters,

@@ -1,6 +1,6 @@
 """Abort: take an Aborting task down in whatever phase the abort found it.
 
-The design's abort table, applied each tick until the task is Aborted:
+The abort table, applied each tick until the task is Aborted:
 
 | phase when the abort arrived         | what happens                                         |
 |--------------------------------------|------------------------------------------------------|
@@ -25,30 +25,30 @@ from __future__ import annotations
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import ABORTING
+from falcon_es.handlers.deprovision import JOB_GONE, PoolDecider, pool_settled
+from falcon_es.handover import needs_disposal
+from falcon_es.intents import JobIntent
+from falcon_es.lifecycle_index import Group
 from falcon_es.runtime import Tick
 from falcon_es.task import TaskState
-from falcon_es.handlers.deprovision import (
-    JOB_GONE, PoolDecider, candidates, needs_disposal, pool_settled,
-)
 
 #: Job intents the abort waits out (an effect is open).
-JOB_IN_FLIGHT = frozenset({"submit-requested", "delete-requested"})
+JOB_IN_FLIGHT = frozenset({JobIntent.SUBMIT_REQUESTED, JobIntent.DELETE_REQUESTED})
 
 
 def advance_aborts(tick: Tick, ctx: HandlerContext) -> None:
-    aborting = [s for s in candidates(tick, ctx, ABORTING) if s.status == chart.ABORTING]
+    aborting = [s for s in tick.candidates(ctx.index.ids(Group.ABORTING))
+                if s.status == chart.ABORTING]
     if not aborting:
         return
     clusters = {c.id: c for c in ctx.clusters}
-    decider = PoolDecider(tick, ctx.effects.index) if ctx.effects is not None else None
+    decider = PoolDecider(tick, ctx.index)
     for state in aborting:
         state = _stop_job(tick, state)
         if state.job_intent not in JOB_GONE:
             continue
         if needs_disposal(state):
-            if decider is None or not pool_settled(state, clusters.get(state.cluster_id or ""),
-                                                   ctx):
+            if not pool_settled(state, clusters.get(state.cluster_id or ""), ctx):
                 continue
             decider.dispose(state)
             state = tick.state(state.task_id) or state
@@ -59,6 +59,6 @@ def advance_aborts(tick: Tick, ctx: HandlerContext) -> None:
 
 def _stop_job(tick: Tick, state: TaskState) -> TaskState:
     """Ask for the Job to be deleted when one was submitted."""
-    if state.job_intent == "submitted" and state.job_name:
+    if state.job_intent == JobIntent.SUBMITTED and state.job_name:
         return tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "abort")) or state
     return state

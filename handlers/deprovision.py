@@ -1,6 +1,6 @@
 """Deprovisioning: what becomes of a task's node pool once the task has ended.
 
-After every terminal outcome, abort included (DESIGN §9): when a task of the same
+After every terminal outcome, abort included: when a task of the same
 topology waits on that cluster, the pool is retained and handed over
 (``NodePoolRetained(for_task)``); otherwise it is deleted (``NodePoolDeleteRequested``,
 carried out by the effect executor). A failed delete (``NodePoolDeleteFailed``) is
@@ -18,52 +18,26 @@ and the candidate lists current, so a tick looks only at tasks that can need wor
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Iterable
 
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import (
-    POOL_WATCH, LifecycleIndex, QueueKey, can_take_pool, needs_disposal, retry_due_at,
-    taker_rank,
-)
-from falcon_es.ports import Operation, PortError
+from falcon_es.handlers.provisioning import ask_create_operation
+from falcon_es.handover import can_take_pool, needs_disposal, taker_rank
+from falcon_es.intents import JobIntent, PoolDisposition, PoolIntent
+from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.registry import Cluster
+from falcon_es.retry import retry_due_at
 from falcon_es.runtime import Tick
+from falcon_es.scheduling import QueueKey
 from falcon_es.task import TaskState
 
 log = logging.getLogger("falcon_es.handlers.deprovision")
 
-__all__ = ["JOB_GONE", "PoolDecider", "can_take_pool", "candidates", "deprovision",
-           "needs_disposal", "pool_settled"]
-
 #: Job intents after which no pod of the task occupies the pool's nodes.
-JOB_GONE = frozenset({None, "finished", "deleted", "cancelled", "submit-failed"})
-_EARLIEST = dt.datetime.min
-
-
-def candidates(tick: Tick, ctx: HandlerContext, *groups: str) -> list[TaskState]:
-    """The tasks of these index groups plus those this tick already changed, as the
-    tick sees them, earliest submitted first (so when tasks compete for reservation
-    capacity in one tick, the older one wins). Without an index (no ports wired) every
-    live task is a candidate."""
-    effects = ctx.effects
-    if effects is not None:
-        effects.index.ensure()
-        ids = effects.index.ids(*groups)
-    else:
-        ids = {s.task_id for s in ctx.tasks.live()}
-    return states_of(tick, ids)
-
-
-def states_of(tick: Tick, ids: set[str]) -> list[TaskState]:
-    """These tasks plus those this tick already changed, as the tick sees them,
-    earliest submitted first."""
-    ids |= {s.task_id for s in tick.touched()}
-    states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
-    states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
-    return states
+JOB_GONE = frozenset({None, JobIntent.FINISHED, JobIntent.DELETED, JobIntent.CANCELLED,
+                      JobIntent.SUBMIT_FAILED})
 
 
 class PoolDecider:
@@ -83,7 +57,8 @@ class PoolDecider:
         self._loaded.add(key)
         for holder_id in self.index.retained(key):
             holder = self.tick.state(holder_id)
-            if holder is not None and holder.pool_disposition == "retained" and holder.retained_for:
+            if (holder is not None and holder.pool_disposition == PoolDisposition.RETAINED
+                    and holder.retained_for):
                 self.promised.add(holder.retained_for)
 
     def taker_for(self, cluster_id: str, topology: str) -> TaskState | None:
@@ -113,7 +88,7 @@ class PoolDecider:
         if pool is None or state.cluster_id is None:
             return
         taker = None
-        if state.pool_intent == "ready":
+        if state.pool_intent == PoolIntent.READY:
             taker = self.taker_for(state.cluster_id, state.topology)
         if taker is not None and state.job_intent not in JOB_GONE:
             return  # hand over once the Job no longer holds the nodes
@@ -144,9 +119,9 @@ class PoolDecider:
 def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext) -> bool:
     """True once no create of the task's pool is in flight (a delete issued while GKE
     still runs the create operation is refused)."""
-    if state.pool_intent == "create-requested":
+    if state.pool_intent == PoolIntent.CREATE_REQUESTED:
         return False
-    if state.pool_intent != "create-started" or not state.pool_operation:
+    if state.pool_intent != PoolIntent.CREATE_STARTED or not state.pool_operation:
         return True
     if cluster is None:
         return False
@@ -154,64 +129,25 @@ def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext)
     return operation is not None and operation.done
 
 
-def ask_create_operation(state: TaskState, cluster: Cluster,
-                         ctx: HandlerContext) -> Operation | None:
-    """The task's running create operation, asked at most every
-    ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
-    and a create takes minutes); None when it is not time yet or the call failed."""
-    index = ctx.effects.index if ctx.effects is not None else None
-    due = index.poll_due(state) if index is not None else None
-    if ctx.ports is None or not state.pool_operation or (due is not None and ctx.now < due):
-        return None
-    try:
-        operation = ctx.ports.node_pools.get_operation(cluster, state.pool_operation)
-    except PortError as error:
-        log.warning("operation %s of pool %s: %s", state.pool_operation,
-                    state.node_pool_name, error)
-        return None
-    if index is not None:
-        interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
-        index.polled(state, None if operation.done else ctx.now + interval)
-    return operation
-
-
-def handed_over_now(tick: Tick) -> set[str]:
-    """Tasks whose pool another task took over earlier in this tick."""
-    return {s.pool_from_task for s in tick.touched() if s.pool_from_task}
-
-
-def is_holder(index: LifecycleIndex, state: TaskState, handed_over: set[str]) -> bool:
-    """Still responsible for its pool: no task took it over, in an earlier tick (the
-    index knows) or in this one (``handed_over_now``)."""
-    if state.cluster_id is None or state.node_pool_name is None:
-        return False
-    if index.holder((state.cluster_id, state.node_pool_name)) not in (None, state.task_id):
-        return False
-    return state.task_id not in handed_over
-
-
 def deprovision(tick: Tick, ctx: HandlerContext) -> None:
     """Decide every ended task's pool; retry failed deletes; re-home retained pools
     whose taker went away."""
-    if ctx.ports is None or ctx.effects is None:
-        return
-    index = ctx.effects.index
+    index = ctx.index
     clusters = {c.id: c for c in ctx.clusters}
     decider = PoolDecider(tick, index)
-    handed_over = handed_over_now(tick)
+    handed_over = tick.handed_over_now()
     # A retained pool whose taker can still take it needs no look (``pool_watch``):
     # ``check_retained`` would find nothing to do for it.
-    index.ensure()
     watch = index.pool_watch(s.task_id for s in tick.touched())
-    for holder in _ended_with_pools(states_of(tick, watch)):
-        if not is_holder(index, holder, handed_over):
+    for holder in _ended_with_pools(tick.candidates(watch)):
+        if not index.is_holder(holder, handed_over):
             continue
         if needs_disposal(holder):
             if pool_settled(holder, clusters.get(holder.cluster_id or ""), ctx):
                 decider.dispose(holder)
-        elif holder.pool_disposition == "retained":
+        elif holder.pool_disposition == PoolDisposition.RETAINED:
             decider.check_retained(holder)
-        elif holder.pool_disposition == "delete-failed":
+        elif holder.pool_disposition == PoolDisposition.DELETE_FAILED:
             due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings)
             if due is None or ctx.now >= due:
                 tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name or ""))

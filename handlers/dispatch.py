@@ -13,15 +13,15 @@ from __future__ import annotations
 from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import DISPATCHING
+from falcon_es.intents import PoolIntent
+from falcon_es.lifecycle_index import Group
 from falcon_es.runtime import Tick
-from falcon_es.handlers.deprovision import candidates
 
 
 def dispatch(tick: Tick, ctx: HandlerContext) -> None:
-    for state in candidates(tick, ctx, DISPATCHING):
-        if (state.status == chart.PENDING and state.reason == "Dispatching"
-                and state.job_intent is None and state.pool_intent == "ready"
+    for state in tick.candidates(ctx.index.ids(Group.DISPATCHING)):
+        if (state.status == chart.PENDING and state.reason == chart.PendingReason.DISPATCHING
+                and state.job_intent is None and state.pool_intent == PoolIntent.READY
                 and state.node_pool_name):
             tick.emit(state.task_id, ev.JobSubmitRequested(naming.job_name(state.task_id),
                                                            state.node_pool_name))

@@ -24,25 +24,27 @@ import logging
 from falcon_es import events as ev
 from falcon_es import naming
 from falcon_es.context import HandlerContext
-from falcon_es.effects import POOL_MANAGED_BY, POOL_TASK_LABEL, orphan_stream
+from falcon_es.intents import PoolDisposition, orphan_stream
 from falcon_es.manifests import MANAGED_BY_VALUE
 from falcon_es.ports import NodePoolInfo, PortError
 from falcon_es.runtime import Tick
+from falcon_es.task_manifests import POOL_MANAGED_BY, POOL_TASK_LABEL
 
 log = logging.getLogger("falcon_es.handlers.orphans")
 
 #: Dispositions under which the deprovision handler still owns an ended task's pool.
-OWNED_BY_DEPROVISION = frozenset({None, "retained", "delete-requested", "delete-failed"})
+OWNED_BY_DEPROVISION = frozenset({None, PoolDisposition.RETAINED,
+                                  PoolDisposition.DELETE_REQUESTED,
+                                  PoolDisposition.DELETE_FAILED})
 
 
 def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
-    effects = ctx.effects
-    if ctx.ports is None or effects is None or not effects.sweep_due(ctx.now):
+    executor = ctx.executor
+    if not executor.sweep_due(ctx.now):
         return
-    effects.swept(ctx.now)
-    index = effects.index
-    index.ensure()
-    already = effects.open_orphans()
+    executor.swept(ctx.now)
+    index = ctx.index
+    already = executor.open_orphans()
     for cluster in ctx.clusters:
         try:
             pools = ctx.ports.node_pools.list(cluster)

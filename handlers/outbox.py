@@ -12,13 +12,12 @@ import logging
 from typing import Any
 
 from falcon_es import checkpoints
-from falcon_es.ports import Bus, PortError
+from falcon_es.ports import TASK_EVENTS_TOPIC, Bus, PortError
 from falcon_es.store import EventStore, RecordedEvent
 
 log = logging.getLogger("falcon_es.outbox")
 
 CHECKPOINT = "outbox:task-events"
-DEFAULT_TOPIC = "falcon-task-events"
 
 
 def message_of(record: RecordedEvent) -> dict[str, Any]:
@@ -40,7 +39,7 @@ def attributes_of(record: RecordedEvent) -> dict[str, str]:
             "version": str(record.version), "seq": str(record.seq)}
 
 
-def publish_pending(store: EventStore, bus: Bus, topic: str = DEFAULT_TOPIC,
+def publish_pending(store: EventStore, bus: Bus, topic: str = TASK_EVENTS_TOPIC,
                     *, batch_size: int = 1000, limit: int | None = None) -> int:
     """Publish events after the cursor; returns how many were published."""
     cursor = checkpoints.read(store.engine, CHECKPOINT)

@@ -24,36 +24,36 @@ scale-down-unneeded time follows the supply mode actually used.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import ACQUIRING as ACQUIRING_GROUP
-from falcon_es.effects import (
-    RESERVATION_CHECK, call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt,
-    retry_due_at,
-)
-from falcon_es.ports import NOT_FOUND, PortError
+from falcon_es.intents import RESERVATION_CHECK, PoolDisposition, PoolIntent
+from falcon_es.lifecycle_index import Group
+from falcon_es.ports import NOT_FOUND, Operation, PortError
 from falcon_es.registry import Cluster
+from falcon_es.retry import (
+    call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, retry_due_at,
+)
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
 from falcon_es.spec import SUPPLY_MODES
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
-from falcon_es.handlers.deprovision import ask_create_operation, candidates, handed_over_now, is_holder
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
 RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
 #: Slices one task needs (multislice is not offered).
 SLICES_PER_TASK = 1
-ACQUIRING = frozenset({"Provisioning", "ClusterBusy", "WaitingForNode"})
 _POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})
 
 
 def supply_mode_for(state: TaskState, cluster: Cluster) -> str:
-    """The task's own supply mode, else the cluster default (DESIGN §9)."""
+    """The task's own supply mode, else the cluster default: the reservation where the
+    cluster has one, flex-start otherwise."""
     asked = state.spec.get("supply_mode")
     if asked:
         return str(asked)
@@ -77,7 +77,7 @@ class _Provisioner:
         self.ports = ctx.ports
         self.clusters = {c.id: c for c in ctx.clusters}
         self.taken: set[tuple[str, str]] = set()  # (cluster id, pool) reused this tick
-        self.handed_over = handed_over_now(tick)
+        self.handed_over = tick.handed_over_now()
         #: Reservation hosts granted to creates earlier in this tick, which the API
         #: cannot see until the executor has issued them.
         self.granted_hosts: dict[tuple[str, str], int] = {}
@@ -91,7 +91,7 @@ class _Provisioner:
         if state.pool_intent is None:
             if not self.reuse(state, cluster):
                 self.acquire(state, cluster)
-        elif state.pool_intent == "create-started":
+        elif state.pool_intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
 
     # ------------------------------------------------------------------- reuse
@@ -120,16 +120,14 @@ class _Provisioner:
     def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[TaskState]:
         """Ended tasks holding a retained pool of this queue: the one kept for this
         task first."""
-        if self.ctx.effects is None:
-            return []
-        index = self.ctx.effects.index
+        index = self.ctx.index
         idle = []
         for holder_id in index.retained((cluster.id, state.topology)):
             holder = self.tick.state(holder_id)
             if (holder is None or not holder.is_terminal or holder.node_pool_name is None
-                    or holder.pool_disposition != "retained"
+                    or holder.pool_disposition != PoolDisposition.RETAINED
                     or (cluster.id, holder.node_pool_name) in self.taken
-                    or not is_holder(index, holder, self.handed_over)):
+                    or not index.is_holder(holder, self.handed_over)):
                 continue
             idle.append(holder)
         idle.sort(key=lambda h: (h.retained_for != state.task_id, h.node_pool_name or ""))
@@ -137,7 +135,7 @@ class _Provisioner:
 
     # ----------------------------------------------------------------- acquire
     def acquire(self, state: TaskState, cluster: Cluster) -> None:
-        if state.reason == "ClusterBusy":
+        if state.reason == chart.PendingReason.CLUSTER_BUSY:
             due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
             if due is not None and self.ctx.now < due:
                 return
@@ -259,30 +257,48 @@ class _Provisioner:
 
 def provision(tick: Tick, ctx: HandlerContext) -> None:
     """Move every task that holds a slot one step towards a ready pool."""
-    if ctx.ports is None:
-        return
-    work = [s for s in candidates(tick, ctx, ACQUIRING_GROUP)
-            if s.status == chart.PENDING and s.reason in ACQUIRING]
+    work = [s for s in tick.candidates(ctx.index.ids(Group.ACQUIRING))
+            if s.status == chart.PENDING and s.reason in chart.ACQUIRING_REASONS]
     if not work:
         return
     provisioner = _Provisioner(tick, ctx)
-    index = ctx.effects.index if ctx.effects is not None else None
+    index = ctx.index
     touched = {s.task_id for s in tick.touched()}
     for state in work:
         fresh = tick.state(state.task_id)
-        if fresh is None or fresh.status != chart.PENDING or fresh.reason not in ACQUIRING:
+        if (fresh is None or fresh.status != chart.PENDING
+                or fresh.reason not in chart.ACQUIRING_REASONS):
             continue
-        if (index is not None and fresh.task_id not in touched
-                and fresh.pool_intent == "create-started" and fresh.retry_kind in _POLL_KINDS):
+        if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
+                and fresh.retry_kind in _POLL_KINDS):
             # Waiting for a retry: its wake moment (no later than the retry) says
             # whether ``follow`` has anything to do yet, without working the retry out.
             wake = index.wake_at(fresh.task_id)
             if wake is not None and ctx.now < wake:
                 continue
-        if (index is not None and fresh.task_id not in touched
-                and fresh.pool_intent == "create-started" and fresh.retry_kind not in _POLL_KINDS):
+        if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
+                and fresh.retry_kind not in _POLL_KINDS):
             # A running create operation asked a moment ago: nothing to ask it yet.
             due = index.poll_due(fresh)
             if due is not None and ctx.now < due:
                 continue
         provisioner.run(fresh)
+
+
+def ask_create_operation(state: TaskState, cluster: Cluster,
+                         ctx: HandlerContext) -> Operation | None:
+    """The task's running create operation, asked at most every
+    ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
+    and a create takes minutes); None when it is not time yet or the call failed."""
+    due = ctx.index.poll_due(state)
+    if not state.pool_operation or (due is not None and ctx.now < due):
+        return None
+    try:
+        operation = ctx.ports.node_pools.get_operation(cluster, state.pool_operation)
+    except PortError as error:
+        log.warning("operation %s of pool %s: %s", state.pool_operation,
+                    state.node_pool_name, error)
+        return None
+    interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
+    ctx.index.polled(state, None if operation.done else ctx.now + interval)
+    return operation

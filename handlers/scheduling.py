@@ -41,9 +41,6 @@ from falcon_es.task import TaskState
 def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
     """The book, brought up to date with what earlier handlers emitted this tick."""
     book = ctx.queues
-    if book is None:
-        raise RuntimeError("the scheduling handlers need ctx.queues (bootstrap wires the "
-                           "queue view's book into the handler context)")
     book.begin(tick)
     for state in tick.touched():
         book.sync(state)

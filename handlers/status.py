@@ -18,8 +18,9 @@ What an observation means:
   deleted (its pods would otherwise wait forever);
 - the Job's Complete condition -> JobSucceeded;
 - every pod running -> PodsRunning "n/n active" (Running; the queue's slot frees);
-- pods pending -> PodsPending with the edge cluster's upstream diagnosis (DESIGN §10:
-  no pod capacity, a missing node pool, the TPU taint...) rather than the symptom.
+- pods pending -> PodsPending with the edge cluster's upstream diagnosis (no pod
+  capacity, a missing node pool, the TPU taint...) rather than the symptom, so the
+  Message says what to fix.
 """
 
 from __future__ import annotations
@@ -54,11 +55,7 @@ TORN_VIEW_GRACE = dt.timedelta(seconds=30)
 
 def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
     """Pull the edge events and turn each new observation into task events."""
-    if ctx.ports is None:
-        return
     subscription = ctx.settings.edge_events_subscription
-    if ctx.effects is not None:
-        ctx.effects.index.ensure()
     by_task: dict[str, list[tuple[str, JobObservation]]] = {}
     for _ in range(MAX_PULLS):
         try:
@@ -76,8 +73,7 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
                 ctx.edge_outcomes.append((str(message.attributes.get("cluster", "")),
                                           "malformed"))
                 continue
-            task_id = (ctx.effects.index.task_for_label(observation.task_id)
-                       if ctx.effects is not None else observation.task_id)
+            task_id = ctx.index.task_for_label(observation.task_id)
             by_task.setdefault(task_id, []).append((message.id, observation))
         if len(messages) < PULL_BATCH:
             break
@@ -196,7 +192,7 @@ def _first(pods: Sequence[PodObservation],
 
 def ack_folded(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
     """After-commit step: acknowledge the messages the committed tick folded."""
-    if ctx.ports is None or not ctx.acks:
+    if not ctx.acks:
         return
     try:
         ctx.ports.bus.ack(ctx.settings.edge_events_subscription, list(ctx.acks))

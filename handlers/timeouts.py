@@ -20,21 +20,19 @@ from collections.abc import Callable, Iterable
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.effects import (
-    ACQUIRING, DISPATCHING, POOL_WATCH, RESERVATION_CHECK, RUNNING, EffectExecutor,
-    call_retry_due_at, retry_due_at,
-)
+from falcon_es.intents import RESERVATION_CHECK, PoolDisposition, PoolIntent
+from falcon_es.retry import call_retry_due_at, retry_due_at
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
 from falcon_es.task import TaskState
-from falcon_es.handlers.deprovision import candidates
 
-_EARLIEST = dt.datetime.min
-DISPATCHED = frozenset({"Pending.Dispatching", chart.RUNNING})
-PROVISIONING = frozenset({"Pending.Provisioning", "Pending.WaitingForNode"})
+_PENDING = chart.PENDING
+DISPATCHED = frozenset({f"{_PENDING}.{chart.PendingReason.DISPATCHING}", chart.RUNNING})
+PROVISIONING = frozenset({f"{_PENDING}.{chart.PendingReason.PROVISIONING}",
+                          f"{_PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"})
 #: Retried steps and the states in which their retry is pending.
 RETRIES = (
-    ("ReservationInsufficient", frozenset({"Pending.ClusterBusy"})),
+    ("ReservationInsufficient", frozenset({f"{_PENDING}.{chart.PendingReason.CLUSTER_BUSY}"})),
     ("NodePoolNotVisible", PROVISIONING),
     ("NodesNotReady", PROVISIONING),
 )
@@ -51,7 +49,8 @@ def job_deadline(state: TaskState) -> dt.datetime | None:
 
 def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
     if (state.state not in PROVISIONING or state.pool_requested_at is None
-            or state.pool_intent not in ("create-requested", "create-started")):
+            or state.pool_intent not in (PoolIntent.CREATE_REQUESTED,
+                                         PoolIntent.CREATE_STARTED)):
         return None
     limit = (settings.flex_start_provisioning_timeout_seconds
              if state.supply_mode == "flex-start" else settings.provisioning_timeout_seconds)
@@ -64,7 +63,8 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
             continue
         deadline = job_deadline(state)
         if deadline is not None and ctx.now >= deadline:
-            pending = state.pending_diagnosis if state.reason == "Dispatching" else None
+            pending = (state.pending_diagnosis
+                       if state.reason == chart.PendingReason.DISPATCHING else None)
             tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"]),
                                                      pending or ""))
             if state.job_name:
@@ -77,18 +77,9 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
 
 
 def _deadline_candidates(tick: Tick, ctx: HandlerContext) -> list[TaskState]:
-    """The tasks whose deadline may have passed: with the executor's wake index (see
-    ``wake_of``), those due by now plus those this tick changed, earliest submitted
-    first; without it, every task of the groups a deadline applies to."""
-    index = ctx.effects.index if ctx.effects is not None else None
-    if index is None or index.wake_of is None:
-        return candidates(tick, ctx, ACQUIRING, DISPATCHING, RUNNING)
-    index.ensure()
-    ids = set(index.waking(ctx.now))
-    ids.update(s.task_id for s in tick.touched())
-    states = [s for task_id in ids if (s := tick.state(task_id)) is not None]
-    states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
-    return states
+    """The tasks whose deadline may have passed: those the lifecycle index says are
+    due by now (``wake_of`` is its wake moment) plus those this tick changed."""
+    return tick.candidates(ctx.index.waking(ctx.now))
 
 
 def wake_of(settings: Settings) -> Callable[[TaskState], dt.datetime | None]:
@@ -102,7 +93,7 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
     moments: list[dt.datetime] = []
     for state in states:
         if state.is_terminal:
-            if state.pool_disposition == "delete-failed":
+            if state.pool_disposition == PoolDisposition.DELETE_FAILED:
                 due = retry_due_at(state, "NodePoolDeleteFailed", settings)
                 if due is not None:
                     moments.append(due)
@@ -120,15 +111,3 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
             if due is not None:
                 moments.append(due)
     return min(moments) if moments else None
-
-
-def next_due_of(effects: EffectExecutor) -> dt.datetime | None:
-    """``next_due`` over the tasks the lifecycle index says can have a deadline or a
-    retry (what a loop should call instead of passing every task ever seen)."""
-    index = effects.index
-    index.ensure()
-    if index.wake_of is not None:
-        return index.next_wake()
-    ids = index.ids(ACQUIRING, DISPATCHING, RUNNING, POOL_WATCH)
-    return next_due((s for i in ids if (s := index.tasks.get(i)) is not None),
-                    effects.settings)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from falcon_es.effects import LifecycleIndex
+from falcon_es.intents import PoolDisposition, PoolIntent
+from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.observability.metrics import PoolSample
 from falcon_es.registry import Cluster
 from falcon_es.task import TaskState, TaskStates
@@ -23,13 +24,14 @@ CREATING, ACTIVE, IDLE_RETAINED, DELETING, DELETED = (
 def pool_state(holder: TaskState) -> str:
     """What became of the pool, as its holder's events tell."""
     disposition = holder.pool_disposition
-    if disposition == "deleted":
+    if disposition == PoolDisposition.DELETED:
         return DELETED
-    if disposition in ("delete-requested", "delete-failed") or holder.pool_intent == "failed":
+    if (disposition in (PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED)
+            or holder.pool_intent == PoolIntent.FAILED):
         return DELETING
-    if disposition == "retained":
+    if disposition == PoolDisposition.RETAINED:
         return IDLE_RETAINED
-    if holder.pool_intent in ("create-requested", "create-started"):
+    if holder.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED):
         return CREATING
     return ACTIVE
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.registry import Cluster
-from falcon_es.scheduling import WAITING, Entry, QueueBook, QueueKey
+from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import job
 from falcon_es.task import Change, TaskState, TaskStates
@@ -178,7 +178,7 @@ class QueueView:
         self._written.pop(state.task_id, None)
         self.book.sync(state)
         place = self.book.place(state.task_id)
-        if place is not None and place[0] == WAITING:
+        if place is not None and place[0] == Placement.WAITING:
             self.book.changed.add(place[1])
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from falcon_es import db
-from falcon_es.bootstrap import build_controller, open_app
+from falcon_es.bootstrap import build_service, open_app
 from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
@@ -67,7 +67,8 @@ def take_in(db_url: str) -> None:
     """One controller tick of intake, so the log knows the submitted rows."""
     app = open_app(Settings(db_url=db_url), VirtualClock())
     try:
-        build_controller(app, handlers=(intake.accept_new_rows, intake.notice_abort_requests)).tick()
+        build_service(app.settings, app=app, register_clusters=False, handlers=(
+            intake.accept_new_rows, intake.notice_abort_requests)).controller.tick()
     finally:
         app.close()
 

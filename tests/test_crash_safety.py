@@ -84,7 +84,7 @@ def assert_clean_end(h: Harness, expected: dict[str, tuple[str, str | None]]) ->
     assert all(n == 1 for n in creates.values()), f"a pool was created twice: {creates}"
     assert all(n == 1 for n in submits.values()), f"a Job was submitted twice: {submits}"
     assert h.world.pools() == [], "a pool was left behind"
-    assert not h.effects.open_intents()
+    assert not h.executor.open_intents()
     assert h.world.job_state("v6e-res", "falcon-b") is None, "the aborted Job still exists"
 
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from falcon_es.bootstrap import build_service
 from falcon_es import db, job_rows, service
 from falcon_es.cli import main
 from falcon_es.clock import VirtualClock
 from falcon_es.demo import run_demo
+from falcon_es.ports import TASK_EVENTS_TOPIC
 from falcon_es.settings import Settings
 from falcon_es.simulate import run_simulation
 from falcon_es.handlers import outbox
@@ -91,7 +93,7 @@ def test_run_until_idle_finishes_submitted_tasks_on_the_virtual_clock(tmp_path: 
 
 def test_stop_request_finishes_the_current_tick_then_returns(tmp_path: Path) -> None:
     url = _fresh(tmp_path)
-    svc = service.start(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
+    svc = build_service(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
     job_rows.submit(svc.app.engine, task_id="s1", name="s1", actor="a", spec=SPEC,
                     now=dt.datetime(2026, 11, 1))
     stop = threading.Event()
@@ -104,13 +106,13 @@ def test_stop_request_finishes_the_current_tick_then_returns(tmp_path: Path) -> 
 
 def test_outbox_publishes_every_event_in_seq_order_once_with_a_cursor(tmp_path: Path) -> None:
     url = _fresh(tmp_path)
-    svc = service.start(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
+    svc = build_service(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
     job_rows.submit(svc.app.engine, task_id="o1", name="o1", actor="a", spec=SPEC,
                     now=dt.datetime(2026, 11, 1))
     svc.loop.run(until_idle=True)
     bus = svc.ports.bus
     subscription = "ops-test"
-    bus.subscribe(outbox.DEFAULT_TOPIC, subscription)  # type: ignore[attr-defined]
+    bus.subscribe(TASK_EVENTS_TOPIC, subscription)  # type: ignore[attr-defined]
     head = svc.app.store.head()
     assert outbox.publish_pending(svc.app.store, bus, batch_size=7) == head
     assert outbox.publish_pending(svc.app.store, bus) == 0

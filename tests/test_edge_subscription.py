@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from falcon_es.bootstrap import build_service
 from falcon_es import db, job_rows, service
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
@@ -21,7 +22,7 @@ def test_a_renamed_subscription_still_receives_the_simulated_informers(tmp_path:
     engine.dispose()
     settings = Settings.from_env({"FALCON_DB_URL": url,
                                   "FALCON_EDGE_EVENTS_SUBSCRIPTION": "falcon-edge-events-ctl"})
-    svc = service.start(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)
+    svc = build_service(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)
     try:
         job_rows.submit(svc.app.engine, task_id="s1", name="s1", actor="a", spec=SPEC,
                         now=dt.datetime(2026, 11, 1))

@@ -297,7 +297,7 @@ class SharedWorldHarness(Harness):
         self.world = world
         world.behaviour_source = self._behaviour
         self.ports = build_sim_ports(world)
-        self.controller = self._controller()
+        self.rebuild()
 
 
 def test_clusters_shows_pools_queues_and_live_state(installation: Installation) -> None:

@@ -95,7 +95,7 @@ class GcpHarness(Harness):
         self.ports = dataclasses.replace(ports, bus=TracedBus(ports.bus, self.cloud.trace))
         self.app.close()
         self.app = open_app(self.settings, clock)
-        self.controller = self._controller()
+        self.rebuild()
         self._stalled_since: float | None = None
 
     def add_cluster(self, config: SimClusterConfig) -> Cluster:
@@ -112,7 +112,7 @@ class GcpHarness(Harness):
 
     def step(self) -> bool:
         appended = self.tick()
-        if appended or self.effects.has_outcomes:
+        if appended or self.executor.has_outcomes:
             return True
         trace = self.cloud.trace
         if not trace.quiet():

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from falcon_es import db, job_rows
 from falcon_es import events as ev
-from falcon_es.bootstrap import App, build_controller, open_app
+from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, Meta, StreamAppend
@@ -362,7 +362,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
 
     folding = open_app(Settings(db_url=db_url), clock)
     try:
-        controller = build_controller(folding, handlers=(intake.notice_abort_requests,))
+        controller = build_service(folding.settings, app=folding, register_clusters=False, handlers=(intake.notice_abort_requests,)).controller
         controller.tick()
         for task_id in doomed:
             assert folding.store.read_stream(task_id)[-1].type_name == "AbortRequested"

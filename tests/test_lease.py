@@ -27,6 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_lifecycle_harness import reserved_cluster, sim_config
 
+from falcon_es.bootstrap import build_service
 from falcon_es import db, job_rows, service
 from falcon_es.adapters.gcp.lease import (
     LeaseConfigError,
@@ -429,7 +430,7 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
     world = quiet_world(clock, services)
     jobs = JobsCreated(world, "v6e-res", monkeypatch)
     for name in ("a", "b"):
-        services.append(service.start(Settings(db_url=db_url, controller_id=f"falcon-{name}"),
+        services.append(build_service(Settings(db_url=db_url, controller_id=f"falcon-{name}"),
                                       clock=clock, world=world, follow_log=True))
     a, b = services
     tasks = [f"t{i}" for i in range(6)]
@@ -470,7 +471,7 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
                 assert due, f"nothing due and not settled: {job_rows.list_rows(a.app.engine)}"
                 clock.advance_to(max(min(due), clock.now() + dt.timedelta(milliseconds=1)))
         rows = job_rows.list_rows(a.app.engine)
-        assert {r["id"]: r["status"] for r in rows} == {t: "Succeeded" for t in tasks}
+        assert {r["id"]: r["status"] for r in rows} == {t: "Succeeded" for t in tasks}, [(r["id"], r["status"], r["reason"], r["message"]) for r in rows]
         assert_each_effect_once(a.app.store, world, jobs, tasks)
         assert sum(conflicts.values()) > 0, "no tick ever lost a race: the test did not race"
         writers = collections.Counter(r.meta.get("controller") for r in a.app.store.read_after(0))
@@ -482,7 +483,7 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
 
 def leader_service(db_url: str, clock: VirtualClock, world: SimWorld, elector: LeaseElector,
                    name: str) -> service.Service:
-    return service.start(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock=clock,
+    return build_service(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock=clock,
                          world=world, leadership=elector, follow_log=True)
 
 
@@ -576,7 +577,7 @@ def test_a_new_leader_catches_up_and_finishes_what_the_old_one_left_open(
     try:
         summary = second.catch_up()
         assert "1 tasks folded (1 live)" in summary and "1 open intent(s) re-issued" in summary
-        assert second.effects is not None and second.effects.has_outcomes
+        assert second.executor is not None and second.executor.has_outcomes
         report = second.loop.run(until_idle=True)
         assert report.stopped_by == "idle"
         assert job_rows.get_row(second.app.engine, "t1")["status"] == "Succeeded"
@@ -636,7 +637,7 @@ def test_replicas_stand_by_take_over_on_release_and_report_their_role(
 
     def replica(name: str) -> None:
         def build(leadership: Any) -> service.Service:
-            svc = service.start(Settings(db_url=url, controller_id=f"falcon-{name}"),
+            svc = build_service(Settings(db_url=url, controller_id=f"falcon-{name}"),
                                 clock=clock, world=world, leadership=leadership,
                                 follow_log=True, tick_seconds=0.01)
             services.append(svc)
@@ -691,7 +692,7 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
     clock = VirtualClock(START)
     services: list[service.Service] = []
     world = quiet_world(clock, services)
-    first = service.start(Settings(db_url=url), clock=clock, world=world)
+    first = build_service(Settings(db_url=url), clock=clock, world=world)
     services.append(first)
     submit(first.app.engine, "t1", clock)
     while "NodePoolCreateRequested" not in [r.type_name
@@ -699,7 +700,7 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
         first.loop.step()
     first.close()  # the process dies with the pool create's outcome unrecorded
     services.clear()
-    restarted = service.start(Settings(db_url=url), clock=clock, world=world)
+    restarted = build_service(Settings(db_url=url), clock=clock, world=world)
     services.append(restarted)
     submit(restarted.app.engine, "t2", clock)
     health = HealthServer(max_tick_age=60)
@@ -712,7 +713,7 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
         assert ready["ready"] is True and ready["role"] == "standby"  # serve has ended
         assert ready["detail"].startswith("caught up: 1 tasks folded (1 live)")
         assert ready["detail"].endswith("1 open intent(s) re-issued")
-        assert restarted.effects is not None and restarted.effects.has_outcomes
+        assert restarted.executor is not None and restarted.executor.has_outcomes
         assert restarted.app.tasks.get("t2") is None  # new work waits for the first tick
     finally:
         restarted.close()

@@ -20,7 +20,7 @@ from falcon_es.adapters.sim.config import (
     DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
 )
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import pool_labels
+from falcon_es.task_manifests import pool_labels
 from falcon_es.ports import NodePoolSpec
 from falcon_es.settings import Settings
 from falcon_es.tpu import slice_shape

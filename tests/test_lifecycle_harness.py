@@ -21,17 +21,19 @@ from falcon_es.adapters.sim import (
     ClusterBehaviour, SimClusterConfig, SimConfig, SimWorld, build_sim_ports,
 )
 from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Span
-from falcon_es.bootstrap import App, build_controller, open_app
+from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import EffectExecutor, task_intents
+from falcon_es.effects import EffectExecutor
+from falcon_es.intents import task_intents
 from falcon_es.ports import (
     BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
 )
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller, Handler, Tick
+from falcon_es.service import Service
 from falcon_es.settings import Settings
-from falcon_es.handlers import HANDLERS, timeouts
-from falcon_es.handlers.deprovision import needs_disposal
+from falcon_es.handlers import HANDLERS
+from falcon_es.handover import needs_disposal
 
 Step = tuple[str, str | None]
 T = TypeVar("T")
@@ -229,19 +231,26 @@ class Harness:
         self.history: dict[str, list[Step]] = {}
         self.messages: dict[str, list[str]] = {}
         self.app: App = open_app(self.settings, clock)
-        self.controller: Controller = self._controller()
+        self.service: Service = self._service()
+        self.controller: Controller = self.service.controller
         self.restarts = 0
         self.ticks_since_start = 0
         self.recording = True
 
-    def _controller(self) -> Controller:
-        if self.plan is None:
-            return build_controller(self.app, ports=self.ports)
+    def rebuild(self) -> None:
+        """A new controller on the current app, world and ports (after a subclass
+        changed one of them)."""
+        self.service = self._service()
+        self.controller = self.service.controller
+
+    def _service(self) -> Service:
+        """The controller as the bootstrap builds it, on this harness's world and ports;
+        with a crash plan, every handler and commit is a crash point."""
         plan = self.plan
-        controller = build_controller(self.app, ports=self.ports,
-                                      handlers=tuple(_watched(h, plan) for h in HANDLERS))
-        controller.after_commit = (plan.committed, *controller.after_commit)
-        return controller
+        handlers = HANDLERS if plan is None else tuple(_watched(h, plan) for h in HANDLERS)
+        return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
+                             handlers=handlers, register_clusters=False,
+                             before_effects=(plan.committed,) if plan is not None else ())
 
     def _behaviour(self, task_id: str) -> Any:
         """The sim behaviour of a task's Job: its spec's ``sim`` (wired as the
@@ -270,18 +279,14 @@ class Harness:
 
     # -------------------------------------------------------------- running
     @property
-    def effects(self) -> EffectExecutor:
-        for step in self.controller.after_commit:
-            owner = getattr(step, "__self__", None)
-            if isinstance(owner, EffectExecutor):
-                return owner
-        raise LookupError("the controller has no effect executor")
+    def executor(self) -> EffectExecutor:
+        return self.service.executor
 
     def restart(self) -> None:
         """A new process: fresh app and controller, same database, same world."""
         self.app.close()
         self.app = open_app(self.settings, self.clock)
-        self.controller = self._controller()
+        self.rebuild()
         self.restarts += 1
         self.ticks_since_start = 0
 
@@ -311,8 +316,8 @@ class Harness:
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (
             self.world.next_due(),
-            timeouts.next_due_of(self.effects),
-            self.effects.next_due(),
+            self.service.index.next_wake(),
+            self.executor.next_due(),
         ) if m is not None]
         return min(moments) if moments else None
 
@@ -320,7 +325,7 @@ class Harness:
         """One tick, then, when it left nothing to do now, a jump to the next due
         moment; False when nothing at all is left to happen."""
         appended = self.tick()
-        if appended or self.effects.has_outcomes:
+        if appended or self.executor.has_outcomes:
             return True
         due = self.next_due()
         if due is None:
@@ -332,8 +337,8 @@ class Harness:
     def settled(self) -> bool:
         """Every task ended, every pool decided and no effect left open."""
         states = self.app.tasks.all()
-        if (self.ticks_since_start == 0 or self.effects.has_outcomes
-                or self.effects.open_intents()
+        if (self.ticks_since_start == 0 or self.executor.has_outcomes
+                or self.executor.open_intents()
                 or any(not s.is_terminal or needs_disposal(s) or task_intents(s)
                        or s.pool_disposition == "delete-failed" for s in states)):
             return False

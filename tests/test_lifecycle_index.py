@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from falcon_es.effects import LifecycleIndex
+from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.task import TaskState, TaskStates
 
 T0 = dt.datetime(2026, 11, 1, 9)

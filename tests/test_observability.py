@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from falcon_es.bootstrap import build_service
 from falcon_es import db
 from falcon_es import events as ev
 from falcon_es.clock import VirtualClock
@@ -689,7 +690,7 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     db.upgrade(engine)
     engine.dispose()
     metrics = Metrics(clock=VirtualClock(START))
-    svc = service.start(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
+    svc = build_service(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
                         metrics=metrics)
     try:
         job_rows.submit(svc.app.engine, task_id="m1", name="m1", actor="a",

@@ -46,7 +46,7 @@ def test_a_running_create_is_asked_every_poll_interval_and_seen_done_within_one(
     h = harness
     looks = _OperationLooks(h.ports.node_pools, clock)
     h.ports = dataclasses.replace(h.ports, node_pools=looks)
-    h.controller = h._controller()
+    h.rebuild()
     task = h.submit("t1")
     h.run()
     assert h.history[task][-1] == ("Succeeded", None)

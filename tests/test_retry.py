@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falcon_es import retry
-from falcon_es.ports import RETRYABLE, PortError
-from falcon_es.retry import Backoff, RetriesExhausted, RetryConfigError, RetryPolicies
+from falcon_es.retry import Backoff, RetryConfigError, RetryPolicies
 
 NOW = dt.datetime(2026, 11, 1, 9, 0, 0)
 
@@ -84,12 +83,10 @@ def test_every_external_api_and_the_waits_have_a_default_policy() -> None:
     assert wait.base_delay(10**9) == wait.maximum
 
 
-def test_a_backoff_without_attempts_is_never_exhausted_and_says_so() -> None:
-    policies = RetryPolicies({**retry.DEFAULT_BACKOFFS,
-                              "gke": Backoff(initial=10, maximum=300, jitter=0, attempts=None)})
-    decision = policies.decide("gke", 40, NOW, random.Random(0))
-    assert not decision.exhausted and decision.delay_seconds == 300
-    assert decision.describe() == "attempt 40 failed, next in 300s"
+def test_a_backoff_without_attempts_is_never_exhausted_and_stays_at_the_cap() -> None:
+    never = Backoff(initial=10, maximum=300, jitter=0, attempts=None)
+    assert not never.exhausted(40)
+    assert never.delay(40, random.Random(0)) == 300
 
 
 def test_an_unknown_api_is_named_in_the_error() -> None:
@@ -133,74 +130,3 @@ def test_bad_environment_values_name_the_variable(environ: dict, words: str) -> 
 def test_a_policy_set_must_cover_every_api() -> None:
     with pytest.raises(RetryConfigError, match="no backoff for compute, kubernetes, pubsub"):
         RetryPolicies({"gke": Backoff()})
-
-
-def test_decide_gives_the_attempt_count_and_the_due_time_for_the_message() -> None:
-    policies = RetryPolicies({**retry.DEFAULT_BACKOFFS,
-                              "gke": Backoff(initial=10, maximum=300, jitter=0, attempts=4)})
-    third = policies.decide("gke", 3, NOW, random.Random(0))
-    assert (third.attempt, third.attempts, third.delay_seconds) == (3, 4, 40)
-    assert third.due_at == NOW + dt.timedelta(seconds=40)
-    assert third.describe() == "attempt 3 of 4 failed, next in 40s"
-    last = policies.decide("gke", 4, NOW, random.Random(0))
-    assert last.exhausted and last.due_at is None
-    assert last.describe() == "gave up after 4 of 4 attempts"
-
-
-def _policies(attempts: int) -> RetryPolicies:
-    return RetryPolicies({**retry.DEFAULT_BACKOFFS,
-                          "kubernetes": Backoff(initial=1, maximum=4, jitter=0, attempts=attempts)})
-
-
-def _is_retryable(error: BaseException) -> bool:
-    return isinstance(error, PortError) and error.code == RETRYABLE
-
-
-def test_call_with_retry_sleeps_the_backoff_between_attempts_and_returns() -> None:
-    slept: list[float] = []
-    retried: list[tuple[int, float]] = []
-    outcomes = iter([PortError(RETRYABLE, "429"), PortError(RETRYABLE, "503"), "ok"])
-
-    def call() -> str:
-        outcome = next(outcomes)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    result = retry.call_with_retry(
-        call, api="kubernetes", policies=_policies(5), is_retryable=_is_retryable,
-        sleep=slept.append, rng=random.Random(0),
-        on_retry=lambda attempt, delay, error: retried.append((attempt, delay)),
-    )
-    assert result == "ok"
-    assert slept == [1, 2]
-    assert retried == [(1, 1), (2, 2)]
-
-
-def test_call_with_retry_gives_up_after_the_configured_attempts() -> None:
-    calls: list[int] = []
-
-    def call() -> None:
-        calls.append(1)
-        raise PortError(RETRYABLE, "concurrent operation in progress")
-
-    with pytest.raises(RetriesExhausted, match="kubernetes: gave up after 3 attempts") as info:
-        retry.call_with_retry(call, api="kubernetes", policies=_policies(3),
-                              is_retryable=_is_retryable, sleep=lambda s: None,
-                              rng=random.Random(0))
-    assert len(calls) == 3
-    assert isinstance(info.value.last_error, PortError)
-
-
-def test_call_with_retry_does_not_retry_a_permanent_error() -> None:
-    calls: list[int] = []
-
-    def call() -> None:
-        calls.append(1)
-        raise PortError("PERMISSION_DENIED", "container.nodePools.create denied")
-
-    with pytest.raises(PortError, match="PERMISSION_DENIED"):
-        retry.call_with_retry(call, api="kubernetes", policies=_policies(5),
-                              is_retryable=_is_retryable, sleep=lambda s: None,
-                              rng=random.Random(0))
-    assert calls == [1]

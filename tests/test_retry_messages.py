@@ -21,11 +21,9 @@ from falcon_es import events as ev
 from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import FaultRule, SimConfig, SimConfigError
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import (
-    API_OF_STEP, JOB_DELETE, JOB_SUBMIT, POOL_CREATE, POOL_DELETE, RESERVATION_CHECK,
-)
+from falcon_es.intents import RESERVATION_CHECK, IntentKind
 from falcon_es.ports import RETRYABLE, PortError
-from falcon_es.retry import DEFAULT_BACKOFFS, Backoff
+from falcon_es.retry import API_OF_STEP, DEFAULT_BACKOFFS, Backoff
 from falcon_es.settings import Settings, SettingsError
 from falcon_es.task import STEP_OUTCOMES, fold
 from falcon_es.projections.messages import CALLS, task_message
@@ -224,7 +222,7 @@ def test_the_attempt_count_restarts_once_the_step_got_an_answer() -> None:
 
 
 def test_every_retried_step_has_a_call_name_an_api_and_its_outcomes() -> None:
-    steps = {POOL_CREATE, POOL_DELETE, JOB_SUBMIT, JOB_DELETE, RESERVATION_CHECK}
+    steps = {IntentKind.POOL_CREATE, IntentKind.POOL_DELETE, IntentKind.JOB_SUBMIT, IntentKind.JOB_DELETE, RESERVATION_CHECK}
     assert steps == set(CALLS) == set(STEP_OUTCOMES) <= set(API_OF_STEP)
 
 
@@ -248,7 +246,7 @@ class _FlakyReservations:
 def _flaky(h: Harness, failures: int) -> None:
     h.ports = dataclasses.replace(h.ports,
                                   reservations=_FlakyReservations(h.ports.reservations, failures))
-    h.controller = h._controller()
+    h.rebuild()
 
 
 def test_an_unanswered_reservation_read_is_retried_with_the_compute_backoff(make: Make) -> None:

@@ -12,7 +12,7 @@ from freezegun import freeze_time
 
 from falcon_es import events as ev
 from falcon_es import job_rows, registry
-from falcon_es.bootstrap import App, build_controller, load_task_states, open_app
+from falcon_es.bootstrap import App, build_service, load_task_states, open_app
 from falcon_es.clock import WallClock
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller
@@ -41,7 +41,7 @@ def submit(app: App, actor: str, name: str, topology: str = "2x2", tpu_type: str
 
 
 def controller(app: App) -> Controller:
-    return build_controller(app, handlers=SCHEDULING)
+    return build_service(app.settings, app=app, register_clusters=False, handlers=SCHEDULING).controller
 
 
 def append(app: App, task_id: str, *events: ev.Event) -> None:
@@ -357,7 +357,7 @@ def test_a_tick_that_fails_leaves_no_trace_in_the_book(app: App) -> None:
     def explode(tick: object, ctx: object) -> None:
         raise RuntimeError("a later handler failed")
 
-    ctl = build_controller(app, handlers=(*SCHEDULING, explode))
+    ctl = build_service(app.settings, app=app, register_clusters=False, handlers=(*SCHEDULING, explode)).controller
     task = submit(app, "u", "t")
     with pytest.raises(RuntimeError):
         ctl.tick()

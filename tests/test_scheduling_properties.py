@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
+from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
@@ -78,6 +79,7 @@ class World:
         self.now = START
         self.tasks = TaskStates()
         self.view = QueueView(self.tasks)
+        self.index = LifecycleIndex(self.tasks)
         self.conn = RecordingConnection()
         self.clusters = [
             Cluster(f"c{i}", f"tpu-{i}", "p", "l", "v6e", "b", None, "active", START)
@@ -101,8 +103,11 @@ class World:
             tick.emit(task_id, ev.TaskAccepted(f"{actor}-job-{self.serial}", actor, {}, "v6e",
                                                topology, self.now))
         self.arrivals.clear()
+        # The scheduling handlers read the queue book, the clusters and the task states;
+        # this model has no store, so there are no ports or executor to give them.
         ctx = HandlerContext(Settings(), self.now, self.tasks, list(self.clusters), inbox=None,
-                             queues=self.view.book)
+                             ports=None, queues=self.view.book, index=self.index,
+                             executor=None)
         for handler in SCHEDULING:
             handler(tick, ctx)
         for stream_id, event in tick.emitted:

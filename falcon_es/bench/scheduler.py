@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from falcon_es import chart, db, registry
 from falcon_es import events as ev
 from falcon_es.bench.scratch import scratch_mysql_database
-from falcon_es.bootstrap import App, build_controller, open_app
+from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import Handler
 from falcon_es.settings import Settings
@@ -137,7 +137,8 @@ def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> Si
         decide_ms: list[float] = []
         timed = tuple(_timed(h, decide_ms) if h.__name__ == "fill_free_slots" else h
                       for h in handlers)
-        controller = build_controller(app, handlers=timed)
+        controller = build_service(app.settings, app=app, handlers=timed,
+                                   register_clusters=False).controller
         appended = controller.tick().appended
         while appended:  # accept and place every row before measuring
             appended = controller.tick().appended

@@ -1,0 +1,52 @@
+"""Pool hand-over rules: which ended task still owes its pool a decision, and which
+waiting task may take a retained pool.
+
+A pool outlives its task when a task of the same (cluster, topology) queue waits: it is
+retained for that task instead of deleted, and its nodes are already up. These rules
+are read by the lifecycle index (who are the takers of each queue), by the
+deprovisioning and abort handlers (what to decide) and by the node-pool view (what
+became of each pool); they live in the core so all of them read the same rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from falcon_es import chart
+from falcon_es.intents import PoolIntent
+
+if TYPE_CHECKING:
+    from falcon_es.task import TaskState
+
+#: Pending reasons in which a task may still take a retained pool: waiting, or holding
+#: the slot without a pool of its own yet.
+TAKER_REASONS = frozenset({chart.PendingReason.WAITING, chart.PendingReason.PROVISIONING,
+                           chart.PendingReason.CLUSTER_BUSY})
+_PENDING_PREFIX = f"{chart.PENDING}."
+
+
+def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
+    """A task that could start on a retained pool of this (cluster, topology) queue."""
+    return (
+        state is not None
+        and state.pool_intent is None
+        and state.cluster_id == cluster_id
+        and state.topology == topology
+        and state.state.startswith(_PENDING_PREFIX)
+        and state.state[len(_PENDING_PREFIX):] in TAKER_REASONS
+    )
+
+
+def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:
+    """Who gets a retained pool first: a slot holder still without a pool (it is
+    provisioning now), then waiting tasks, each in submit order."""
+    return (state.reason == chart.PendingReason.WAITING, state.submitted_at or dt.datetime.min,
+            state.task_id)
+
+
+def needs_disposal(state: TaskState) -> bool:
+    """The task holds a pool whose fate (hand over or delete) is not decided yet."""
+    return (state.node_pool_name is not None
+            and state.pool_intent not in (None, PoolIntent.NOT_CREATED)
+            and state.pool_disposition is None)

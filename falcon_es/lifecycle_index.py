@@ -1,0 +1,350 @@
+"""Which tasks each lifecycle handler must look at, who holds each pool, and when each
+task next needs a look by time alone.
+
+A controller runs for years and sees every task that ever ran; a tick must cost what
+changed, not that history. So the index is an inline projection like the queue view:
+it follows each commit's task-state changes (and a reload's, after another writer won
+a race), and handlers ask it for the handful of candidates of their phase. Memberships
+are hints: handlers re-read each candidate's state before deciding.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from sortedcontainers import SortedKeyList, SortedList
+from sqlalchemy.engine import Connection
+
+from falcon_es import chart, naming
+from falcon_es.handover import can_take_pool, needs_disposal, taker_rank
+from falcon_es.intents import Intent, PoolDisposition, PoolIntent, task_intents
+from falcon_es.scheduling import QueueKey
+from falcon_es.store import RecordedEvent
+from falcon_es.task import TaskState, TaskStates
+
+PoolKey = tuple[str, str]  # (cluster id, pool name)
+#: A task's next deadline or retry (the timeouts handler knows them, the core does not).
+WakeOf = Callable[[TaskState], dt.datetime | None]
+
+
+class Group(enum.StrEnum):
+    """Which lifecycle handlers have to look at a task."""
+
+    ACQUIRING = "acquiring"  # Pending/Provisioning, ClusterBusy, WaitingForNode
+    DISPATCHING = "dispatching"  # Pending/Dispatching
+    RUNNING = "running"
+    ABORTING = "aborting"
+    POOL_WATCH = "pool-watch"  # ended, holding a pool whose fate is open or retained
+
+
+def _moment(wake: tuple[dt.datetime, str]) -> dt.datetime:
+    return wake[0]
+
+
+class LifecycleIndex:
+    """Which tasks each lifecycle handler must look at, and who holds each pool.
+
+    Built from every folded task once, when the controller starts; from then on kept
+    current from the streams each commit changed.
+    """
+
+    def __init__(self, tasks: TaskStates, wake_of: WakeOf | None = None) -> None:
+        self.tasks = tasks
+        #: When each task next needs a look by time alone (a deadline or a retry), so
+        #: loops and handlers find what is due without looking at every task. None for a
+        #: read-only view (the node-pool view), which never asks what is due.
+        self.wake_of = wake_of
+        self._groups: dict[Group, set[str]] = {g: set() for g in Group}
+        self._takers: dict[QueueKey, set[str]] = {}
+        #: The same takers by ``taker_rank``: the first of a queue that is not promised
+        #: yet is usually the one, where a scan of every waiting task cost O(queue).
+        self._taker_order: dict[QueueKey, SortedList] = {}
+        self._retained: dict[QueueKey, set[str]] = {}
+        self._member: dict[str, tuple[tuple[Group, ...], QueueKey | None, QueueKey | None]] = {}
+        self._ranks: dict[str, tuple[bool, dt.datetime, str]] = {}
+        self._intents: dict[str, tuple[Intent, ...]] = {}
+        self._holders: dict[PoolKey, str] = {}
+        self._created_at: dict[PoolKey, dt.datetime] = {}
+        self._superseded: set[str] = set()
+        #: ``falcon-task`` label -> task id, for the ids that are not valid label values
+        #: themselves (informers report the label).
+        self._by_label: dict[str, str] = {}
+        self._wake_at: dict[str, dt.datetime] = {}
+        #: When each task's running create operation is to be asked again (``polled``),
+        #: valid only for the task version it was decided on: any event (this
+        #: controller's or another's) means looking afresh.
+        self._next_poll: dict[str, tuple[int, dt.datetime]] = {}
+        self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
+        #: Retained pools and the task each is promised to (holder -> taker, and taker
+        #: -> holders), and the holders whose taker could take the pool as of the last
+        #: commit: those need no look from deprovisioning until one of the two changes.
+        self._promised_to: dict[str, str] = {}
+        self._promised_by: dict[str, set[str]] = {}
+        self._kept: set[str] = set()
+        #: Streams the append in progress changed (applied when it commits).
+        self._changed: set[str] = set()
+
+    def rebuild(self) -> None:
+        """Index every folded task (once, after the log was folded at start)."""
+        for group in self._groups.values():
+            group.clear()
+        for index in (self._takers, self._taker_order, self._ranks, self._retained,
+                      self._member, self._intents, self._next_poll,
+                      self._holders, self._created_at, self._by_label, self._wake_at,
+                      self._promised_to, self._promised_by):
+            index.clear()
+        self._wakes.clear()
+        self._kept.clear()
+        self._superseded.clear()
+        for state in self.tasks.all():
+            self.update(state)
+
+    # ------------------------------------------------------------ InlineProjection
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        self._changed.update(record.stream_id for record in recorded)
+
+    def committed(self) -> None:
+        changed, self._changed = self._changed, set()
+        for stream_id in changed:
+            state = self.tasks.get(stream_id)
+            if state is not None:
+                self.update(state)
+
+    def discarded(self) -> None:
+        self._changed.clear()
+
+    def resync(self, states: Iterable[TaskState]) -> None:
+        """Tasks folded again from the log (another writer won a race). What was
+        decided on the replaced states goes: a poll decided on this controller's version
+        N of a task says nothing about the other writer's version N."""
+        for state in states:
+            self._next_poll.pop(state.task_id, None)
+            self.update(state)
+
+    def update(self, state: TaskState) -> None:
+        task_id = state.task_id
+        previous = self._member.pop(task_id, None)
+        if previous is not None:
+            groups, taker, retained = previous
+            for group in groups:
+                self._groups[group].discard(task_id)
+            if taker is not None:
+                self._takers[taker].discard(task_id)
+                self._taker_order[taker].discard(self._ranks.pop(task_id))
+            if retained is not None:
+                self._retained[retained].discard(task_id)
+        self._track_pool(state)
+        handed_on = task_id in self._superseded  # its pool belongs to a later task now
+        groups = () if handed_on else self._groups_of(state)
+        for group in groups:
+            self._groups[group].add(task_id)
+        taker = retained = None
+        if state.cluster_id and can_take_pool(state, state.cluster_id, state.topology):
+            taker = (state.cluster_id, state.topology)
+            self._takers.setdefault(taker, set()).add(task_id)
+            rank = self._ranks[task_id] = taker_rank(state)
+            self._taker_order.setdefault(taker, SortedList()).add(rank)
+        if (state.cluster_id and state.pool_disposition == PoolDisposition.RETAINED
+                and state.is_terminal
+                and not handed_on):
+            retained = (state.cluster_id, state.topology)
+            self._retained.setdefault(retained, set()).add(task_id)
+        self._member[task_id] = (groups, taker, retained)
+        self._track_promise(state, retained is not None)
+        for holder_id in self._promised_by.get(task_id, ()):
+            holder = self.tasks.get(holder_id)
+            if holder is not None:
+                self._judge_promise(holder)
+        intents = task_intents(state)
+        if intents:
+            self._intents[task_id] = intents
+        else:
+            self._intents.pop(task_id, None)
+        if state.job_name:
+            label = naming.task_label(task_id)
+            if label != task_id:
+                self._by_label[label] = task_id
+        self._set_wake(task_id, self._wake_moment(state))
+
+    def _track_promise(self, state: TaskState, holds_retained: bool) -> None:
+        self._drop_promise(state.task_id)
+        if holds_retained and state.retained_for:
+            self._promised_to[state.task_id] = state.retained_for
+            self._promised_by.setdefault(state.retained_for, set()).add(state.task_id)
+            self._judge_promise(state)
+
+    def _drop_promise(self, holder_id: str) -> None:
+        self._kept.discard(holder_id)
+        taker_id = self._promised_to.pop(holder_id, None)
+        if taker_id is not None:
+            holders = self._promised_by[taker_id]
+            holders.discard(holder_id)
+            if not holders:
+                del self._promised_by[taker_id]
+
+    def _judge_promise(self, holder: TaskState) -> None:
+        taker = self.tasks.get(holder.retained_for) if holder.retained_for else None
+        if holder.cluster_id and can_take_pool(taker, holder.cluster_id, holder.topology):
+            self._kept.add(holder.task_id)
+        else:
+            self._kept.discard(holder.task_id)
+
+    def _set_wake(self, task_id: str, moment: dt.datetime | None) -> None:
+        previous = self._wake_at.get(task_id)
+        if previous == moment:
+            return
+        if previous is not None:
+            self._wakes.remove((previous, task_id))
+            del self._wake_at[task_id]
+        if moment is not None:
+            self._wake_at[task_id] = moment
+            self._wakes.add((moment, task_id))
+
+    def _groups_of(self, state: TaskState) -> tuple[Group, ...]:
+        status, _, reason = state.state.partition(".")
+        if status == chart.PENDING:
+            if reason in chart.ACQUIRING_REASONS:
+                return (Group.ACQUIRING,)
+            return (Group.DISPATCHING,) if reason == chart.PendingReason.DISPATCHING else ()
+        if status == chart.RUNNING:
+            return (Group.RUNNING,)
+        if status == chart.ABORTING:
+            return (Group.ABORTING,)
+        if status in chart.TERMINAL_STATUSES and state.node_pool_name and (
+                needs_disposal(state)
+                or state.pool_disposition in (PoolDisposition.RETAINED,
+                                              PoolDisposition.DELETE_FAILED)):
+            return (Group.POOL_WATCH,)
+        return ()
+
+    def _track_pool(self, state: TaskState) -> None:
+        """The holder of a pool is the task that last took it: its creator, then each
+        task it was handed over to (``NodePoolReused.from_task`` names the previous one)."""
+        if not (state.node_pool_name and state.cluster_id
+                and state.pool_intent not in (None, PoolIntent.NOT_CREATED)):
+            return
+        key = (state.cluster_id, state.node_pool_name)
+        if state.pool_from_task and state.pool_from_task not in self._superseded:
+            self._superseded.add(state.pool_from_task)
+            self._forget_pool_duties(state.pool_from_task)
+        if state.pool_requested_at is not None:
+            known = self._created_at.get(key)
+            if known is None or state.pool_requested_at < known:
+                self._created_at[key] = state.pool_requested_at
+        if state.task_id in self._superseded:
+            return
+        current = self._holders.get(key)
+        if current is None or current in self._superseded or current == state.task_id:
+            self._holders[key] = state.task_id
+
+    def _forget_pool_duties(self, task_id: str) -> None:
+        """The task handed its pool on: nothing about that pool is its business now."""
+        member = self._member.get(task_id)
+        if member is None:
+            return
+        groups, taker, retained = member
+        self._groups[Group.POOL_WATCH].discard(task_id)
+        if retained is not None:
+            self._retained[retained].discard(task_id)
+        self._drop_promise(task_id)
+        self._member[task_id] = (tuple(g for g in groups if g != Group.POOL_WATCH), taker,
+                                 None)
+
+    # ------------------------------------------------------------------ reading
+    def ids(self, *groups: Group) -> set[str]:
+        found: set[str] = set()
+        for group in groups:
+            found |= self._groups[group]
+        return found
+
+    def pool_watch(self, changed: Iterable[str] = ()) -> set[str]:
+        """The ``Group.POOL_WATCH`` tasks whose pool may need a decision: all but the holders
+        of a retained pool whose taker could still take it at the last commit, unless
+        that taker is among ``changed`` (states a tick has moved since)."""
+        watch = self._groups[Group.POOL_WATCH]
+        found = watch - self._kept
+        for task_id in changed:
+            found.update(h for h in self._promised_by.get(task_id, ()) if h in watch)
+        return found
+
+    def is_holder(self, state: TaskState, handed_over: set[str]) -> bool:
+        """Still responsible for its pool: no task took it over, in an earlier tick (the
+        index knows) or in this one (``handed_over``, from ``Tick.handed_over_now``)."""
+        if state.cluster_id is None or state.node_pool_name is None:
+            return False
+        if self.holder((state.cluster_id, state.node_pool_name)) not in (None, state.task_id):
+            return False
+        return state.task_id not in handed_over
+
+    def takers(self, key: QueueKey) -> set[str]:
+        return set(self._takers.get(key, ()))
+
+    def takers_in_order(self, key: QueueKey) -> Iterator[str]:
+        """This queue's takers as of the last commit, best ``taker_rank`` first."""
+        return (rank[2] for rank in self._taker_order.get(key, ()))
+
+    def retained(self, key: QueueKey) -> set[str]:
+        return set(self._retained.get(key, ()))
+
+    def holder(self, key: PoolKey) -> str | None:
+        return self._holders.get(key)
+
+    def pools(self) -> dict[PoolKey, str]:
+        return dict(self._holders)
+
+    def created_at(self, key: PoolKey) -> dt.datetime | None:
+        return self._created_at.get(key)
+
+    def task_for_label(self, label: str) -> str:
+        """The task id a ``falcon-task`` label value stands for."""
+        return self._by_label.get(label, label)
+
+    def intents(self) -> list[Intent]:
+        return [i for group in self._intents.values() for i in group]
+
+    def intents_of(self, task_id: str) -> tuple[Intent, ...]:
+        return self._intents.get(task_id, ())
+
+    def polled(self, state: TaskState, next_at: dt.datetime | None) -> None:
+        """The task's create operation was asked: still running, ask again at
+        ``next_at`` and wake a loop then (a loop that jumps virtual time would not
+        come back for it otherwise); done (None), never again."""
+        if next_at is not None and state.pool_operation:
+            self._next_poll[state.task_id] = (state.version, next_at)
+        else:
+            self._next_poll.pop(state.task_id, None)
+        self._set_wake(state.task_id, self._wake_moment(state))
+
+    def poll_due(self, state: TaskState) -> dt.datetime | None:
+        """When the task's running create operation is to be asked again (None: now)."""
+        poll = self._next_poll.get(state.task_id)
+        return poll[1] if poll is not None and poll[0] == state.version else None
+
+    def _wake_moment(self, state: TaskState) -> dt.datetime | None:
+        """The earlier of ``wake_of`` (deadlines, retries) and the next operation poll;
+        a poll decided on an earlier version of the task is forgotten."""
+        deadline = self.wake_of(state) if self.wake_of is not None else None
+        poll = self._next_poll.get(state.task_id)
+        if poll is None:
+            return deadline
+        if poll[0] != state.version:
+            del self._next_poll[state.task_id]
+            return deadline
+        return min(poll[1], deadline) if deadline is not None else poll[1]
+
+    def wake_at(self, task_id: str) -> dt.datetime | None:
+        """The task's ``wake_of`` moment as of the last commit (or its next operation
+        poll, when that comes first)."""
+        return self._wake_at.get(task_id)
+
+    def next_wake(self) -> dt.datetime | None:
+        """The earliest moment a task needs a look by time alone (``wake_of``, polls)."""
+        return self._wakes[0][0] if self._wakes else None
+
+    def waking(self, now: dt.datetime) -> list[str]:
+        """Tasks whose ``wake_of`` moment has come, earliest first."""
+        return [task_id for _, task_id in self._wakes.irange_key(max_key=now)]
+
+
