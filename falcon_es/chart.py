@@ -62,7 +62,7 @@ class IllegalTransition(ValueError):
 
 
 class TaskChart(StateChart):
-    """Lifecycle of one task (DESIGN §4)."""
+    """Lifecycle of one task (see README, 'The state chart')."""
 
     allow_event_without_transition = False
     catch_errors_as_events = False

@@ -275,7 +275,8 @@ class JobFailed(Event):
 class TaskTimedOut(Event):
     failure_reason: ClassVar[str | None] = "Timeout"
     timeout_seconds: int
-    #: The root cause the pods were waiting on, when they never all ran (DESIGN §10).
+    #: The root cause the pods were waiting on, when they never all ran: the
+    #: Message names that cause, not only the timeout.
     pods_pending: str = ""
 
 
@@ -339,7 +340,7 @@ class NodePoolDeleteFailed(Event):
     attempt: int
 
 
-# Transient API errors (issue 6)
+# Transient API errors (see README, 'Retries')
 
 
 @dataclasses.dataclass(frozen=True)

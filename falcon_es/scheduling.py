@@ -6,7 +6,7 @@ incrementally from task states (``sync``), never rebuilt per tick, so a pick cos
 O(log n): each queue keeps one FIFO per actor (a sorted list keyed by submit time,
 then id) and a sorted list of the actors' heads.
 
-The rules (DESIGN §8):
+The rules (see README, 'Scheduling'):
 
 - Cluster choice: candidates are the active clusters of the task's TPU type. A cluster
   holding an idle, retained pool of the task's topology wins; otherwise the one whose

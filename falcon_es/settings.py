@@ -30,7 +30,7 @@ class Settings:
     default_timeout_seconds: int = 24 * 3600
     max_timeout_seconds: int = 7 * 24 * 3600
     controller_id: str = "falcon-controller"
-    # Task lifecycle (issue 4): where Jobs run, how long steps may take, how often to retry.
+    # Task lifecycle: where Jobs run, how long steps may take, how often to retry.
     job_namespace: str = "falcon-jobs"
     job_service_account: str = "falcon-task"
     job_ttl_seconds_after_finished: int = 24 * 3600
@@ -50,8 +50,9 @@ class Settings:
     scale_down_on_demand_seconds: int = 600
     scale_down_flex_start_seconds: int = 6 * 3600
     orphan_sweep_seconds: int = 300
-    # The gcp backend (issue 5): where the ops stream goes, which project holds the
-    # Pub/Sub topics, and API endpoints overridable for local fakes and emulators.
+    # The gcp backend (see README, 'Running against real GCP'): where the ops stream
+    # goes, which project holds the Pub/Sub topics, and API endpoints overridable for
+    # local fakes and emulators.
     task_events_topic: str = TASK_EVENTS_TOPIC
     pubsub_project: str | None = None
     gke_endpoint: str | None = None

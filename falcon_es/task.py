@@ -75,7 +75,7 @@ class TaskState:
     pool_disposition: str | None = None  # retained | delete-requested | deleted
     last_event_at: dt.datetime | None = None
     phase_started_at: dt.datetime | None = None
-    #: Lifecycle bookkeeping (issue 4): what the provisioning, dispatch, status, abort and
+    #: Lifecycle bookkeeping: what the provisioning, dispatch, status, abort and
     #: deprovision handlers decide from.
     pool_requested_at: dt.datetime | None = None
     pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent

@@ -1,5 +1,6 @@
-"""The node-pool view (DESIGN §5): every falcon-* pool the log knows of, folded from the
-task states -- its cluster, topology, supply mode, state and the task responsible for it.
+"""The node-pool view (``falcon-es clusters``): every falcon-* pool the log knows of,
+folded from the task states -- its cluster, topology, supply mode, state and the task
+responsible for it.
 
 A pool passes from task to task (``NodePoolReused.from_task``); the task holding it is
 the last one it was handed to (``LifecycleIndex``), and that task's bookkeeping says

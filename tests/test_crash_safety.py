@@ -1,4 +1,5 @@
-"""Crash safety (issue 4, DESIGN §3 intent before effect).
+"""Crash safety: every change to the world is recorded as an intent before it is made,
+so a controller that takes over finishes what a killed one left open.
 
 A full lifecycle -- a pool created for one task and its Job run to success, a second
 task waiting for reservation capacity (ClusterBusy) that takes the pool over, then is

@@ -1,4 +1,4 @@
-"""The lifecycle scenarios of issue 4 again, on the gcp backend (issue 5).
+"""The task lifecycle scenarios (as in test_lifecycle.py) again, on the gcp backend.
 
 Each scenario runs twice on the same simulated world configuration: once on the sim
 backend (``Harness``, as in test_lifecycle.py) and once with the ports

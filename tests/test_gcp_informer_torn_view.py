@@ -8,7 +8,8 @@ Job's event can reach the informer while its view of the pod still says Running.
 informer then publishes "Job failed, no pod failed", the status handler folds it into
 ``JobFailed("Job failed (no failed pod was observed)")``, the task is terminal, and the
 next observation -- the one with "OOMKilled (exit code 137)" -- is dropped as late. The
-root cause never reaches the job table (DESIGN §10), while the sim backend, whose
+root cause, which the Message must name instead of the symptom, never reaches the job
+table, while the sim backend, whose
 informer publishes one consistent view per change, always shows it.
 
 This test makes the race deterministic: the pods watch is kept away (a 503 on its

@@ -1,4 +1,5 @@
-"""Leader election on a coordination.k8s.io/v1 Lease (issue 6, high availability).
+"""Leader election on a coordination.k8s.io/v1 Lease (high availability: of
+several replicas, only the Lease holder runs the loop; see README, 'Architecture').
 
 Every elector talks through the real ``kubernetes`` client to the fake API server over
 HTTPS; lease time is a virtual clock, so expiry and deadlines are exact and nothing
@@ -419,7 +420,7 @@ def assert_each_effect_once(store: EventStore, world: SimWorld, jobs: JobsCreate
 @pytest.mark.parametrize("seed", [1, 2])
 def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
         db_url: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fence behind the lease (issue 6): two controllers on one database and one
+    """The fence behind the lease: two controllers on one database and one
     world, no election. Their ticks interleave in a seeded order, and in about half the
     rounds one controller's whole tick runs between the other's decisions and its
     commit, so the slower one commits on stale versions: the log refuses it

@@ -1,6 +1,6 @@
-"""The task lifecycle end to end on the simulated world (issue 4): every row of the
-lifecycle and exception tables, each asserting the exact sequence of (Status, Reason)
-the job table showed after each tick and the node pools left behind.
+"""The task lifecycle end to end on the simulated world: every path of the
+lifecycle and every failure it handles, each asserting the exact sequence of (Status,
+Reason) the job table showed after each tick and the node pools left behind.
 
 The abort table is in ``test_lifecycle_abort.py``; crash safety in ``test_crash_safety.py``.
 """

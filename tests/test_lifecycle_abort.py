@@ -1,4 +1,4 @@
-"""Abort in every phase (issue 4, the design's abort table; ``handlers/abort.py``).
+"""Abort in every phase (the abort table in ``handlers/abort.py``).
 
 Each test asserts the exact (Status, Reason) sequence of the job table, that nothing
 the task started is left running, and what became of its node pool.

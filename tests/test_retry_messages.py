@@ -1,6 +1,6 @@
-"""Retries of transient API errors on the simulated world (issue 6): the job table's
-Message names the attempt a task waits on, a create or submit gives up after its
-policy's attempts, deletes never give up, and the policies come from one place
+"""Retries of transient API errors on the simulated world (see README, 'Retries'): the
+job table's Message names the attempt a task waits on, a create or submit gives up after
+its policy's attempts, deletes never give up, and the policies come from one place
 (``Settings.retry``, read from ``FALCON_RETRY_<API>_<FIELD>``).
 
 Faults are the world's own (``create_throttled``, ``submit_throttled``,

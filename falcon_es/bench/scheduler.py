@@ -103,8 +103,8 @@ def scheduler_benchmark(
         "pick_growth": growth,
         "decide_growth": decide_growth,
         "log_n_growth": log_growth,
-        # The targets are on the pick *decision*; the whole pick (decision plus
-        # moving the winner and freeing the slot) is reported beside it.
+        # The targets (see README, 'Benchmarks') are on the pick *decision*; the whole
+        # pick (decision plus moving the winner and freeing the slot) is reported beside it.
         "targets": {
             "pick_us_at_largest <= 1000": last.pick_us <= 1000,
             "decision growth <= log n growth": decide_growth <= log_growth,
