@@ -184,7 +184,7 @@ class Source:
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
-    """``importer`` executes ``imported`` (at ``label:line``)."""
+    """``importer`` runs ``imported`` or reads its namespace (at ``label:line``)."""
     importer: str
     imported: str
     label: str
@@ -212,17 +212,19 @@ def _is_type_checking(test: ast.expr) -> bool:
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def executed_imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def executed_imports(node: ast.AST, *, for_types: bool = False
+                     ) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements under ``node`` that can run: all of them, in functions
-    too, except the bodies of ``if TYPE_CHECKING:``."""
+    too, except the bodies of ``if TYPE_CHECKING:`` (unless ``for_types``: those are
+    the imports the type checker follows)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         yield node
-    elif isinstance(node, ast.If) and _is_type_checking(node.test):
+    elif isinstance(node, ast.If) and _is_type_checking(node.test) and not for_types:
         for statement in node.orelse:
             yield from executed_imports(statement)
     else:
         for child in ast.iter_child_nodes(node):
-            yield from executed_imports(child)
+            yield from executed_imports(child, for_types=for_types)
 
 
 def _ancestors(name: str) -> list[str]:
@@ -230,13 +232,15 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_edges(sources: Mapping[str, Source]) -> list[Edge]:
-    """The edges between ``sources`` (imports of anything else are not ours)."""
+def import_edges(sources: Mapping[str, Source], *, for_types: bool = False) -> list[Edge]:
+    """The edges between ``sources`` (imports of anything else are not ours);
+    ``for_types`` counts the imports under ``if TYPE_CHECKING:`` too."""
     edges: list[Edge] = []
     for importer, source in sorted(sources.items()):
         own = importer if source.is_package else importer.rpartition(".")[0]
         containing = set(_ancestors(importer)) | ({importer} if source.is_package else set())
-        for node in executed_imports(ast.parse(source.text, source.label)):
+        for node in executed_imports(ast.parse(source.text, source.label),
+                                     for_types=for_types):
             named: list[str]
             if isinstance(node, ast.Import):
                 named = [n for alias in node.names for n in (*_ancestors(alias.name), alias.name)]
@@ -327,6 +331,16 @@ def test_no_import_cycles() -> None:
     assert found == [], "modules import each other (outside TYPE_CHECKING):\n" + "\n".join(found)
 
 
+def test_adapters_import_only_downward_even_for_types() -> None:
+    """An adapter's modules form layers: the world or the wiring builds the port
+    adapters and hands them what they need, so none of them refers back to what
+    builds it, not even in a type hint."""
+    edges = [e for e in import_edges(installed_sources(), for_types=True)
+             if e.importer.startswith(ADAPTERS) and e.imported.startswith(ADAPTERS)]
+    found = describe_cycles(edges)
+    assert found == [], "adapter modules refer to each other:\n" + "\n".join(found)
+
+
 def test_the_cycle_finder_catches_a_cycle() -> None:
     def source(text: str, is_package: bool = False) -> Source:
         return Source("sample", text, is_package)
@@ -356,6 +370,7 @@ def test_the_cycle_finder_catches_a_cycle() -> None:
     edges = import_edges(sample)
     assert cycles(edges) == [["m", "n"], ["pkg", "pkg.a"], ["pkg2", "pkg2.x"]]
     assert Edge("p", "r", "sample", 5) in edges and not any(e.imported == "q" for e in edges)
+    assert ["p", "q"] in cycles(import_edges(sample, for_types=True))
     assert {e.imported for e in edges if e.importer == "other"} == {"pkg", "pkg.c"}
     assert {e.imported for e in edges if e.importer == "pkg.b"} == {"pkg.c"}
     assert "pkg <-> pkg.a" in describe_cycles(edges)[1]
