@@ -32,8 +32,8 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
-from falcon_es.adapters.gcp import pools
 from falcon_es.adapters.gcp.errors import capacity_code, port_error
+from falcon_es.adapters.gcp.pools import is_zone
 from falcon_es.ports import FAILED, INVALID, NOT_FOUND, PortError
 from falcon_es.registry import Cluster
 from falcon_es.tpu import SliceShape
@@ -70,7 +70,7 @@ class ReservationRef:
 
 
 def reservation_ref(cluster: Cluster, reservation: str) -> ReservationRef:
-    if not pools.is_zone(cluster.location):
+    if not is_zone(cluster.location):
         raise PortError(INVALID, f"cluster {cluster.name} has location {cluster.location!r}, "
                                  "not a zone: TPU reservations are zonal, register the cluster "
                                  "with the zone its TPU pools live in")

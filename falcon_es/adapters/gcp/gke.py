@@ -32,9 +32,12 @@ from google.cloud.container_v1.services.cluster_manager.transports import (
     ClusterManagerGrpcTransport,
 )
 
-from falcon_es.adapters.gcp import pools
 from falcon_es.adapters.gcp.compute import WorkloadPolicies
 from falcon_es.adapters.gcp.errors import code_for_operation_error, port_error
+from falcon_es.adapters.gcp.pools import (
+    labels_of, needs_workload_policy, node_pool, region_of, status_message, status_name,
+    target_node_count, workload_policy_name,
+)
 from falcon_es.ports import NOT_FOUND, NodePoolInfo, NodePoolSpec, Operation, PortError
 from falcon_es.registry import Cluster
 
@@ -106,16 +109,16 @@ class GkeNodePools:
     def create(self, spec: NodePoolSpec) -> Operation:
         cluster = spec.cluster
         policy = None
-        if pools.needs_workload_policy(spec.shape):
-            policy = pools.workload_policy_name(spec.shape)
+        if needs_workload_policy(spec.shape):
+            policy = workload_policy_name(spec.shape)
             if self._workload_policies is not None:
                 self._workload_policies.ensure(
-                    cluster.project, pools.region_of(cluster.location), policy,
+                    cluster.project, region_of(cluster.location), policy,
                     spec.shape.topology,
                 )
         request = container_v1.CreateNodePoolRequest(
             parent=cluster_path(cluster),
-            node_pool=pools.node_pool(spec, workload_policy=policy),
+            node_pool=node_pool(spec, workload_policy=policy),
         )
         try:
             operation = self._client.create_node_pool(request=request, timeout=self._timeout)
@@ -187,8 +190,8 @@ def to_info(cluster: Cluster, pool: container_v1.NodePool) -> NodePoolInfo:
     return NodePoolInfo(
         cluster_name=cluster.name,
         name=pool.name,
-        status=pools.status_name(pool),
-        labels=pools.labels_of(pool),
-        node_count=pools.target_node_count(pool),
-        status_message=pools.status_message(pool),
+        status=status_name(pool),
+        labels=labels_of(pool),
+        node_count=target_node_count(pool),
+        status_message=status_message(pool),
     )

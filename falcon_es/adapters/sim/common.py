@@ -1,6 +1,7 @@
 """What the simulated GKE and Kubernetes sides of one cluster share: its identity, its
 seeded random streams, and the API's validation rules (so a bad name or label fails
-here the way it would against the real API)."""
+here the way it would against the real API); and how the port adapters over them run
+a call in the world (``WorldCall``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import dataclasses
 import datetime as dt
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar
 
 from falcon_es.adapters.sim.config import ClusterBehaviour, JobDefaults, SimClusterConfig
+
+T = TypeVar("T")
 
 #: A GKE node pool name (the API's own regex; 40 characters at most).
 POOL_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
@@ -42,6 +46,17 @@ class ClusterIdentity:
 
     def reservation_path(self, reservation: str) -> str:
         return f"projects/{self.project}/zones/{self.location}/reservations/{reservation}"
+
+
+class WorldCall(Protocol):
+    """Runs one API call at the world's current moment, once the world has played
+    what became due, and publishes what the call changed (``SimWorld.call``).
+
+    The port adapters get this and a lookup of the cluster's side they serve instead
+    of the whole world: the world builds them, so they must not need to know it.
+    """
+
+    def __call__(self, action: Callable[[dt.datetime], T], /) -> T: ...
 
 
 def random_streams(seed: int, cluster: str) -> dict[str, random.Random]:

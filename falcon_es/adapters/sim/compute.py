@@ -9,14 +9,14 @@ no slices of this shape.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from falcon_es.ports import NOT_FOUND, PortError
 from falcon_es.registry import Cluster
 from falcon_es.tpu import SliceShape
 
-if TYPE_CHECKING:
-    from falcon_es.adapters.sim.world import SimWorld
+from falcon_es.adapters.sim.common import WorldCall
+from falcon_es.adapters.sim.gke import NodePoolService
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,22 +35,26 @@ class ReservationUsage:
 
 
 class SimReservations:
-    """The ``Reservations`` port."""
+    """The ``Reservations`` port. ``pools_of(cluster)`` is the cluster's simulated GKE
+    side (its pools hold the reservations' VMs) and ``call`` runs a call at the world's
+    moment: all this port needs of the world that builds it."""
 
-    def __init__(self, world: SimWorld) -> None:
-        self._world = world
+    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService]) -> None:
+        self._call = call
+        self._pools_of = pools_of
 
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int:
-        sim = self._world.cluster(cluster)
+        gke = self._pools_of(cluster)
+        identity = gke.identity
 
         def answer(now: object) -> int:
-            config = sim.identity.config.reservation(reservation)
+            config = identity.config.reservation(reservation)
             if config is None:
                 name = reservation.rsplit("/", 1)[-1]
-                raise PortError(NOT_FOUND, f"The resource '{sim.identity.reservation_path(name)}' "
+                raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name)}' "
                                            f"was not found (reservation {name} not found in "
-                                           f"project {sim.identity.project} zone "
-                                           f"{sim.identity.location})")
-            return sim.gke.reservation_free_hosts(config, shape) // max(1, shape.hosts)
+                                           f"project {identity.project} zone "
+                                           f"{identity.location})")
+            return gke.reservation_free_hosts(config, shape) // max(1, shape.hosts)
 
-        return self._world.call(answer)
+        return self._call(answer)

@@ -15,7 +15,6 @@ import datetime as dt
 import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, NodePoolInfo,
@@ -26,13 +25,10 @@ from falcon_es.spec import SUPPLY_MODES
 from falcon_es.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, label_problem, seconds_after, suffix,
+    POOL_NAME, ClusterIdentity, WorldCall, label_problem, seconds_after, suffix,
 )
 from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
 from falcon_es.adapters.sim.timeline import Timeline
-
-if TYPE_CHECKING:
-    from falcon_es.adapters.sim.world import SimWorld
 
 PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", "ERROR"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -454,27 +450,30 @@ class NodePoolService:
 
 
 class SimNodePools:
-    """The ``NodePools`` port over every cluster of the world."""
+    """The ``NodePools`` port over every cluster of the world. ``pools_of(cluster)`` is
+    the cluster's node-pool API (created on first use) and ``call`` runs a call at the
+    world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, world: SimWorld) -> None:
-        self._world = world
+    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService]) -> None:
+        self._call = call
+        self._pools_of = pools_of
 
     def create(self, spec: NodePoolSpec) -> Operation:
-        sim = self._world.cluster(spec.cluster)
-        return self._world.call(lambda now: sim.gke.create(spec, now))
+        gke = self._pools_of(spec.cluster)
+        return self._call(lambda now: gke.create(spec, now))
 
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
-        sim = self._world.cluster(cluster)
-        return self._world.call(lambda now: sim.gke.get_operation(operation_id))
+        gke = self._pools_of(cluster)
+        return self._call(lambda now: gke.get_operation(operation_id))
 
     def get(self, cluster: Cluster, name: str) -> NodePoolInfo:
-        sim = self._world.cluster(cluster)
-        return self._world.call(lambda now: sim.gke.get(name, now))
+        gke = self._pools_of(cluster)
+        return self._call(lambda now: gke.get(name, now))
 
     def delete(self, cluster: Cluster, name: str) -> Operation | None:
-        sim = self._world.cluster(cluster)
-        return self._world.call(lambda now: sim.gke.delete(name, now))
+        gke = self._pools_of(cluster)
+        return self._call(lambda now: gke.delete(name, now))
 
     def list(self, cluster: Cluster) -> list[NodePoolInfo]:
-        sim = self._world.cluster(cluster)
-        return self._world.call(lambda now: sim.gke.list(now))
+        gke = self._pools_of(cluster)
+        return self._call(lambda now: gke.list(now))

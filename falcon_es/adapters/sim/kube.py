@@ -33,7 +33,7 @@ import random
 import uuid
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from falcon_es.manifests import render_headless_service
 from falcon_es.ports import (
@@ -43,13 +43,12 @@ from falcon_es.ports import (
 from falcon_es.registry import Cluster
 from falcon_es.spec import SIM_OUTCOMES, SimBehaviour
 
-from falcon_es.adapters.sim.common import DNS_LABEL, ClusterIdentity, label_problem, seconds_after, suffix
+from falcon_es.adapters.sim.common import (
+    DNS_LABEL, ClusterIdentity, WorldCall, label_problem, seconds_after, suffix,
+)
 from falcon_es.adapters.sim.gke import ERROR, PROVISIONING, RUNNING, STOPPING, NodePoolService, SimNode, SimPool
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.timeline import Timeline
-
-if TYPE_CHECKING:
-    from falcon_es.adapters.sim.world import SimWorld
 
 #: A Job annotation carrying the task's ``spec.sim`` as JSON (optional; see SimWorld).
 SIM_ANNOTATION = "falcon-es/sim"
@@ -702,31 +701,32 @@ def _tpu_request(containers: list[Any], invalid: Callable[[str, str], PortError]
 
 
 class SimEdgeCluster:
-    """The ``EdgeCluster`` port of one simulated cluster."""
+    """The ``EdgeCluster`` port of one simulated cluster: its Kubernetes API, and
+    ``call`` to run each call at the world's moment."""
 
-    def __init__(self, world: SimWorld, cluster: Cluster) -> None:
-        self._world = world
-        self._sim = world.cluster(cluster)
+    def __init__(self, call: WorldCall, kube: KubeService) -> None:
+        self._call = call
+        self._kube = kube
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
-        return self._world.call(lambda now: self._submit(manifest, now))
+        return self._call(lambda now: self._submit(manifest, now))
 
     def get_job(self, name: str) -> JobRef | None:
-        return self._world.call(lambda now: self._sim.kube.get_job(name))
+        return self._call(lambda now: self._kube.get_job(name))
 
     def delete_job(self, name: str) -> None:
-        self._world.call(lambda now: self._sim.kube.delete_job(name, now))
+        self._call(lambda now: self._kube.delete_job(name, now))
 
     def node_counts(self, pool_name: str) -> NodeCounts:
-        return self._world.call(lambda now: self._sim.kube.node_counts(pool_name))
+        return self._call(lambda now: self._kube.node_counts(pool_name))
 
     def diagnose_pending(self, job_name: str) -> str | None:
-        return self._world.call(lambda now: self._sim.kube.diagnose(job_name))
+        return self._call(lambda now: self._kube.diagnose(job_name))
 
     def _submit(self, manifest: Mapping[str, Any], now: dt.datetime) -> JobRef:
         """The Job, then its headless Service when it is multi-host: one port call, as
         on GKE (see the gcp adapter for adoption after a crash between the two)."""
-        kube = self._sim.kube
+        kube = self._kube
         ref = kube.submit(manifest, now)
         service = render_headless_service(manifest, ref.uid)
         if service is None:
@@ -744,7 +744,7 @@ class SimEdgeCluster:
                            now: dt.datetime) -> None:
         """A Service of the task's left by an earlier Job makes room for this Job's;
         anybody else's fails the submit and takes the Job away again."""
-        kube = self._sim.kube
+        kube = self._kube
         name = service["metadata"]["name"]
         existing = kube.services[name]
         wanted = service["metadata"]["labels"].get(TASK_LABEL)
@@ -761,14 +761,17 @@ class SimEdgeCluster:
 
 
 class SimEdgeClusters:
-    """The ``EdgeClusters`` port: one simulated Kubernetes API per cluster name."""
+    """The ``EdgeClusters`` port: one simulated Kubernetes API per cluster name.
+    ``kube_of(cluster)`` is that cluster's API (created on first use) and ``call`` runs
+    a call at the world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, world: SimWorld) -> None:
-        self._world = world
+    def __init__(self, call: WorldCall, kube_of: Callable[[Cluster], KubeService]) -> None:
+        self._call = call
+        self._kube_of = kube_of
         self._edges: dict[str, SimEdgeCluster] = {}
 
     def for_cluster(self, cluster: Cluster) -> SimEdgeCluster:
         edge = self._edges.get(cluster.name)
         if edge is None:
-            edge = self._edges[cluster.name] = SimEdgeCluster(self._world, cluster)
+            edge = self._edges[cluster.name] = SimEdgeCluster(self._call, self._kube_of(cluster))
         return edge

@@ -165,8 +165,18 @@ class SimWorld:
         return sim
 
     def ports(self) -> Ports:
-        return Ports(node_pools=SimNodePools(self), reservations=SimReservations(self),
-                     edges=SimEdgeClusters(self), bus=self.bus, clock=self.clock,
+        """The ports over this world: each adapter gets ``call`` and the lookup of the
+        cluster's side it serves, nothing else of the world."""
+
+        def pools_of(cluster: Cluster) -> NodePoolService:
+            return self.cluster(cluster).gke
+
+        def kube_of(cluster: Cluster) -> KubeService:
+            return self.cluster(cluster).kube
+
+        return Ports(node_pools=SimNodePools(self.call, pools_of),
+                     reservations=SimReservations(self.call, pools_of),
+                     edges=SimEdgeClusters(self.call, kube_of), bus=self.bus, clock=self.clock,
                      next_due=self.next_due)
 
     # -------------------------------------------------- what tests and reports read
