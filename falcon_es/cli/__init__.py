@@ -18,8 +18,9 @@ Each command lives in the module of its group:
 ``cli/bench.py``          ``bench store|scheduler|e2e``
 ========================  ===========================================================
 
-``cli/common.py`` holds what they share: errors and exit codes, output, opening the
-app and the gcp backend.
+``cli/common.py`` holds what they share (errors and exit codes, output, opening the
+app and the gcp backend); ``cli/process.py`` the set-up of the long-running
+processes (``run`` and ``informer``): logging, signals, health server, leader election.
 """
 
 from __future__ import annotations

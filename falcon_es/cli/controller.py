@@ -16,12 +16,19 @@ import sqlalchemy as sa
 
 from falcon_es import db, registry
 from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly, gcp_ports
+from falcon_es.cli.process import (
+    configure_logs,
+    default_leader_election,
+    lease_elector,
+    start_health_server,
+    stop_on_signals,
+    stop_threads,
+)
 from falcon_es.ports import Ports
 from falcon_es.settings import Settings
 
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.kube import KubeEdgeClusters
-    from falcon_es.adapters.gcp.lease import LeaseElector
     from falcon_es.loop import Leadership
     from falcon_es.observability.metrics import Metrics
     from falcon_es.service import Service
@@ -69,23 +76,17 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
                 log_format: str | None, ops_topic: str | None,
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
-    import signal
-
     from falcon_es import service
     from falcon_es.leader import AlreadyRunning, DatabaseLock
-    from falcon_es.observability import ObservabilitySettings
-    from falcon_es.observability.health import HealthServer
-    from falcon_es.observability.logs import configure_logging
     from falcon_es.observability.metrics import Metrics
     from falcon_es.ports import TASK_EVENTS_TOPIC
     from falcon_es.registry import list_clusters
 
     settings: Settings = ctx.obj["settings"]
-    observability = ObservabilitySettings.from_env()
-    configure_logging(log_format or observability.log_format, observability.log_level)
+    observability = configure_logs(log_format)
     serving = _Serving()
-    election = leader_election or _default_leader_election(backend)
-    elector = _lease_elector() if election == "lease" else None
+    election = leader_election or default_leader_election(backend)
+    elector = lease_elector() if election == "lease" else None
     metrics = Metrics(tasks=lambda: serving.svc.app.tasks.all() if serving.svc is not None and (
         elector is None or elector.is_leader()) else [])
     ports = gcp_ports(settings) if backend == "gcp" else None
@@ -126,14 +127,9 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             with probe_engine.connect() as conn:
                 return metrics.cluster_overview(list_clusters(conn))
 
-        server = HealthServer(host=observability.health_host, port=observability.health_port,
-                              max_tick_age=observability.max_tick_age_seconds,
-                              database_check=database_check, metrics=metrics.exposition,
-                              clusters=clusters)
-        server.start()
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        server = start_health_server(observability, metrics, database_check=database_check,
+                                     clusters=clusters)
+    stop = stop_on_signals()
     informers = (_in_process_informers(settings, ports, probe_engine, stop, metrics)
                  if in_process_informers and ports is not None else [])
     topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
@@ -151,9 +147,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
                                    health=server, ops_topic=topic)
     finally:
-        stop.set()  # in-process informers end with the loop
-        for informer in informers:
-            informer.join(timeout=30)
+        stop_threads(stop, informers)  # in-process informers end with the loop
         if lock is not None:
             lock.release()
         if server is not None:
@@ -164,30 +158,6 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             probe_engine.dispose()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)
-
-
-def _default_leader_election(backend: str) -> str:
-    """A lease where several replicas can run (in a Kubernetes cluster, real backends);
-    elsewhere the database lock, which refuses a second controller started by mistake."""
-    import os
-
-    return "lease" if backend == "gcp" and os.environ.get("KUBERNETES_SERVICE_HOST") else "db"
-
-
-def _lease_elector() -> LeaseElector:
-    from falcon_es.adapters.gcp.lease import (
-        LeaseConfigError,
-        LeaseElector,
-        LeaseSettings,
-        LeaseUnavailable,
-        in_cluster_api,
-    )
-
-    try:
-        lease = LeaseSettings.from_env()
-        return LeaseElector.from_settings(in_cluster_api(), lease)
-    except (LeaseConfigError, LeaseUnavailable) as error:
-        raise Failure(str(error)) from error
 
 
 def _in_process_informers(settings: Settings, ports: Ports, engine: sa.engine.Engine,

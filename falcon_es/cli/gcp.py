@@ -13,6 +13,12 @@ import sqlalchemy as sa
 
 from falcon_es import db, registry
 from falcon_es.cli.common import EXIT_PROBLEM, Failure, app_of, first_line, friendly, gcp_backend
+from falcon_es.cli.process import (
+    configure_logs,
+    start_health_server,
+    stop_on_signals,
+    stop_threads,
+)
 from falcon_es.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,19 +41,12 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
                      log_format: str | None) -> None:
     """Watch Falcon's Jobs and Pods on edge clusters and publish every change to the
     edge-events topic: an informer as a process of its own (stops on SIGINT/SIGTERM)."""
-    import signal
-    import threading
-
     from falcon_es.adapters.gcp import wiring
-    from falcon_es.observability import ObservabilitySettings
-    from falcon_es.observability.health import HealthServer
-    from falcon_es.observability.logs import configure_logging
     from falcon_es.observability.metrics import Metrics
     from falcon_es.ports import PortError
 
     settings: Settings = ctx.obj["settings"]
-    observability = ObservabilitySettings.from_env()
-    configure_logging(log_format or observability.log_format, observability.log_level)
+    observability = configure_logs(log_format)
     with app_of(ctx).engine.connect() as conn:
         found = {name: registry.find_cluster(conn, name) for name in dict.fromkeys(names)}
     unknown = [name for name, cluster in found.items() if cluster is None]
@@ -62,16 +61,11 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     except PortError as error:
         backend.close()
         raise Failure(f"informer: {error.message}", EXIT_PROBLEM) from error
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     server = None
     metrics = Metrics()
     if health:
-        server = HealthServer(host=observability.health_host, port=observability.health_port,
-                              max_tick_age=observability.max_tick_age_seconds,
-                              metrics=metrics.exposition)
-        server.start()
+        server = start_health_server(observability, metrics)
     threads = wiring.start_informers(clusters, backend.edges, backend.bus, settings, stop,
                                      metrics=metrics)
     if server is not None:
@@ -89,9 +83,7 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
                 server.mark_tick()
             stop.wait(heartbeat)
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
+        stop_threads(stop, threads)
         if server is not None:
             server.stop()
         backend.close()
