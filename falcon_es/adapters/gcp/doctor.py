@@ -3,7 +3,7 @@
 One ``Check`` per thing that must work, each a line with what was found, and for a
 failure the root cause in the API's own words and the fix. Checks that depend on one
 that failed are reported as skipped, naming it, so the first failure is the one to
-fix (DESIGN §10). The identity is the one the controller uses: Application Default
+fix. The identity is the one the controller uses: Application Default
 Credentials; the token itself is never shown.
 
 Per registered cluster: GKE ``get_cluster`` (the endpoint and CA come from there), the

@@ -12,7 +12,8 @@ is seeded and the hook keeps it current. The hook refreshes the credentials a ma
 *before* they expire, so a reconnecting watch never presents a token that is about to
 lapse; long watches therefore outlive any one token (the informer reconnects them).
 
-Effects are idempotent (DESIGN §3): a Job that already exists is adopted when it
+Effects are idempotent, since an intent left open by a crash is carried out again: a
+Job that already exists is adopted when it
 carries the same task id, deleting a Job that is gone is success, and deletes
 propagate (Background by default) so the pods go with the Job; batch/v1 would
 otherwise orphan them.
@@ -26,7 +27,8 @@ submit and takes the just-submitted Job away again, since its workers could neve
 each other. Deleting the Job deletes the Service: the garbage collector follows the
 ownerReference.
 
-``diagnose_pending`` puts the root cause first (DESIGN §10): a node pool without Ready
+``diagnose_pending`` puts the root cause first, so the Message says what to fix rather
+than the symptom: a node pool without Ready
 nodes, then a pod the scheduler cannot place (PodScheduled=False / FailedScheduling),
 then containers that cannot start or died, and only then complaints about the Job
 itself (FailedCreate from an admission webhook is a symptom when the leader pod is

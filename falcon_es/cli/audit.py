@@ -1,0 +1,140 @@
+"""Reading the event log: ``history`` (one task's events), ``events`` (tail the log),
+``replay`` (verify or rebuild the projections, or the state as of a moment) and
+``chart`` (the state chart every task's events follow)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from falcon_es import chart, job_rows
+from falcon_es.bootstrap import App
+from falcon_es.cli.common import EXIT_PROBLEM, Failure, app_of, cell, emit, friendly, jsonable
+from falcon_es.store import RecordedEvent
+
+
+@click.command("chart")
+@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid")
+def chart_command(fmt: str) -> None:
+    """Print the task state chart (Mermaid or DOT)."""
+    click.echo(chart.to_mermaid() if fmt == "mermaid" else chart.to_dot())
+
+
+def _event_row(record: RecordedEvent) -> dict[str, Any]:
+    return {
+        "seq": record.seq, "stream_id": record.stream_id, "version": record.version,
+        "recorded_at": record.recorded_at, "type": record.type_name,
+        "data": record.event.to_data(), "causation_id": record.meta.get("causation_id"),
+        "correlation_id": record.meta.get("correlation_id"), "actor": record.meta.get("actor"),
+    }
+
+
+@click.command("history")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@friendly
+def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """A task's events in order: time, type, data, causation and actor."""
+    app = app_of(ctx)
+    records = app.store.read_stream(task_id)
+    if not records:
+        row = job_rows.get_row(app.engine, task_id)
+        raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
+                      "the controller has not taken it in)", EXIT_PROBLEM)
+    rows = [_event_row(r) for r in records]
+    emit(rows, as_json, None if as_json else
+         ["version", "recorded_at", "type", "actor", "causation_id", "data"])
+
+
+@click.command("events")
+@click.option("--after", type=int, default=0, help="Start after this seq.")
+@click.option("--follow", is_flag=True, help="Keep printing new events as they commit.")
+@click.option("--poll", type=float, default=1.0, help="Seconds between polls with --follow.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+@friendly
+def events_command(ctx: click.Context, after: int, follow: bool, poll: float, as_json: bool) -> None:
+    """Tail the log."""
+    store = app_of(ctx).store
+    position = after
+    while True:
+        for record in store.read_after(position):
+            row = _event_row(record)
+            if as_json:
+                click.echo(json.dumps(jsonable(row), ensure_ascii=False))
+            else:
+                click.echo(f"{row['seq']:>8}  {cell(row['recorded_at'])}  {row['stream_id']}"
+                           f"  v{row['version']}  {row['type']}  {json.dumps(row['data'], ensure_ascii=False)}")
+            position = record.seq
+        if not follow:
+            return
+        try:
+            time.sleep(poll)
+        except KeyboardInterrupt:
+            return
+
+
+@click.command("replay")
+@click.option("--verify", "mode", flag_value="verify", help="Rebuild into scratch and diff with live.")
+@click.option("--rebuild", "mode", flag_value="rebuild", help="Rebuild the live projections in place.")
+@click.option("--until", "until", default=None, help="A seq or an ISO time: the state as of then.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@friendly
+def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: bool) -> None:
+    """Replay the log: verify, rebuild, or time-travel (--until)."""
+    from falcon_es.projections import replay as rp
+
+    app = app_of(ctx)
+    lang = app.settings.language
+    if until is not None:
+        seq = _position(app, until)
+        states, queues = rp.fold_views(app.store, lang, until=seq)
+        rows = rp.state_rows(states, lang, queues)
+        if as_json:
+            emit(rows, True)
+        else:
+            click.echo(f"state as of seq {seq}")
+            emit(rows, False, ["id", "name", "actor", "status", "reason", "message", "updated_at"])
+        return
+    if mode == "rebuild":
+        states, queues = rp.fold_views(app.store, lang)
+        with app.engine.begin() as conn:
+            count = rp.rebuild(conn, states, lang, queues)
+        click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
+        return
+    if mode == "verify":
+        differences = rp.verify(app.engine, app.store, lang)
+        if as_json:
+            click.echo(json.dumps([jsonable(d.__dict__) for d in differences], indent=2))
+        elif differences:
+            for difference in differences:
+                click.echo(str(difference))
+        if differences:
+            click.echo(f"replay differs from the live projections in {len(differences)} value(s)", err=True)
+            sys.exit(EXIT_PROBLEM)
+        if not as_json:
+            click.echo(f"replay of {app.store.head()} events matches the live projections")
+        return
+    raise Failure("replay: choose --verify, --rebuild or --until SEQ|ISO-TIME")
+
+
+def _position(app: App, until: str) -> int:
+    """The seq ``--until`` names: a number as it is; an ISO time (naive is taken as UTC,
+    as the log records) as the last event recorded at or before it."""
+    if until.isdigit():
+        return int(until)
+    try:
+        moment = dt.datetime.fromisoformat(until)
+    except ValueError:
+        raise Failure(f"--until {until!r}: expected a seq number or an ISO time "
+                      "such as 2026-11-29T12:00:00") from None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return app.store.seq_at(moment)

@@ -1,0 +1,118 @@
+"""``falcon-es bench``: the benchmarks of the store, the scheduler and the whole
+lifecycle, each reported against a baseline measured in the same run so the figures
+compare across machines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from falcon_es import db
+from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly
+from falcon_es.settings import Settings
+
+
+@click.group("bench")
+def bench_group() -> None:
+    """Benchmarks, reported as ratios against a baseline measured in the same run."""
+
+
+@bench_group.command("store")
+@click.option("--db", "db_url", default=None,
+              help="Database kind to measure: a scratch database on this MySQL/MariaDB "
+                   "server, or a scratch SQLite file beside this one (default: a temporary "
+                   "SQLite file). The database itself is not touched.")
+@click.option("--events", "count", type=click.IntRange(min=1), default=20_000, show_default=True)
+@click.option("--tick", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Events per tick transaction.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@friendly
+def bench_store(ctx: click.Context, db_url: str | None, count: int, tick: int,
+                as_json: bool) -> None:
+    """Append with inline projection vs raw INSERTs; replay vs raw scan."""
+    from falcon_es.bench import store as bench
+
+    settings: Settings = ctx.obj["settings"]
+    if db_url:
+        db.make_engine(db_url).dispose()  # a bad URL is reported before any work starts
+        settings = dataclasses.replace(settings, db_url=db_url)
+    report = bench.store_benchmark(settings, events=count, tick=tick)
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
+@bench_group.command("scheduler")
+@click.option("--sizes", default="1000,10000,100000", show_default=True,
+              help="Waiting tasks per run, comma-separated.")
+@click.option("--server", default=None,
+              help="A MySQL/MariaDB server URL (mysql+pymysql://user@host:3306) to run in "
+                   "scratch databases there; default: temporary SQLite files.")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
+    """Pick decision cost, a tick filling every slot, position refresh vs raw UPDATE."""
+    from falcon_es.bench import scheduler as bench
+    from falcon_es.handlers import intake, scheduling
+
+    try:
+        counts = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise Failure(f"--sizes {sizes!r}: expected whole numbers separated by commas") from None
+    if not counts or min(counts) < 2:
+        raise Failure(f"--sizes {sizes!r}: expected at least one size of 2 or more")
+    handlers = (intake.accept_new_rows, scheduling.requeue_from_inactive_clusters,
+                scheduling.choose_clusters, scheduling.fill_free_slots)
+    report = bench.scheduler_benchmark(handlers, sizes=counts, server=server,
+                                       progress=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
+@bench_group.command("e2e")
+@click.option("--tasks", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--db", "db_urls", multiple=True, metavar="URL",
+              help="Where to run: 'sqlite' (a fresh temporary file, the default), a new "
+                   "SQLite file URL, or a MySQL/MariaDB server URL (a scratch database "
+                   "there, dropped afterwards). Repeat to run on several.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--burst", type=click.IntRange(min=1), default=None,
+              help="Tasks the upper layer submits at once (default: the bench's bursts; "
+                   "--burst N >= --tasks submits everything up front).")
+@click.option("--burst-every", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Virtual seconds between bursts.")
+@click.option("--resolution", type=click.FloatRange(min=0), default=None,
+              help="The loop's virtual-time step in seconds (0: exact jumps).")
+@click.option("--world", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A sim config to run in instead of the bench world.")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None,
+              burst_every: float | None, resolution: float | None, world: str | None,
+              as_json: bool) -> None:
+    """Tasks through their whole lifecycle on the sim backend: wall time, tasks/s,
+    database round trips per task, peak memory, ticks, final Status/Reason."""
+    from falcon_es.bench import e2e
+
+    options: dict[str, Any] = {"burst": burst, "burst_every": burst_every,
+                               "resolution": resolution}
+    options = {k: v for k, v in options.items() if v is not None}
+    reports = []
+    for url in db_urls or ("sqlite",):
+        target = None if url == "sqlite" else url
+        if target is not None:
+            db.make_engine(target).dispose()  # a bad URL is reported before any work starts
+        try:
+            reports.append(e2e.e2e_benchmark(
+                tasks=tasks, db_url=target, seed=seed, world=world,
+                progress=lambda m: click.echo(m, err=True), **options))
+        except e2e.BenchInputError as error:
+            raise Failure(str(error)) from error
+        except e2e.BenchError as error:
+            raise Failure(str(error), EXIT_PROBLEM) from error
+        if not as_json:
+            click.echo(e2e.format_report(reports[-1]))
+    if as_json:
+        click.echo(e2e.report_json(reports))
+

@@ -1,0 +1,175 @@
+"""``falcon-es run``: the controller loop, on the simulated world or on GCP, alone or
+as one of several replicas behind a leader election.
+
+The calls that build and serve the controller (``bootstrap.build_service``,
+``service.serve``, ``service.serve_elected``) are made here and nowhere else in the
+command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+import sqlalchemy as sa
+
+from falcon_es import db, registry
+from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly, gcp_ports
+from falcon_es.cli.process import (
+    configure_logs,
+    default_leader_election,
+    lease_elector,
+    start_health_server,
+    stop_on_signals,
+    stop_threads,
+)
+from falcon_es.ports import Ports
+from falcon_es.settings import Settings
+
+if TYPE_CHECKING:
+    from falcon_es.adapters.gcp.kube import KubeEdgeClusters
+    from falcon_es.adapters.sim import SimWorld
+    from falcon_es.loop import Leadership
+    from falcon_es.observability.metrics import Metrics
+    from falcon_es.service import Service
+
+
+@dataclasses.dataclass
+class _Serving:
+    """What the latest leadership term built: its controller, which the metrics read
+    at scrape time, and its simulated world, which the next term goes on in."""
+
+    svc: Service | None = None
+    world: SimWorld | None = None
+
+
+@click.command("run")
+@click.option("--backend", type=click.Choice(["sim", "gcp"]), default="sim", show_default=True,
+              envvar="FALCON_BACKEND")
+@click.option("--sim-config", type=click.Path(dir_okay=False), default=None,
+              help="JSON description of the simulated world (default: the packaged one).")
+@click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
+@click.option("--until-idle", is_flag=True, help="Stop once every task is terminal and nothing is due.")
+@click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
+              help="Wall seconds between ticks when nothing is due.")
+@click.option("--realtime", is_flag=True, help="Pace the sim backend by the wall clock.")
+@click.option("--health/--no-health", default=None,
+              help="Serve /healthz /readyz /metrics /clusters (default: on with --backend gcp).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
+@click.option("--ops-topic", default=None, envvar="FALCON_TASK_EVENTS_TOPIC",
+              help="Publish every event to this topic (default: falcon-task-events with gcp).")
+@click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
+              envvar="FALCON_LEADER_ELECTION",
+              help="Who may append when several replicas run: a Kubernetes Lease "
+                   "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
+                   "database lock that refuses a second controller, or none (default: lease "
+                   "in a Kubernetes cluster with --backend gcp, else db).")
+@click.option("--in-process-informers/--no-in-process-informers", default=False,
+              envvar="FALCON_IN_PROCESS_INFORMERS",
+              help="With --backend gcp, also watch every active registered cluster from this "
+                   "process (instead of falcon-es informer Deployments).")
+@click.pass_context
+@friendly
+def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
+                until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
+                log_format: str | None, ops_topic: str | None,
+                leader_election: str | None, in_process_informers: bool = False) -> None:
+    """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
+    from falcon_es import service
+    from falcon_es.bootstrap import BackendError, build_service
+    from falcon_es.leader import AlreadyRunning, DatabaseLock
+    from falcon_es.observability.metrics import Metrics
+    from falcon_es.ports import TASK_EVENTS_TOPIC
+    from falcon_es.registry import list_clusters
+
+    settings: Settings = ctx.obj["settings"]
+    observability = configure_logs(log_format)
+    serving = _Serving()
+    election = leader_election or default_leader_election(backend)
+    elector = lease_elector() if election == "lease" else None
+    metrics = Metrics(tasks=lambda: serving.svc.app.tasks.all() if serving.svc is not None and (
+        elector is None or elector.is_leader()) else [])
+    ports = gcp_ports(settings) if backend == "gcp" else None
+
+    def build(leadership: Leadership | None = None) -> Service:
+        try:
+            built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
+                                  realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
+                                  ports=ports, world=serving.world,
+                                  leadership=leadership, follow_log=election != "db")
+        except BackendError as error:
+            raise Failure(str(error)) from error
+        if built.world is not None:  # a later leadership term goes on in the same world
+            from falcon_es.adapters.sim.world import behaviour_from_tasks
+
+            built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)
+        serving.svc, serving.world = built, built.world
+        return built
+
+    # With a lease, a replica builds its controller (folds the log) only once it leads.
+    svc = build() if elector is None else None
+    probe_engine = svc.app.engine if svc is not None else db.make_engine(settings.db_url)
+    lock = DatabaseLock(probe_engine) if election == "db" else None
+    try:
+        if lock is not None:
+            lock.acquire()
+    except AlreadyRunning as error:
+        if svc is not None:
+            svc.close()
+        raise Failure(str(error), EXIT_PROBLEM) from error
+    server = None
+    if health if health is not None else backend == "gcp":
+        def database_check() -> None:
+            with probe_engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+
+        def clusters() -> list[dict[str, Any]]:
+            with probe_engine.connect() as conn:
+                return metrics.cluster_overview(list_clusters(conn))
+
+        server = start_health_server(observability, metrics, database_check=database_check,
+                                     clusters=clusters)
+    stop = stop_on_signals()
+    informers = (_in_process_informers(settings, ports, probe_engine, stop, metrics)
+                 if in_process_informers and ports is not None else [])
+    topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
+    click.echo(f"falcon-es: controller running ({backend} backend, "
+               f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
+               f"leader election: {election}"
+               f"{f' as {elector.identity}' if elector is not None else ''})", err=True)
+    try:
+        if elector is not None:
+            report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
+                                           metrics=metrics, health=server, ops_topic=topic)
+        else:
+            if svc is None:  # built above whenever there is no elector
+                raise RuntimeError("no controller was built to serve")
+            report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
+                                   health=server, ops_topic=topic)
+    finally:
+        stop_threads(stop, informers)  # in-process informers end with the loop
+        if lock is not None:
+            lock.release()
+        if server is not None:
+            server.stop()
+        if svc is not None:
+            svc.close()
+        else:
+            probe_engine.dispose()
+    click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
+               f"{report.appended} events", err=True)
+
+
+def _in_process_informers(settings: Settings, ports: Ports, engine: sa.engine.Engine,
+                          stop: threading.Event, metrics: Metrics) -> list[threading.Thread]:
+    """An informer thread per active registered cluster, sharing the controller's
+    Kubernetes clients and Pub/Sub bus (clusters registered later need a restart)."""
+    from falcon_es.adapters.gcp.wiring import start_informers
+
+    with engine.connect() as conn:
+        active = [c for c in registry.list_clusters(conn) if c.status == "active"]
+    edges = cast("KubeEdgeClusters", ports.edges)  # build_gcp_ports: Kubernetes clients
+    return start_informers(active, edges, ports.bus, settings, stop, metrics=metrics)
