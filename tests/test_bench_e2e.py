@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from conftest import MYSQL_SERVER
+from tests.conftest import MYSQL_SERVER
 from falcon_es import chart
 from falcon_es.bench import e2e
 from falcon_es.cli import main

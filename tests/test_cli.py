@@ -24,7 +24,7 @@ from falcon_es.settings import Settings
 from falcon_es.tables import clusters, job
 from falcon_es.handlers import intake
 
-from conftest import MYSQL_SERVER
+from tests.conftest import MYSQL_SERVER
 
 JOB_COLUMNS = set(job.c.keys())
 CLUSTER_COLUMNS = set(clusters.c.keys())

@@ -20,11 +20,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_lifecycle_harness import Crash, CrashPlan, Harness, reserved_cluster, sim_config
 
 from falcon_es import db
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
+from tests.support.harness import Crash, CrashPlan, Harness, reserved_cluster, sim_config
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 CLUSTER = reserved_cluster(count=1)

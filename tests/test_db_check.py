@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from conftest import MYSQL_SERVER
+from tests.conftest import MYSQL_SERVER
 from falcon_es import db
 from falcon_es.cli import main
 

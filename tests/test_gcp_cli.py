@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from google.oauth2 import service_account
-from test_lifecycle_harness import Harness, reserved_cluster, sim_config
 
 from falcon_es import job_rows, registry
 from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
@@ -45,6 +44,7 @@ from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator, free_port
 from tests.fakes.sim_backed import SimBackedCloud
+from tests.support.harness import Harness, reserved_cluster, sim_config
 
 pubsub_emulator = fixtures.pubsub_emulator
 

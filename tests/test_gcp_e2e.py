@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lifecycle_harness import Harness, flex_cluster, reserved_cluster, sim_config
 
 from falcon_es import db, job_rows, manifests, naming
 from falcon_es.adapters.gcp import build_gcp_ports
@@ -46,6 +45,7 @@ from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator
 from tests.fakes.sim_backed import SimBackedCloud, TracedBus
+from tests.support.harness import Harness, flex_cluster, reserved_cluster, sim_config
 
 pubsub_emulator = fixtures.pubsub_emulator
 

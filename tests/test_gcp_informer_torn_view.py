@@ -22,9 +22,8 @@ the second line of defence.
 
 from __future__ import annotations
 
-from test_gcp_informer import close_world, make_world, submit
-
 from falcon_es.ports import JobObservation
+from tests.test_gcp_informer import close_world, make_world, submit
 
 def _torn(observation: JobObservation) -> bool:
     says_failed = observation.failed > 0 or observation.condition == "Failed"

@@ -26,7 +26,6 @@ import pytest
 from click.testing import CliRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from test_lifecycle_harness import reserved_cluster, sim_config
 
 from falcon_es.bootstrap import build_service
 from falcon_es import db, job_rows, service
@@ -45,6 +44,7 @@ from falcon_es.observability.health import HealthServer
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore
 from tests.fakes.kube_server import FakeKubeServer
+from tests.support.harness import reserved_cluster, sim_config
 
 NAMESPACE, NAME = "falcon", "falcon-controller"
 START = dt.datetime(2026, 11, 1, 9, 0, 0)

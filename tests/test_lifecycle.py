@@ -11,9 +11,6 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_lifecycle_harness import (
-    Harness, Harnesses, flex_cluster, reserved_cluster,
-)
 
 from falcon_es import manifests, naming
 from falcon_es.adapters.sim.config import (
@@ -24,6 +21,9 @@ from falcon_es.task_manifests import pool_labels
 from falcon_es.ports import NodePoolSpec
 from falcon_es.settings import Settings
 from falcon_es.tpu import slice_shape
+from tests.support.harness import (
+    Harness, Harnesses, flex_cluster, reserved_cluster,
+)
 
 Make = Callable[..., Harness]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_lifecycle_harness import (
-    Crash, CrashPlan, Harness, Harnesses, flex_cluster, reserved_cluster,
-)
 
 from falcon_es.adapters.sim.config import FaultRule, Span, StockoutConfig
 from falcon_es.clock import VirtualClock
+from tests.support.harness import (
+    Crash, CrashPlan, Harness, Harnesses, flex_cluster, reserved_cluster,
+)
 
 Make = Callable[..., Harness]
 ABORTED = [("Aborting", None), ("Aborted", None)]

@@ -9,12 +9,12 @@ import datetime as dt
 from collections.abc import Iterator
 
 import pytest
-from test_lifecycle_harness import Harness, flex_cluster, sim_config
 
 from falcon_es.clock import VirtualClock
 from falcon_es.ports import Operation
 from falcon_es.registry import Cluster
 from falcon_es.settings import Settings
+from tests.support.harness import Harness, flex_cluster, sim_config
 
 
 class _OperationLooks:

@@ -15,7 +15,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
-from test_lifecycle_harness import Harness, Harnesses, reserved_cluster
 
 from falcon_es import events as ev
 from falcon_es.adapters.sim import SimClusterConfig
@@ -27,6 +26,7 @@ from falcon_es.retry import API_OF_STEP, DEFAULT_BACKOFFS, Backoff
 from falcon_es.settings import Settings, SettingsError
 from falcon_es.task import STEP_OUTCOMES, fold
 from falcon_es.projections.messages import CALLS, task_message
+from tests.support.harness import Harness, Harnesses, reserved_cluster
 
 Make = Callable[..., Harness]
 

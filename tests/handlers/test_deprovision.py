@@ -1,0 +1,102 @@
+"""The deprovision handler: the fate of an ended task's pool -- handed over to a task
+of the same queue, or deleted -- once no create or Job still holds it; failed deletes
+retried; retained pools re-homed when their taker went away."""
+
+from __future__ import annotations
+
+from falcon_es import events as ev
+from falcon_es.handlers import deprovision
+from tests.support.bench import (
+    SQLITE_ONLY, HandlerBenches, reserved_cluster, without_jitter,
+)
+
+pytestmark = SQLITE_ONLY
+
+
+def test_an_ended_tasks_pool_is_deleted_when_no_task_of_its_queue_waits(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("done", "succeeded")
+    bench.bring("other-shape", "waiting", topology="4x4")
+
+    assert bench.run() == [("done", ev.NodePoolDeleteRequested("falcon-done-2x2"))]
+    assert bench.run() == []  # decided once
+    assert bench.row("done")["status"] == "Succeeded"  # a note, not a new status
+
+
+def test_the_pool_goes_to_the_slot_holder_without_a_pool_before_waiting_tasks(
+        make_bench: HandlerBenches) -> None:
+    """The holder of the queue's slot is provisioning right now; a waiting task, even
+    an earlier one, would only start after it."""
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("waiting-first", "waiting")
+    bench.advance(1)
+    bench.bring("slot-holder", "picked")
+    bench.bring("done", "succeeded")
+
+    assert bench.run() == [("done", ev.NodePoolRetained("falcon-done-2x2", "slot-holder"))]
+
+
+def test_a_pool_is_decided_once_its_create_settled_and_only_a_ready_one_is_handed_over(
+        make_bench: HandlerBenches) -> None:
+    """A task that failed while its create ran: GKE refuses a delete before the create
+    operation is done, and a pool that never got ready nodes is no pool to hand over.
+    A create refused outright created nothing to delete."""
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("timed-out", "create-started")
+    bench.given("timed-out", ev.NodePoolTimedOut("falcon-timed-out-2x2", 1800))
+    bench.bring("refused", "create-requested")
+    bench.given("refused", ev.NodePoolFailed("falcon-refused-2x2", "Insufficient quota"))
+    bench.bring("waiting", "waiting")
+
+    assert bench.run() == []
+
+    bench.advance(60)  # the create operation is done
+    assert bench.run() == [("timed-out", ev.NodePoolDeleteRequested("falcon-timed-out-2x2"))]
+
+
+def test_a_failed_delete_is_asked_for_again_after_the_gke_backoff(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(deprovision.deprovision, reserved_cluster(), retry=without_jitter())
+    bench.bring("done", "succeeded")
+    bench.given("done", ev.NodePoolDeleteRequested("falcon-done-2x2"),
+                ev.NodePoolDeleteFailed("falcon-done-2x2", "Cluster is running incompatible "
+                                        "operation", 1))
+
+    bench.advance(9)
+    assert bench.run() == []
+
+    bench.advance(1)  # the gke policy's first delay: 10 s
+    assert bench.run() == [("done", ev.NodePoolDeleteRequested("falcon-done-2x2"))]
+
+
+def test_a_retained_pool_whose_taker_went_away_goes_to_the_next_taker(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("done", "succeeded")
+    bench.given("done", ev.NodePoolRetained("falcon-done-2x2", "promised"))
+    bench.bring("promised", "waiting")
+    bench.advance(1)
+    bench.bring("second", "waiting")
+
+    assert bench.run() == []  # the promised task can still take it
+
+    bench.given("promised", ev.AbortRequested(bench.clock.now(), "Pending/Waiting"),
+                ev.TaskAborted("Pending/Waiting"))
+    assert bench.run() == [("done", ev.NodePoolRetained("falcon-done-2x2", "second"))]
+
+    bench.given("second", ev.AbortRequested(bench.clock.now(), "Pending/Waiting"),
+                ev.TaskAborted("Pending/Waiting"))
+    assert bench.run() == [("done", ev.NodePoolDeleteRequested("falcon-done-2x2"))]
+
+
+def test_a_pool_taken_over_is_decided_for_its_last_taker_only(make_bench: HandlerBenches) -> None:
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("first", "succeeded")
+    bench.given("first", ev.NodePoolRetained("falcon-first-2x2", "second"))
+    bench.bring("second", "picked")
+    bench.given("second", ev.NodePoolReused("falcon-first-2x2", "first", "reservation"),
+                ev.JobSubmitRequested("falcon-second", "falcon-first-2x2"),
+                ev.JobSubmitted("falcon-second", "uid-second"), ev.JobSucceeded(1, 2))
+
+    assert bench.run() == [("second", ev.NodePoolDeleteRequested("falcon-first-2x2"))]

@@ -1,0 +1,124 @@
+"""The status handler: what the edge informers saw of a task's Job, folded into the
+task's log -- running pods, the root cause of a failure, duplicates and early or torn
+views -- with each message acknowledged only once it was decided on."""
+
+from __future__ import annotations
+
+import pytest
+
+from falcon_es import events as ev
+from falcon_es.handlers import status
+from falcon_es.ports import PodObservation
+from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
+
+pytestmark = SQLITE_ONLY
+
+#: The sim bus's ack deadline: an unacknowledged message is delivered again after it.
+ACK_DEADLINE = 60
+
+
+def test_pending_pods_then_running_pods_move_the_task_to_running(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+    unschedulable = PodObservation("falcon-t1-0", "Pending", reason="Unschedulable",
+                                   message="0/2 nodes are available: 2 Insufficient google.com/tpu")
+
+    bench.observe("t1", resource_version=3, pods=(unschedulable,))
+    assert bench.run() == [("t1", ev.PodsPending(
+        "Unschedulable: 0/2 nodes are available: 2 Insufficient google.com/tpu", 3))]
+
+    bench.observe("t1", resource_version=5, active=1,
+                  pods=(PodObservation("falcon-t1-0", "Running"),))
+    assert bench.run() == [("t1", ev.PodsRunning(1, 1, 5))]
+    assert (bench.row("t1")["status"], bench.row("t1")["message"]) == ("Running", "1/1 active")
+    assert bench.backlog() == 0
+
+
+@pytest.mark.parametrize(("pod", "cause", "exit_code"), [
+    (PodObservation("falcon-t1-0", "Failed", reason="OOMKilled", exit_code=137),
+     "OOMKilled (exit code 137)", 137),
+    (PodObservation("falcon-t1-0", "Failed", reason="Error", exit_code=3, message="loss is NaN"),
+     "exit code 3: loss is NaN", 3),
+])
+def test_a_failed_pod_fails_the_task_with_its_root_cause(
+        make_bench: HandlerBenches, pod: PodObservation, cause: str, exit_code: int) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+
+    bench.observe("t1", resource_version=9, failed=1, condition="Failed", pods=(pod,))
+
+    assert bench.run() == [("t1", ev.JobFailed(cause, exit_code, 9))]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"]) == ("Failed", "JobFailed")
+    assert cause in row["message"]
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_task_and_deletes_the_job(
+        make_bench: HandlerBenches) -> None:
+    """Such pods would wait forever: the Job is deleted rather than left behind."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+    stuck = PodObservation("falcon-t1-0", "Pending", reason="ErrImagePull",
+                           message="manifest unknown")
+
+    bench.observe("t1", resource_version=4, pods=(stuck,))
+
+    assert bench.run() == [("t1", ev.JobFailed("ErrImagePull: manifest unknown", None, 4)),
+                           ("t1", ev.JobDeleteRequested("falcon-t1", "image pull failure"))]
+
+
+def test_duplicate_and_older_observations_change_nothing_and_are_acknowledged(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+    running = (PodObservation("falcon-t1-0", "Running"),)
+    bench.observe("t1", resource_version=5, active=1, pods=running)
+    assert bench.run() == [("t1", ev.PodsRunning(1, 1, 5))]
+
+    bench.observe("t1", resource_version=5, active=1, pods=running)
+    bench.observe("t1", resource_version=4, pods=(PodObservation("falcon-t1-0", "Pending"),))
+    bench.observe("t1", resource_version=6, active=1, pods=running, job_uid="uid-of-another-job")
+
+    assert bench.run() == []
+    assert bench.backlog() == 0
+
+
+def test_a_job_failed_without_its_failed_pod_waits_for_the_pods_root_cause(
+        make_bench: HandlerBenches) -> None:
+    """The informer's Job and Pod watches deliver independently: "Job failed, no pod
+    failed" is held back unacknowledged for a grace, so the pod's cause can arrive."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+
+    bench.observe("t1", resource_version=6, failed=1, condition="Failed",
+                  pods=(PodObservation("falcon-t1-0", "Running"),))
+    assert bench.run() == []
+    assert bench.backlog() == 1
+
+    bench.observe("t1", resource_version=7, failed=1, condition="Failed",
+                  pods=(PodObservation("falcon-t1-0", "Failed", reason="OOMKilled"),))
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 7))]
+
+    bench.advance(ACK_DEADLINE)  # the held message comes back: an old view now
+    assert bench.run() == []
+    assert bench.backlog() == 0
+
+
+def test_an_observation_before_the_submits_outcome_comes_back_and_is_folded_then(
+        make_bench: HandlerBenches) -> None:
+    """Until ``JobSubmitted`` is in the log the handler cannot tell this task's Job from
+    another: the observation is left unacknowledged rather than dropped."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submit-requested")
+
+    bench.observe("t1", resource_version=2, active=1, job_uid="uid-t1",
+                  pods=(PodObservation("falcon-t1-0", "Running"),))
+    assert bench.run() == []
+
+    bench.given("t1", ev.JobSubmitted("falcon-t1", "uid-t1"))
+    bench.advance(ACK_DEADLINE)
+    # Only a message held back can be folded now. (The executor behind this tick really
+    # submitted the open intent, so the sim's informer reports a Job of another uid as
+    # well: dropped as not this task's Job.)
+    assert bench.run() == [("t1", ev.PodsRunning(1, 1, 2))]
