@@ -8,8 +8,7 @@ small API is all the tests in ``tests/handlers/`` use besides the domain types
 (events, ``TaskState``, the ports' data types).
 
 Everything that knows how the application is wired (``open_app``,
-``build_controller``, where the controller keeps its effect executor and lifecycle
-index, how the outbox is driven) lives in this module and nowhere else in those
+``build_service``, how the outbox is driven) lives in this module and nowhere else in those
 tests, so a change to the wiring is adapted here once.
 
 What a tick is here: one ``Controller.tick`` of a controller built as the product
@@ -34,17 +33,17 @@ from falcon_es import job_rows, naming, registry
 from falcon_es.adapters.sim import (
     SimClusterConfig, SimWorld, behaviour_from_tasks, build_sim_ports,
 )
-from falcon_es.bootstrap import App, build_controller, open_app
+from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
-from falcon_es.effects import EffectExecutor, pool_labels
 from falcon_es.handlers import outbox
 from falcon_es.ports import (
-    Bus, BusMessage, JobObservation, NodePoolSpec, Operation, PodObservation, Ports,
+    TASK_EVENTS_TOPIC, Bus, BusMessage, JobObservation, NodePoolSpec, Operation, PodObservation, Ports,
 )
 from falcon_es.registry import Cluster
 from falcon_es.retry import DEFAULT_BACKOFFS, RetryPolicies
 from falcon_es.runtime import Controller, Handler
 from falcon_es.settings import Settings
+from falcon_es.task_manifests import pool_labels
 from falcon_es.spec import parse_spec
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
 from falcon_es.task import TaskState
@@ -93,8 +92,9 @@ class HandlerBench:
         self._clusters = {config.name: self._register(config) for config in clusters}
         self._controller: Controller | None = None
         if handler is not None:
-            self._controller = build_controller(self._app, ports=self.ports,
-                                                handlers=(handler,))
+            self._controller = build_service(
+                settings, app=self._app, world=self.world, ports=self.ports,
+                handlers=(handler,), register_clusters=False).controller
 
     def _register(self, config: SimClusterConfig) -> Cluster:
         return registry.add_cluster(
@@ -121,9 +121,8 @@ class HandlerBench:
         store, as a committed tick of this controller would have: the controller's
         own views (its lifecycle index) count them too."""
         state = self._app.tasks.get(task_id)
-        recorded = self._app.store.append([StreamAppend(
+        self._app.store.append([StreamAppend(
             task_id, state.version if state else 0, events, Meta(actor=GIVEN_ACTOR))])
-        self._committed(recorded)
         return self.state(task_id)
 
     def bring(self, task_id: str, to: str, *, cluster: str | None = None,
@@ -273,7 +272,7 @@ class HandlerBench:
         self._controller.tick()
         return [(r.stream_id, r.event) for r in self._records_after(head)]
 
-    def publish_outbox(self, topic: str = outbox.DEFAULT_TOPIC, *, bus: Bus | None = None,
+    def publish_outbox(self, topic: str = TASK_EVENTS_TOPIC, *, bus: Bus | None = None,
                        batch_size: int = 1000, limit: int | None = None) -> int:
         """One pass of the ops-stream publisher, as the service runs it after ticks
         (on the sim bus unless ``bus`` is given); how many events it published."""
@@ -330,27 +329,6 @@ class HandlerBench:
 
     def _cluster_by_id(self, cluster_id: str | None) -> Cluster:
         return next(c for c in self._clusters.values() if c.id == cluster_id)
-
-    def _effects(self) -> EffectExecutor | None:
-        if self._controller is None:
-            return None
-        for step in self._controller.after_commit:
-            owner = getattr(step, "__self__", None)
-            if isinstance(owner, EffectExecutor):
-                return owner
-        return None
-
-    def _committed(self, recorded: Sequence[RecordedEvent]) -> None:
-        """What a commit of the controller does with its own events before the next
-        tick: bring the lifecycle index up to date with the streams they changed (an
-        index not built yet is built from every task state when first used)."""
-        effects = self._effects()
-        if effects is None or not effects.index.built:
-            return
-        for stream_id in {r.stream_id for r in recorded}:
-            state = self._app.tasks.get(stream_id)
-            if state is not None:
-                effects.index.update(state)
 
 
 class HandlerBenches:
