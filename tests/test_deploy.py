@@ -419,9 +419,7 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
     assert len(role_creates) == 2
     permissions = set(re.search(r"--permissions (\S+)", role_creates[0]).group(1).split(","))
     assert permissions == {
-        "container.nodePools.create", "container.nodePools.get", "container.nodePools.list",
-        "container.nodePools.delete", "container.nodePools.update",
-        "container.operations.get", "container.operations.list", "container.clusters.get",
+        "container.clusters.update", "container.clusters.get", "container.operations.get",
         "compute.reservations.get", "compute.reservations.list",
         "compute.resourcePolicies.get", "compute.resourcePolicies.create",
         "compute.regionOperations.get",

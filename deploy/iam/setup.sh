@@ -43,18 +43,15 @@ WI_MEMBER="serviceAccount:${CENTRAL_PROJECT}.svc.id.goog[${K8S_NAMESPACE}/${K8S_
 
 # The narrowest set that works, by what uses it:
 EDGE_PERMISSIONS=(
-  # node pools: create per task, get/list for reuse and the orphan sweep, delete when
-  # done, update for autoscaling / scale-down settings
-  container.nodePools.create
-  container.nodePools.get
-  container.nodePools.list
-  container.nodePools.delete
-  container.nodePools.update
-  # follow node-pool operations to DONE and read their error
-  container.operations.get
-  container.operations.list
-  # endpoint and CA of the edge cluster for the Kubernetes client
+  # Node pools, by Google's "GKE API permissions" page: nodePools.create and .delete
+  # are authorized by container.clusters.update on the cluster, nodePools.get and .list
+  # (reuse, the orphan sweep) by container.clusters.get, which also gives the edge
+  # cluster's endpoint and CA to the Kubernetes client. There is no
+  # container.nodePools.* permission: gcloud refuses a role that names one.
+  container.clusters.update
   container.clusters.get
+  # follow a node-pool operation to DONE and read its error (operations are never listed)
+  container.operations.get
   # remaining reservation capacity (count - inUseCount)
   compute.reservations.get
   compute.reservations.list
