@@ -96,9 +96,15 @@ class TaskRejected(Event):
 
 @dataclasses.dataclass(frozen=True)
 class NoMatchingCluster(Event):
+    """No cluster can take the task: none of its TPU type is registered, or it asked
+    for the reservation supply mode and no cluster of its type has a reservation
+    (``supply_mode`` and ``without_reservation``, the clusters of its type, say so)."""
+
     failure_reason: ClassVar[str | None] = "NoMatchingCluster"
     tpu_type: str
     registered_tpu_types: tuple[str, ...]
+    supply_mode: str | None = None
+    without_reservation: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

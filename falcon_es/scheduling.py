@@ -39,6 +39,7 @@ from sortedcontainers import SortedList
 
 from falcon_es import chart
 from falcon_es.registry import Cluster
+from falcon_es.spec import RESERVATION
 from falcon_es.task import TaskState
 
 QueueKey = tuple[str, str]  # (cluster_id, topology)
@@ -149,9 +150,13 @@ class ClusterChoice:
 
 @dataclasses.dataclass(frozen=True)
 class NoMatch:
-    """No cluster of the TPU type is registered at all: the task fails."""
+    """No cluster can take the task, which fails: none of the TPU type is registered,
+    or the task asked for a reservation and no cluster of its type has one
+    (``without_reservation`` names the clusters of the type then)."""
 
     registered_tpu_types: tuple[str, ...]
+    supply_mode: str | None = None
+    without_reservation: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,13 +172,23 @@ def choose_cluster(
     clusters: Sequence[Cluster],
     depth: Callable[[QueueKey], int],
     idle_pools: Collection[QueueKey],
+    supply_mode: str | None = None,
 ) -> ClusterChoice | NoMatch | NoneActive:
     """Pick the cluster for a task; ``depth(key)`` is the number of tasks queued or
     acquiring in a (cluster, topology) queue; ``idle_pools`` holds the queues where an
-    idle, retained pool of that topology sits."""
+    idle, retained pool of that topology sits. A task that asks for the reservation
+    supply mode goes only to clusters with a default reservation: elsewhere its pool
+    could never be created. It waits while those are all inactive, and fails when its
+    TPU type has none."""
     of_type = [c for c in clusters if c.tpu_type == tpu_type]
     if not of_type:
         return NoMatch(tuple(sorted({c.tpu_type for c in clusters})))
+    if supply_mode == RESERVATION:
+        reserved = [c for c in of_type if c.default_reservation]
+        if not reserved:
+            return NoMatch(tuple(sorted({c.tpu_type for c in clusters})), supply_mode,
+                           tuple(sorted(c.name for c in of_type)))
+        of_type = reserved
     active = [c for c in of_type if c.status == ACTIVE]
     if not active:
         return NoneActive(tuple({"name": c.name, "status": c.status}

@@ -16,7 +16,8 @@ from typing import Any
 
 from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
 
-SUPPLY_MODES = ("reservation", "on-demand", "flex-start")
+RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
+SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.

@@ -39,13 +39,12 @@ from falcon_es.retry import (
 )
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
-from falcon_es.spec import SUPPLY_MODES
+from falcon_es.spec import FLEX_START, ON_DEMAND, RESERVATION
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
-RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
 #: Slices one task needs (multislice is not offered).
 SLICES_PER_TASK = 1
 _POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})

@@ -79,17 +79,22 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
     idle_pools = book.idle_pool_queues()
     for tpu_type, entries in unplaced.items():
         # Without an active cluster of the type the verdict is the same for every task
-        # of the group (it does not depend on queue depths): work it out once.
-        verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools)
-        shared = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
+        # of the group asking for the same supply mode (it does not depend on queue
+        # depths; a reservation narrows the candidates): work it out once per mode.
+        shared: dict[str | None, NoMatch | NoneActive | None] = {}
         for entry in entries:
             state = tick.state(entry.task_id)
             if not _is_waiting(state) or state.cluster_id is not None:
                 if state is not None:
                     book.sync(state)
                 continue
-            choice = shared or choose_cluster(tpu_type, entry.topology, ctx.clusters,
-                                              book.depth, idle_pools)
+            mode = _supply_mode(state)
+            if mode not in shared:
+                verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools,
+                                         mode)
+                shared[mode] = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
+            choice = shared[mode] or choose_cluster(tpu_type, entry.topology, ctx.clusters,
+                                                    book.depth, idle_pools, mode)
             event = _decision_event(choice, state)
             if event is None:
                 continue
@@ -103,10 +108,16 @@ def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskSta
         return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.topology,
                                 choice.why, choice.candidates)
     if isinstance(choice, NoMatch):
-        return ev.NoMatchingCluster(state.tpu_type, choice.registered_tpu_types)
+        return ev.NoMatchingCluster(state.tpu_type, choice.registered_tpu_types,
+                                    choice.supply_mode, choice.without_reservation)
     unchanged = (state.message_key == "NoActiveCluster"
                  and list(state.message_args.get("clusters", ())) == list(choice.clusters))
     return None if unchanged else ev.NoActiveCluster(state.tpu_type, choice.clusters)
+
+
+def _supply_mode(state: TaskState) -> str | None:
+    mode = state.spec.get("supply_mode")
+    return str(mode) if mode else None
 
 
 def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:

@@ -64,6 +64,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": "invalid task spec: {field}: {detail}",
     "NoMatchingCluster": lambda a: (
+        f"supply mode {a['supply_mode']} was asked for, but no {a['tpu_type']} cluster has "
+        f"a reservation ({', '.join(a['without_reservation'])})"
+        if a.get("supply_mode") else
         f"no cluster serves TPU type {a['tpu_type']}; registered TPU types: {_types(a)}"
     ),
     "NoActiveCluster": lambda a: (
@@ -117,6 +120,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "已接收，正在为 {tpu_type} {topology} 选择集群",
     "TaskRejected": "任务规格无效：{field}：{detail}",
     "NoMatchingCluster": lambda a: (
+        f"要求的供给方式为 {a['supply_mode']}，但没有 {a['tpu_type']} 集群配置预留"
+        f"（{'、'.join(a['without_reservation'])}）"
+        if a.get("supply_mode") else
         f"没有集群提供 TPU 类型 {a['tpu_type']}；已注册的 TPU 类型：{_types(a)}"
     ),
     "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：{_clusters(a)}",

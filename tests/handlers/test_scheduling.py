@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from falcon_es import events as ev
 from falcon_es.handlers import scheduling
-from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
+from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
 
 pytestmark = SQLITE_ONLY
 
@@ -81,3 +81,48 @@ def test_waiting_tasks_leave_a_cluster_that_went_inactive_acquiring_ones_stay(
     assert bench.run() == [("waiting", ev.TaskRequeued(cluster.id, "v6e-res", "maintenance"))]
     assert bench.state("waiting").cluster_id is None
     assert bench.state("acquiring").reason == "Provisioning"
+
+
+def test_a_reservation_task_goes_only_to_a_cluster_with_a_reservation(
+        make_bench: HandlerBenches) -> None:
+    """The shortest queue is not enough: on a cluster without a reservation the pool of
+    a task that asked for one could never be created."""
+    bench = make_bench(scheduling.choose_clusters, flex_cluster("flexonly"),
+                       reserved_cluster("reserved"))
+    reserved = bench.cluster("reserved")
+    for task_id in ("r1", "r2", "r3"):
+        bench.bring(task_id, "accepted", supply_mode="reservation")
+    bench.bring("f1", "accepted")
+
+    chosen = {task: event.cluster_name for task, event in bench.run()
+              if isinstance(event, ev.ClusterChosen)}
+
+    assert {t: chosen[t] for t in ("r1", "r2", "r3")} == dict.fromkeys(
+        ("r1", "r2", "r3"), "reserved")
+    assert bench.row("r3")["cluster_id"] == reserved.id
+    assert chosen["f1"] in ("flexonly", "reserved")
+
+
+def test_a_reservation_task_fails_when_no_cluster_of_its_type_has_a_reservation(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(scheduling.choose_clusters, flex_cluster("flex-a"),
+                       flex_cluster("flex-b"))
+    bench.bring("t1", "accepted", supply_mode="reservation")
+
+    assert bench.run() == [("t1", ev.NoMatchingCluster(
+        "v6e", ("v6e",), "reservation", ("flex-a", "flex-b")))]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"]) == ("Failed", "NoMatchingCluster")
+    assert row["message"].startswith("supply mode reservation was asked for, but no v6e "
+                                     "cluster has a reservation (flex-a, flex-b)")
+
+
+def test_a_reservation_task_waits_while_its_reserved_clusters_are_inactive(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(scheduling.choose_clusters, flex_cluster("flexonly"),
+                       reserved_cluster("reserved"))
+    bench.set_cluster_status("reserved", "maintenance")
+    bench.bring("t1", "accepted", supply_mode="reservation")
+
+    assert bench.run() == [("t1", ev.NoActiveCluster(
+        "v6e", ({"name": "reserved", "status": "maintenance"},)))]
