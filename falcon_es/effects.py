@@ -117,8 +117,7 @@ class EffectExecutor:
         """The earliest moment an open intent will be tried again (for a loop that
         jumps virtual time to the next thing to do)."""
         moments = [m for i, m in self._not_before.items()
-                   if self.is_open(i) and i not in self._queued_intents
-                   and i not in self._deleting]
+                   if self.is_open(i) and i not in self._queued_intents]
         if self._next_sweep is not None:
             moments.append(self._next_sweep)
         return min(moments) if moments else None
@@ -344,7 +343,7 @@ class EffectExecutor:
             if error.code == NOT_FOUND:
                 self._deleted(intent, now)
             elif error.code == RETRYABLE and self._is_stopping(cluster, intent.name):
-                self._in_progress(intent, "")
+                self._in_progress(intent, "", now)
             else:
                 self._delete_failed(intent, now, state, error)
             return
@@ -354,34 +353,52 @@ class EffectExecutor:
                        state: TaskState | None) -> None:
         operation_id = self._deleting[intent]
         if operation_id:
-            self._operation_progress(
-                intent, self.ports.node_pools.get_operation(cluster, operation_id), now, state)
-            return
+            try:
+                operation = self.ports.node_pools.get_operation(cluster, operation_id)
+            except PortError as error:
+                if error.code != NOT_FOUND:
+                    raise
+                # GKE keeps operations for a limited time, and one can be unknown after
+                # a long outage: the pool itself says how the delete went.
+                log.warning("delete operation %s of pool %s on %s is unknown to GKE; "
+                            "looking at the pool", operation_id, intent.name,
+                            intent.cluster_id)
+            else:
+                self._operation_progress(intent, operation, now, state)
+                return
         try:
-            self.ports.node_pools.get(cluster, intent.name)
+            pool = self.ports.node_pools.get(cluster, intent.name)
         except PortError as error:
             if error.code == NOT_FOUND:
                 self._deleted(intent, now)
                 return
             raise
+        if pool.status == "STOPPING":
+            self._in_progress(intent, "", now)
+        else:
+            # Not being deleted (the delete was lost, or the pool came back): ask again.
+            del self._deleting[intent]
+            self._not_before.pop(intent, None)
 
     def _operation_progress(self, intent: Intent, operation: Operation | None,
                             now: dt.datetime, state: TaskState | None) -> None:
         if operation is None:
             self._deleted(intent, now)
         elif not operation.done:
-            self._in_progress(intent, operation.id)
+            self._in_progress(intent, operation.id, now)
         elif operation.error:
             self._delete_failed(intent, now, state, PortError(
                 operation.error_code or "FAILED", operation.error))
         else:
             self._deleted(intent, now)
 
-    def _in_progress(self, intent: Intent, operation_id: str) -> None:
-        """A delete GKE is carrying out: looked at again after every commit (the world
-        changing is what moves it, not a retry timer)."""
+    def _in_progress(self, intent: Intent, operation_id: str, now: dt.datetime) -> None:
+        """A delete GKE is carrying out: looked at again every ``operation_poll_seconds``
+        (each look is a call against the project's GKE quota; GKE tells nobody when an
+        operation ends)."""
         self._deleting[intent] = operation_id
-        self._not_before.pop(intent, None)
+        self._not_before[intent] = now + dt.timedelta(
+            seconds=self.settings.operation_poll_seconds)
 
     def _is_stopping(self, cluster: Cluster, name: str) -> bool:
         try:

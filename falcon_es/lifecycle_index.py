@@ -75,7 +75,9 @@ class LifecycleIndex:
         #: When each task's running create operation is to be asked again (``polled``),
         #: valid only for the task version it was decided on: any event (this
         #: controller's or another's) means looking afresh.
-        self._next_poll: dict[str, tuple[int, dt.datetime]] = {}
+        #: Also when that was decided: a wake moment already due then (a retry just
+        #: tried) is spent, and the poll is the next moment.
+        self._next_poll: dict[str, tuple[int, dt.datetime, dt.datetime]] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
         #: Retained pools and the task each is promised to (holder -> taker, and taker
         #: -> holders), and the holders whose taker could take the pool as of the last
@@ -307,12 +309,13 @@ class LifecycleIndex:
     def intents_of(self, task_id: str) -> tuple[Intent, ...]:
         return self._intents.get(task_id, ())
 
-    def polled(self, state: TaskState, next_at: dt.datetime | None) -> None:
-        """The task's create operation was asked: still running, ask again at
-        ``next_at`` and wake a loop then (a loop that jumps virtual time would not
-        come back for it otherwise); done (None), never again."""
-        if next_at is not None and state.pool_operation:
-            self._next_poll[state.task_id] = (state.version, next_at)
+    def polled(self, state: TaskState, next_at: dt.datetime | None,
+               now: dt.datetime) -> None:
+        """The task's create was looked at (its operation, or the pool itself): look
+        again at ``next_at`` and wake a loop then (a loop that jumps virtual time would
+        not come back for it otherwise); None: the operation is done, no more polls."""
+        if next_at is not None:
+            self._next_poll[state.task_id] = (state.version, next_at, now)
         else:
             self._next_poll.pop(state.task_id, None)
         self._set_wake(state.task_id, self._wake_moment(state))
@@ -323,16 +326,21 @@ class LifecycleIndex:
         return poll[1] if poll is not None and poll[0] == state.version else None
 
     def _wake_moment(self, state: TaskState) -> dt.datetime | None:
-        """The earlier of ``wake_of`` (deadlines, retries) and the next operation poll;
-        a poll decided on an earlier version of the task is forgotten."""
+        """The earlier of ``wake_of`` (deadlines, retries) and the next poll; a poll
+        decided on an earlier version of the task is forgotten, and a ``wake_of`` moment
+        that was due already when the poll was decided is spent (the look it was for
+        happened and failed, and the poll says when the next one comes)."""
         deadline = self.wake_of(state) if self.wake_of is not None else None
         poll = self._next_poll.get(state.task_id)
         if poll is None:
             return deadline
-        if poll[0] != state.version:
+        version, next_at, decided_at = poll
+        if version != state.version:
             del self._next_poll[state.task_id]
             return deadline
-        return min(poll[1], deadline) if deadline is not None else poll[1]
+        if deadline is None or deadline <= decided_at:
+            return next_at
+        return min(next_at, deadline)
 
     def wake_at(self, task_id: str) -> dt.datetime | None:
         """The task's ``wake_of`` moment as of the last commit (or its next operation

@@ -205,6 +205,9 @@ class _Provisioner:
             due = retry_due_at(state, state.retry_kind, self.ctx.settings)
             if due is not None and self.ctx.now < due:
                 return
+            polled = self.ctx.index.poll_due(state)  # the last look failed: not before
+            if polled is not None and self.ctx.now < polled:
+                return
         elif state.pool_operation:
             operation = ask_create_operation(state, cluster, self.ctx)
             if operation is None or not operation.done:
@@ -219,24 +222,33 @@ class _Provisioner:
                 self._not_visible(state, pool)
             else:
                 log.warning("pool %s on %s: %s", pool, cluster.name, error)
+                self._look_again_later(state)
             return
         if info.status == "ERROR":
             self.tick.emit(state.task_id, ev.NodePoolFailed(
                 pool, info.status_message or f"node pool {pool} is in status ERROR"))
             return
         if info.status != "RUNNING":
+            self._look_again_later(state)  # still provisioning, or being repaired
             return
         total = slice_shape(state.tpu_type, state.topology).hosts
         try:
             counts = self.ports.edges.for_cluster(cluster).node_counts(pool)
         except PortError as error:
             log.warning("nodes of pool %s on %s: %s", pool, cluster.name, error)
+            self._look_again_later(state)
             return
         if counts.ready >= total:
             self.tick.emit(state.task_id, ev.NodePoolReady(pool, counts.ready))
         else:
             self.tick.emit(state.task_id, ev.NodesNotReady(
                 pool, counts.ready, total, next_attempt(state, "NodesNotReady")))
+
+    def _look_again_later(self, state: TaskState) -> None:
+        """Nothing to record yet (or a call failed): the next look waits a poll
+        interval, so neither a slow pool nor an error turns it into a call per tick."""
+        self.ctx.index.polled(state, self.ctx.now + dt.timedelta(
+            seconds=self.ctx.settings.operation_poll_seconds), self.ctx.now)
 
     def _not_visible(self, state: TaskState, pool: str) -> None:
         """The grace runs from the first 404 after the create finished: GKE's listing
@@ -292,12 +304,21 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
     due = ctx.index.poll_due(state)
     if not state.pool_operation or (due is not None and ctx.now < due):
         return None
+    interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
     try:
         operation = ctx.ports.node_pools.get_operation(cluster, state.pool_operation)
     except PortError as error:
-        log.warning("operation %s of pool %s: %s", state.pool_operation,
-                    state.node_pool_name, error)
-        return None
-    interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
-    ctx.index.polled(state, None if operation.done else ctx.now + interval)
+        # Whatever the error, the next look waits a poll interval: an error must not
+        # turn the poll into a call per tick.
+        ctx.index.polled(state, ctx.now + interval, ctx.now)
+        if error.code != NOT_FOUND:
+            log.warning("operation %s of pool %s: %s", state.pool_operation,
+                        state.node_pool_name, error)
+            return None
+        # GKE keeps operations for a limited time, and one can be unknown after a long
+        # outage: the create ended one way or the other, and the pool itself says how.
+        log.warning("create operation %s of pool %s is unknown to GKE; looking at the "
+                    "pool", state.pool_operation, state.node_pool_name)
+        return Operation(state.pool_operation, done=True)
+    ctx.index.polled(state, None if operation.done else ctx.now + interval, ctx.now)
     return operation

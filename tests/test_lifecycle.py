@@ -235,10 +235,12 @@ def test_reservation_supply_on_a_cluster_without_reservation_fails_clearly(make:
     h = make(flex_cluster())
     h.submit("t1", supply_mode="reservation")
     h.run()
-    assert h.history["t1"] == [("Failed", "NodePoolFailed")]
+    # Refused at cluster choice: no cluster of the type has a reservation, so no pool is
+    # ever asked for (before, the task queued there and its pool create failed).
+    assert h.history["t1"] == [("Failed", "NoMatchingCluster")]
     assert h.row("t1")["message"] == (
-        "node pool falcon-t1-2x2 failed: supply mode reservation was asked for, but cluster "
-        "v6e-flex has no reservation")
+        "supply mode reservation was asked for, but no v6e cluster has a reservation "
+        "(v6e-flex)")
     assert h.world.pools(include_deleted=True) == []
 
 
