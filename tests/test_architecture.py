@@ -328,7 +328,7 @@ def test_the_import_graph_sees_every_installed_module() -> None:
                    for name in sources)
     edges = import_edges(sources)
     assert Edge("falcon_es.adapters.sim", "falcon_es.adapters.sim.world",
-                "falcon_es/adapters/sim/__init__.py", 22) in edges
+                "falcon_es/adapters/sim/__init__.py", 23) in edges
 
 
 def test_no_import_cycles() -> None:

@@ -26,7 +26,8 @@ from click.testing import CliRunner, Result
 from google.oauth2 import service_account
 
 from falcon_es import job_rows, registry
-from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube import KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.gcp.wiring import build_cluster_manager
 from falcon_es.adapters.sim import (

@@ -27,11 +27,8 @@ from falcon_es.adapters.gcp.informer import (
     JobViews,
     run_informer,
 )
-from falcon_es.adapters.gcp.kube import (
-    GoogleAccessTokens,
-    KubeEdgeCluster,
-    KubeEdgeClusters,
-)
+from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION

@@ -19,11 +19,10 @@ import pytest
 from google.cloud import container_v1
 
 from falcon_es.adapters.gcp.gke import cluster_manager_client
-from falcon_es.adapters.gcp.kube import (
+from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import (
     GkeEndpoints,
     GoogleAccessTokens,
-    KubeEdgeCluster,
-    KubeEdgeClusters,
     KubeEndpoint,
     endpoint_from_gke,
 )

@@ -22,11 +22,8 @@ import google.oauth2.credentials
 import pytest
 import requests
 
-from falcon_es.adapters.gcp.kube import (
-    GoogleAccessTokens,
-    KubeEdgeClusters,
-    KubeEndpoint,
-)
+from falcon_es.adapters.gcp.kube import KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens, KubeEndpoint
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.manifests import JobPlacement, render_job
 from falcon_es.ports import RETRYABLE, PortError

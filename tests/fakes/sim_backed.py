@@ -56,7 +56,8 @@ from falcon_es.adapters.gcp import informer as gcp_informer
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.sim import ClusterSim, SimWorld
 from falcon_es.adapters.sim.gke import NodePoolService
-from falcon_es.adapters.sim.kube import KubeService, SimJob, SimPod
+from falcon_es.adapters.sim.kube_api import KubeService
+from falcon_es.adapters.sim.kube_objects import SimJob, SimPod
 from falcon_es.clock import Clock
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, PERMISSION_DENIED, QUOTA_EXCEEDED, RETRYABLE,

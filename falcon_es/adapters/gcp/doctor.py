@@ -31,7 +31,8 @@ from google.cloud import compute_v1, container_v1
 from falcon_es.adapters.gcp.compute import reservation_ref
 from falcon_es.adapters.gcp.errors import api_words
 from falcon_es.adapters.gcp.gke import GkeNodePools, cluster_path
-from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube import KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.wiring import (
     ADC_HINT,
     CredentialsSource,

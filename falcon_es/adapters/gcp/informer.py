@@ -40,11 +40,8 @@ import urllib3
 from kubernetes import watch as kube_watch
 from kubernetes.client.exceptions import ApiException
 
-from falcon_es.adapters.gcp.kube import (
-    FALCON_SELECTOR,
-    KubeEdgeCluster,
-    KubeEdgeClusters,
-)
+from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_objects import FALCON_SELECTOR
 from falcon_es.clock import Clock, WallClock
 from falcon_es.manifests import TASK_ID_ANNOTATION, TASK_LABEL
 from falcon_es.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation, PortError

@@ -28,7 +28,8 @@ from google.cloud import container_v1
 from falcon_es.adapters.gcp.compute import ComputeReservations, WorkloadPolicies
 from falcon_es.adapters.gcp.gke import CLOUD_PLATFORM_SCOPE, GkeNodePools, cluster_manager_client
 from falcon_es.adapters.gcp.informer import InformerSettings, ObservationPublisher, run_informer
-from falcon_es.adapters.gcp.kube import GkeEndpoints, GoogleAccessTokens, KubeEdgeClusters
+from falcon_es.adapters.gcp.kube import KubeEdgeClusters
+from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import Clock, WallClock
 from falcon_es.ports import Ports

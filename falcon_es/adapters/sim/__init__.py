@@ -18,7 +18,8 @@ from falcon_es.adapters.sim.config import (
     load_sim_config,
 )
 from falcon_es.adapters.sim.gke import PoolSnapshot, SimNodePools
-from falcon_es.adapters.sim.kube import SIM_ANNOTATION, SimEdgeCluster, SimEdgeClusters
+from falcon_es.adapters.sim.kube import SimEdgeCluster, SimEdgeClusters
+from falcon_es.adapters.sim.kube_manifests import SIM_ANNOTATION
 from falcon_es.adapters.sim.world import ClusterSim, SimWorld, behaviour_from_tasks
 
 

@@ -26,7 +26,10 @@ from falcon_es.adapters.sim.compute import ReservationUsage, SimReservations
 from falcon_es.adapters.sim.config import SimClusterConfig, SimConfig
 from falcon_es.adapters.sim.gke import NodePoolService, PoolSnapshot, SimNode, SimNodePools, SimPool
 from falcon_es.adapters.sim.informer import Informer
-from falcon_es.adapters.sim.kube import BehaviourSource, KubeService, SimEdgeClusters, SimService
+from falcon_es.adapters.sim.kube import SimEdgeClusters
+from falcon_es.adapters.sim.kube_api import KubeService
+from falcon_es.adapters.sim.kube_manifests import BehaviourSource
+from falcon_es.adapters.sim.kube_objects import SimService
 from falcon_es.adapters.sim.timeline import Timeline
 
 T = TypeVar("T")

@@ -1,0 +1,92 @@
+"""The objects the simulated Kubernetes API of one cluster holds: Jobs, their Pods and
+Services, as the API server would store them.
+
+``kube_api`` creates them from submitted manifests and moves them (the scheduler, the
+Job controller, the garbage collector); the observations the informer publishes and
+the test doubles that serve them over HTTP read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from falcon_es.ports import PodObservation
+from falcon_es.spec import SimBehaviour
+
+POOL_SELECTOR = "cloud.google.com/gke-nodepool"
+PENDING, RUNNING_PHASE, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+
+
+@dataclasses.dataclass
+class SimPod:
+    """One pod of a Job: its completion index, phase, and the node it is bound to
+    (None while the scheduler has found no node for it)."""
+
+    name: str
+    index: int
+    phase: str = PENDING
+    reason: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    node: str | None = None
+    pool: str | None = None
+
+    def observation(self) -> PodObservation:
+        """What the informer publishes of the pod."""
+        return PodObservation(self.name, self.phase, self.reason, self.exit_code, self.message)
+
+
+@dataclasses.dataclass
+class SimJob:
+    """A Job as the simulated API holds it: what its manifest asked for (read once at
+    submit, so the scheduler never parses it again), its pods, and how far it got."""
+
+    name: str
+    uid: str
+    task_id: str  # the task's own id: the falcon/task-id annotation, else the label
+    task_label: str  # the falcon-task label value (a shortened id when the id is no label)
+    completions: int
+    parallelism: int
+    backoff_limit: int
+    selector: Mapping[str, str]
+    tolerates_tpu: bool
+    tpu_per_pod: int
+    image: str
+    behaviour: SimBehaviour
+    created_at: dt.datetime
+    pods: list[SimPod] = dataclasses.field(default_factory=list)
+    done_indexes: set[int] = dataclasses.field(default_factory=set)
+    failed: int = 0
+    condition: str | None = None
+    last_published: tuple[Any, ...] | None = None
+    resource_version: int = 0
+    ttl_after_finished: int | None = None
+
+    @property
+    def pool(self) -> str | None:
+        """The node pool the Job's nodeSelector pins it to, if any."""
+        return self.selector.get(POOL_SELECTOR)
+
+    @property
+    def finished(self) -> bool:
+        """The Job has its final condition (Complete or Failed)."""
+        return self.condition is not None
+
+    def live_pods(self) -> list[SimPod]:
+        """The pods that still hold or wait for a node."""
+        return [p for p in self.pods if p.phase in (PENDING, RUNNING_PHASE)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimService:
+    """A Service as the API server holds it: what adoption and garbage collection read."""
+
+    name: str
+    namespace: str
+    task_label: str | None
+    owner_uids: tuple[str, ...]
+    selector: Mapping[str, str]
+    headless: bool
