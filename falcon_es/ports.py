@@ -127,6 +127,9 @@ class PodObservation:
     reason: str | None = None  # OOMKilled, ErrImagePull, Unschedulable, ...
     exit_code: int | None = None
     message: str | None = None
+    #: When its container terminated (``terminated.finishedAt``, ISO 8601), so the pod
+    #: that failed first is told from siblings that crashed because it did.
+    finished_at: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

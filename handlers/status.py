@@ -120,7 +120,7 @@ def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
 def _events_for(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     version = observation.resource_version
-    failed_pod = _first(observation.pods, lambda p: p.phase == "Failed")
+    failed_pod = _failed_first(observation.pods)
     if failed_pod is not None or observation.condition == "Failed" or observation.failed > 0:
         cause, exit_code = _failure_cause(failed_pod, observation)
         return [ev.JobFailed(cause, exit_code, version)]
@@ -183,6 +183,27 @@ def _diagnose(ctx: HandlerContext, state: TaskState, observation: JobObservation
         return f"{pod.reason}: {pod.message}" if pod.message else pod.reason
     pending = sum(1 for p in observation.pods if p.phase == "Pending")
     return f"{pending} pod(s) pending"
+
+
+def _failed_first(pods: Sequence[PodObservation]) -> PodObservation | None:
+    """The pod that failed first: by the time its container terminated, then in the
+    informer's order (completion index). In a multi-host slice one pod's failure (an
+    OOM) makes its siblings crash a moment later; the first is the root cause."""
+    failed = [(position, pod) for position, pod in enumerate(pods) if pod.phase == "Failed"]
+    if not failed:
+        return None
+    return min(failed, key=lambda item: (_finished(item[1]), item[0]))[1]
+
+
+def _finished(pod: PodObservation) -> tuple[bool, dt.datetime]:
+    """Sort key: pods with a termination time first, earliest first."""
+    if pod.finished_at:
+        try:
+            moment = dt.datetime.fromisoformat(pod.finished_at)
+        except ValueError:
+            return (True, dt.datetime.min)
+        return (False, moment.replace(tzinfo=None) - (moment.utcoffset() or dt.timedelta()))
+    return (True, dt.datetime.min)
 
 
 def _first(pods: Sequence[PodObservation],

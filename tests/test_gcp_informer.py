@@ -496,3 +496,18 @@ def test_end_to_end_onto_the_pubsub_emulator(pubsub_bus: PubSubBus) -> None:
         assert (final.job_name, final.succeeded, final.pods[0].phase) == (job, 1, "Succeeded")
     finally:
         close_world(world)
+
+
+def test_a_terminated_container_reports_when_it_finished() -> None:
+    """``finishedAt`` travels with the pod, so the controller can blame the pod of a
+    slice that failed first."""
+    from falcon_es.adapters.gcp.informer import pod_observation
+
+    pod = {"metadata": {"name": "falcon-t1-1-abcde"}, "status": {
+        "phase": "Failed", "containerStatuses": [{"name": "main", "state": {"terminated": {
+            "exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-11-01T09:20:01Z"}}}]}}
+
+    observed = pod_observation(pod)
+
+    assert (observed.reason, observed.exit_code, observed.finished_at) == (
+        "OOMKilled", 137, "2026-11-01T09:20:01Z")

@@ -351,7 +351,9 @@ def _pod_status(pod: SimPod, containers: Sequence[str], moment: dt.datetime) -> 
         if pod.message:
             status["message"] = pod.message
     else:
-        terminated: dict[str, Any] = {"exitCode": pod.exit_code, "finishedAt": now,
+        finished = (pod.finished_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    if pod.finished_at is not None else now)
+        terminated: dict[str, Any] = {"exitCode": pod.exit_code, "finishedAt": finished,
                                       "reason": pod.reason or "Error"}
         if pod.message:
             terminated["message"] = pod.message

@@ -122,3 +122,36 @@ def test_an_observation_before_the_submits_outcome_comes_back_and_is_folded_then
     # submitted the open intent, so the sim's informer reports a Job of another uid as
     # well: dropped as not this task's Job.)
     assert bench.run() == [("t1", ev.PodsRunning(1, 1, 2))]
+
+
+def test_the_pod_that_failed_first_is_blamed_not_the_leader_that_crashed_after_it(
+        make_bench: HandlerBenches) -> None:
+    """In a multi-host slice one worker's OOM makes the others fail a moment later;
+    the Message names the first failure (by ``finishedAt``), whatever its index."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+
+    bench.observe("t1", resource_version=6, failed=2, condition="Failed", completions=2, pods=(
+        PodObservation("falcon-t1-0", "Failed", reason="Error", exit_code=1,
+                       message="lost connection to worker 1",
+                       finished_at="2026-11-01T09:20:07Z"),
+        PodObservation("falcon-t1-1", "Failed", reason="OOMKilled", exit_code=137,
+                       finished_at="2026-11-01T09:20:01Z"),
+    ))
+
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6))]
+
+
+def test_a_failed_pod_with_a_termination_time_is_blamed_before_one_without(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+
+    bench.observe("t1", resource_version=6, failed=2, condition="Failed", completions=2, pods=(
+        PodObservation("falcon-t1-0", "Failed", reason="Error", exit_code=3),
+        PodObservation("falcon-t1-1", "Failed", reason="OOMKilled", exit_code=137,
+                       finished_at="2026-11-01T09:20:01Z"),
+    ))
+
+    # A pod with a time comes before one without: its failure is known to be earliest.
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6))]

@@ -333,7 +333,8 @@ def pod_observation(pod: Mapping[str, Any]) -> PodObservation:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated and (terminated.get("exitCode") or terminated.get("reason") == "OOMKilled"):
             return PodObservation(name, phase, terminated.get("reason") or "Error",
-                                  terminated.get("exitCode"), terminated.get("message"))
+                                  terminated.get("exitCode"), terminated.get("message"),
+                                  terminated.get("finishedAt"))
     for container in containers:
         waiting = (container.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason"):
@@ -350,7 +351,8 @@ def pod_observation(pod: Mapping[str, Any]) -> PodObservation:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated:
             return PodObservation(name, phase, terminated.get("reason") or "Completed",
-                                  terminated.get("exitCode"), terminated.get("message"))
+                                  terminated.get("exitCode"), terminated.get("message"),
+                                  terminated.get("finishedAt"))
     return PodObservation(name, phase)
 
 

@@ -86,6 +86,7 @@ def observation_data(observation: JobObservation) -> dict[str, Any]:
         "succeeded": observation.succeeded, "failed": observation.failed,
         "completions": observation.completions,
         "pods": [{"name": p.name, "phase": p.phase, "reason": p.reason,
-                  "exit_code": p.exit_code, "message": p.message} for p in observation.pods],
+                  "exit_code": p.exit_code, "message": p.message,
+                  "finished_at": p.finished_at} for p in observation.pods],
         "observed_at": observation.observed_at.isoformat(), "condition": observation.condition,
     }

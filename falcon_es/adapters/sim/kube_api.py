@@ -369,6 +369,7 @@ class KubeService:
             self._pod_failed(job, pod, moment, "Error", exit_code, None)
             return
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
+        pod.finished_at = moment
         freed = pod.pool
         self._unbind(pod)
         job.done_indexes.add(pod.index)
@@ -382,6 +383,7 @@ class KubeService:
     def _pod_failed(self, job: SimJob, pod: SimPod, moment: dt.datetime, reason: str,
                     exit_code: int | None, message: str | None) -> None:
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
+        pod.finished_at = moment
         freed = {pod.pool}
         self._unbind(pod)
         job.failed += 1

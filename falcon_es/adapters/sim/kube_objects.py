@@ -33,10 +33,14 @@ class SimPod:
     message: str | None = None
     node: str | None = None
     pool: str | None = None
+    #: When its container terminated (what Kubernetes reports as ``finishedAt``).
+    finished_at: dt.datetime | None = None
 
     def observation(self) -> PodObservation:
         """What the informer publishes of the pod."""
-        return PodObservation(self.name, self.phase, self.reason, self.exit_code, self.message)
+        finished = self.finished_at.isoformat() if self.finished_at is not None else None
+        return PodObservation(self.name, self.phase, self.reason, self.exit_code, self.message,
+                              finished)
 
 
 @dataclasses.dataclass
