@@ -85,6 +85,11 @@ class LifecycleIndex:
         self._promised_to: dict[str, str] = {}
         self._promised_by: dict[str, set[str]] = {}
         self._kept: set[str] = set()
+        #: Reservation VMs asked for by creates in flight, per (cluster id, reservation):
+        #: Compute's inUseCount counts VMs that exist, so a create not yet up is not in
+        #: it, and two queues sharing a reservation would both see room.
+        self._reserving: dict[tuple[str, str], dict[str, int]] = {}
+        self._reserves: dict[str, tuple[str, str]] = {}
         #: Streams the append in progress changed (applied when it commits).
         self._changed: set[str] = set()
 
@@ -95,7 +100,8 @@ class LifecycleIndex:
         for index in (self._takers, self._taker_order, self._ranks, self._retained,
                       self._member, self._intents, self._next_poll,
                       self._holders, self._created_at, self._by_label, self._wake_at,
-                      self._promised_to, self._promised_by):
+                      self._promised_to, self._promised_by, self._reserving,
+                      self._reserves):
             index.clear()
         self._wakes.clear()
         self._kept.clear()
@@ -159,6 +165,7 @@ class LifecycleIndex:
             holder = self.tasks.get(holder_id)
             if holder is not None:
                 self._judge_promise(holder)
+        self._track_reservation(state)
         intents = task_intents(state)
         if intents:
             self._intents[task_id] = intents
@@ -169,6 +176,33 @@ class LifecycleIndex:
             if label != task_id:
                 self._by_label[label] = task_id
         self._set_wake(task_id, self._wake_moment(state))
+
+    def _track_reservation(self, state: TaskState) -> None:
+        """A create of the task's pool against a reservation is in flight from its
+        request until the pool is ready (its VMs are in inUseCount then), fails or is
+        deleted: counted twice for the moments its VMs are up and not yet ready, never
+        missed."""
+        task_id = state.task_id
+        previous = self._reserves.pop(task_id, None)
+        if previous is not None:
+            hosts = self._reserving[previous]
+            hosts.pop(task_id, None)
+            if not hosts:
+                del self._reserving[previous]
+        reservation = state.pool_request.get("reservation")
+        if (reservation and state.cluster_id
+                and state.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
+                and state.pool_disposition not in (PoolDisposition.DELETED,)):
+            key = (state.cluster_id, str(reservation))
+            self._reserving.setdefault(key, {})[task_id] = int(
+                state.pool_request.get("node_count") or 0)
+            self._reserves[task_id] = key
+
+    def reserving(self, cluster_id: str, reservation: str, *, besides: str = "") -> int:
+        """Reservation VMs that creates in flight on the cluster will take (those of
+        task ``besides`` left out), as of the last commit."""
+        hosts = self._reserving.get((cluster_id, reservation), {})
+        return sum(n for task_id, n in hosts.items() if task_id != besides)
 
     def _track_promise(self, state: TaskState, holds_retained: bool) -> None:
         self._drop_promise(state.task_id)

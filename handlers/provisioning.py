@@ -174,7 +174,11 @@ class _Provisioner:
             return False
         key = (cluster.id, reservation)
         granted = self.granted_hosts.get(key, 0)
-        remaining -= -(-granted // shape.hosts)  # slices of this shape those hosts cover
+        # Compute counts VMs that exist: creates in flight (asked for in earlier ticks,
+        # by any queue, and earlier in this one) are not in its answer yet.
+        in_flight = granted + self.ctx.index.reserving(cluster.id, reservation,
+                                                       besides=state.task_id)
+        remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
         if remaining < SLICES_PER_TASK:
             self.tick.emit(state.task_id, ev.ReservationInsufficient(
                 reservation, max(remaining, 0), SLICES_PER_TASK,

@@ -427,3 +427,26 @@ def test_a_failed_job_seen_before_its_failed_pod_waits_for_the_root_cause(make: 
     h.tick()
     assert h.statuses()["t1"] == ("Failed", "JobFailed")
     assert h.row("t1")["message"].startswith("OOMKilled (exit code 137)")
+
+
+def test_two_queues_sharing_a_reservation_never_overcommit_it_across_ticks(make: Make) -> None:
+    """Compute's inUseCount counts VMs that exist, so while the 4x4's pool is being
+    created a reader sees the whole reservation free. The 2x4 of another queue, asked
+    for a tick later, waits in ClusterBusy instead of creating a pool that cannot get
+    its VMs, and runs once the 4x4's pool is gone."""
+    h = make(reserved_cluster(count=4))  # the 4x4's 4 VMs, or the 2x4's 1 VM
+    h.submit("big", topology="4x4")
+    h.run_for(10)  # the 4x4's create is in flight, none of its VMs is up
+    assert h.statuses()["big"] == ("Pending", "Provisioning")
+    h.submit("small", topology="2x4")
+    h.run_for(30)
+    assert h.statuses()["small"] == ("Pending", "ClusterBusy")
+    assert "has 0 slice(s) free, 1 needed" in h.row("small")[
+        "message"], h.row("small")["message"]
+    h.run()
+
+    assert h.history["big"][-1] == ("Succeeded", None)
+    assert h.history["small"][-1] == ("Succeeded", None)
+    assert ("Failed", "NodePoolFailed") not in h.history["small"]
+    created = [p.name for p in h.world.pools(include_deleted=True)]
+    assert sorted(created) == ["falcon-big-4x4", "falcon-small-2x4"]  # no failed create

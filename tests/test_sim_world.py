@@ -305,21 +305,23 @@ def test_list_carries_labels_and_the_pool_records_its_scale_down_time() -> None:
 # ------------------------------------------------------------ reservations
 
 
-def test_reservation_remaining_counts_vms_and_live_pools_hold_them() -> None:
+def test_reservation_remaining_counts_the_vms_that_exist_and_live_pools_hold_them() -> None:
     sim = Sim()
     shape = slice_shape("v6e", "4x4")  # 4 hosts
     remaining = lambda: sim.ports.reservations.remaining_slices(sim.east, "res-a", shape)  # noqa: E731
     assert remaining() == 2  # (12 - 4 in use) // 4
     sim.create(sim.east, "falcon-a", "4x4", "reservation", "res-a")
-    assert remaining() == 1  # held from the create on, before RUNNING
     sim.create(sim.east, "falcon-b", "4x4", "reservation", "res-a")
-    assert remaining() == 0
+    # Compute's inUseCount counts VMs that exist: pools being created are not in it yet
+    # (their VMs are allocated, which the next test shows), so a reader sees room.
+    assert remaining() == 2
     usage = sim.world.reservation_usage("east", "res-a")
     assert (usage.count, usage.in_use, usage.held_by_pools, usage.remaining) == (12, 4, 8, 0)
+    sim.at(75)  # both pools' VMs are up
+    assert remaining() == 0
     # a full path names the same reservation
     assert sim.ports.reservations.remaining_slices(
         sim.east, "projects/proj-a/zones/us-east5-b/reservations/res-a", slice_shape("v6e", "2x2")) == 0
-    sim.at(75)
     assert sim.ports.node_pools.delete(sim.east, "falcon-a") is not None
     assert remaining() == 0  # still held while deleting
     sim.at(105)

@@ -55,6 +55,6 @@ class SimReservations:
                                            f"was not found (reservation {name} not found in "
                                            f"project {identity.project} zone "
                                            f"{identity.location})")
-            return gke.reservation_free_hosts(config, shape) // max(1, shape.hosts)
+            return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
 
         return self._call(answer)

@@ -253,11 +253,25 @@ class NodePoolService:
                    if p.holds_reservation and p.reservation == reservation)
 
     def reservation_free_hosts(self, reservation: ReservationConfig, shape: SliceShape) -> int:
-        """VMs of the reservation this shape could still use (0 for another machine type)."""
+        """VMs of the reservation this shape could still use (0 for another machine type),
+        as GCE allocates them: a pool being created holds its VMs from the create on, so
+        a second create that does not fit fails."""
         if reservation.machine_type and reservation.machine_type != shape.machine_type:
             return 0
         used = reservation.in_use + self.reservation_hosts_in_use(reservation.name)
         return max(0, reservation.count - used)
+
+    def reservation_unused_vms(self, reservation: ReservationConfig, shape: SliceShape) -> int:
+        """What Compute reports (``count - inUseCount``): inUseCount counts the VMs that
+        exist, so a pool still being created is not in it until its VMs are up. A reader
+        that trusts this alone overcommits the reservation."""
+        if reservation.machine_type and reservation.machine_type != shape.machine_type:
+            return 0
+        # A pool being deleted keeps its VMs until the delete is done.
+        existing = sum(p.shape.hosts if p.status == STOPPING else p.registered
+                       for p in self.pools.values()
+                       if p.holds_reservation and p.reservation == reservation.name)
+        return max(0, reservation.count - reservation.in_use - existing)
 
     def quota_chips_in_use(self) -> int:
         modes = self.behaviour.quota.supply_modes
