@@ -217,3 +217,15 @@ def test_a_default_reservation_the_config_says_does_not_exist_is_not_found(url: 
         assert caught.value.code == NOT_FOUND
     finally:
         svc.close()
+
+
+def test_a_behaviour_in_the_wrong_shape_stops_run_with_one_line_naming_it(
+        url: str, tmp_path: Path) -> None:
+    add(url, "gke-east", "v6e")
+    world = tmp_path / "world.json"
+    world.write_text(json.dumps({"clusters": {"gke-east": {"stockout": {"probability": "often"}}}}))
+    result = cli(url, "run", "--until-idle", "--sim-config", str(world))
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"falcon-es: sim config {world}: clusters.gke-east.stockout.probability: expected a "
+        "probability between 0 and 1, found 'often'"]
