@@ -107,6 +107,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             from falcon_es.adapters.sim.world import behaviour_from_tasks
 
             built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)
+            built.world.registry = built.app.cluster_cache.clusters
         serving.svc, serving.world = built, built.world
         return built
 

@@ -37,8 +37,8 @@ from falcon_es.tpu import TPU_TYPES
 
 RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
 DEFAULT_CONFIG_RESOURCE = "default_config.json"
-#: VMs of a registered cluster's default reservation that the config does not size:
-#: room for a few small slices, or one 4x4 v6e slice and more, as a modest real one.
+#: VMs of a registered cluster's default reservation that the config does not size: a
+#: modest real reservation (sixteen single-host slices, or four v6e 4x4 ones).
 DEFAULT_RESERVATION_VMS = 16
 
 
@@ -279,6 +279,7 @@ def load_sim_config(path: str | Path | None = None) -> SimConfig:
             text = Path(path).read_text("utf-8")
         except OSError as error:
             raise SimConfigError(f"sim config {source}: cannot read ({error.strerror})") from None
+
     def refuse_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         # JSON keeps the last of a repeated key: a cluster described twice would lose
         # its first description without a word.
