@@ -6,11 +6,16 @@ queue view, lifecycle index, cluster cache) for every command that reads or appe
 effect executor, the handlers, the controller and its loop, every part set at
 construction. ``run``, ``demo``, ``simulate``, the benchmarks and the test harness all
 start here; the core modules never import handlers, projections or adapters.
+
+On the sim backend the world simulates the clusters of the registry and registers
+none: ``demo``, ``simulate`` and ``bench`` register the clusters of their world file
+themselves (``register_sim_clusters``) before they build the service.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,10 +45,14 @@ from falcon_es.store import EventStore, InlineProjection
 from falcon_es.task import TaskStates
 
 if TYPE_CHECKING:
-    from falcon_es.adapters.sim import SimWorld
+    from falcon_es.adapters.sim import SimConfig, SimWorld
     from falcon_es.observability.metrics import Metrics
 
+log = logging.getLogger("falcon_es.bootstrap")
 BACKENDS = ("sim", "gcp")
+#: Where a registered cluster lives when a sim config entry does not say (demo,
+#: simulate and bench register their world's clusters with these).
+SIM_PROJECT, SIM_LOCATION, SIM_BUCKET = "falcon-sim", "us-central1-a", "falcon-sim-logs"
 #: Events read per batch when the log is folded at start.
 FOLD_BATCH = 5000
 
@@ -108,7 +117,7 @@ def load_task_states(app: App) -> None:
 
 
 def build_ports(settings: Settings, backend: str, clock: Clock, *,
-                sim_config: str | Path | None = None, seed: int | None = None,
+                sim_config: str | Path | SimConfig | None = None, seed: int | None = None,
                 app: App | None = None) -> tuple[Ports, SimWorld | None]:
     """The ports of a backend: the simulated world's (with the world), or the Google
     Cloud and Kubernetes clients'."""
@@ -122,36 +131,60 @@ def build_ports(settings: Settings, backend: str, clock: Clock, *,
     return world.ports(), world
 
 
-def sim_world(clock: Clock, config_path: str | Path | None, seed: int | None,
+def sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | None,
               app: App | None) -> SimWorld:
-    from falcon_es.adapters.sim import SimWorld, behaviour_from_tasks, load_sim_config
+    """The simulated world of ``config`` (a file, a loaded config, or None: the packaged
+    default), simulating the clusters of ``app``'s registry."""
+    from falcon_es.adapters.sim import SimConfig, SimWorld, behaviour_from_tasks, load_sim_config
 
-    config = load_sim_config(config_path)
-    source = behaviour_from_tasks(app.tasks) if app is not None else None
-    return SimWorld(clock, config, seed=seed, behaviour_source=source)
+    loaded = config if isinstance(config, SimConfig) else load_sim_config(config)
+    if app is None:
+        return SimWorld(clock, loaded, seed=seed)
+    return SimWorld(clock, loaded, seed=seed, behaviour_source=behaviour_from_tasks(app.tasks),
+                    registry=app.cluster_cache.clusters)
 
 
-def register_world_clusters(app: App, world: SimWorld) -> list[registry.Cluster]:
-    """Register the simulated world's clusters that the registry does not know yet."""
-    added = []
+def register_sim_clusters(app: App, config: SimConfig) -> list[registry.Cluster]:
+    """Register the clusters ``config`` describes that the registry does not know yet,
+    with the entry's project, location, TPU type, bucket and default reservation (where
+    the entry leaves one out: ``SIM_PROJECT``, ``SIM_LOCATION``, ``SIM_BUCKET``). For the
+    commands that bring their own world (``demo``, ``simulate``, ``bench``): a
+    controller on the sim backend simulates what the registry has and registers none."""
+    from falcon_es.adapters.sim import SimConfigError
+
     with app.engine.connect() as conn:
         known = {c.name for c in registry.list_clusters(conn)}
-    for config in world.config.clusters:
-        if config.name in known:
+    added = []
+    for entry in config.clusters:
+        if entry.name in known:
             continue
+        if not entry.tpu_type:
+            raise SimConfigError(f"sim config {config.source}: clusters.{entry.name}: no "
+                                 "tpu_type, so the cluster cannot be registered")
         added.append(registry.add_cluster(
-            app.store, name=config.name, project=config.project or "falcon-sim",
-            location=config.location or "us-central1-a", tpu_type=config.tpu_type,
-            gcs_bucket=config.gcs_bucket or "falcon-sim-logs",
-            default_reservation=config.default_reservation,
+            app.store, name=entry.name, project=entry.project or SIM_PROJECT,
+            location=entry.location or SIM_LOCATION, tpu_type=entry.tpu_type,
+            gcs_bucket=entry.gcs_bucket or SIM_BUCKET,
+            default_reservation=entry.default_reservation,
         ))
     return added
 
 
+def _note_unregistered(app: App, world: SimWorld) -> None:
+    """One line per cluster the sim config describes but the registry lacks: a name
+    that differs by a typo would otherwise leave a cluster on the defaults unseen."""
+    registered = [c.name for c in app.cluster_cache.clusters()]
+    for name in world.config.unregistered(registered):
+        log.warning("sim config %s describes cluster %s, which is not registered: it is "
+                    "simulated once registered (falcon-es cluster add %s ...); registered: %s",
+                    world.config.source, name, name, ", ".join(registered) or "none",
+                    extra={"cluster": name})
+
+
 def build_service(
-    settings: Settings, *, backend: str = "sim", sim_config: str | Path | None = None,
+    settings: Settings, *, backend: str = "sim", sim_config: str | Path | SimConfig | None = None,
     seed: int | None = None, clock: Clock | None = None, realtime: bool = False,
-    register_clusters: bool = True, tick_seconds: float = 1.0,
+    tick_seconds: float = 1.0,
     on_tick: Callable[[TickReport], None] | None = None, ports: Ports | None = None,
     metrics: Metrics | None = None, world: SimWorld | None = None,
     leadership: Leadership | None = None, follow_log: bool = False,
@@ -163,8 +196,8 @@ def build_service(
     controllers, or several leadership terms, on one world); ``ports`` are the ports to
     run on instead of the backend's own (the gcp clients built once for every term, or
     a test's fault-injecting wrapper of the sim's); ``leadership`` fences the loop and
-    every commit with a lease; ``app`` is an app opened already (a test that set up the
-    registry first); ``before_effects`` run after each commit ahead of the effect
+    every commit with a lease; ``app`` is an app opened already (one whose registry was
+    set up first: demo, simulate, bench, a test); ``before_effects`` run after each commit ahead of the effect
     executor (a test's crash points); ``script`` is the upper layer of a run that ends
     when its script does (demo, simulate, bench)."""
     if backend not in BACKENDS:
@@ -177,11 +210,10 @@ def build_service(
     if backend == "sim":
         if world is None:
             world = sim_world(clock, sim_config, seed, app)
+            _note_unregistered(app, world)
         # The status handler pulls settings.edge_events_subscription on either backend:
         # attach it to the topic the simulated informers publish to.
         world.bus.subscribe(world.config.delivery.topic, settings.edge_events_subscription)
-        if register_clusters:
-            register_world_clusters(app, world)
         ports = ports or world.ports()
     else:
         world = None

@@ -1,7 +1,7 @@
 """``falcon-es demo``: the whole lifecycle on three simulated clusters in a minute.
 
-A fresh SQLite database, three clusters (v6e with a reservation, v7x with a
-reservation, v7x flex-start), a dozen tasks from three actors covering the cases a
+A fresh SQLite database, three clusters that the demo registers from its world file
+(v6e with a reservation, v7x with a reservation, v7x flex-start), a dozen tasks from three actors covering the cases a
 newcomer should see: success, an OOM, a timeout, an abort mid-run, an invalid spec, a
 reservation too small for the moment, a flex-start stockout that resolves, and a pool
 handed over to the next task. Virtual time starts at a fixed moment, so every run with
@@ -22,7 +22,8 @@ from typing import Any
 from tabulate import tabulate
 
 from falcon_es import db, job_rows, service
-from falcon_es.bootstrap import build_service
+from falcon_es.adapters.sim import load_sim_config
+from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
@@ -90,8 +91,11 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
                 to_abort.discard(task_id)
         view.refresh()
 
-    svc = build_service(Settings(db_url=url, language=lang), backend="sim",
-                        sim_config=demo_config_path(), seed=seed, clock=clock,
+    settings = Settings(db_url=url, language=lang)
+    world = load_sim_config(demo_config_path())
+    app = open_app(settings, clock)
+    register_sim_clusters(app, world)  # the demo's own clusters, before it starts
+    svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
                         on_tick=on_tick)
     view.engine = svc.app.engine
     for offset, (task_id, actor, name, spec, _) in enumerate(DEMO_TASKS):

@@ -1,6 +1,8 @@
 """``falcon-es simulate``: a what-if run at scale in virtual time.
 
-Generates a seeded arrival stream of tasks for the world's clusters, runs the real
+Registers the clusters of its world file (``--config``, by default the packaged
+``demo_data/simulate_world.json``: v6e with a reservation, v7x with a reservation, v7x
+flex-start), generates a seeded arrival stream of tasks for them, runs the real
 handlers, store and projections against the simulated backend, and reports what a
 capacity planner asks: throughput, wait-time percentiles per actor and per queue, how
 often pools were reused, node-pool hours by supply mode, and final Status/Reason.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import importlib.resources
 import random
 import statistics
 import tempfile
@@ -24,7 +27,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from falcon_es import db, job_rows
-from falcon_es.bootstrap import build_service
+from falcon_es.adapters.sim import load_sim_config
+from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
@@ -40,6 +44,12 @@ TOPOLOGIES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "v7x": ("2x2x1", "2x2x1", "2x2x1", "2x2x2"),
 })
 OUTCOMES = (("succeed", 0.9), ("fail", 0.05), ("oom", 0.05))
+WORLD_RESOURCE = "simulate_world.json"
+
+
+def simulate_world_path() -> Path:
+    """The packaged world ``simulate`` runs in when no ``--config`` is given."""
+    return Path(str(importlib.resources.files("falcon_es.demo_data").joinpath(WORLD_RESOURCE)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,12 +129,13 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
         clock = VirtualClock(SIM_START)
         stop = threading.Event()
         script = _Arrivals(clock, stop)
-        svc = build_service(Settings(db_url=url), backend="sim", sim_config=config, seed=seed,
-                            clock=clock, script=script)
-        world = svc.world
-        if world is None:
-            raise RuntimeError("the simulation runs on the sim backend")
-        tpu_types = sorted({c.tpu_type for c in world.config.clusters})
+        settings = Settings(db_url=url)
+        world = load_sim_config(config or simulate_world_path())
+        app = open_app(settings, clock)
+        register_sim_clusters(app, world)  # the world's clusters, before it starts
+        svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
+                            script=script)
+        tpu_types = sorted({c.tpu_type for c in app.cluster_cache.clusters()})
         script.plan(svc.app.engine, arrivals(tpu_types, tasks, seed,
                                              mean_gap_seconds=mean_gap_seconds), horizon_hours)
         script.admit()

@@ -67,7 +67,7 @@ def take_in(db_url: str) -> None:
     """One controller tick of intake, so the log knows the submitted rows."""
     app = open_app(Settings(db_url=db_url), VirtualClock())
     try:
-        build_service(app.settings, app=app, register_clusters=False, handlers=(
+        build_service(app.settings, app=app, handlers=(
             intake.accept_new_rows, intake.notice_abort_requests)).controller.tick()
     finally:
         app.close()

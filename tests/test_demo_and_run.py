@@ -10,10 +10,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from falcon_es.bootstrap import build_service
-from falcon_es import db, job_rows, service
+from falcon_es import db, job_rows, registry, service
 from falcon_es.cli import main
 from falcon_es.clock import VirtualClock
-from falcon_es.demo import run_demo
+from falcon_es.adapters.sim import load_sim_config
+from falcon_es.demo import demo_config_path, run_demo
 from falcon_es.ports import TASK_EVENTS_TOPIC
 from falcon_es.settings import Settings
 from falcon_es.simulate import run_simulation
@@ -49,6 +50,18 @@ def test_demo_covers_every_outcome_and_is_identical_on_every_run(tmp_path: Path)
         assert expected in text
     assert {k: v for k, v in first.items() if k not in ("wall_seconds", "database")} == {
         k: v for k, v in second.items() if k not in ("wall_seconds", "database")}
+    # the demo registered the clusters of its world file itself, as they are described
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    with engine.connect() as conn:
+        clusters = {c.name: c for c in registry.list_clusters(conn)}
+    engine.dispose()
+    world = {c.name: c for c in load_sim_config(demo_config_path()).clusters}
+    assert set(clusters) == set(world) == {"v6e-reserved", "v7x-reserved", "v7x-flex"}
+    for name, entry in world.items():
+        row = clusters[name]
+        assert (row.project, row.location, row.tpu_type, row.gcs_bucket,
+                row.default_reservation) == (entry.project, entry.location, entry.tpu_type,
+                                             entry.gcs_bucket, entry.default_reservation)
 
 
 def test_demo_database_replays_identically(tmp_path: Path) -> None:
@@ -67,14 +80,23 @@ def test_simulate_reports_and_is_reproducible() -> None:
     assert sum(first["final_status"].values()) == 25 and first["unfinished"] == 0
     assert 0.0 <= first["pool_reuse_ratio"] <= 1.0
     assert set(first["wait_seconds_by_actor"]) <= {f"actor-{i}" for i in range(1, 6)}
+    # the clusters simulate registered from its world file, and only those
+    assert {q.split("/")[0] for q in first["wait_seconds_by_queue"]} <= {
+        "v6e-reserved", "v7x-reserved", "v7x-flex"}
     assert first["node_pool_hours_by_supply_mode"]
 
 
 def _fresh(tmp_path: Path) -> str:
+    """A migrated database whose registry has one v7x cluster (the sim backend simulates
+    the registry's clusters and registers none)."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
     engine.dispose()
+    added = CliRunner().invoke(main, ["--db", url, "cluster", "add", "v7x-a", "--project", "p",
+                                      "--location", "us-central1-c", "--tpu-type", "v7x",
+                                      "--gcs-bucket", "logs", "--reservation", "v7x-a-r"])
+    assert added.exit_code == 0, added.output
     return url
 
 

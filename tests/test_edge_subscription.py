@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 
 from falcon_es.bootstrap import build_service
-from falcon_es import db, job_rows, service
+from falcon_es import db, job_rows, registry, service
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 
@@ -23,6 +23,8 @@ def test_a_renamed_subscription_still_receives_the_simulated_informers(tmp_path:
     settings = Settings.from_env({"FALCON_DB_URL": url,
                                   "FALCON_EDGE_EVENTS_SUBSCRIPTION": "falcon-edge-events-ctl"})
     svc = build_service(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)
+    registry.add_cluster(svc.app.store, name="v6e-a", project="p", location="us-east5-b",
+                         tpu_type="v6e", gcs_bucket="logs", default_reservation="v6e-a-r")
     try:
         job_rows.submit(svc.app.engine, task_id="s1", name="s1", actor="a", spec=SPEC,
                         now=dt.datetime(2026, 11, 1))

@@ -362,7 +362,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
 
     folding = open_app(Settings(db_url=db_url), clock)
     try:
-        controller = build_service(folding.settings, app=folding, register_clusters=False, handlers=(intake.notice_abort_requests,)).controller
+        controller = build_service(folding.settings, app=folding, handlers=(intake.notice_abort_requests,)).controller
         controller.tick()
         for task_id in doomed:
             assert folding.store.read_stream(task_id)[-1].type_name == "AbortRequested"

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from falcon_es.bootstrap import build_service
+from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es import db, job_rows, service
 from falcon_es.adapters.gcp.lease import (
     LeaseConfigError,
@@ -362,10 +362,15 @@ ONCE_IN_A_LIFE = frozenset({
 })
 
 
-def quiet_world(clock: VirtualClock, services: list[service.Service]) -> SimWorld:
+#: One reserved v6e cluster with fixed latencies and no faults.
+QUIET_WORLD = sim_config(reserved_cluster(count=8))
+
+
+def quiet_world(clock: VirtualClock, services: list[service.Service], db_url: str) -> SimWorld:
     """One simulated GKE + Kubernetes that every controller of a test talks to, as
-    replicas share the real ones. A Job's simulated behaviour comes from its task's spec
-    as whichever controller knows the task has it."""
+    replicas share the real ones, its cluster registered in ``db_url``'s registry. A
+    Job's simulated behaviour comes from its task's spec as whichever controller knows
+    the task has it."""
     def behaviour(task_id: str) -> object:
         for svc in services:
             state = svc.app.tasks.get(task_id)
@@ -373,7 +378,17 @@ def quiet_world(clock: VirtualClock, services: list[service.Service]) -> SimWorl
                 return state.spec.get("sim")
         return None
 
-    return SimWorld(clock, sim_config(reserved_cluster(count=8)), behaviour_source=behaviour)
+    register_quiet_cluster(db_url)
+    return SimWorld(clock, QUIET_WORLD, behaviour_source=behaviour)
+
+
+def register_quiet_cluster(db_url: str) -> None:
+    """Register the quiet world's cluster, as an operator does before the controller runs."""
+    app = open_app(Settings(db_url=db_url), VirtualClock(START))
+    try:
+        register_sim_clusters(app, QUIET_WORLD)
+    finally:
+        app.close()
 
 
 def submit(engine: object, task_id: str, clock: VirtualClock, seconds: int = 300) -> None:
@@ -428,7 +443,7 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
     tick, so neither sweeps the other's pools as orphans."""
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, db_url)
     jobs = JobsCreated(world, "v6e-res", monkeypatch)
     for name in ("a", "b"):
         services.append(build_service(Settings(db_url=db_url, controller_id=f"falcon-{name}"),
@@ -493,7 +508,7 @@ def test_a_loop_that_lost_the_lease_stops_without_ticking(
     url = fresh_sqlite(tmp_path)
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, url)
     elector = candidate(server, "replica-a", lease_clock)
     elector.step()
     svc = leader_service(url, clock, world, elector, "a")
@@ -520,7 +535,7 @@ def test_a_tick_that_outlives_the_lease_commits_nothing(
     url = fresh_sqlite(tmp_path)
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, url)
     elector = candidate(server, "replica-a", lease_clock)
     elector.step()
     svc = leader_service(url, clock, world, elector, "a")
@@ -554,7 +569,7 @@ def test_a_new_leader_catches_up_and_finishes_what_the_old_one_left_open(
     url = fresh_sqlite(tmp_path)
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, url)
     jobs = JobsCreated(world, "v6e-res", monkeypatch)
     a, b = candidate(server, "replica-a", lease_clock), candidate(server, "replica-b", lease_clock)
     a.step()
@@ -629,7 +644,7 @@ def test_replicas_stand_by_take_over_on_release_and_report_their_role(
     url = fresh_sqlite(tmp_path)
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, url)
     electors = {name: candidate(server, f"replica-{name}", lease_clock, retry_period=0.02)
                 for name in ("a", "b")}
     healths = {name: HealthServer(max_tick_age=60) for name in ("a", "b")}
@@ -692,7 +707,7 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
     url = fresh_sqlite(tmp_path)
     clock = VirtualClock(START)
     services: list[service.Service] = []
-    world = quiet_world(clock, services)
+    world = quiet_world(clock, services, url)
     first = build_service(Settings(db_url=url), clock=clock, world=world)
     services.append(first)
     submit(first.app.engine, "t1", clock)
@@ -746,6 +761,7 @@ def test_run_refuses_unsafe_lease_timing_before_anything_starts(
 @pytest.mark.parametrize("election", ["none", "db"])
 def test_run_without_a_lease_finishes_tasks(tmp_path: Any, election: str) -> None:
     url = fresh_sqlite(tmp_path)
+    register_quiet_cluster(url)
     engine = db.make_engine(url)
     submit(engine, "r1", VirtualClock(START))
     result = CliRunner().invoke(main, ["--db", url, "run", "--until-idle",

@@ -673,16 +673,14 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     """The ports the service wires are metered at the boundary: each GKE, Compute,
     Kubernetes and Pub/Sub call of a task's life is timed under the API's own method
     name, a throttled create counts as an error with its code and as a retry."""
-    from falcon_es import db, job_rows, service
+    from falcon_es import db, job_rows, registry, service
     from falcon_es.settings import Settings
 
     world = tmp_path / "world.json"
     world.write_text(json.dumps({
         "seed": 3,
         "defaults": {"create_throttled": {"first_n": 1}},
-        "clusters": [{"name": "v6e-res", "project": "p", "location": "us-east5-b",
-                      "tpu_types": ["v6e"], "gcs_bucket": "logs", "default_reservation": "r",
-                      "reservations": [{"name": "r", "count": 4, "in_use": 0}]}],
+        "clusters": {"v6e-res": {"reservations": [{"name": "r", "count": 4, "in_use": 0}]}},
         "delivery": {"late_probability": 0, "duplicate_probability": 1.0},
     }))
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
@@ -692,6 +690,8 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     metrics = Metrics(clock=VirtualClock(START))
     svc = build_service(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
                         metrics=metrics)
+    registry.add_cluster(svc.app.store, name="v6e-res", project="p", location="us-east5-b",
+                         tpu_type="v6e", gcs_bucket="logs", default_reservation="r")
     try:
         job_rows.submit(svc.app.engine, task_id="m1", name="m1", actor="a",
                         spec={"image": "i", "tpu_type": "v6e", "topology": "2x2"}, now=START)

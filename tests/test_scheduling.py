@@ -41,7 +41,7 @@ def submit(app: App, actor: str, name: str, topology: str = "2x2", tpu_type: str
 
 
 def controller(app: App) -> Controller:
-    return build_service(app.settings, app=app, register_clusters=False, handlers=SCHEDULING).controller
+    return build_service(app.settings, app=app, handlers=SCHEDULING).controller
 
 
 def append(app: App, task_id: str, *events: ev.Event) -> None:
@@ -357,7 +357,7 @@ def test_a_tick_that_fails_leaves_no_trace_in_the_book(app: App) -> None:
     def explode(tick: object, ctx: object) -> None:
         raise RuntimeError("a later handler failed")
 
-    ctl = build_service(app.settings, app=app, register_clusters=False, handlers=(*SCHEDULING, explode)).controller
+    ctl = build_service(app.settings, app=app, handlers=(*SCHEDULING, explode)).controller
     task = submit(app, "u", "t")
     with pytest.raises(RuntimeError):
         ctl.tick()

@@ -20,7 +20,9 @@ from falcon_es.adapters.sim import (
     SIM_ANNOTATION, SimConfig, SimConfigError, SimWorld, behaviour_from_tasks, build_sim_ports,
     load_sim_config,
 )
+from falcon_es.adapters.sim.config import ReservationSize
 from falcon_es.clock import VirtualClock
+from falcon_es.simulate import simulate_world_path
 from falcon_es.ports import (
     ALREADY_EXISTS, FAILED, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, EdgeCluster,
     JobObservation, NodePoolSpec, PortError, Ports,
@@ -43,13 +45,13 @@ BASE: dict[str, Any] = {
         "node_ready_lag_seconds": 5,
         "quota": {"failure_after_seconds": 15},
     },
-    "clusters": [
-        {"name": "east", "project": "proj-a", "location": "us-east5-b", "tpu_types": ["v6e"],
-         "default_reservation": "res-a",
-         "reservations": [{"name": "res-a", "count": 12, "in_use": 4},
-                          {"name": "res-8t", "count": 8, "machine_type": "ct6e-standard-8t"}]},
-        {"name": "flex", "project": "proj-b", "location": "us-central1-c", "tpu_types": ["v7x"]},
-    ],
+    "clusters": {
+        "east": {"project": "proj-a", "location": "us-east5-b", "tpu_types": ["v6e"],
+                 "default_reservation": "res-a",
+                 "reservations": [{"name": "res-a", "count": 12, "in_use": 4},
+                                  {"name": "res-8t", "count": 8, "machine_type": "ct6e-standard-8t"}]},
+        "flex": {"project": "proj-b", "location": "us-central1-c", "tpu_types": ["v7x"]},
+    },
     "jobs": {"pod_start_seconds": 5, "duration_seconds": 100},
 }
 
@@ -67,9 +69,7 @@ def merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any
 def with_cluster(name: str, **changes: Any) -> dict[str, Any]:
     """BASE with one cluster's entry changed."""
     data = copy.deepcopy(BASE)
-    for entry in data["clusters"]:
-        if entry["name"] == name:
-            entry.update(copy.deepcopy(changes))
+    data["clusters"][name].update(copy.deepcopy(changes))
     return data
 
 
@@ -163,11 +163,20 @@ def sim_seconds(sim: Sim) -> float:
 # ------------------------------------------------------------------ config
 
 
-def test_an_empty_config_is_a_world_and_the_packaged_default_has_the_demo_clusters() -> None:
+def test_an_empty_config_is_a_world_and_the_packaged_default_names_no_cluster() -> None:
+    """The packaged default describes how any registered cluster behaves; the clusters
+    themselves are the registry's."""
     assert SimConfig.from_data({}).clusters == ()
     packaged = load_sim_config()
-    by_name = {c.name: c for c in packaged.clusters}
-    assert set(by_name) == {"v6e-reserved", "v7x-reserved", "v7x-flex"}
+    assert packaged.clusters == ()
+    assert packaged.defaults.default_reservation_size == ReservationSize(16, 0, None)
+    assert packaged.defaults.delete_failures.probability == 0.05
+
+
+def test_the_simulate_world_keys_its_clusters_by_name() -> None:
+    world = load_sim_config(simulate_world_path())
+    by_name = {c.name: c for c in world.clusters}
+    assert list(by_name) == ["v6e-reserved", "v7x-reserved", "v7x-flex"]  # the file's order
     assert by_name["v6e-reserved"].default_reservation == "v6e-res"
     assert by_name["v6e-reserved"].reservation("v6e-res").count == 16
     assert by_name["v7x-flex"].behaviour.stockout.first_n == 1
@@ -185,17 +194,29 @@ def test_cluster_overrides_merge_over_defaults() -> None:
 
 @pytest.mark.parametrize(("data", "words"), [
     ({"clusterz": []}, "clusterz: unknown key"),
-    ({"clusters": [{"name": "a", "reservations": [{"name": "r", "count": -1}]}]},
-     "clusters[a].reservations[0].count: -1 is below 0"),
-    ({"clusters": [{"name": "a", "reservations": [{"name": "r", "count": 2, "in_use": 3}]}]},
-     "clusters[a].reservations[0].in_use: 3 exceeds count 2"),
+    ({"clusters": {"a": {"reservations": [{"name": "r", "count": -1}]}}},
+     "clusters.a.reservations[0].count: -1 is below 0"),
+    ({"clusters": {"a": {"reservations": [{"name": "r", "count": 2, "in_use": 3}]}}},
+     "clusters.a.reservations[0].in_use: 3 exceeds count 2"),
+    ({"clusters": [{"name": "a"}]}, "clusters: expected an object keyed by cluster name"),
+    ({"clusters": {"a": []}}, "clusters.a: expected an object, found a list"),
+    ({"clusters": {"a": {"name": "a"}}}, "clusters.a.name: unknown key"),
+    ({"clusters": {"a": {"stockout": 0.5}}},
+     "clusters.a.stockout: expected an object, found a number"),
+    ({"clusters": {"a": {"stockout": {"probability": "often"}}}},
+     "clusters.a.stockout.probability: expected a probability"),
+    ({"clusters": {"a": {"create_latency_seconds": {"flex-start": [1, 2, 3]}}}},
+     "clusters.a.create_latency_seconds.flex-start: expected seconds or [low, high]"),
+    ({"clusters": {"a": {"default_reservation_size": 16}}},
+     "clusters.a.default_reservation_size: expected an object, found a number"),
+    ({"defaults": {"default_reservation_size": {"count": 2, "in_use": 5}}},
+     "defaults.default_reservation_size.in_use: 5 exceeds count 2"),
     ({"defaults": {"create_latency_seconds": {"spot": 3}}},
      "defaults.create_latency_seconds.spot: not a supply mode"),
     ({"defaults": {"delete_latency_seconds": [9, 3]}}, "high is below low"),
     ({"delivery": {"duplicate_probability": 2}}, "delivery.duplicate_probability"),
     ({"jobs": {"outcome": "explode"}}, "jobs.outcome: 'explode'"),
-    ({"clusters": [{"name": "a", "tpu_types": ["v9"]}]}, "clusters[a].tpu_types[0]"),
-    ({"clusters": [{"name": "a"}, {"name": "a"}]}, "cluster 'a' is described twice"),
+    ({"clusters": {"a": {"tpu_types": ["v9"]}}}, "clusters.a.tpu_types[0]"),
 ])
 def test_a_bad_config_names_the_place_and_the_problem(data: dict[str, Any], words: str) -> None:
     with pytest.raises(SimConfigError) as caught:
@@ -215,6 +236,10 @@ def test_config_file_errors_say_which_file_and_line(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(BASE))
     assert [c.name for c in load_sim_config(good).clusters] == ["east", "flex"]
+    duplicated = tmp_path / "twice.json"
+    duplicated.write_text('{"clusters": {"a": {}, "a": {"system_nodes": 1}}}')
+    with pytest.raises(SimConfigError, match="'a' is given twice in one object"):
+        load_sim_config(duplicated)
 
 
 # -------------------------------------------------------------- node pools

@@ -2,8 +2,8 @@
 
 The real controller (``bootstrap.build_service``: handlers, event store, inline projections,
 effect executor, loop) runs against the simulated world of ``e2e_world.json`` on a
-virtual clock: five clusters (v6e, v7x and v5p; three with reservations, two
-flex-start with stockouts), four topologies each (20 queues), delete failures and
+virtual clock: five clusters, which the bench registers from that file before it
+starts (v6e, v7x and v5p; three with reservations, two flex-start with stockouts), four topologies each (20 queues), delete failures and
 late, duplicated and reordered edge events. The upper layer writes the tasks into the
 job table in bursts (``DEFAULT_BURST`` every ``DEFAULT_BURST_EVERY`` virtual seconds;
 ``--burst`` at least ``--tasks`` puts them all in up front) and asks to abort some of
@@ -47,8 +47,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db, job_rows
+from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, scratch_mysql_database
-from falcon_es.bootstrap import build_service
+from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
@@ -330,8 +331,12 @@ def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution
          progress: Callable[[str], None] | None) -> dict[str, Any]:
     clock = VirtualClock(START)
     upper_layer = _ScriptedUpperLayer(plan, clock)
-    svc = build_service(Settings(db_url=url), backend="sim", sim_config=world_path,
-                        seed=seed, clock=clock, script=upper_layer, resolution=resolution)
+    settings = Settings(db_url=url)
+    world = load_sim_config(world_path)
+    app = open_app(settings, clock)
+    register_sim_clusters(app, world)  # the bench world's clusters, before it starts
+    svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
+                        script=upper_layer, resolution=resolution)
     count = len(plan.planned)
     try:
         backend = svc.app.engine.dialect.name

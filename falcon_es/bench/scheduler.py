@@ -137,8 +137,7 @@ def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> Si
         decide_ms: list[float] = []
         timed = tuple(_timed(h, decide_ms) if h.__name__ == "fill_free_slots" else h
                       for h in handlers)
-        controller = build_service(app.settings, app=app, handlers=timed,
-                                   register_clusters=False).controller
+        controller = build_service(app.settings, app=app, handlers=timed).controller
         appended = controller.tick().appended
         while appended:  # accept and place every row before measuring
             appended = controller.tick().appended

@@ -85,7 +85,8 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
 @click.option("--resolution", type=click.FloatRange(min=0), default=None,
               help="The loop's virtual-time step in seconds (0: exact jumps).")
 @click.option("--world", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A sim config to run in instead of the bench world.")
+              help="A sim config to run in instead of the bench world (the run "
+                   "registers its clusters).")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
 def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None,

@@ -49,7 +49,8 @@ class _Serving:
 @click.option("--backend", type=click.Choice(["sim", "gcp"]), default="sim", show_default=True,
               envvar="FALCON_BACKEND")
 @click.option("--sim-config", type=click.Path(dir_okay=False), default=None,
-              help="JSON description of the simulated world (default: the packaged one).")
+              help="How the registered clusters behave on the sim backend, keyed by cluster "
+                   "name (default: the packaged defaults for every cluster).")
 @click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
 @click.option("--until-idle", is_flag=True, help="Stop once every task is terminal and nothing is due.")
 @click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
@@ -106,6 +107,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             from falcon_es.adapters.sim.world import behaviour_from_tasks
 
             built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)
+            built.world.registry = built.app.cluster_cache.clusters
         serving.svc, serving.world = built, built.world
         return built
 

@@ -37,7 +37,8 @@ def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool 
 
 @click.command("simulate")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
-              help="JSON description of the simulated world (default: the packaged one).")
+              help="The simulated world, whose clusters the run registers (default: the "
+                   "packaged simulate_world.json).")
 @click.option("--tasks", type=int, default=200, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)

@@ -94,7 +94,7 @@ class HandlerBench:
         if handler is not None:
             self._controller = build_service(
                 settings, app=self._app, world=self.world, ports=self.ports,
-                handlers=(handler,), register_clusters=False).controller
+                handlers=(handler,)).controller
 
     def _register(self, config: SimClusterConfig) -> Cluster:
         return registry.add_cluster(

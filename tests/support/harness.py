@@ -249,7 +249,7 @@ class Harness:
         plan = self.plan
         handlers = HANDLERS if plan is None else tuple(_watched(h, plan) for h in HANDLERS)
         return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
-                             handlers=handlers, register_clusters=False,
+                             handlers=handlers,
                              before_effects=(plan.committed,) if plan is not None else ())
 
     def _behaviour(self, task_id: str) -> Any:

@@ -1,7 +1,17 @@
 """What the simulated world does, read from a JSON file (``--sim-config``).
 
-Every knob has a default so an empty object is a valid world: clusters that the
-registry names but the file does not describe behave like ``defaults``. Latencies are
+The world simulates the clusters of the registry, as ``falcon-es cluster add``
+registered them (name, project, location, TPU type, default reservation); this file
+says how they behave. ``clusters`` is an object keyed by cluster name, each entry
+changing only the knobs it names over ``defaults``; a registered cluster the file does
+not name behaves like ``defaults``. A registered cluster's default reservation exists
+with ``default_reservation_size`` (16 VMs, none in use, unless the file says otherwise)
+when its entry lists no reservation of that name. An entry's ``project``,
+``location``, ``tpu_type`` (or ``tpu_types``), ``gcs_bucket`` and
+``default_reservation`` are what ``demo``, ``simulate`` and ``bench`` register; the
+world simulates the registry's values.
+
+Every knob has a default so an empty object is a valid world. Latencies are
 seconds, either a number or ``[low, high]`` (drawn uniformly from the world's seeded
 random stream); per-supply-mode knobs take one such value or an object keyed by
 ``reservation`` / ``on-demand`` / ``flex-start``. Reservation ``count`` and ``in_use``
@@ -15,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +37,9 @@ from falcon_es.tpu import TPU_TYPES
 
 RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
 DEFAULT_CONFIG_RESOURCE = "default_config.json"
+#: VMs of a registered cluster's default reservation that the config does not size: a
+#: modest real reservation (sixteen single-host slices, or four v6e 4x4 ones).
+DEFAULT_RESERVATION_VMS = 16
 
 
 class SimConfigError(ValueError):
@@ -104,6 +117,27 @@ class QuotaConfig:
         return FaultRule(self.probability, self.first_n)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReservationConfig:
+    name: str
+    count: int  # VMs
+    in_use: int = 0  # VMs used by something other than Falcon's pools
+    machine_type: str | None = None  # None: any machine of the cluster's TPU type
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationSize:
+    """The reservation the registry names as a cluster's default, when the config lists
+    none of that name: the registry knows its name only, so its size comes from here."""
+
+    count: int = DEFAULT_RESERVATION_VMS  # VMs
+    in_use: int = 0  # VMs used by something other than Falcon's pools
+    machine_type: str | None = None  # None: any machine of the cluster's TPU type
+
+    def named(self, name: str) -> ReservationConfig:
+        return ReservationConfig(name, self.count, self.in_use, self.machine_type)
+
+
 def _by_mode(reservation: Span, on_demand: Span, flex_start: Span) -> Callable[[], Mapping[str, Span]]:
     return lambda: MappingProxyType({RESERVATION: reservation, ON_DEMAND: on_demand,
                                      FLEX_START: flex_start})
@@ -134,19 +168,16 @@ class ClusterBehaviour:
     max_concurrent_operations: int | None = None
     #: CPU nodes of the cluster (no TPU); they appear in "0/N nodes are available".
     system_nodes: int = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class ReservationConfig:
-    name: str
-    count: int  # VMs
-    in_use: int = 0  # VMs used by something other than Falcon's pools
-    machine_type: str | None = None  # None: any machine of the cluster's TPU type
+    #: The registered default reservation when ``reservations`` does not list it;
+    #: None: Compute has no such reservation (its reads and pools fail as not found).
+    default_reservation_size: ReservationSize | None = ReservationSize()
 
 
 @dataclasses.dataclass(frozen=True)
 class SimClusterConfig:
-    """A cluster of the world; the identity fields also let a demo register it."""
+    """How one cluster behaves. The identity fields are what ``demo``, ``simulate`` and
+    ``bench`` register; a simulated cluster takes them from the registry (the world
+    fills them in when it starts simulating the cluster)."""
 
     name: str
     project: str | None = None  # None: the registry's value for the cluster
@@ -164,6 +195,15 @@ class SimClusterConfig:
     def reservation(self, name: str) -> ReservationConfig | None:
         short = name.rsplit("/", 1)[-1]
         return next((r for r in self.reservations if r.name == short), None)
+
+    def with_default_reservation(self, name: str | None) -> tuple[ReservationConfig, ...]:
+        """The reservations Compute holds for the cluster whose default reservation is
+        ``name``: those listed, and ``name`` sized by ``default_reservation_size`` when
+        the list does not hold it."""
+        size = self.behaviour.default_reservation_size
+        if name is None or size is None or self.reservation(name) is not None:
+            return self.reservations
+        return (*self.reservations, size.named(name.rsplit("/", 1)[-1]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,13 +257,19 @@ class SimConfig:
     def cluster(self, name: str) -> SimClusterConfig | None:
         return next((c for c in self.clusters if c.name == name), None)
 
+    def unregistered(self, registered: Collection[str]) -> list[str]:
+        """The clusters this config describes that are not among ``registered``: the
+        world does not simulate them until someone registers them."""
+        return [c.name for c in self.clusters if c.name not in registered]
+
     @classmethod
     def from_data(cls, data: Any, source: str = "<data>") -> SimConfig:
         return _Parser(source).config(data)
 
 
 def load_sim_config(path: str | Path | None = None) -> SimConfig:
-    """The file's world, or the packaged default world (three clusters) when None."""
+    """The file's world, or the packaged default (no cluster named: every registered
+    cluster behaves like its ``defaults``) when None."""
     if path is None:
         text = resources.files(__package__).joinpath(DEFAULT_CONFIG_RESOURCE).read_text("utf-8")
         source = f"{__package__}/{DEFAULT_CONFIG_RESOURCE}"
@@ -233,8 +279,19 @@ def load_sim_config(path: str | Path | None = None) -> SimConfig:
             text = Path(path).read_text("utf-8")
         except OSError as error:
             raise SimConfigError(f"sim config {source}: cannot read ({error.strerror})") from None
+
+    def refuse_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # JSON keeps the last of a repeated key: a cluster described twice would lose
+        # its first description without a word.
+        keys = [key for key, _ in pairs]
+        repeated = next((key for key in keys if keys.count(key) > 1), None)
+        if repeated is not None:
+            raise SimConfigError(f"sim config {source}: {repeated!r} is given twice in one "
+                                 "object (only the last would count)")
+        return dict(pairs)
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=refuse_repeats)
     except json.JSONDecodeError as error:
         raise SimConfigError(
             f"sim config {source}: not valid JSON (line {error.lineno} column {error.colno}: "
@@ -247,10 +304,10 @@ _BEHAVIOUR_KEYS = frozenset({
     "create_latency_seconds", "delete_latency_seconds", "visibility_delay_seconds",
     "node_register_seconds", "node_ready_lag_seconds", "stockout", "quota",
     "delete_failures", "failed_pool_remains", "max_concurrent_operations", "system_nodes",
-    "create_throttled", "submit_throttled",
+    "create_throttled", "submit_throttled", "default_reservation_size",
 })
 _CLUSTER_KEYS = frozenset({
-    "name", "project", "location", "tpu_types", "tpu_type", "gcs_bucket",
+    "project", "location", "tpu_types", "tpu_type", "gcs_bucket",
     "default_reservation", "reservations",
 }) | _BEHAVIOUR_KEYS
 
@@ -268,15 +325,13 @@ class _Parser:
         data = self.obj(data, "top level", {"seed", "defaults", "clusters", "jobs",
                                             "delivery", "bus"})
         defaults = self.behaviour(data.get("defaults", {}), "defaults", ClusterBehaviour())
-        raw_clusters = data.get("clusters", [])
-        if not isinstance(raw_clusters, list):
-            raise self.fail("clusters", f"expected a list of objects, found {_kind(raw_clusters)}")
-        clusters = tuple(self.cluster(c, f"clusters[{i}]", defaults)
-                         for i, c in enumerate(raw_clusters))
-        names = [c.name for c in clusters]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise self.fail("clusters", f"cluster {duplicates[0]!r} is described twice")
+        raw_clusters = data.get("clusters", {})
+        if isinstance(raw_clusters, list):
+            raise self.fail("clusters", 'expected an object keyed by cluster name, found a '
+                                        'list; write {"NAME": {...}} for [{"name": "NAME", ...}]')
+        raw_clusters = self.obj(raw_clusters, "clusters", None)
+        clusters = tuple(self.cluster(name, entry, defaults)
+                         for name, entry in raw_clusters.items())
         return SimConfig(
             seed=self.integer(data.get("seed", 0), "seed", minimum=None),
             clusters=clusters, defaults=defaults,
@@ -286,10 +341,11 @@ class _Parser:
             source=self.source,
         )
 
-    def cluster(self, data: Any, where: str, defaults: ClusterBehaviour) -> SimClusterConfig:
+    def cluster(self, name: str, data: Any, defaults: ClusterBehaviour) -> SimClusterConfig:
+        where = f"clusters.{name}"
+        if not name.strip():
+            raise self.fail("clusters", "a cluster name is empty")
         data = self.obj(data, where, _CLUSTER_KEYS)
-        name = self.text(data.get("name"), f"{where}.name")
-        where = f"clusters[{name}]"
         if "tpu_types" in data and "tpu_type" in data:
             raise self.fail(where, "give tpu_types or tpu_type, not both")
         raw_types = data.get("tpu_types", [data["tpu_type"]] if "tpu_type" in data else [])
@@ -321,13 +377,7 @@ class _Parser:
     def reservation(self, data: Any, where: str) -> ReservationConfig:
         data = self.obj(data, where, {"name", "count", "in_use", "machine_type"})
         name = self.text(data.get("name"), f"{where}.name")
-        count = self.integer(data.get("count"), f"{where}.count")
-        in_use = self.integer(data.get("in_use", 0), f"{where}.in_use")
-        if in_use > count:
-            raise self.fail(f"{where}.in_use", f"{in_use} exceeds count {count}")
-        machine = data.get("machine_type")
-        return ReservationConfig(name, count, in_use,
-                                 None if machine is None else self.text(machine, f"{where}.machine_type"))
+        return self.size(data, where, count=data.get("count")).named(name)
 
     def behaviour(self, data: Any, where: str, base: ClusterBehaviour) -> ClusterBehaviour:
         data = self.obj(data, where, _BEHAVIOUR_KEYS)
@@ -360,7 +410,27 @@ class _Parser:
                 else self.integer(limit, f"{where}.max_concurrent_operations", minimum=1))
         if "system_nodes" in data:
             changes["system_nodes"] = self.integer(data["system_nodes"], f"{where}.system_nodes")
+        if "default_reservation_size" in data:
+            changes["default_reservation_size"] = self.reservation_size(
+                data["default_reservation_size"], f"{where}.default_reservation_size")
         return dataclasses.replace(base, **changes)
+
+    def reservation_size(self, data: Any, where: str) -> ReservationSize | None:
+        if data is None:
+            return None
+        data = self.obj(data, where, {"count", "in_use", "machine_type"})
+        return self.size(data, where, count=data.get("count", DEFAULT_RESERVATION_VMS))
+
+    def size(self, data: Mapping[str, Any], where: str, *, count: Any) -> ReservationSize:
+        """A reservation's VMs: ``count`` (required in a listed reservation), ``in_use``
+        within it, and the machine type they are."""
+        vms = self.integer(count, f"{where}.count")
+        in_use = self.integer(data.get("in_use", 0), f"{where}.in_use")
+        if in_use > vms:
+            raise self.fail(f"{where}.in_use", f"{in_use} exceeds count {vms}")
+        machine = data.get("machine_type")
+        return ReservationSize(vms, in_use,
+                               None if machine is None else self.text(machine, f"{where}.machine_type"))
 
     def fault_rule(self, data: Any, where: str, base: FaultRule) -> FaultRule:
         rule = self.obj(data, where, {"probability", "first_n"})

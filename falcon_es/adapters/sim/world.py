@@ -10,8 +10,10 @@ the same seed, configuration and sequence of calls, two worlds answer identicall
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from falcon_es.clock import Clock
@@ -33,6 +35,10 @@ from falcon_es.adapters.sim.kube_objects import SimService
 from falcon_es.adapters.sim.timeline import Timeline
 
 T = TypeVar("T")
+log = logging.getLogger("falcon_es.adapters.sim")
+#: The identity of a cluster addressed by name only (a test's or a fake's world, with
+#: no registry to read), where its config entry gives none.
+UNREGISTERED_PROJECT, UNREGISTERED_LOCATION = "falcon-sim", "us-central1-a"
 
 
 def behaviour_from_tasks(tasks: TaskStates) -> BehaviourSource:
@@ -69,11 +75,15 @@ class SimWorld:
     the composition root wires it to the task states so handlers stay unaware."""
 
     def __init__(self, clock: Clock, config: SimConfig | None = None, *, seed: int | None = None,
-                 behaviour_source: BehaviourSource | None = None) -> None:
+                 behaviour_source: BehaviourSource | None = None,
+                 registry: Callable[[], Sequence[Cluster]] | None = None) -> None:
+        """``registry`` lists the registered clusters (the controller's cluster cache):
+        a cluster named by a string (reports, tests) is simulated as registered there."""
         self.clock = clock
         self.config = config or SimConfig()
         self.seed = self.config.seed if seed is None else seed
         self.behaviour_source = behaviour_source
+        self.registry = registry
         self.timeline = Timeline()
         self.bus = SimBus(clock, self.config.bus, before_read=self.sync)
         self._clusters: dict[str, ClusterSim] = {}
@@ -147,25 +157,56 @@ class SimWorld:
     # --------------------------------------------------------- clusters
 
     def cluster(self, cluster: Cluster | str) -> ClusterSim:
-        """The cluster's simulation, created on first use from the config (whose values
-        win) and the registry's Cluster (which fills what the config leaves out)."""
+        """The cluster's simulation, made on first use: a ``Cluster`` is the registry's
+        row; a name is looked up in the registry (when the world has one), else the
+        config's entry gives the identity."""
         name = cluster if isinstance(cluster, str) else cluster.name
         sim = self._clusters.get(name)
         if sim is None:
-            config = self.config.cluster(name) or SimClusterConfig(
-                name=name, behaviour=self.config.defaults)
-            registered = None if isinstance(cluster, str) else cluster
-            tpu_types = config.tpu_types or (
-                (registered.tpu_type,) if registered and registered.tpu_type else tuple(TPU_TYPES))
-            identity = ClusterIdentity(
-                name=name,
-                project=config.project or (registered.project if registered else "falcon-sim"),
-                location=config.location or (registered.location if registered else "us-central1-a"),
-                tpu_types=tpu_types, config=config, behaviour=config.behaviour,
-                jobs=self.config.jobs,
-            )
-            sim = self._clusters[name] = ClusterSim(identity, self)
+            registered = self._registered(name) if isinstance(cluster, str) else cluster
+            sim = self._clusters[name] = ClusterSim(self._identity(name, registered), self)
         return sim
+
+    def simulated(self) -> list[str]:
+        """The clusters simulated so far (each since its first call), by name."""
+        return sorted(self._clusters)
+
+    def _registered(self, name: str) -> Cluster | None:
+        if self.registry is None:
+            return None
+        return next((c for c in self.registry() if c.name == name), None)
+
+    def _identity(self, name: str, registered: Cluster | None) -> ClusterIdentity:
+        entry = self.config.cluster(name)
+        config = entry or SimClusterConfig(name=name, behaviour=self.config.defaults)
+        if registered is None:
+            config = dataclasses.replace(
+                config, project=config.project or UNREGISTERED_PROJECT,
+                location=config.location or UNREGISTERED_LOCATION,
+                tpu_types=config.tpu_types or tuple(TPU_TYPES))
+        else:
+            for field, said, has in _disagreements(entry, registered):
+                log.warning("sim config %s: clusters.%s.%s is %r but the registry has %r; "
+                            "simulating the registered cluster (a config's %s only says what "
+                            "demo, simulate and bench register)", self.config.source, name,
+                            field, said, has, field, extra={"cluster": name})
+            config = dataclasses.replace(
+                config, project=registered.project, location=registered.location,
+                tpu_types=(registered.tpu_type,), gcs_bucket=registered.gcs_bucket,
+                default_reservation=registered.default_reservation)
+        config = dataclasses.replace(
+            config, reservations=config.with_default_reservation(config.default_reservation))
+        if registered is not None:
+            log.info("simulating cluster %s (%s, %s, %s%s) with %s", name, config.project,
+                     config.location, config.tpu_type,
+                     f", reservation {config.default_reservation}"
+                     if config.default_reservation else "",
+                     f"its entry in {self.config.source}" if entry else
+                     f"the defaults of {self.config.source}", extra={"cluster": name})
+        return ClusterIdentity(
+            name=name, project=config.project or UNREGISTERED_PROJECT,
+            location=config.location or UNREGISTERED_LOCATION, tpu_types=config.tpu_types,
+            config=config, behaviour=config.behaviour, jobs=self.config.jobs)
 
     def ports(self) -> Ports:
         """The ports over this world: each adapter gets ``call`` and the lookup of the
@@ -244,3 +285,22 @@ class SimWorld:
     def _flush(self, moment: dt.datetime) -> None:
         for sim in self._clusters.values():
             sim.kube.flush(moment)
+
+
+def _disagreements(entry: SimClusterConfig | None,
+                   registered: Cluster) -> Iterator[tuple[str, object, object]]:
+    """(field, the config's value, the registry's) where a config entry names another
+    identity than the registered cluster's."""
+    if entry is None:
+        return
+    pairs: tuple[tuple[str, object, object], ...] = (
+        ("project", entry.project, registered.project),
+        ("location", entry.location, registered.location),
+        ("tpu_type", None if not entry.tpu_types or registered.tpu_type in entry.tpu_types
+         else entry.tpu_type, registered.tpu_type),
+        ("gcs_bucket", entry.gcs_bucket, registered.gcs_bucket),
+        ("default_reservation", entry.default_reservation, registered.default_reservation),
+    )
+    for field, said, has in pairs:
+        if said is not None and said != has:
+            yield field, said, has
