@@ -14,10 +14,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import chart
+from falcon_es import statuses
 from falcon_es.tables import job
 
-TERMINAL = tuple(sorted(chart.TERMINAL_STATUSES))
+TERMINAL = tuple(sorted(statuses.TERMINAL_STATUSES))
 
 
 class JobRowError(LookupError):
@@ -31,7 +31,7 @@ def submit(
     task_id = task_id or uuid.uuid4().hex
     with engine.begin() as conn:
         conn.execute(job.insert().values(
-            id=task_id, name=name, actor=actor, spec=dict(spec), status=chart.PENDING,
+            id=task_id, name=name, actor=actor, spec=dict(spec), status=statuses.PENDING,
             reason=None, message=None, created_at=now, updated_at=now,
         ))
     return task_id
@@ -47,10 +47,10 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
             raise JobRowError(f"task {task_id!r} does not exist")
         if row.status in TERMINAL:
             raise JobRowError(f"task {task_id} has already ended ({row.status}); nothing to abort")
-        if row.status == chart.ABORTING:
+        if row.status == statuses.ABORTING:
             return row.status
         conn.execute(job.update().where(job.c.id == task_id).values(
-            status=chart.ABORTING, aborting_at=now, updated_at=now,
+            status=statuses.ABORTING, aborting_at=now, updated_at=now,
         ))
     return row.status
 

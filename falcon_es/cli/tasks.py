@@ -11,7 +11,8 @@ import click
 import sqlalchemy as sa
 
 from falcon_es import job_rows
-from falcon_es.cli.common import Failure, app_of, cell, emit, friendly, jsonable
+from falcon_es.cli.common import Failure, cell, emit, engine_of, friendly, jsonable
+from falcon_es.clock import utcnow
 from falcon_es.tables import job
 
 TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
@@ -71,8 +72,7 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
         limit = column_type.length
         if len(value) > limit:
             raise Failure(f"task submit: --{option} is longer than {limit} characters")
-    app = app_of(ctx)
-    task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec, now=app.clock.now())
+    task_id = job_rows.submit(engine_of(ctx), name=name, actor=actor, spec=spec, now=utcnow())
     click.echo(json.dumps({"id": task_id}) if as_json else task_id)
 
 
@@ -84,7 +84,7 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    rows = job_rows.list_rows(app_of(ctx).engine, status=status, limit=limit)
+    rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit)
     emit(rows, as_json, None if as_json else TASK_COLUMNS)
 
 
@@ -95,7 +95,7 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row."""
-    row = job_rows.get_row(app_of(ctx).engine, task_id)
+    row = job_rows.get_row(engine_of(ctx), task_id)
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:
@@ -110,6 +110,5 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @friendly
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
-    app = app_of(ctx)
-    before = job_rows.request_abort(app.engine, task_id, app.clock.now())
+    before = job_rows.request_abort(engine_of(ctx), task_id, utcnow())
     click.echo(f"{task_id}: Aborting (was {before})")
