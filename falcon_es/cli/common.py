@@ -89,7 +89,7 @@ def _failure_of(error: Exception) -> Failure | None:
 
     if isinstance(error, (exc.OperationalError, exc.ProgrammingError)):
         return Failure(_database_problem(error), EXIT_DATABASE)
-    if isinstance(error, exc.DataError):
+    if isinstance(error, (exc.DataError, exc.IntegrityError)):
         return Failure(f"the database refused a value: {first_line(error)}")
     return None
 
