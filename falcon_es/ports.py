@@ -11,18 +11,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from falcon_es.clock import Clock
+from falcon_es.registry import Cluster
+from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC  # noqa: F401 (re-exported)
 from falcon_es.tpu import SliceShape
-
-if TYPE_CHECKING:  # a type only: the settings read this module's topic names, and every
-    # command reads the settings, without loading the registry and the event store
-    from falcon_es.registry import Cluster
-
-#: Bus topics: edge Job/Pod observations (informers -> controller) and the ops stream.
-EDGE_EVENTS_TOPIC = "falcon-edge-events"
-TASK_EVENTS_TOPIC = "falcon-task-events"
 
 # PortError codes
 NOT_FOUND = "NOT_FOUND"

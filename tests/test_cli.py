@@ -170,6 +170,14 @@ def test_task_submit_list_show_abort(db_url: str) -> None:
     assert aborting[0]["aborting_at"] is not None
 
 
+def test_task_list_shows_text_as_written(db_url: str) -> None:
+    for name in ("12e4", "0042"):
+        ok(cli(db_url, "task", "submit", "--actor", "user-a", "--name", name, "--tpu-type", "v6e",
+               "--topology", "2x2", "--image", "img:1"))
+    names = [line.split()[1] for line in ok(cli(db_url, "task", "list")).splitlines()[2:]]
+    assert names == ["12e4", "0042"]
+
+
 def test_task_submit_from_a_spec_file_with_flags_overriding(db_url: str, tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps({**SPEC, "env": {"STEPS": "10"}, "topology": "4x4"}))
@@ -474,3 +482,4 @@ def test_bench_store_bad_input() -> None:
     assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output
     one_line_failure(cli(None, "bench", "store", "--db", "postgresql://x/y"), EXIT_BAD_INPUT,
                      "database URL 'postgresql://x/y': unsupported dialect")
+

@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
-if TYPE_CHECKING:  # the Google and Kubernetes clients load only when a command needs them
+if TYPE_CHECKING:  # types only: each is imported by the function that builds it
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
 
@@ -60,8 +60,10 @@ def loaded_classes(names: Sequence[tuple[str, str]]) -> tuple[type[BaseException
     """The classes named whose modules this process has imported. An exception can only
     come from a module that was imported, so a command catches the errors of every
     module without importing any of them (the sim world's config, the registry)."""
-    return tuple(getattr(sys.modules[module], name) for module, name in names
-                 if module in sys.modules)
+    found = (getattr(sys.modules[module], name, None) for module, name in names
+             if module in sys.modules)
+    # getattr finds nothing in a module whose import failed before defining the class.
+    return tuple(c for c in found if isinstance(c, type) and issubclass(c, BaseException))
 
 
 def friendly(func: Callable[P, R]) -> Callable[P, R]:
@@ -183,7 +185,11 @@ def emit(rows: Sequence[Mapping[str, Any]], as_json: bool, columns: Sequence[str
     from tabulate import tabulate
 
     columns = columns or list(rows[0].keys())
-    click.echo(tabulate([[cell(r.get(c)) for c in columns] for r in rows], headers=columns))
+    table = [[cell(r.get(c)) for c in columns] for r in rows]
+    # Text is shown as written: tabulate would read a name such as "12e4" as a number and
+    # print 120000 (and trying every cell of a long listing takes most of its time).
+    text = [i for i in range(len(columns)) if all(isinstance(row[i], str) for row in table)]
+    click.echo(tabulate(table, headers=columns, disable_numparse=text))
 
 
 def jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
