@@ -483,3 +483,33 @@ def test_bench_store_bad_input() -> None:
     one_line_failure(cli(None, "bench", "store", "--db", "postgresql://x/y"), EXIT_BAD_INPUT,
                      "database URL 'postgresql://x/y': unsupported dialect")
 
+
+# ------------------------------------------------------------------ bench cli
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "mysql"])
+def test_bench_cli_times_the_commands_against_python_itself(backend: str) -> None:
+    server = ["--server", MYSQL_SERVER] if backend == "mysql" else []
+    report = json.loads(ok(cli(None, "bench", "cli", "--runs", "1", "--tasks", "3",
+                               "--sweep", "5", *server, "--json")))
+    assert report["backend"] == backend
+    commands = ["python -c pass", "import sqlalchemy", "import falcon_es.cli", "task list",
+                "task submit"]
+    assert list(report["median_seconds"]) == commands
+    assert all(report["median_seconds"][c] > 0 for c in commands)
+    assert report["ratio_to_python"]["python -c pass"] == 1.0
+    assert report["sweep_submit_seconds"] > 0
+    assert report["sweep_as_single_submits_seconds"] == pytest.approx(
+        5 * report["median_seconds"]["task submit"])
+    assert list(report["targets"]) == ["task list <= 0.25 s"]
+    text = ok(cli(None, "bench", "cli", "--runs", "1", "--tasks", "0", "--sweep", "2"))
+    assert text.startswith("cli benchmark on sqlite: medians of 1 runs")
+    assert "task submit --spec-file of 2 tasks (one transaction)" in text
+
+
+def test_bench_cli_bad_input() -> None:
+    one_line_failure(cli(None, "bench", "cli", "--server", "postgresql://x/y"), EXIT_BAD_INPUT,
+                     "database URL 'postgresql://x/y': unsupported dialect")
+    one_line_failure(cli(None, "bench", "cli", "--server", "mysql+pymysql://root@127.0.0.1:1"),
+                     EXIT_DATABASE, "mysql+pymysql://root@127.0.0.1:1: cannot create a scratch")
+
