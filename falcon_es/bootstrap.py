@@ -34,7 +34,6 @@ from falcon_es.handlers.status import ack_folded
 from falcon_es.inbox import JobInbox
 from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.loop import Leadership, Loop, Script, leadership_fence
-from falcon_es.observability.metered import metered_ports
 from falcon_es.ports import Ports
 from falcon_es.projections.job_table import JobTableProjection
 from falcon_es.projections.queues import QueueView
@@ -220,6 +219,8 @@ def build_service(
         if ports is None:
             ports, _ = build_ports(settings, backend, clock)
     if metrics is not None:
+        from falcon_es.observability.metered import metered_ports
+
         ports = metered_ports(ports, metrics)
     load_task_states(app)
     executor = EffectExecutor(app.store, app.tasks, settings, ports, app.index)

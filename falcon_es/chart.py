@@ -13,40 +13,27 @@ after it; for Failed the Reason comes from the event (``Event.failure``).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 from statemachine import State, StateChart
 
-NEW = "New"
-PENDING = "Pending"
-RUNNING = "Running"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-ABORTING = "Aborting"
-ABORTED = "Aborted"
-
-
-
-class PendingReason(enum.StrEnum):
-    """The sub-states of Pending, which the job table shows as the Reason."""
-
-    WAITING = "Waiting"
-    PROVISIONING = "Provisioning"
-    CLUSTER_BUSY = "ClusterBusy"
-    WAITING_FOR_NODE = "WaitingForNode"
-    DISPATCHING = "Dispatching"
-
-
-PENDING_REASONS = tuple(PendingReason)
-TERMINAL_STATUSES = frozenset({SUCCEEDED, FAILED, ABORTED})
-#: Pending sub-states in which a task is acquiring its pool: it holds its queue's
-#: acquisition slot, and no Job is submitted yet.
-ACQUIRING_REASONS = frozenset({PendingReason.PROVISIONING, PendingReason.CLUSTER_BUSY,
-                               PendingReason.WAITING_FOR_NODE})
-#: Pending sub-states that hold their queue's acquisition slot.
-SLOT_REASONS = ACQUIRING_REASONS | {PendingReason.DISPATCHING}
+# The chart's states are named by the Status and Reason values of the job table; folds
+# read them as chart.PENDING, chart.PendingReason, ... (re-exported from here).
+from falcon_es.statuses import (
+    ABORTED,
+    ABORTING,
+    ACQUIRING_REASONS,
+    FAILED,
+    NEW,
+    PENDING,
+    PENDING_REASONS,
+    RUNNING,
+    SLOT_REASONS,
+    SUCCEEDED,
+    TERMINAL_STATUSES,
+    PendingReason,
+)
 
 
 class IllegalTransition(ValueError):

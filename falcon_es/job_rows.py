@@ -5,19 +5,20 @@ The CLI's ``task`` commands use these so a standalone install behaves like produ
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import chart
+from falcon_es import statuses
 from falcon_es.tables import job
 
-TERMINAL = tuple(sorted(chart.TERMINAL_STATUSES))
+TERMINAL = tuple(sorted(statuses.TERMINAL_STATUSES))
 
 
 class JobRowError(LookupError):
@@ -31,10 +32,39 @@ def submit(
     task_id = task_id or uuid.uuid4().hex
     with engine.begin() as conn:
         conn.execute(job.insert().values(
-            id=task_id, name=name, actor=actor, spec=dict(spec), status=chart.PENDING,
+            id=task_id, name=name, actor=actor, spec=dict(spec), status=statuses.PENDING,
             reason=None, message=None, created_at=now, updated_at=now,
         ))
     return task_id
+
+
+@dataclasses.dataclass(frozen=True)
+class NewTask:
+    """One task of ``submit_many``: what the upper layer writes into a new row."""
+    name: str
+    actor: str
+    spec: Mapping[str, Any]
+
+
+def submit_many(engine: Engine, tasks: Sequence[NewTask], now: dt.datetime) -> list[str]:
+    """Insert a Pending row for every task in one transaction, all of them or none (a
+    sweep is never half submitted), with one multi-row statement; returns their ids in
+    the order given.
+
+    The rows share one ``created_at``, and the scheduler breaks that tie by id (FIFO
+    is by submission time, then id): the ids are one random 24-hex-digit prefix and the
+    position in 8, so they sort, and the tasks are served, in the order given."""
+    batch = uuid.uuid4().hex[:24]
+    ids = [f"{batch}{position:08x}" for position in range(len(tasks))]
+    if not tasks:
+        return ids
+    with engine.begin() as conn:
+        conn.execute(job.insert(), [
+            {"id": task_id, "name": task.name, "actor": task.actor, "spec": dict(task.spec),
+             "status": statuses.PENDING, "reason": None, "message": None,
+             "created_at": now, "updated_at": now}
+            for task_id, task in zip(ids, tasks)])
+    return ids
 
 
 def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
@@ -47,10 +77,10 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
             raise JobRowError(f"task {task_id!r} does not exist")
         if row.status in TERMINAL:
             raise JobRowError(f"task {task_id} has already ended ({row.status}); nothing to abort")
-        if row.status == chart.ABORTING:
+        if row.status == statuses.ABORTING:
             return row.status
         conn.execute(job.update().where(job.c.id == task_id).values(
-            status=chart.ABORTING, aborting_at=now, updated_at=now,
+            status=statuses.ABORTING, aborting_at=now, updated_at=now,
         ))
     return row.status
 

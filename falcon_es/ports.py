@@ -15,11 +15,8 @@ from typing import Any, Protocol
 
 from falcon_es.clock import Clock
 from falcon_es.registry import Cluster
+from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC  # noqa: F401 (re-exported)
 from falcon_es.tpu import SliceShape
-
-#: Bus topics: edge Job/Pod observations (informers -> controller) and the ops stream.
-EDGE_EVENTS_TOPIC = "falcon-edge-events"
-TASK_EVENTS_TOPIC = "falcon-task-events"
 
 # PortError codes
 NOT_FOUND = "NOT_FOUND"

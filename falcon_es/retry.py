@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from falcon_es import events as ev
 from falcon_es.intents import RESERVATION_CHECK, IntentKind
 
 if TYPE_CHECKING:  # the rules read task states; settings carry the policies
+    from falcon_es import events as ev
     from falcon_es.settings import Settings
     from falcon_es.task import TaskState
 
@@ -241,6 +241,10 @@ def call_failed(state: TaskState, step: str, error: str,
     if not never and backoff.exhausted(attempt):
         return None
     delay = seeded_delay(backoff, attempt, f"{state.task_id}:{step}:{attempt}")
+    # Imported here: the settings carry the policies of this module, and every command
+    # reads the settings without needing the event types.
+    from falcon_es import events as ev
+
     return ev.ApiCallRetrying(
         api=API_OF_STEP[step], step=step, attempt=attempt,
         attempts=None if never else backoff.attempts, error=error,

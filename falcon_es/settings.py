@@ -7,8 +7,8 @@ import os
 from collections.abc import Mapping
 
 from falcon_es.db import DEFAULT_URL
-from falcon_es.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 from falcon_es.retry import RetryConfigError, RetryPolicies
+from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 
 LANGUAGES = ("en", "zh")
 GKE_TRANSPORTS = ("grpc", "rest")

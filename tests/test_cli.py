@@ -170,6 +170,14 @@ def test_task_submit_list_show_abort(db_url: str) -> None:
     assert aborting[0]["aborting_at"] is not None
 
 
+def test_task_list_shows_text_as_written(db_url: str) -> None:
+    for name in ("12e4", "0042"):
+        ok(cli(db_url, "task", "submit", "--actor", "user-a", "--name", name, "--tpu-type", "v6e",
+               "--topology", "2x2", "--image", "img:1"))
+    names = [line.split()[1] for line in ok(cli(db_url, "task", "list")).splitlines()[2:]]
+    assert names == ["12e4", "0042"]
+
+
 def test_task_submit_from_a_spec_file_with_flags_overriding(db_url: str, tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps({**SPEC, "env": {"STEPS": "10"}, "topology": "4x4"}))
@@ -192,14 +200,125 @@ def test_task_bad_input(db_url: str, tmp_path: Path) -> None:
     listed = tmp_path / "list.json"
     listed.write_text("[1, 2]")
     result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--spec-file", str(listed))
-    one_line_failure(result, EXIT_BAD_INPUT, f"spec file {listed}: expected a JSON object, found list")
+    one_line_failure(result, EXIT_BAD_INPUT,
+                     f"spec file {listed}: index 0: expected a JSON object, found number")
     missing = tmp_path / "missing.json"
     result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--spec-file", str(missing))
     one_line_failure(result, EXIT_BAD_INPUT, f"spec file {missing}: No such file or directory")
     result = cli(db_url, "task", "submit", "--actor", "a" * 300, "--name", "n", "--tpu-type", "v6e",
                  "--topology", "2x2", "--image", "i")
     one_line_failure(result, EXIT_BAD_INPUT, "task submit: --actor is longer than 128 characters")
+    result = cli(db_url, "task", "submit", "--actor", "a", "--name", "n", "--tpu-type", "v6e",
+                 "--topology", "3x3", "--image", "i")
+    line = one_line_failure(result, EXIT_BAD_INPUT, "task submit: topology: ")
+    assert line.endswith("(InvalidTopology)")
     assert json.loads(ok(cli(db_url, "task", "list", "--json"))) == []
+
+
+def rows(db_url: str) -> list[dict[str, object]]:
+    return json.loads(ok(cli(db_url, "task", "list", "--json")))
+
+
+def test_task_submit_many_from_json_lines(db_url: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text("\n".join(json.dumps(entry) for entry in [
+        {"name": "lr-1", "actor": "user-a", **SPEC, "env": {"LR": "0.1"}},
+        {"name": "lr-2", "actor": "user-b", **SPEC, "env": {"LR": "0.2"}, "topology": "2x4"},
+        {"name": "lr-3", **SPEC, "tpu_type": "v5e"},
+    ]) + "\n\n")
+    out = ok(cli(db_url, "task", "submit", "--spec-file", str(sweep), "--actor", "sweeper",
+                 "--tpu-type", "v6e", "--command", "train"))
+    ids = out.split()
+    tasks = rows(db_url)
+    assert [t["id"] for t in tasks] == ids and len(set(ids)) == 3
+    # The options apply to every task and win over the file.
+    assert [(t["name"], t["actor"], t["status"]) for t in tasks] == [
+        ("lr-1", "sweeper", "Pending"), ("lr-2", "sweeper", "Pending"), ("lr-3", "sweeper", "Pending")]
+    assert tasks[1]["spec"] == {**SPEC, "env": {"LR": "0.2"}, "topology": "2x4", "command": ["train"]}
+    assert tasks[2]["spec"] == {**SPEC, "command": ["train"]}
+    assert len({t["created_at"] for t in tasks}) == 1  # one transaction, one moment
+
+
+def test_task_submit_many_from_a_json_list_and_stdin_with_json_out(db_url: str,
+                                                                  tmp_path: Path) -> None:
+    listed = tmp_path / "sweep.json"
+    listed.write_text(json.dumps([{"name": f"t{i}", "actor": "user-a", **SPEC}
+                                  for i in range(3)], indent=2))
+    out = ok(cli(db_url, "task", "submit", "--spec-file", str(listed), "--json"))
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [(p["name"], p["actor"]) for p in printed] == [("t0", "user-a"), ("t1", "user-a"),
+                                                           ("t2", "user-a")]
+    piped = CliRunner().invoke(main, ["--db", db_url, "task", "submit", "--spec-file", "-"],
+                               input=json.dumps({"name": "t3", "actor": "user-b", **SPEC}))
+    assert [t["id"] for t in rows(db_url)] == [p["id"] for p in printed] + [ok(piped).strip()]
+
+
+def test_task_submit_of_a_thousand_tasks_is_one_command(db_url: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text("".join(json.dumps({"name": f"sweep-{i}", **SPEC, "env": {"I": str(i)}}) + "\n"
+                             for i in range(1000)))
+    ids = ok(cli(db_url, "task", "submit", "--actor", "user-a", "--spec-file", str(sweep))).split()
+    assert len(set(ids)) == 1000
+    tasks = {t["id"]: t for t in rows(db_url)}
+    assert [tasks[i]["spec"]["env"]["I"] for i in ids] == [str(i) for i in range(1000)]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2"}\n'
+     '{"name": "b", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "9x9"}\n',
+     "line 2: topology: "),
+    ('{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2"}\n\n'
+     '{"name": "b", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": \n',
+     "line 3: not valid JSON at column"),
+    ('[{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2"},\n'
+     ' {"name": "b", "image": "i", "tpu_type": "v6e", "topology": "2x2"}]',
+     "index 1: missing actor (fields of the entry, or the options --actor)"),
+    ('[{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2"}, "b"]',
+     "index 1: expected a JSON object, found string"),
+    ('{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2"}\n'
+     '{"name": "b", "actor": 7, "image": "i", "tpu_type": "v6e", "topology": "2x2"}\n',
+     "line 2: actor must be a string, found number"),
+    ('{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2", '
+     '"privileged": true}', "privileged: not allowed"),
+    ('[{"name": "a", "actor": "u", "image": "i", "tpu_type": "v6e", "topology": "2x2", '
+     '"timeout_seconds": 99999999}]', "index 0: timeout_seconds: 99999999 exceeds the ceiling"),
+    ("", "not valid JSON at line 1 column 1"),
+    ("[]", "no tasks in it; nothing submitted"),
+    ('"a"', "expected a JSON object, a JSON list of objects or JSON lines, found string"),
+], ids=["bad topology", "broken line", "no actor", "not an object", "actor a number",
+        "forbidden field", "timeout over the ceiling", "empty", "empty list", "a string"])
+def test_task_submit_many_refuses_a_bad_entry_and_submits_nothing(
+        db_url: str, tmp_path: Path, text: str, says: str) -> None:
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text(text)
+    line = one_line_failure(cli(db_url, "task", "submit", "--spec-file", str(sweep)),
+                            EXIT_BAD_INPUT, f"spec file {sweep}")
+    assert says in line, line
+    assert rows(db_url) == []
+
+
+def test_task_submit_many_is_one_transaction(db_url: str, tmp_path: Path) -> None:
+    """The database refusing the last row leaves none of the others behind."""
+    engine = db.make_engine(db_url)
+    refuse = ("CREATE TRIGGER refuse_poison BEFORE INSERT ON job FOR EACH ROW "
+              + ("WHEN NEW.name = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+                 if engine.dialect.name == "sqlite" else
+                 "BEGIN IF NEW.name = 'poison' THEN SIGNAL SQLSTATE '23000' "
+                 "SET MESSAGE_TEXT = 'poisoned'; END IF; END"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(refuse)
+    try:
+        sweep = tmp_path / "sweep.jsonl"
+        sweep.write_text("".join(json.dumps({"name": name, "actor": "u", **SPEC}) + "\n"
+                                 for name in ("a", "b", "poison")))
+        result = cli(db_url, "task", "submit", "--spec-file", str(sweep))
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert len(result.stderr.strip().splitlines()) == 1 and "poisoned" in result.stderr
+        assert rows(db_url) == []
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER refuse_poison")
+        engine.dispose()
 
 
 def test_abort_of_a_finished_task_is_refused(db_url: str) -> None:
@@ -363,3 +482,34 @@ def test_bench_store_bad_input() -> None:
     assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output
     one_line_failure(cli(None, "bench", "store", "--db", "postgresql://x/y"), EXIT_BAD_INPUT,
                      "database URL 'postgresql://x/y': unsupported dialect")
+
+
+# ------------------------------------------------------------------ bench cli
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "mysql"])
+def test_bench_cli_times_the_commands_against_python_itself(backend: str) -> None:
+    server = ["--server", MYSQL_SERVER] if backend == "mysql" else []
+    report = json.loads(ok(cli(None, "bench", "cli", "--runs", "1", "--tasks", "3",
+                               "--sweep", "5", *server, "--json")))
+    assert report["backend"] == backend
+    commands = ["python -c pass", "import sqlalchemy", "import falcon_es.cli", "task list",
+                "task submit"]
+    assert list(report["median_seconds"]) == commands
+    assert all(report["median_seconds"][c] > 0 for c in commands)
+    assert report["ratio_to_python"]["python -c pass"] == 1.0
+    assert report["sweep_submit_seconds"] > 0
+    assert report["sweep_as_single_submits_seconds"] == pytest.approx(
+        5 * report["median_seconds"]["task submit"])
+    assert list(report["targets"]) == ["task list <= 0.25 s"]
+    text = ok(cli(None, "bench", "cli", "--runs", "1", "--tasks", "0", "--sweep", "2"))
+    assert text.startswith("cli benchmark on sqlite: medians of 1 runs")
+    assert "task submit --spec-file of 2 tasks (one transaction)" in text
+
+
+def test_bench_cli_bad_input() -> None:
+    one_line_failure(cli(None, "bench", "cli", "--server", "postgresql://x/y"), EXIT_BAD_INPUT,
+                     "database URL 'postgresql://x/y': unsupported dialect")
+    one_line_failure(cli(None, "bench", "cli", "--server", "mysql+pymysql://root@127.0.0.1:1"),
+                     EXIT_DATABASE, "mysql+pymysql://root@127.0.0.1:1: cannot create a scratch")
+

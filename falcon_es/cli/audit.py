@@ -8,20 +8,25 @@ import datetime as dt
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from falcon_es import chart, job_rows
-from falcon_es.bootstrap import App
-from falcon_es.cli.common import EXIT_PROBLEM, Failure, app_of, cell, emit, friendly, jsonable
-from falcon_es.store import RecordedEvent
+from falcon_es import job_rows
+from falcon_es.cli.common import (
+    EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, jsonable, store_of)
+
+if TYPE_CHECKING:
+    from falcon_es.bootstrap import App
+    from falcon_es.store import RecordedEvent
 
 
 @click.command("chart")
 @click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid")
 def chart_command(fmt: str) -> None:
     """Print the task state chart (Mermaid or DOT)."""
+    from falcon_es import chart
+
     click.echo(chart.to_mermaid() if fmt == "mermaid" else chart.to_dot())
 
 
@@ -41,10 +46,9 @@ def _event_row(record: RecordedEvent) -> dict[str, Any]:
 @friendly
 def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """A task's events in order: time, type, data, causation and actor."""
-    app = app_of(ctx)
-    records = app.store.read_stream(task_id)
+    records = store_of(ctx).read_stream(task_id)
     if not records:
-        row = job_rows.get_row(app.engine, task_id)
+        row = job_rows.get_row(engine_of(ctx), task_id)
         raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
                       "the controller has not taken it in)", EXIT_PROBLEM)
     rows = [_event_row(r) for r in records]
@@ -61,7 +65,7 @@ def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @friendly
 def events_command(ctx: click.Context, after: int, follow: bool, poll: float, as_json: bool) -> None:
     """Tail the log."""
-    store = app_of(ctx).store
+    store = store_of(ctx)
     position = after
     while True:
         for record in store.read_after(position):

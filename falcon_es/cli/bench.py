@@ -1,6 +1,6 @@
-"""``falcon-es bench``: the benchmarks of the store, the scheduler and the whole
-lifecycle, each reported against a baseline measured in the same run so the figures
-compare across machines."""
+"""``falcon-es bench``: the benchmarks of the store, the scheduler, the whole
+lifecycle and the command line's start, each reported against a baseline measured in
+the same run so the figures compare across machines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from falcon_es import db
-from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly
+from falcon_es.cli.common import EXIT_DATABASE, EXIT_PROBLEM, Failure, friendly
 from falcon_es.settings import Settings
 
 
@@ -117,3 +117,30 @@ def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None
     if as_json:
         click.echo(e2e.report_json(reports))
 
+
+@bench_group.command("cli")
+@click.option("--runs", type=click.IntRange(min=1), default=9, show_default=True,
+              help="Rounds of the commands, each in a fresh interpreter.")
+@click.option("--tasks", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Rows in the job table that task list prints.")
+@click.option("--sweep", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Tasks of the batch submit.")
+@click.option("--server", default=None,
+              help="A MySQL/MariaDB server URL (mysql+pymysql://user@host:3306) to run in a "
+                   "scratch database there; default: a temporary SQLite file.")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def bench_cli(runs: int, tasks: int, sweep: int, server: str | None, as_json: bool) -> None:
+    """How fast task list and task submit answer, against python -c pass."""
+    from falcon_es.bench import cli as bench
+    from falcon_es.bench.scratch import ScratchDatabaseError
+
+    if server:
+        db.make_engine(server).dispose()  # a bad URL is reported before any work starts
+    try:
+        report = bench.cli_benchmark(runs=runs, tasks=tasks, sweep=sweep, server=server)
+    except ScratchDatabaseError as error:
+        raise Failure(str(error), EXIT_DATABASE) from error
+    except bench.BenchCommandError as error:
+        raise Failure(str(error), EXIT_PROBLEM) from error
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))

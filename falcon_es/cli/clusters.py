@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from falcon_es import registry
-from falcon_es.cli.common import app_of, emit, friendly, gcp_backend
+from falcon_es.cli.common import app_of, emit, engine_of, friendly, gcp_backend
 from falcon_es.settings import Settings
 from falcon_es.task import TaskState
 
@@ -54,7 +54,7 @@ def cluster_add(ctx: click.Context, name: str, project: str, location: str, tpu_
 @friendly
 def cluster_list(ctx: click.Context, as_json: bool) -> None:
     """List registered clusters."""
-    with app_of(ctx).engine.connect() as conn:
+    with engine_of(ctx).connect() as conn:
         rows = [c.as_dict() for c in registry.list_clusters(conn)]
     emit(rows, as_json, ["name", "tpu_type", "status", "project", "location",
                          "default_reservation", "gcs_bucket", "id"])

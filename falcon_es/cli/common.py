@@ -1,9 +1,13 @@
 """What every ``falcon-es`` command shares: one line and a meaningful exit code for
-the errors a user can cause, tables or JSON for the output, and the application and
-the gcp backend built in one place each.
+the errors a user can cause, tables or JSON for the output, and the database, the log,
+the application and the gcp backend built in one place each.
 
 Exit codes: 0 success, 1 the command ran and found a problem (a replay difference, a
 failed check), 2 bad input, 3 the database cannot be used.
+
+Every command starts by importing this module, so it imports only click: what builds
+the database, the log or the application is imported by the function that builds it,
+and a command that only reads the job table never loads the controller's modules.
 """
 
 from __future__ import annotations
@@ -11,22 +15,21 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
-import sqlalchemy as sa
-from tabulate import tabulate
 
-from falcon_es import db, job_rows, registry
-from falcon_es.adapters.sim.config import SimConfigError
-from falcon_es.bootstrap import App, open_app
-from falcon_es.ports import Ports
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.tpu import TopologyError
+if TYPE_CHECKING:  # types only: each is imported by the function that builds it
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.exc import DBAPIError
 
-if TYPE_CHECKING:  # the Google and Kubernetes clients load only when a command needs them
     from falcon_es.adapters.gcp.wiring import GcpBackend
+    from falcon_es.bootstrap import App
+    from falcon_es.ports import Ports
+    from falcon_es.settings import Settings
+    from falcon_es.store import EventStore
 
 EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
 P = ParamSpec("P")
@@ -45,6 +48,24 @@ class Failure(click.ClickException):
         click.echo(f"falcon-es: {self.message}", err=True)
 
 
+#: The errors a user can cause (module, class): each becomes one line and exit code 2.
+USER_ERRORS = (
+    ("falcon_es.registry", "RegistryError"), ("falcon_es.job_rows", "JobRowError"),
+    ("falcon_es.settings", "SettingsError"), ("falcon_es.adapters.sim.config", "SimConfigError"),
+    ("falcon_es.db", "DatabaseUrlError"), ("falcon_es.tpu", "TopologyError"),
+)
+
+
+def loaded_classes(names: Sequence[tuple[str, str]]) -> tuple[type[BaseException], ...]:
+    """The classes named whose modules this process has imported. An exception can only
+    come from a module that was imported, so a command catches the errors of every
+    module without importing any of them (the sim world's config, the registry)."""
+    found = (getattr(sys.modules[module], name, None) for module, name in names
+             if module in sys.modules)
+    # getattr finds nothing in a module whose import failed before defining the class.
+    return tuple(c for c in found if isinstance(c, type) and issubclass(c, BaseException))
+
+
 def friendly(func: Callable[P, R]) -> Callable[P, R]:
     """Turn the errors users can cause into one line each, never a traceback."""
 
@@ -52,25 +73,35 @@ def friendly(func: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
-        except (registry.RegistryError, job_rows.JobRowError, SettingsError, SimConfigError,
-                db.DatabaseUrlError, TopologyError) as error:
-            raise Failure(str(error)) from error
-        except sa.exc.OperationalError as error:
-            raise Failure(_database_problem(error), EXIT_DATABASE) from error
-        except sa.exc.ProgrammingError as error:
-            raise Failure(_database_problem(error), EXIT_DATABASE) from error
-        except sa.exc.DataError as error:
-            raise Failure(f"the database refused a value: {first_line(error)}") from error
+        except Exception as error:
+            failure = _failure_of(error)
+            if failure is None:
+                raise
+            raise failure from error
 
     return wrapper
 
 
-def first_line(error: sa.exc.DBAPIError) -> str:
+def _failure_of(error: Exception) -> Failure | None:
+    if isinstance(error, loaded_classes(USER_ERRORS)):
+        return Failure(str(error))
+    if "sqlalchemy.exc" not in sys.modules:  # not a database error, then
+        return None
+    from sqlalchemy import exc
+
+    if isinstance(error, (exc.OperationalError, exc.ProgrammingError)):
+        return Failure(_database_problem(error), EXIT_DATABASE)
+    if isinstance(error, (exc.DataError, exc.IntegrityError)):
+        return Failure(f"the database refused a value: {first_line(error)}")
+    return None
+
+
+def first_line(error: DBAPIError) -> str:
     """The driver's own words, without SQLAlchemy's statement and parameters."""
     return (str(error.orig) if error.orig else str(error)).strip().splitlines()[0]
 
 
-def _database_problem(error: sa.exc.DBAPIError) -> str:
+def _database_problem(error: DBAPIError) -> str:
     text = first_line(error)
     if "no such table" in text or "doesn't exist" in text:
         return f"the database has no Falcon-ES schema ({text}); run: falcon-es db upgrade"
@@ -80,15 +111,47 @@ def _database_problem(error: sa.exc.DBAPIError) -> str:
 # ----------------------------------------------------------------------- what commands build
 
 
+def engine_of(ctx: click.Context) -> Engine:
+    """The database of this invocation, opened on first use (``--help`` never connects)
+    and disposed with the context: all that the commands reading or writing tables
+    directly need (the job table, the registry), without the log's projections."""
+    engine: Engine | None = ctx.obj.get("engine")
+    if engine is None:
+        from falcon_es import db
+
+        engine = db.make_engine(settings_of(ctx).db_url)
+        ctx.obj["engine"] = engine
+        ctx.call_on_close(engine.dispose)
+    return engine
+
+
+def store_of(ctx: click.Context) -> EventStore:
+    """The log alone, for the commands that only read it (``history``, ``events``,
+    ``queues``): they fold what they show themselves, so no inline projection is built."""
+    from falcon_es.clock import WallClock
+    from falcon_es.store import EventStore
+
+    return EventStore(engine_of(ctx), WallClock())
+
+
 def app_of(ctx: click.Context) -> App:
-    """The application of this invocation, opened on first use (commands that never
-    touch the database, such as ``--help``, never connect) and closed with the context."""
+    """The application of this invocation (the store with its inline projections, for
+    commands that append to the log or rebuild what it projects), opened on first use
+    on this invocation's database and closed with the context."""
     app: App | None = ctx.obj.get("app")
     if app is None:
-        app = open_app(ctx.obj["settings"])
+        from falcon_es.bootstrap import open_app
+
+        app = open_app(settings_of(ctx), engine=engine_of(ctx))
         ctx.obj["app"] = app
         ctx.call_on_close(app.close)
     return app
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    """The settings of this invocation: the environment with the global flags applied."""
+    settings: Settings = ctx.obj["settings"]
+    return settings
 
 
 def gcp_ports(settings: Settings) -> Ports:
@@ -119,8 +182,14 @@ def emit(rows: Sequence[Mapping[str, Any]], as_json: bool, columns: Sequence[str
     if not rows:
         click.echo("(none)")
         return
+    from tabulate import tabulate
+
     columns = columns or list(rows[0].keys())
-    click.echo(tabulate([[cell(r.get(c)) for c in columns] for r in rows], headers=columns))
+    table = [[cell(r.get(c)) for c in columns] for r in rows]
+    # Text is shown as written: tabulate would read a name such as "12e4" as a number and
+    # print 120000 (and trying every cell of a long listing takes most of its time).
+    text = [i for i in range(len(columns)) if all(isinstance(row[i], str) for row in table)]
+    click.echo(tabulate(table, headers=columns, disable_numparse=text))
 
 
 def jsonable(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 import click
 
 from falcon_es import registry
-from falcon_es.cli.common import app_of, emit, friendly
+from falcon_es.cli.common import emit, engine_of, friendly, settings_of, store_of
 
 
 @click.command("queues")
@@ -23,9 +23,8 @@ def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
     from falcon_es.projections import replay as rp
     from falcon_es.projections.queues import queue_rows, unplaced_rows
 
-    app = app_of(ctx)
-    _, view = rp.fold_views(app.store, app.settings.language)
-    with app.engine.connect() as conn:
+    _, view = rp.fold_views(store_of(ctx), settings_of(ctx).language)
+    with engine_of(ctx).connect() as conn:
         clusters = {c.id: c for c in registry.list_clusters(conn)}
     rows = queue_rows(view, clusters)
     unplaced = unplaced_rows(view)

@@ -3,16 +3,23 @@ row, list and show rows, request an abort), to try Falcon-ES without that layer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import sqlalchemy as sa
 
 from falcon_es import job_rows
-from falcon_es.cli.common import Failure, app_of, cell, emit, friendly, jsonable
+from falcon_es.cli.common import Failure, cell, emit, engine_of, friendly, jsonable, settings_of
+from falcon_es.clock import utcnow
 from falcon_es.tables import job
+
+if TYPE_CHECKING:
+    from falcon_es.spec import SpecLimits
 
 TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
 
@@ -22,58 +29,155 @@ def task_group() -> None:
     """Act as the upper layer: submit, list, show and abort tasks."""
 
 
-def _read_spec_file(path: str) -> dict[str, Any]:
+#: What a task takes besides its spec, in a spec file and as options.
+IDENTITY = ("name", "actor")
+#: The spec fields a task cannot do without (the options that give them are named alike).
+REQUIRED_SPEC = ("tpu_type", "topology", "image")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One task as a spec file holds it: where it is (for the messages), its object, and
+    whether it comes from a file at all (``task submit`` with options only)."""
+    where: str
+    data: Any
+    in_file: bool = True
+
+
+def read_spec_file(path: str) -> list[Entry]:
+    """The tasks of a spec file (``-``: standard input): one JSON object, a JSON list of
+    objects, or JSON lines (one object a line, blank lines skipped). An entry is named by
+    its line (JSON lines) or its index in the list, so a message can point at it."""
+    label = "standard input" if path == "-" else path
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as error:
-        raise Failure(f"spec file {path}: {error.strerror}") from error
+        raise Failure(f"spec file {label}: {error.strerror}") from error
+    except UnicodeDecodeError as error:
+        raise Failure(f"spec file {label}: not UTF-8 text ({error.reason})") from error
     try:
-        spec = json.loads(text)
+        document = json.loads(text)
     except json.JSONDecodeError as error:
-        raise Failure(f"spec file {path}: not valid JSON at line {error.lineno} "
-                      f"column {error.colno}: {error.msg}") from error
-    if not isinstance(spec, dict):
-        raise Failure(f"spec file {path}: expected a JSON object, found {type(spec).__name__}")
-    return spec
+        if not _looks_like_json_lines(text):
+            raise Failure(f"spec file {label}: not valid JSON at line {error.lineno} "
+                          f"column {error.colno}: {error.msg}") from error
+        return _json_lines(label, text)
+    if isinstance(document, dict):
+        return [Entry(f"spec file {label}", document)]
+    if isinstance(document, list):
+        return [Entry(f"spec file {label}: index {i}", item) for i, item in enumerate(document)]
+    raise Failure(f"spec file {label}: expected a JSON object, a JSON list of objects or JSON "
+                  f"lines, found {_kind(document)}")
+
+
+def _looks_like_json_lines(text: str) -> bool:
+    """Whether a text that is not one JSON document starts with a line that is: then it
+    is read line by line, and a broken line is reported by its own number."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _json_lines(label: str, text: str) -> list[Entry]:
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(Entry(f"spec file {label}: line {number}", json.loads(line)))
+        except json.JSONDecodeError as error:
+            raise Failure(f"spec file {label}: line {number}: not valid JSON at column "
+                          f"{error.colno}: {error.msg}") from error
+    return entries
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind as JSON names it."""
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits) -> job_rows.NewTask:
+    """The task an entry describes, with the options given on the command line applied
+    over it, checked as the controller will check it (so a sweep with one bad entry is
+    refused before any of it is written). Raises ``Failure`` naming the entry."""
+    if not isinstance(entry.data, dict):
+        raise Failure(f"{entry.where}: expected a JSON object, found {_kind(entry.data)}")
+    data = {**entry.data, **{k: v for k, v in options.items() if v is not None}}
+    missing = [k for k in (*IDENTITY, *REQUIRED_SPEC) if k not in data]
+    if missing:
+        flags = ", ".join(f"--{m.replace('_', '-')}" for m in missing)
+        raise Failure(f"{entry.where}: missing {', '.join(missing)} (fields of the entry, or "
+                      f"the options {flags})" if entry.in_file else
+                      f"{entry.where}: missing {flags} (or put them in --spec-file)")
+    for field in IDENTITY:
+        value = data[field]
+        source = f"--{field}" if options.get(field) is not None else field
+        if not isinstance(value, str):
+            raise Failure(f"{entry.where}: {source} must be a string, found {_kind(value)}")
+        limit = _column_length(field)
+        if not value or len(value) > limit:
+            raise Failure(f"{entry.where}: {source} is empty" if not value else
+                          f"{entry.where}: {source} is longer than {limit} characters")
+    spec = {k: v for k, v in data.items() if k not in IDENTITY}
+    from falcon_es.spec import SpecError, parse_spec
+
+    try:
+        parse_spec(spec, limits)
+    except SpecError as error:
+        raise Failure(f"{entry.where}: {error} ({error.reason})") from error
+    return job_rows.NewTask(name=data["name"], actor=data["actor"], spec=spec)
+
+
+def _column_length(column: str) -> int:
+    column_type = job.c[column].type
+    if not isinstance(column_type, sa.String) or column_type.length is None:
+        raise TypeError(f"job.{column} is not a string column of a fixed length")
+    return column_type.length
 
 
 @task_group.command("submit")
-@click.option("--actor", required=True, help="Who submits (FIFO and round-robin key).")
-@click.option("--name", required=True, help="Display name of the task.")
+@click.option("--actor", help="Who submits (FIFO and round-robin key).")
+@click.option("--name", help="Display name of the task.")
 @click.option("--tpu-type")
 @click.option("--topology")
 @click.option("--image")
 @click.option("--command", "command", multiple=True, help="Repeat for each argv element.")
 @click.option("--supply-mode", type=click.Choice(["reservation", "on-demand", "flex-start"]))
 @click.option("--timeout", "timeout", type=int, help="Seconds from dispatch to timeout.")
-@click.option("--spec-file", type=click.Path(dir_okay=False), help="A JSON task spec.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--spec-file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="One task (a JSON object) or many (a JSON list of objects, or JSON "
+                   "lines); '-' reads standard input.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @click.pass_context
 @friendly
-def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
+def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_type: str | None,
                 topology: str | None, image: str | None, command: tuple[str, ...],
                 supply_mode: str | None, timeout: int | None, spec_file: str | None,
                 as_json: bool) -> None:
-    """Insert a Pending row, as the upper layer does; prints the task id."""
-    spec: dict[str, Any] = _read_spec_file(spec_file) if spec_file else {}
-    flags = {"tpu_type": tpu_type, "topology": topology, "image": image,
-             "command": list(command) or None, "supply_mode": supply_mode,
-             "timeout_seconds": timeout}
-    spec.update({k: v for k, v in flags.items() if v is not None})
-    missing = [k for k in ("tpu_type", "topology", "image") if k not in spec]
-    if missing:
-        raise Failure("task submit: missing " + ", ".join(
-            f"--{m.replace('_', '-')}" for m in missing) + " (or put them in --spec-file)")
-    for option, value in (("actor", actor), ("name", name)):
-        column_type = job.c[option].type
-        if not isinstance(column_type, sa.String) or column_type.length is None:
-            raise TypeError(f"job.{option} is not a string column of a fixed length")
-        limit = column_type.length
-        if len(value) > limit:
-            raise Failure(f"task submit: --{option} is longer than {limit} characters")
-    app = app_of(ctx)
-    task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec, now=app.clock.now())
-    click.echo(json.dumps({"id": task_id}) if as_json else task_id)
+    """Insert Pending rows, as the upper layer does; prints each task's id, one a line.
+
+    Each task of --spec-file is an object with the task spec's fields and the task's
+    name and actor; the options given apply to every task and win over the file. Every
+    task is checked first and all are inserted in one transaction, or none."""
+    options = {"actor": actor, "name": name, "tpu_type": tpu_type, "topology": topology,
+               "image": image, "command": list(command) or None, "supply_mode": supply_mode,
+               "timeout_seconds": timeout}
+    entries = read_spec_file(spec_file) if spec_file else [Entry("task submit", {}, in_file=False)]
+    if not entries:
+        raise Failure(f"spec file {spec_file}: no tasks in it; nothing submitted")
+    from falcon_es.spec import SpecLimits
+
+    settings = settings_of(ctx)
+    limits = SpecLimits(settings.default_timeout_seconds, settings.max_timeout_seconds)
+    tasks = [new_task(entry, options, limits) for entry in entries]
+    ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow())
+    for task_id, task in zip(ids, tasks):
+        click.echo(json.dumps({"id": task_id, "name": task.name, "actor": task.actor},
+                              ensure_ascii=False) if as_json else task_id)
 
 
 @task_group.command("list")
@@ -84,7 +188,7 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    rows = job_rows.list_rows(app_of(ctx).engine, status=status, limit=limit)
+    rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit)
     emit(rows, as_json, None if as_json else TASK_COLUMNS)
 
 
@@ -95,7 +199,7 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row."""
-    row = job_rows.get_row(app_of(ctx).engine, task_id)
+    row = job_rows.get_row(engine_of(ctx), task_id)
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:
@@ -110,6 +214,5 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @friendly
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
-    app = app_of(ctx)
-    before = job_rows.request_abort(app.engine, task_id, app.clock.now())
+    before = job_rows.request_abort(engine_of(ctx), task_id, utcnow())
     click.echo(f"{task_id}: Aborting (was {before})")
