@@ -37,6 +37,7 @@ from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
+from falcon_es.tables import JobTable
 from falcon_es.task import TaskStates
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class App:
     cluster_cache: ClusterCache
     #: Folds what another writer appended (only when nothing guarantees one writer).
     follower: LogFollower | None = None
+    #: The upper layer's job table, under the settings' names.
+    job: JobTable = dataclasses.field(default_factory=JobTable)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -80,13 +83,14 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     tick), for when nothing guarantees a single writer."""
     engine = engine or db.make_engine(settings.db_url)
     clock = clock or WallClock()
+    job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language)
+    queue_view = QueueView(tasks, settings.language, job=job)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, settings.language), queue_view, index]
+        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:
@@ -98,7 +102,7 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
         # apart by version, never missed.
         follower.attach(store, position=store.head(), queues=queue_view, index=index)
     return App(settings, engine, clock, store, tasks, queue_view, index, cluster_cache,
-               follower)
+               follower, job)
 
 
 def load_task_states(app: App) -> None:
@@ -203,7 +207,7 @@ def build_service(
 def _controller(app: App, ports: Ports, executor: EffectExecutor,
                 handlers: Sequence[Handler], *, before_effects: Sequence[AfterCommit],
                 metrics: Metrics | None, leadership: Leadership | None) -> Controller:
-    inbox = JobInbox(app.engine)
+    inbox = JobInbox(app.engine, app.job)
     settings = app.settings
 
     def make_context() -> HandlerContext:

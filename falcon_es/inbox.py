@@ -1,4 +1,5 @@
-"""Inputs from the upper layer, read from the ``job`` table by indexed queries."""
+"""Inputs from the upper layer, read from its job table by indexed queries (every
+statement through the ``JobTable`` of the settings' mapping)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,36 +37,46 @@ class Inbox(Protocol):
     def abort_rows(self) -> list[AbortRow]: ...
 
 
-_NEW_COLUMNS = (job.c.id, job.c.name, job.c.actor,
-                sa.type_coerce(job.c.spec, sa.Text).label("spec_raw"), job.c.created_at)
-_IS_NEW = sa.and_(job.c.status == chart.PENDING, job.c.reason.is_(None))
-_NEW_ROWS = (
-    sa.select(*_NEW_COLUMNS).where(_IS_NEW)
-    .order_by(job.c.created_at, job.c.id)
-    .limit(sa.bindparam("limit"))
-)
-_ABORT_ROWS = sa.select(job.c.id, job.c.aborting_at).where(job.c.status == chart.ABORTING)
-_NEW_ROWS_FIRST = _NEW_ROWS.subquery("new_rows")
-#: Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
-#: every abort request, told apart by ``is_abort`` and ordered as ``_NEW_ROWS`` orders.
-#: Each half fills the other's columns with typed NULLs so every column keeps its
-#: result processing.
-_POLL = sa.union_all(
-    sa.select(
-        _NEW_ROWS_FIRST.c.id, _NEW_ROWS_FIRST.c.name, _NEW_ROWS_FIRST.c.actor,
-        _NEW_ROWS_FIRST.c.spec_raw, _NEW_ROWS_FIRST.c.created_at,
-        sa.type_coerce(sa.null(), job.c.aborting_at.type).label("aborting_at"),
-        sa.literal(0).label("is_abort"),
-    ),
-    sa.select(
-        job.c.id, sa.type_coerce(sa.null(), job.c.name.type).label("name"),
-        sa.type_coerce(sa.null(), job.c.actor.type).label("actor"),
-        sa.type_coerce(sa.null(), sa.Text).label("spec_raw"),
-        sa.type_coerce(sa.null(), job.c.created_at.type).label("created_at"),
-        job.c.aborting_at, sa.literal(1).label("is_abort"),
-    ).where(job.c.status == chart.ABORTING),
-).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
-           sa.literal_column("id"))
+@dataclasses.dataclass(frozen=True)
+class _Statements:
+    new_rows: sa.Select[Any]
+    abort_rows: sa.Select[Any]
+    poll: sa.CompoundSelect
+
+
+def _statements(job: JobTable) -> _Statements:
+    """The inbox's statements on the mapped table, its columns labelled with
+    Falcon-ES's names."""
+    c = job.c
+    new_columns = (c.id.label("id"), c.name.label("name"), c.actor.label("actor"),
+                   sa.type_coerce(c.spec, sa.Text).label("spec_raw"),
+                   c.created_at.label("created_at"))
+    is_new = sa.and_(c.status == chart.PENDING, c.reason.is_(None))
+    new_rows = (sa.select(*new_columns).where(is_new).order_by(c.created_at, c.id)
+                .limit(sa.bindparam("limit")))
+    abort_rows = (sa.select(c.id.label("id"), c.aborting_at.label("aborting_at"))
+                  .where(c.status == chart.ABORTING))
+    first = new_rows.subquery("new_rows")
+    # Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
+    # every abort request, told apart by ``is_abort`` and ordered as the new rows are.
+    # Each half fills the other's columns with typed NULLs so every column keeps its
+    # result processing.
+    poll = sa.union_all(
+        sa.select(
+            first.c.id, first.c.name, first.c.actor, first.c.spec_raw, first.c.created_at,
+            sa.type_coerce(sa.null(), c.aborting_at.type).label("aborting_at"),
+            sa.literal(0).label("is_abort"),
+        ),
+        sa.select(
+            c.id.label("id"), sa.type_coerce(sa.null(), c.name.type).label("name"),
+            sa.type_coerce(sa.null(), c.actor.type).label("actor"),
+            sa.type_coerce(sa.null(), sa.Text).label("spec_raw"),
+            sa.type_coerce(sa.null(), c.created_at.type).label("created_at"),
+            c.aborting_at.label("aborting_at"), sa.literal(1).label("is_abort"),
+        ).where(c.status == chart.ABORTING),
+    ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
+               sa.literal_column("id"))
+    return _Statements(new_rows, abort_rows, poll)
 
 
 class JobInbox:
@@ -75,19 +86,22 @@ class JobInbox:
     Reads begin deferred (``db.read_only``): on SQLite a poll must not take the write
     lock the controller's own appends need."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, job: JobTable) -> None:
         self.engine = engine
+        self.job = job
         self.reader = db.read_only(engine)
+        self._statements = _statements(job)
         self._compiled_poll: tuple[str, tuple[str, ...], dict[str, Any]] | None = None
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         with self.reader.connect() as conn:
             return [NewRow(r.id, r.name, r.actor, r.spec_raw, r.created_at)
-                    for r in conn.execute(_NEW_ROWS, {"limit": limit})]
+                    for r in conn.execute(self._statements.new_rows, {"limit": limit})]
 
     def abort_rows(self) -> list[AbortRow]:
         with self.reader.connect() as conn:
-            return [AbortRow(r.id, r.aborting_at) for r in conn.execute(_ABORT_ROWS)]
+            return [AbortRow(r.id, r.aborting_at)
+                    for r in conn.execute(self._statements.abort_rows)]
 
     def poll(self, limit: int = 1000) -> InboxPoll:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls
@@ -112,7 +126,7 @@ class JobInbox:
         """The poll as this dialect's SQL text, the names of its positional parameters
         (empty for named ones) and the values of those that never change."""
         if self._compiled_poll is None:
-            compiled = _POLL.compile(dialect=self.engine.dialect)
+            compiled = self._statements.poll.compile(dialect=self.engine.dialect)
             names = tuple(compiled.positiontup or ()) if compiled.positional else ()
             self._compiled_poll = (str(compiled), names, dict(compiled.params))
         return self._compiled_poll

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
 from falcon_es.store import EventStore
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
 from falcon_es.projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
 from falcon_es.projections.queues import QueueView, write_positions
@@ -51,16 +51,17 @@ def fold_views(store: EventStore, lang: str = "en", until: int | None = None) ->
     return states, queues
 
 
-def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None) -> int:
+def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None,
+            *, job: JobTable) -> int:
     """Write every task's projected columns, keeping aborts not yet in the log; with
     ``queues``, the waiting tasks' position Messages too."""
     changes = [
         Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
         for state in states.all()
     ]
-    written = write_rows(conn, changes, lang)
+    written = write_rows(conn, changes, lang, job=job)
     if queues is not None:
-        write_positions(conn, queues.all_positions())
+        write_positions(conn, queues.all_positions(), job=job)
     return written
 
 
@@ -75,37 +76,44 @@ class Difference:
         return f"{self.task_id}.{self.column}: live={self.live!r} replayed={self.replayed!r}"
 
 
-def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None) -> list[Difference]:
-    """Rebuild into a scratch SQLite database and diff it against the live job table."""
+def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None,
+           *, job: JobTable) -> list[Difference]:
+    """Rebuild into a scratch SQLite database (a job table of Falcon-ES's own names
+    there) and diff it against the live job table (``job``, the settings' mapping)."""
     states, queues = fold_views(store, lang)
+    scratch_job = JobTable()
     with tempfile.TemporaryDirectory(dir=scratch_dir) as tmp:
         scratch = db.make_engine(f"sqlite:///{Path(tmp) / 'scratch.db'}")
         try:
-            db.upgrade(scratch)
-            live_rows = _copy_upper_layer_rows(live, scratch)
+            scratch_job.table.create(scratch)
+            live_rows = _copy_upper_layer_rows(live, job, scratch, scratch_job)
             with scratch.begin() as conn:
-                rebuild(conn, states, lang, queues)
+                rebuild(conn, states, lang, queues, job=scratch_job)
             with scratch.connect() as conn:
-                replayed = {r.id: r for r in conn.execute(sa.select(job))}
+                replayed = {r.id: r for r in conn.execute(sa.select(scratch_job.table))}
         finally:
             scratch.dispose()
     return list(_diff(live_rows, replayed))
 
 
-def _copy_upper_layer_rows(live: Engine, scratch: Engine) -> dict[str, Any]:
-    compared = [job.c[c] for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))]
+def _copy_upper_layer_rows(live: Engine, job: JobTable, scratch: Engine,
+                           scratch_job: JobTable) -> dict[str, Any]:
+    compared = [job.c[c].label(c)
+                for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))]
     with db.read_only(live).connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(*compared))}
+        # An integer id (the upper layer's) is the text the log knows it by.
+        rows = {str(r.id): r for r in conn.execute(sa.select(*compared))}
     seed = [
         {
             **{c: getattr(r, c) for c in UPPER_LAYER_COLUMNS},
+            "id": row_id,
             "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
         }
-        for r in rows.values()
+        for row_id, r in rows.items()
     ]
     if seed:
         with scratch.begin() as conn:
-            conn.execute(job.insert(), seed)
+            conn.execute(scratch_job.table.insert(), seed)
     return rows
 
 

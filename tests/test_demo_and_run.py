@@ -18,6 +18,7 @@ from falcon_es.ports import TASK_EVENTS_TOPIC
 from falcon_es.settings import Settings
 from falcon_es.simulate import run_simulation
 from falcon_es.handlers import outbox
+from tests.conftest import migrate
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/w:1", "tpu_type": "v7x", "topology": "2x2x1",
         "sim": {"duration_seconds": 300}}
@@ -72,9 +73,7 @@ def test_simulate_reports_and_is_reproducible() -> None:
 
 def _fresh(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'run.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     return url
 
 

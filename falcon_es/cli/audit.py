@@ -44,7 +44,7 @@ def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
     app = app_of(ctx)
     records = app.store.read_stream(task_id)
     if not records:
-        row = job_rows.get_row(app.engine, task_id)
+        row = job_rows.get_row(app.engine, task_id, job=app.job)
         raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
                       "the controller has not taken it in)", EXIT_PROBLEM)
     rows = [_event_row(r) for r in records]
@@ -106,11 +106,11 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
     if mode == "rebuild":
         states, queues = rp.fold_views(app.store, lang)
         with app.engine.begin() as conn:
-            count = rp.rebuild(conn, states, lang, queues)
+            count = rp.rebuild(conn, states, lang, queues, job=app.job)
         click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
         return
     if mode == "verify":
-        differences = rp.verify(app.engine, app.store, lang)
+        differences = rp.verify(app.engine, app.store, lang, job=app.job)
         if as_json:
             click.echo(json.dumps([jsonable(d.__dict__) for d in differences], indent=2))
         elif differences:

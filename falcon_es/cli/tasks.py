@@ -12,7 +12,6 @@ import sqlalchemy as sa
 
 from falcon_es import job_rows
 from falcon_es.cli.common import Failure, app_of, cell, emit, friendly, jsonable
-from falcon_es.tables import job
 
 TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
 
@@ -64,15 +63,16 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
     if missing:
         raise Failure("task submit: missing " + ", ".join(
             f"--{m.replace('_', '-')}" for m in missing) + " (or put them in --spec-file)")
+    app = app_of(ctx)
     for option, value in (("actor", actor), ("name", name)):
-        column_type = job.c[option].type
+        column_type = app.job.c[option].type
         if not isinstance(column_type, sa.String) or column_type.length is None:
             raise TypeError(f"job.{option} is not a string column of a fixed length")
         limit = column_type.length
         if len(value) > limit:
             raise Failure(f"task submit: --{option} is longer than {limit} characters")
-    app = app_of(ctx)
-    task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec, now=app.clock.now())
+    task_id = job_rows.submit(app.engine, name=name, actor=actor, spec=spec,
+                              now=app.clock.now(), job=app.job)
     click.echo(json.dumps({"id": task_id}) if as_json else task_id)
 
 
@@ -84,7 +84,8 @@ def task_submit(ctx: click.Context, actor: str, name: str, tpu_type: str | None,
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    rows = job_rows.list_rows(app_of(ctx).engine, status=status, limit=limit)
+    app = app_of(ctx)
+    rows = job_rows.list_rows(app.engine, status=status, limit=limit, job=app.job)
     emit(rows, as_json, None if as_json else TASK_COLUMNS)
 
 
@@ -95,7 +96,8 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row."""
-    row = job_rows.get_row(app_of(ctx).engine, task_id)
+    app = app_of(ctx)
+    row = job_rows.get_row(app.engine, task_id, job=app.job)
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:
@@ -111,5 +113,5 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
     app = app_of(ctx)
-    before = job_rows.request_abort(app.engine, task_id, app.clock.now())
+    before = job_rows.request_abort(app.engine, task_id, app.clock.now(), job=app.job)
     click.echo(f"{task_id}: Aborting (was {before})")
