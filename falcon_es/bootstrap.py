@@ -31,7 +31,7 @@ from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.observability.metered import metered_ports
 from falcon_es.ports import Ports
-from falcon_es.projections.job_table import JobTableProjection
+from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
 from falcon_es.projections.queues import QueueView
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
@@ -90,7 +90,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index]
+        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index,
+        RefusedRowsProjection(job, settings.language)]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:
@@ -207,7 +208,8 @@ def build_service(
 def _controller(app: App, ports: Ports, executor: EffectExecutor,
                 handlers: Sequence[Handler], *, before_effects: Sequence[AfterCommit],
                 metrics: Metrics | None, leadership: Leadership | None) -> Controller:
-    inbox = JobInbox(app.engine, app.job)
+    inbox = JobInbox(app.engine, app.job, clock=app.clock,
+                     ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
 
     def make_context() -> HandlerContext:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.job_mapping import JobMapping
 from falcon_es.tables import (
-    JOB_COLUMN_KINDS, WANTED_INDEXES, JobTable, WantedIndex,
+    JOB_COLUMN_KINDS, STREAM_ID_LENGTH, WANTED_INDEXES, JobTable, WantedIndex,
 )
 
 DEFAULT_URL = "sqlite:///falcon.db"
@@ -222,6 +222,21 @@ def check_job_table(engine: Engine, job: JobTable) -> list[ColumnProblem]:
                 name, "is NOT NULL, but Falcon-ES leaves it empty (NULL) in some states",
                 table, theirs))
     return problems
+
+
+def id_length_note(engine: Engine, job: JobTable) -> str | None:
+    """A warning when the table's id column holds ids longer than the log's
+    ``stream_id``: intake fails such rows (``InvalidId``) rather than take them in."""
+    mapping = job.mapping
+    theirs = mapping.column("id").lower()
+    for column in sa.inspect(engine).get_columns(mapping.table, schema=mapping.schema):
+        kind = column["type"]
+        if column["name"].lower() == theirs and isinstance(kind, sa.String):
+            if kind.length is None or kind.length > STREAM_ID_LENGTH:
+                return (f"{mapping.qualified}.{mapping.column('id')} is {kind}: ids longer "
+                        f"than the {STREAM_ID_LENGTH} characters of Falcon-ES's log are "
+                        "failed at intake (Reason InvalidId)")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

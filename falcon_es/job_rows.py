@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart
+from falcon_es.inbox import as_timestamp
 from falcon_es.tables import JobTable
 
 TERMINAL = tuple(sorted(chart.TERMINAL_STATUSES))
@@ -62,17 +63,25 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime, *,
     return row.status
 
 
+#: The upper layer's own columns, read as the driver gives them: it may have stored
+#: what is not JSON or not a time there, and reading a row must not fail because of it.
+_AS_STORED = frozenset({"name", "actor", "spec", "created_at", "aborting_at"})
+_TIMES = ("created_at", "aborting_at")
+
+
 def _rows_query(job: JobTable) -> sa.Select[Any]:
-    """Every column Falcon-ES uses, under Falcon-ES's names, with ``spec`` read as
-    text: the upper layer may have stored something that is not JSON, and reading a
-    row must not fail because of it."""
-    columns = [(sa.type_coerce(c, sa.Text) if c.key == "spec" else c).label(c.key)
+    """Every column Falcon-ES uses, under Falcon-ES's names."""
+    columns = [(sa.type_coerce(c, sa.Text) if c.key in _AS_STORED else c).label(c.key)
                for c in job.table.columns]
     return sa.select(*columns)
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
+    """The row with its spec decoded and its times as datetimes where they can be
+    (anything else as stored)."""
     values = dict(row._mapping)
+    for name in _TIMES:
+        values[name] = as_timestamp(values[name]) or values[name]
     raw = values.get("spec")
     if isinstance(raw, str):
         try:

@@ -17,6 +17,10 @@ from typing import Any
 from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
 
 SUPPLY_MODES = ("reservation", "on-demand", "flex-start")
+#: Reasons of rows failed before their spec is read: a column of the row holds what
+#: Falcon-ES cannot use; the row's id does not fit the log.
+INVALID_COLUMN = "InvalidColumn"
+INVALID_ID = "InvalidId"
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.

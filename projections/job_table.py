@@ -17,10 +17,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from falcon_es import chart
+from falcon_es import events as ev
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
-from falcon_es.projections.messages import task_message
+from falcon_es.projections.messages import render, task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
 PROJECTED_COLUMNS = (
@@ -188,3 +189,51 @@ def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, An
     sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
     return conn.exec_driver_sql(sql, flat).rowcount
 
+
+class RefusedRowsProjection:
+    """Inline projection: a row refused as a whole (``RowRefused``, its id does not fit
+    the log) is failed with the refusal's Reason and Message. Only a row still new
+    (Pending, no Reason) is written: the upper layer may have moved it meanwhile."""
+
+    def __init__(self, job: JobTable, lang: str = "en") -> None:
+        self.job = job
+        self.lang = lang
+        self._update = refusal_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        refused = [r for r in recorded if type(r.event) is ev.RowRefused]
+        if refused:
+            write_refusals(conn, refused, self.lang, self._update)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+def refusal_update(job: JobTable) -> sa.Update:
+    c = job.c
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), c.status == chart.PENDING, c.reason.is_(None))
+        .values(status=chart.FAILED, reason=sa.bindparam("b_reason"),
+                message=sa.bindparam("b_message"), updated_at=sa.bindparam("b_at"),
+                finished_at=sa.bindparam("b_at"))
+    )
+
+
+def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str,
+                   update: sa.Update) -> int:
+    """Fail each refused row (its event's Reason, a Message rendered from its data)."""
+    params = []
+    for record in refused:
+        event = record.event
+        if not isinstance(event, ev.RowRefused):
+            continue
+        params.append({"b_id": event.row_id, "b_reason": event.reason,
+                       "b_message": render("RowRefused", event.to_data(), lang),
+                       "b_at": record.recorded_at})
+    if not params:
+        return 0
+    return conn.execute(update, params).rowcount

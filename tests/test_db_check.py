@@ -232,6 +232,17 @@ def test_a_renamed_column_that_is_missing_names_both_names(bare_db_url: str) -> 
         "upper_jobs.status_text (Falcon-ES's message): missing (expected Text)"]
 
 
+def test_an_id_column_wider_than_the_log_is_noted(bare_db_url: str) -> None:
+    create(bare_db_url, USABLE_JOB_TABLE["mysql" if bare_db_url.startswith("mysql") else "sqlite"]
+           .replace("id VARCHAR(40) PRIMARY KEY", "id VARCHAR(255) PRIMARY KEY")
+           .replace("id TEXT PRIMARY KEY", "id VARCHAR(255) PRIMARY KEY"))
+    result = check(bare_db_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == (
+        "note: job.id is VARCHAR(255): ids longer than the 64 characters of Falcon-ES's log "
+        "are failed at intake (Reason InvalidId)")
+
+
 @pytest.mark.parametrize(("variable", "value", "says"), [
     ("FALCON_JOB_COLUMNS", "status", "expected falcon_name=table_name pairs"),
     ("FALCON_JOB_COLUMNS", "stat=state", "'stat' is not a column Falcon-ES uses"),

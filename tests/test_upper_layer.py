@@ -2,13 +2,15 @@
 columns with defaults, indexes of its own, renamed columns through the mapping), and
 tasks and aborts written with plain SQL through its own driver connection, never
 through Falcon-ES code. A controller runs the tasks to their end; the table's
-definition is the same afterwards.
+definition is the same afterwards. Rows Falcon-ES cannot use get a clear outcome and
+never stop the controller.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
@@ -18,9 +20,12 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es import db
+from falcon_es.bootstrap import build_service
 from falcon_es.clock import VirtualClock
 from falcon_es.job_mapping import JobMapping
+from falcon_es.observability.metrics import Metrics
 from falcon_es.projections import replay
+from falcon_es.service import Service
 from falcon_es.settings import Settings
 from tests.conftest import scratch_mysql
 from tests.support.harness import SPEC, Harness, reserved_cluster, sim_config
@@ -85,19 +90,37 @@ def mariadb_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def upper(mariadb_url: str) -> Iterator[UpperLayer]:
-    """The upper layer's connection to that database."""
-    layer = UpperLayer(mariadb_url)
+def any_url(bare_db_url: str) -> str:
+    """The same on each dialect."""
+    return _migrated(bare_db_url)
+
+
+@pytest.fixture
+def upper(request: pytest.FixtureRequest) -> Iterator[UpperLayer]:
+    url = request.getfixturevalue("mariadb_url" if "mariadb_url" in request.fixturenames
+                                  else "any_url")
+    layer = UpperLayer(url)
     yield layer
     layer.close()
 
 
 class Controller(Harness):
-    """A controller on the simulated world with one reserved cluster."""
+    """A controller on the simulated world, with its metrics (the harness's, plus the
+    Metrics object a deployment has)."""
 
     def __init__(self, url: str, clock: VirtualClock, settings: Settings) -> None:
+        self.metrics = Metrics(clock=clock, process_collectors=False)
         super().__init__(url, clock, sim_config(reserved_cluster()), settings)
         self.add_cluster(reserved_cluster())
+
+    def _service(self) -> Service:
+        return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
+                             register_clusters=False, metrics=self.metrics)
+
+    def ignored(self, reason: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "falcon_job_rows_ignored_total", {"reason": reason})
+        return value or 0.0
 
 
 @pytest.fixture
@@ -176,6 +199,8 @@ def test_tasks_and_aborts_in_plain_sql_run_to_their_end_and_the_table_keeps_its_
                                    "train-2": ("Aborted", None),
                                    "train-3": ("Succeeded", None)}
         assert upper.rows("SELECT DISTINCT project_code, priority FROM job") == [("p-7", 0)]
+        # The scans for rows it cannot take found none: it took in every row.
+        assert running.ignored("not-taken-in") == running.ignored("unknown-status") == 0
         assert replay.verify(running.app.engine, running.app.store, "en",
                              job=running.app.job) == []
     finally:
@@ -234,6 +259,7 @@ def test_renamed_columns_through_the_mapping(mariadb_url: str, upper: UpperLayer
         running.run()
         assert statuses(upper, "upper_tasks", "task_uuid", "state", "state_reason") == {
             "a": ("Succeeded", None), "b": ("Succeeded", None), "c": ("Aborted", None)}
+        assert running.ignored("not-taken-in") == running.ignored("unknown-status") == 0
         assert replay.verify(running.app.engine, running.app.store, "en",
                              job=running.app.job) == []
     finally:
@@ -271,3 +297,169 @@ def test_a_job_table_in_the_upper_layers_own_database(mariadb_url: str,
         assert ("job",) not in falcon.rows("SHOW TABLES")
     finally:
         falcon.close()
+
+
+# ------------------------------------------------------------------ rows it cannot use
+
+#: A job table of the upper layer's on each dialect; ``{created_at}``, ``{name}`` and
+#: ``{id}`` and ``{spec}`` are the column types a test varies.
+BAD_ROWS_TABLE = {
+    "mysql": """
+CREATE TABLE job (
+    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor VARCHAR(128) NOT NULL,
+    spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
+    message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME(6),
+    aborting_at DATETIME(6), aborted_at DATETIME(6), cluster_id VARCHAR(36),
+    node_pool_name VARCHAR(64), job_uid VARCHAR(64), dispatched_at DATETIME(6),
+    finished_at DATETIME(6), KEY ix_job_status_reason (status, reason),
+    KEY ix_job_created_at (created_at)
+) DEFAULT CHARSET=utf8mb4""",
+    "sqlite": """
+CREATE TABLE job (
+    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor VARCHAR(128) NOT NULL,
+    spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
+    message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME,
+    aborting_at DATETIME, aborted_at DATETIME, cluster_id VARCHAR(36),
+    node_pool_name VARCHAR(64), job_uid VARCHAR(64), dispatched_at DATETIME,
+    finished_at DATETIME)""",
+}
+TYPES = {"id": "VARCHAR(64)", "name": "VARCHAR(255)", "spec": "TEXT",
+         "created_at": {"mysql": "DATETIME(6)", "sqlite": "DATETIME"}}
+
+
+def create_table(layer: UpperLayer, **types: str) -> None:
+    kind = "mysql" if layer.mysql else "sqlite"
+    chosen = {k: (v[kind] if isinstance(v, dict) else v) for k, v in TYPES.items()}
+    chosen.update(types)
+    layer.execute(BAD_ROWS_TABLE[kind].format(**chosen))
+
+
+def insert(layer: UpperLayer, task_id: object, created_at: object, *, name: object = "job",
+           spec: object = TASK_SPEC, status: str | None = None) -> None:
+    columns, values = ["id", "name", "actor", "spec", "created_at"], [task_id, name, "user-a",
+                                                                        spec, created_at]
+    if status is not None:
+        columns.append("status")
+        values.append(status)
+    marks = ", ".join("%s" for _ in values)
+    layer.execute(f"INSERT INTO job ({', '.join(columns)}) VALUES ({marks})", *values)
+
+
+def run_to_the_end(url: str, clock: VirtualClock) -> Controller:
+    running = controller(url, clock)
+    running.run()
+    return running
+
+
+def message_of(layer: UpperLayer, task_id: str) -> str:
+    return str(layer.rows("SELECT message FROM job WHERE id = %s", task_id)[0][0])
+
+
+def test_a_column_of_the_wrong_type_fails_its_row_alone(any_url: str, upper: UpperLayer,
+                                                       clock: VirtualClock) -> None:
+    """created_at kept as text: a row whose text is an ISO time is read and runs; a row
+    in the upper layer's own format is failed, the column and the value named."""
+    create_table(upper, created_at="VARCHAR(40)")
+    insert(upper, "good", when(clock))
+    insert(upper, "bad-time", "01/11/2026 9:00")
+    running = run_to_the_end(any_url, clock)
+    running.close()
+    assert statuses(upper) == {"good": ("Succeeded", None),
+                               "bad-time": ("Failed", "InvalidColumn")}
+    assert message_of(upper, "bad-time") == (
+        "unreadable job row: column created_at: expected a date and time, found "
+        "'01/11/2026 9:00'")
+
+
+def test_times_kept_as_numbers_fail_their_rows_and_numbers_for_names_are_read(
+        any_url: str, upper: UpperLayer, clock: VirtualClock) -> None:
+    """created_at as epoch seconds (a BIGINT) is no time Falcon-ES can take; a number
+    where a name belongs reads as its digits. The controller carries on after each."""
+    create_table(upper, created_at="BIGINT", name="INT")
+    epoch = int((clock.now() - dt.datetime(1970, 1, 1)).total_seconds())
+    insert(upper, "epoch-1", epoch, name=9)
+    running = run_to_the_end(any_url, clock)
+    insert(upper, "epoch-2", epoch + 1, name=10)
+    running.run()
+    try:
+        assert [r.event.to_data()["name"] for r in running.app.store.read_stream("epoch-1")] == ["9"]
+    finally:
+        running.close()
+    assert statuses(upper) == {"epoch-1": ("Failed", "InvalidColumn"),
+                               "epoch-2": ("Failed", "InvalidColumn")}
+    assert message_of(upper, "epoch-1") == (
+        f"unreadable job row: column created_at: expected a date and time, found {epoch} (int)")
+
+
+def test_a_spec_that_is_not_json_fails_its_row_alone(any_url: str, upper: UpperLayer,
+                                                    clock: VirtualClock) -> None:
+    """A TEXT spec column can hold anything (MariaDB's JSON columns refuse bad JSON)."""
+    create_table(upper)
+    insert(upper, "broken", when(clock), spec='{"image": "us-docker.pkg.dev/p/r/t:1",')
+    insert(upper, "good", when(clock, 1))
+    running = run_to_the_end(any_url, clock)
+    try:
+        assert replay.verify(running.app.engine, running.app.store, "en",
+                             job=running.app.job) == []
+    finally:
+        running.close()
+    assert statuses(upper) == {"broken": ("Failed", "InvalidSpec"),
+                               "good": ("Succeeded", None)}
+    assert message_of(upper, "broken").startswith("invalid task spec: spec: not valid JSON (")
+
+
+def test_an_id_longer_than_the_log_holds_is_refused_and_its_row_failed(
+        any_url: str, upper: UpperLayer, clock: VirtualClock) -> None:
+    create_table(upper, id="VARCHAR(100)")
+    long_id = "batch-2026-11-01/" + "x" * 63
+    insert(upper, long_id, when(clock))
+    insert(upper, "good", when(clock, 1))
+    running = run_to_the_end(any_url, clock)
+    try:
+        assert [(r.type_name, r.event.to_data()["row_id"])
+                for r in running.app.store.read_stream("intake:refused")] == [
+            ("RowRefused", long_id)]
+        assert replay.verify(running.app.engine, running.app.store, "en",
+                             job=running.app.job) == []
+        # An abort the upper layer writes on it afterwards is ignored, once.
+        upper.execute("UPDATE job SET status = 'Aborting' WHERE id = %s", long_id)
+        for _ in range(3):
+            running.tick()
+        assert running.ignored("id-too-long") == 1
+    finally:
+        running.close()
+    assert statuses(upper)["good"] == ("Succeeded", None)
+    assert message_of(upper, long_id) == (
+        "job row not taken in: id: 80 characters, longer than the 64 of Falcon-ES's log")
+
+
+def test_rows_in_a_status_it_does_not_read_are_logged_once_and_counted(
+        any_url: str, upper: UpperLayer, clock: VirtualClock,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``Queued`` is no status Falcon-ES knows; ``Running`` is one it writes, on a row it
+    never took in. Neither is taken in or written; each is logged and counted once,
+    however many ticks and scans see it, and the controller runs the rest."""
+    create_table(upper)
+    insert(upper, "queued", when(clock), status="Queued")
+    insert(upper, "sneaked-in", when(clock), status="Running")
+    insert(upper, "good", when(clock, 1))
+    caplog.set_level(logging.WARNING, logger="falcon_es.inbox")
+    running = controller(any_url, clock)
+    try:
+        running.run(lambda: statuses(upper)["good"] == ("Succeeded", None))
+        for _ in range(60):  # an hour of scans more
+            clock.advance(60)
+            running.tick()
+        assert running.ignored("unknown-status") == 1
+        assert running.ignored("not-taken-in") == 1
+    finally:
+        running.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.inbox"]
+    assert warned == [
+        "job row queued ignored: status 'Queued' is not one Falcon-ES knows (new rows are "
+        "Pending, aborts Aborting)",
+        "job row sneaked-in ignored: it is Running but Falcon-ES never took it in (a new "
+        "row is Pending with no Reason)",
+    ]
+    assert statuses(upper) == {"queued": ("Queued", None), "sneaked-in": ("Running", None),
+                               "good": ("Succeeded", None)}

@@ -106,7 +106,8 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
     if mode == "rebuild":
         states, queues = rp.fold_views(app.store, lang)
         with app.engine.begin() as conn:
-            count = rp.rebuild(conn, states, lang, queues, job=app.job)
+            count = rp.rebuild(conn, states, lang, queues, job=app.job,
+                               refused=rp.refused_rows(app.store))
         click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
         return
     if mode == "verify":

@@ -86,6 +86,9 @@ def db_check(ctx: click.Context, table: str | None) -> None:
         click.echo(f"{name}: all {len(db.JOB_COLUMN_KINDS)} columns present with usable types")
     for problem in problems:
         click.echo(str(problem), err=True)
+    note = db.id_length_note(app.engine, job)
+    if note is not None:
+        click.echo(f"note: {note}")
     _print_index_advice(db.index_advice(app.engine, job), name)
     if problems:
         sys.exit(EXIT_PROBLEM)
