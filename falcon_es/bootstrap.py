@@ -35,12 +35,13 @@ from falcon_es.inbox import JobInbox
 from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.ports import Ports
-from falcon_es.projections.job_table import JobTableProjection
+from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
 from falcon_es.projections.queues import QueueView
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, InlineProjection
+from falcon_es.tables import JobTable
 from falcon_es.task import TaskStates
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class App:
     cluster_cache: ClusterCache
     #: Folds what another writer appended (only when nothing guarantees one writer).
     follower: LogFollower | None = None
+    #: The upper layer's job table, under the settings' names.
+    job: JobTable = dataclasses.field(default_factory=JobTable)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -88,13 +91,15 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     tick), for when nothing guarantees a single writer."""
     engine = engine or db.make_engine(settings.db_url)
     clock = clock or WallClock()
+    job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language)
+    queue_view = QueueView(tasks, settings.language, job=job)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, settings.language), queue_view, index]
+        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index,
+        RefusedRowsProjection(job, settings.language)]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:
@@ -106,7 +111,7 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
         # apart by version, never missed.
         follower.attach(store, position=store.head(), queues=queue_view, index=index)
     return App(settings, engine, clock, store, tasks, queue_view, index, cluster_cache,
-               follower)
+               follower, job)
 
 
 def load_task_states(app: App) -> None:
@@ -236,7 +241,8 @@ def build_service(
 def _controller(app: App, ports: Ports, executor: EffectExecutor,
                 handlers: Sequence[Handler], *, before_effects: Sequence[AfterCommit],
                 metrics: Metrics | None, leadership: Leadership | None) -> Controller:
-    inbox = JobInbox(app.engine)
+    inbox = JobInbox(app.engine, app.job, clock=app.clock,
+                     ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
 
     def make_context() -> HandlerContext:

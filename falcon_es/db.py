@@ -1,4 +1,11 @@
-"""Database engines and the schema lifecycle (Alembic migrations shipped in ``schema``)."""
+"""Database engines and the schema lifecycle (Alembic migrations shipped in ``schema``).
+
+The migrations create and migrate Falcon-ES's own tables only. The job table is the
+upper layer's: ``check_job_table`` and ``index_advice`` look at it (under the settings'
+names) without changing it, and ``create_job_table`` creates Falcon-ES's definition of
+it only when asked (the demo, the tests, the benchmarks, ``db upgrade
+--create-job-table``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
-from falcon_es.tables import JOB_COLUMN_KINDS
+from falcon_es.job_mapping import JobMapping
+from falcon_es.tables import (
+    JOB_COLUMN_KINDS, STREAM_ID_LENGTH, WANTED_INDEXES, JobTable, WantedIndex,
+)
 
 DEFAULT_URL = "sqlite:///falcon.db"
 #: Execution option marking a connection that only reads (see ``read_only``).
@@ -20,6 +30,11 @@ READ_ONLY_OPTION = "falcon_read_only"
 
 class DatabaseUrlError(ValueError):
     """The database URL cannot be used (bad syntax or an unsupported dialect)."""
+
+
+class MigrationConflict(RuntimeError):
+    """A migration step found an object of the name it creates, with another shape
+    (raised by ``falcon_es.schema.steps``; the message says what to do)."""
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -142,34 +157,134 @@ WRITTEN_AS_NULL = frozenset({
 })
 
 
+def has_job_table(engine: Engine, job: JobTable) -> bool:
+    return sa.inspect(engine).has_table(job.mapping.table, schema=job.mapping.schema)
+
+
+def create_job_table(engine: Engine, job: JobTable) -> bool:
+    """Create the job table from Falcon-ES's definition (with the indexes its queries
+    want) unless a table of that name exists; True when it was created. An existing
+    table is never altered."""
+    if has_job_table(engine, job):
+        return False
+    job.table.create(engine)
+    return True
+
+
+def job_table_ddl(job: JobTable, dialect: sa.Dialect) -> str:
+    """The statements that create the job table in ``dialect``, for an upper layer to
+    create it (adding columns of its own as it likes)."""
+    statements = [str(sa.schema.CreateTable(job.table).compile(dialect=dialect)).strip()]
+    statements += [str(sa.schema.CreateIndex(index).compile(dialect=dialect)).strip()
+                   for index in sorted(job.table.indexes, key=lambda i: str(i.name))]
+    text = ";\n".join(statements) + ";"
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnProblem:
+    """What is wrong with one column Falcon-ES uses: ``column`` is Falcon-ES's name,
+    ``name`` the table's (the same unless the mapping renames it)."""
+
     column: str
     problem: str
+    table: str = "job"
+    name: str | None = None
 
     def __str__(self) -> str:
-        return f"job.{self.column}: {self.problem}"
+        name = self.name or self.column
+        renamed = f" (Falcon-ES's {self.column})" if name != self.column else ""
+        return f"{self.table}.{name}{renamed}: {self.problem}"
 
 
-def check_job_table(engine: Engine, table: str = "job") -> list[ColumnProblem]:
-    """Compare an existing job table (the upper layer's) with what Falcon-ES needs."""
+def check_job_table(engine: Engine, job: JobTable) -> list[ColumnProblem]:
+    """Compare an existing job table (the upper layer's) with what Falcon-ES needs,
+    under the mapping's names."""
+    mapping = job.mapping
+    table = mapping.qualified
     inspector = sa.inspect(engine)
-    if not inspector.has_table(table):
-        return [ColumnProblem("*", f"table {table!r} does not exist")]
-    columns = {c["name"]: c for c in inspector.get_columns(table)}
+    if not inspector.has_table(mapping.table, schema=mapping.schema):
+        return [ColumnProblem("*", f"table {table!r} does not exist", table)]
+    columns = {c["name"].lower(): c
+               for c in inspector.get_columns(mapping.table, schema=mapping.schema)}
     problems: list[ColumnProblem] = []
     for name, kind in JOB_COLUMN_KINDS.items():
-        column = columns.get(name)
+        theirs = mapping.column(name)
+        column = columns.get(theirs.lower())
         if column is None:
-            problems.append(ColumnProblem(name, f"missing (expected {kind.__name__})"))
+            problems.append(ColumnProblem(
+                name, f"missing (expected {kind.__name__})", table, theirs))
         elif not _compatible(column["type"], kind):
-            problems.append(
-                ColumnProblem(name, f"has type {column['type']}, expected {kind.__name__}")
-            )
+            problems.append(ColumnProblem(
+                name, f"has type {column['type']}, expected {kind.__name__}", table, theirs))
         elif name in WRITTEN_AS_NULL and not column["nullable"]:
             problems.append(ColumnProblem(
-                name, "is NOT NULL, but Falcon-ES leaves it empty (NULL) in some states"))
+                name, "is NOT NULL, but Falcon-ES leaves it empty (NULL) in some states",
+                table, theirs))
     return problems
+
+
+def id_length_note(engine: Engine, job: JobTable) -> str | None:
+    """A warning when the table's id column holds ids longer than the log's
+    ``stream_id``: intake fails such rows (``InvalidId``) rather than take them in."""
+    mapping = job.mapping
+    theirs = mapping.column("id").lower()
+    for column in sa.inspect(engine).get_columns(mapping.table, schema=mapping.schema):
+        kind = column["type"]
+        if column["name"].lower() == theirs and isinstance(kind, sa.String):
+            if kind.length is None or kind.length > STREAM_ID_LENGTH:
+                return (f"{mapping.qualified}.{mapping.column('id')} is {kind}: ids longer "
+                        f"than the {STREAM_ID_LENGTH} characters of Falcon-ES's log are "
+                        "failed at intake (Reason InvalidId)")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexAdvice:
+    """One index Falcon-ES's queries want on the job table: the index (or key) that
+    serves it, or the statement that would add it."""
+
+    wanted: WantedIndex
+    columns: tuple[str, ...]  # the table's names
+    served_by: str | None
+    ddl: str | None
+
+
+def index_advice(engine: Engine, job: JobTable) -> list[IndexAdvice]:
+    """Each of ``WANTED_INDEXES`` with what serves it: an index, unique constraint or
+    primary key whose leading columns are the wanted ones. Never adds any."""
+    mapping = job.mapping
+    inspector = sa.inspect(engine)
+    existing: list[tuple[str, tuple[str, ...]]] = []
+    primary = inspector.get_pk_constraint(mapping.table, schema=mapping.schema)
+    if primary and primary.get("constrained_columns"):
+        existing.append(("PRIMARY KEY", tuple(primary["constrained_columns"])))
+    for unique in inspector.get_unique_constraints(mapping.table, schema=mapping.schema):
+        existing.append((str(unique["name"]), tuple(unique["column_names"])))
+    for index in inspector.get_indexes(mapping.table, schema=mapping.schema):
+        names = tuple(c for c in index["column_names"] if c is not None)
+        existing.append((str(index["name"]), names))
+    advice = []
+    for wanted in WANTED_INDEXES:
+        columns = tuple(mapping.column(c) for c in wanted.columns)
+        lowered = tuple(c.lower() for c in columns)
+        served = next((name for name, cols in existing
+                       if tuple(c.lower() for c in cols[:len(lowered)]) == lowered), None)
+        ddl = None if served is not None else _index_ddl(mapping, wanted, engine.dialect)
+        advice.append(IndexAdvice(wanted, columns, served, ddl))
+    return advice
+
+
+def _index_ddl(mapping: JobMapping, wanted: WantedIndex, dialect: sa.Dialect) -> str:
+    """CREATE INDEX for one wanted index, on a table description of its own (an index
+    attaches itself to its table, and the app's must stay as it is): the indexes the
+    definition has, or a unique one on the id."""
+    fresh = JobTable(mapping)
+    name = fresh.index_name(wanted)
+    index = next((i for i in fresh.table.indexes if i.name == name), None)
+    if index is None:
+        index = sa.Index(name, *(fresh.c[c] for c in wanted.columns), unique=True)
+    return str(sa.schema.CreateIndex(index).compile(dialect=dialect)).strip() + ";"
 
 
 def _compatible(actual: sa.types.TypeEngine, kind: type[sa.types.TypeEngine]) -> bool:

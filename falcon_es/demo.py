@@ -27,6 +27,7 @@ from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
+from falcon_es.tables import JobTable
 
 DEMO_START = dt.datetime(2026, 1, 5, 9, 0, 0)
 IMAGE = "us-docker.pkg.dev/falcon-demo/tpu/jax-workloads:2026.01"
@@ -76,8 +77,10 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
     for suffix in ("", "-wal", "-shm", ".controller.lock"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     url = f"sqlite:///{db_path}"
+    settings = Settings(db_url=url, language=lang)
     engine = db.make_engine(url)
     db.upgrade(engine)
+    db.create_job_table(engine, JobTable(settings.job_mapping))
     engine.dispose()
     clock = VirtualClock(DEMO_START)
     view = _LiveView(echo, live, clock)
@@ -87,21 +90,20 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
         for task_id in sorted(to_abort):
             state = svc.app.tasks.get(task_id)
             if state is not None and state.status == "Running":
-                job_rows.request_abort(svc.app.engine, task_id, clock.now())
+                job_rows.request_abort(svc.app.engine, task_id, clock.now(), job=svc.app.job)
                 to_abort.discard(task_id)
         view.refresh()
 
-    settings = Settings(db_url=url, language=lang)
     world = load_sim_config(demo_config_path())
     app = open_app(settings, clock)
     register_sim_clusters(app, world)  # the demo's own clusters, before it starts
     svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
                         on_tick=on_tick)
-    view.engine = svc.app.engine
+    view.engine, view.job = svc.app.engine, svc.app.job
     for offset, (task_id, actor, name, spec, _) in enumerate(DEMO_TASKS):
         job_rows.submit(svc.app.engine, task_id=task_id, name=name, actor=actor,
                         spec={"image": IMAGE, "command": ["python", "-m", "workload"], **spec},
-                        now=DEMO_START + dt.timedelta(seconds=offset))
+                        now=DEMO_START + dt.timedelta(seconds=offset), job=svc.app.job)
     loop_report = svc.loop.run(until_idle=True, max_ticks=20_000)
     view.final()
     summary = _summary(svc, loop_report.ticks, time.perf_counter() - wall_start, db_path)
@@ -119,10 +121,11 @@ class _LiveView:
         self.live = live
         self.clock = clock
         self.engine: Any = None
+        self.job = JobTable()
         self.seen: dict[str, tuple[str, str | None, str | None]] = {}
 
     def rows(self) -> list[dict[str, Any]]:
-        return job_rows.list_rows(self.engine)
+        return job_rows.list_rows(self.engine, job=self.job)
 
     def refresh(self) -> None:
         rows = self.rows()
@@ -157,7 +160,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _summary(svc: service.Service, ticks: int, wall: float, db_path: Path) -> dict[str, Any]:
-    rows = job_rows.list_rows(svc.app.engine)
+    rows = job_rows.list_rows(svc.app.engine, job=svc.app.job)
     outcomes = Counter(f"{r['status']}/{r['reason']}" if r["reason"] else r["status"] for r in rows)
     events = Counter(r.type_name for r in svc.app.store.read_after(0))
     virtual = svc.loop.clock.now() - DEMO_START

@@ -404,6 +404,22 @@ class OrphanPoolDeleted(Event):
     pool_name: str
 
 
+#: The stream of job rows that could not become task streams of their own.
+REFUSED_ROWS_STREAM = "intake:refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRefused(Event):
+    """A job row that cannot become a task stream (its id does not fit the log's
+    ``stream_id``), recorded in ``REFUSED_ROWS_STREAM``; the row is failed with
+    ``reason`` as its Reason."""
+
+    row_id: str
+    reason: str
+    field: str
+    detail: str
+
+
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
     TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
@@ -415,7 +431,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     JobSubmitCancelled, ApiCallRetrying,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
-    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted,
+    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
 )
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(

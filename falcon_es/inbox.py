@@ -1,16 +1,50 @@
-"""Inputs from the upper layer, read from the ``job`` table by indexed queries."""
+"""Inputs from the upper layer, read from its job table by indexed queries.
+
+Every statement goes through the ``JobTable`` of the settings' mapping, and every value
+read is checked before a handler sees it: the table is the upper layer's, so a column
+may hold what Falcon-ES cannot use (text where a time belongs, an id longer than the
+log's ``stream_id``). Such a row becomes a ``BadRow`` that intake fails on its own;
+rows in a status Falcon-ES does not read are logged once each and counted, never
+taken in.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
+import logging
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import chart, db
-from falcon_es.tables import job
+from falcon_es import db, statuses
+from falcon_es.clock import Clock
+from falcon_es.spec import INVALID_COLUMN, INVALID_ID
+from falcon_es.tables import STREAM_ID_LENGTH, JobTable, task_events
+
+log = logging.getLogger("falcon_es.inbox")
+
+#: Why a row was ignored (the ``reason`` label of ``falcon_job_rows_ignored``).
+UNKNOWN_STATUS = "unknown-status"
+NOT_TAKEN_IN = "not-taken-in"
+ID_TOO_LONG = "id-too-long"
+#: The statuses a job row may hold: what Falcon-ES writes, and ``Aborting``, which the
+#: upper layer writes too.
+ROW_STATUSES = (statuses.ABORTED, statuses.ABORTING, statuses.FAILED, statuses.PENDING, statuses.RUNNING,
+                statuses.SUCCEEDED)
+#: How often (clock seconds) the inbox looks for rows it cannot take: an indexed scan,
+#: not worth a round trip every tick.
+STRAY_SCAN_SECONDS = 60.0
+#: Rows created since the previous scan are looked at again less this margin: the upper
+#: layer's insert may commit a while after the created_at it wrote.
+STRAY_MARGIN = dt.timedelta(minutes=10)
+#: What the first scan of a process looks at for rows never taken in.
+STRAY_FIRST_WINDOW = dt.timedelta(days=1)
+#: Ids per ``IN (...)`` when asking the log which rows it knows.
+_IDS_PER_QUERY = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,49 +57,106 @@ class NewRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowProblem:
+    """Why a row cannot become a task as it stands: the job Reason it gets
+    (``InvalidColumn`` or ``InvalidId``), Falcon-ES's name of the column, what is wrong."""
+
+    reason: str
+    column: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """A new row with a value Falcon-ES cannot use; ``name`` and ``actor`` are as much
+    of them as could be read."""
+
+    id: str
+    name: str
+    actor: str
+    problem: RowProblem
+
+
+@dataclasses.dataclass(frozen=True)
 class AbortRow:
     id: str
     aborting_at: dt.datetime | None
 
 
 class Inbox(Protocol):
-    """What the intake handlers read: new rows (oldest first) and abort requests."""
+    """What the intake handlers read: new rows (oldest first), the new rows that cannot
+    become tasks as they stand, and abort requests."""
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]: ...
+
+    def bad_rows(self) -> list[BadRow]: ...
 
     def abort_rows(self) -> list[AbortRow]: ...
 
 
-_NEW_COLUMNS = (job.c.id, job.c.name, job.c.actor,
-                sa.type_coerce(job.c.spec, sa.Text).label("spec_raw"), job.c.created_at)
-_IS_NEW = sa.and_(job.c.status == chart.PENDING, job.c.reason.is_(None))
-_NEW_ROWS = (
-    sa.select(*_NEW_COLUMNS).where(_IS_NEW)
-    .order_by(job.c.created_at, job.c.id)
-    .limit(sa.bindparam("limit"))
-)
-_ABORT_ROWS = sa.select(job.c.id, job.c.aborting_at).where(job.c.status == chart.ABORTING)
-_NEW_ROWS_FIRST = _NEW_ROWS.subquery("new_rows")
-#: Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
-#: every abort request, told apart by ``is_abort`` and ordered as ``_NEW_ROWS`` orders.
-#: Each half fills the other's columns with typed NULLs so every column keeps its
-#: result processing.
-_POLL = sa.union_all(
-    sa.select(
-        _NEW_ROWS_FIRST.c.id, _NEW_ROWS_FIRST.c.name, _NEW_ROWS_FIRST.c.actor,
-        _NEW_ROWS_FIRST.c.spec_raw, _NEW_ROWS_FIRST.c.created_at,
-        sa.type_coerce(sa.null(), job.c.aborting_at.type).label("aborting_at"),
-        sa.literal(0).label("is_abort"),
-    ),
-    sa.select(
-        job.c.id, sa.type_coerce(sa.null(), job.c.name.type).label("name"),
-        sa.type_coerce(sa.null(), job.c.actor.type).label("actor"),
-        sa.type_coerce(sa.null(), sa.Text).label("spec_raw"),
-        sa.type_coerce(sa.null(), job.c.created_at.type).label("created_at"),
-        job.c.aborting_at, sa.literal(1).label("is_abort"),
-    ).where(job.c.status == chart.ABORTING),
-).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
-           sa.literal_column("id"))
+#: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
+#: ``ID_TOO_LONG``): the metric.
+Ignored = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Statements:
+    new_rows: sa.Select[Any]
+    poll: sa.CompoundSelect
+    strays: sa.CompoundSelect
+
+
+def _statements(job: JobTable) -> _Statements:
+    c = job.c
+    new_columns = (c.id.label("id"), c.name.label("name"), c.actor.label("actor"),
+                   sa.type_coerce(c.spec, sa.Text).label("spec_raw"),
+                   c.created_at.label("created_at"))
+    is_new = sa.and_(c.status == statuses.PENDING, c.reason.is_(None))
+    new_rows = (sa.select(*new_columns).where(is_new).order_by(c.created_at, c.id)
+                .limit(sa.bindparam("limit")))
+    first = new_rows.subquery("new_rows")
+    # Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
+    # every abort request, told apart by ``is_abort`` and ordered as the new rows are.
+    # Each half fills the other's columns with typed NULLs so every column keeps its
+    # result processing.
+    poll = sa.union_all(
+        sa.select(
+            first.c.id, first.c.name, first.c.actor, first.c.spec_raw, first.c.created_at,
+            sa.type_coerce(sa.null(), c.aborting_at.type).label("aborting_at"),
+            sa.literal(0).label("is_abort"),
+        ),
+        sa.select(
+            c.id.label("id"), sa.type_coerce(sa.null(), c.name.type).label("name"),
+            sa.type_coerce(sa.null(), c.actor.type).label("actor"),
+            sa.type_coerce(sa.null(), sa.Text).label("spec_raw"),
+            sa.type_coerce(sa.null(), c.created_at.type).label("created_at"),
+            c.aborting_at.label("aborting_at"), sa.literal(1).label("is_abort"),
+        ).where(c.status == statuses.ABORTING),
+    ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
+               sa.literal_column("id"))
+    return _Statements(new_rows, poll, _strays(job))
+
+
+def _strays(job: JobTable) -> sa.CompoundSelect:
+    """Rows whose status is none of ``ROW_STATUSES`` (one index range per gap between
+    them, as an index serves ranges where it cannot serve NOT IN), and recent rows in a
+    status other than the two Falcon-ES reads (its own rows among them, which the log
+    tells apart)."""
+    c = job.c
+    columns = (c.id.label("id"), c.status.label("status"), c.reason.label("reason"))
+    unknown = sa.literal(UNKNOWN_STATUS).label("why")
+    recent_rows = sa.literal(NOT_TAKEN_IN).label("why")
+    ordered = sorted(ROW_STATUSES)
+    gaps = [c.status < ordered[0], c.status > ordered[-1], c.status.is_(None),
+            *(sa.and_(c.status > low, c.status < high)
+              for low, high in itertools.pairwise(ordered))]
+    written = [s for s in ROW_STATUSES if s != statuses.ABORTING]
+    recent = sa.select(*columns, recent_rows).where(
+        c.created_at >= sa.bindparam("since", type_=c.created_at.type),
+        c.status.in_(written),
+        sa.or_(c.status != statuses.PENDING, c.reason.is_not(None)),
+    )
+    return sa.union_all(*(sa.select(*columns, unknown).where(gap) for gap in gaps), recent)
 
 
 class JobInbox:
@@ -73,74 +164,237 @@ class JobInbox:
     abort requests are rows in ``Aborting``. Both use the (status, reason) index.
 
     Reads begin deferred (``db.read_only``): on SQLite a poll must not take the write
-    lock the controller's own appends need."""
+    lock the controller's own appends need. With a ``clock``, a poll also looks (every
+    ``STRAY_SCAN_SECONDS``) for rows it will never take, and logs and counts each once
+    per process (``ignored``)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, job: JobTable, *, clock: Clock | None = None,
+                 ignored: Ignored | None = None) -> None:
         self.engine = engine
+        self.job = job
         self.reader = db.read_only(engine)
-        self._compiled_poll: tuple[str, tuple[str, ...], dict[str, Any]] | None = None
+        self.clock = clock
+        self._ignored = ignored
+        self._statements = _statements(job)
+        self._compiled: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {}
+        self._next_scan: dt.datetime | None = None
+        self._scanned_from: dt.datetime | None = None
+        #: (row id, why) already logged and counted.
+        self._reported: set[tuple[str, str]] = set()
+        #: Rows of the last scan's window the log knows: not asked about again while
+        #: they stay in the window (the set holds that window's rows only).
+        self._known: set[str] = set()
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
+        sql, names, fixed = self._driver_sql("new_rows", self._statements.new_rows)
+        values = {**fixed, "limit": limit}
+        params: Any = tuple(values[name] for name in names) if names else values
         with self.reader.connect() as conn:
-            return [NewRow(r.id, r.name, r.actor, r.spec_raw, r.created_at)
-                    for r in conn.execute(_NEW_ROWS, {"limit": limit})]
+            rows = conn.exec_driver_sql(sql, params).all()
+        return [r for r in (_new_row(*row) for row in rows) if isinstance(r, NewRow)]
+
+    def bad_rows(self) -> list[BadRow]:
+        return self.poll().bad_rows()
 
     def abort_rows(self) -> list[AbortRow]:
-        with self.reader.connect() as conn:
-            return [AbortRow(r.id, r.aborting_at) for r in conn.execute(_ABORT_ROWS)]
+        return self.poll().abort_rows()
 
     def poll(self, limit: int = 1000) -> InboxPoll:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls
         once instead of once per input). Sent as the driver's SQL, compiled once: every
         tick polls, and compiling, caching and result processing cost more than the
         query when there is nothing new."""
-        sql, names, fixed = self._poll_statement()
+        sql, names, fixed = self._driver_sql("poll", self._statements.poll)
         values = {**fixed, "limit": limit}
         params: Any = tuple(values[name] for name in names) if names else values
         new: list[NewRow] = []
+        bad: list[BadRow] = []
         aborts: list[AbortRow] = []
         with self.reader.connect() as conn:
             rows = conn.exec_driver_sql(sql, params).all()
         for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
             if is_abort:
-                aborts.append(AbortRow(row_id, _timestamp(aborting_at)))
-            else:  # created_at is NOT NULL
-                new.append(NewRow(row_id, name, actor, spec_raw, _timestamp(created_at)))  # type: ignore[arg-type]
-        return InboxPoll(self, limit, new, aborts)
+                abort = self._abort_row(row_id, aborting_at)
+                if abort is not None:
+                    aborts.append(abort)
+                continue
+            taken = _new_row(row_id, name, actor, spec_raw, created_at)
+            if isinstance(taken, NewRow):
+                new.append(taken)
+            else:
+                bad.append(taken)
+        if self.clock is not None:
+            self._scan_strays(self.clock.now())
+        return InboxPoll(self, limit, new, bad, aborts)
 
-    def _poll_statement(self) -> tuple[str, tuple[str, ...], dict[str, Any]]:
-        """The poll as this dialect's SQL text, the names of its positional parameters
-        (empty for named ones) and the values of those that never change."""
-        if self._compiled_poll is None:
-            compiled = _POLL.compile(dialect=self.engine.dialect)
+    def _driver_sql(self, key: str, statement: sa.Select[Any] | sa.CompoundSelect,
+                    ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+        """A statement as this dialect's SQL text, the names of its positional
+        parameters (empty for named ones) and the values of those that never change.
+        Its rows come back as the driver gives them, for ``_new_row`` to check: a
+        column of the wrong type must fail its row, not the whole read."""
+        compiled_sql = self._compiled.get(key)
+        if compiled_sql is None:
+            compiled = statement.compile(dialect=self.engine.dialect)
             names = tuple(compiled.positiontup or ()) if compiled.positional else ()
-            self._compiled_poll = (str(compiled), names, dict(compiled.params))
-        return self._compiled_poll
+            compiled_sql = (str(compiled), names, dict(compiled.params))
+            self._compiled[key] = compiled_sql
+        return compiled_sql
+
+    def _abort_row(self, row_id: Any, aborting_at: Any) -> AbortRow | None:
+        """An abort request; a time that cannot be read is left out (the abort is what
+        matters), a row whose id the log cannot hold is reported and skipped."""
+        task_id = _text(row_id)
+        if task_id is None or len(task_id) > STREAM_ID_LENGTH:
+            self._report(str(row_id), ID_TOO_LONG,
+                         "job row %s: abort ignored: its id is %d characters, longer than "
+                         "the %d of Falcon-ES's log", str(row_id), len(str(row_id)),
+                         STREAM_ID_LENGTH)
+            return None
+        return AbortRow(task_id, as_timestamp(aborting_at))
+
+    # ------------------------------------------------------------ rows never taken in
+    def _scan_strays(self, now: dt.datetime) -> None:
+        if self._next_scan is not None and now < self._next_scan:
+            return
+        since = (self._scanned_from - STRAY_MARGIN if self._scanned_from is not None
+                 else now - STRAY_FIRST_WINDOW)
+        self._next_scan = now + dt.timedelta(seconds=STRAY_SCAN_SECONDS)
+        self._scanned_from = now
+        with self.reader.connect() as conn:
+            rows = conn.execute(self._statements.strays, {"since": since}).all()
+            unknown = [(str(r.id), r.status) for r in rows if r.why == UNKNOWN_STATUS]
+            # A row refused for its id (Failed/InvalidId) has no stream of its own.
+            recent = [(str(r.id), r.status, r.reason) for r in rows if r.why == NOT_TAKEN_IN
+                      and not (r.status == statuses.FAILED and r.reason == INVALID_ID)]
+            in_window = {row_id for row_id, _, _ in recent}
+            asked = [row_id for row_id in in_window if row_id not in self._known]
+            self._known = (self._known & in_window) | _streams_known(conn, asked)
+        for row_id, status in unknown:
+            self._report(row_id, UNKNOWN_STATUS,
+                         "job row %s ignored: status %r is not one Falcon-ES knows "
+                         "(new rows are Pending, aborts Aborting)", row_id, status)
+        for row_id, status, reason in recent:
+            if row_id not in self._known:
+                shown = status if reason is None else f"{status}/{reason}"
+                self._report(row_id, NOT_TAKEN_IN,
+                             "job row %s ignored: it is %s but Falcon-ES never took it in "
+                             "(a new row is Pending with no Reason)", row_id, shown)
+
+    def _report(self, row_id: str, why: str, message: str, *args: object) -> None:
+        """Log and count a row once per process."""
+        if (row_id, why) in self._reported:
+            return
+        self._reported.add((row_id, why))
+        log.warning(message, *args, extra={"task_id": row_id[:STREAM_ID_LENGTH]})
+        if self._ignored is not None:
+            self._ignored(why)
 
 
-def _timestamp(value: Any) -> dt.datetime | None:
+def _streams_known(conn: sa.Connection, ids: Collection[str]) -> set[str]:
+    """Which of these ids name a stream in the log (its first event, by the unique
+    (stream_id, version) index). Asked with the ids as values rather than joined:
+    the job table's collation need not be the log's."""
+    fitting = sorted({i for i in ids if len(i) <= STREAM_ID_LENGTH})
+    known: set[str] = set()
+    for start in range(0, len(fitting), _IDS_PER_QUERY):
+        chunk = fitting[start:start + _IDS_PER_QUERY]
+        known.update(conn.execute(
+            sa.select(task_events.c.stream_id)
+            .where(task_events.c.stream_id.in_(chunk), task_events.c.version == 1)
+        ).scalars())
+    return known
+
+
+def _new_row(row_id: Any, name: Any, actor: Any, spec_raw: Any,
+             created_at: Any) -> NewRow | BadRow:
+    """A new row as intake takes it, or what is wrong with it (the first column found
+    wrong, in the order id, name, actor, created_at)."""
+    task_id = _text(row_id)
+    task_name, task_actor = _text(name), _text(actor)
+    problem: RowProblem | None = None
+    if task_id is None:
+        problem = RowProblem(INVALID_ID, "id", f"expected text, found {_shown(row_id)}")
+        task_id = str(row_id)
+    elif len(task_id) > STREAM_ID_LENGTH:
+        problem = RowProblem(INVALID_ID, "id", f"{len(task_id)} characters, longer than the "
+                             f"{STREAM_ID_LENGTH} of Falcon-ES's log")
+    elif task_name is None:
+        problem = RowProblem(INVALID_COLUMN, "name", f"expected text, found {_shown(name)}")
+    elif task_actor is None:
+        problem = RowProblem(INVALID_COLUMN, "actor", f"expected text, found {_shown(actor)}")
+    when = as_timestamp(created_at)
+    if problem is None and when is None:
+        problem = RowProblem(INVALID_COLUMN, "created_at",
+                             f"expected a date and time, found {_shown(created_at)}")
+    if problem is not None or when is None:
+        return BadRow(task_id, task_name or "", task_actor or "",
+                      problem or RowProblem(INVALID_COLUMN, "created_at", "unreadable"))
+    return NewRow(task_id, task_name or "", task_actor or "", spec_raw, when)
+
+
+def _text(value: Any) -> str | None:
+    """Text as a text column gives it; a whole number (an integer id) as its digits;
+    bytes (a binary column) when they are UTF-8; None for anything else."""
+    if type(value) is str:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def as_timestamp(value: Any) -> dt.datetime | None:
     """A DATETIME as the driver returns it: text on SQLite (SQLAlchemy's storage
-    format, which ``fromisoformat`` reads), a datetime from PyMySQL."""
+    format, which ``fromisoformat`` reads; so does a text column holding ISO times), a
+    datetime from PyMySQL. A time with a zone becomes naive UTC, as Falcon-ES keeps
+    times; None for what is not a time at all (for the caller to refuse)."""
+    if type(value) is dt.datetime:
+        return value if value.tzinfo is None else _naive_utc(value)
     if isinstance(value, str):
-        return dt.datetime.fromisoformat(value)
-    return value
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo is None else _naive_utc(parsed)
+    return None
+
+
+def _naive_utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+
+def _shown(value: Any) -> str:
+    """A value for a Message: short, with its type when it is not text."""
+    if value is None:
+        return "nothing (NULL)"
+    text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return text if isinstance(value, str) else f"{text} ({type(value).__name__})"
 
 
 class InboxPoll:
     """One poll's rows, answering like the inbox it came from; asked for more new rows
     than a full poll holds, it reads them from the inbox."""
 
-    def __init__(self, inbox: JobInbox, limit: int, new: list[NewRow],
+    def __init__(self, inbox: JobInbox, limit: int, new: list[NewRow], bad: list[BadRow],
                  aborts: list[AbortRow]) -> None:
         self.inbox = inbox
         self.limit = limit
         self._new = new
+        self._bad = bad
         self._aborts = aborts
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
-        if limit > self.limit and len(self._new) >= self.limit:
+        if limit > self.limit and len(self._new) + len(self._bad) >= self.limit:
             return self.inbox.new_rows(limit)
         return self._new[:limit]
+
+    def bad_rows(self) -> list[BadRow]:
+        return list(self._bad)
 
     def abort_rows(self) -> list[AbortRow]:
         return list(self._aborts)

@@ -1,6 +1,9 @@
 """What the upper layer does to the ``job`` table: insert Pending rows, request aborts.
 
 The CLI's ``task`` commands use these so a standalone install behaves like production.
+Each takes the ``JobTable`` of the settings' mapping (``app.job``); without one, the
+table of Falcon-ES's own names (the demo's, the tests'). Rows read come back keyed by
+Falcon-ES's column names whatever the table calls them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import statuses
-from falcon_es.tables import job
+from falcon_es.inbox import as_timestamp
+from falcon_es.tables import JobTable
 
 TERMINAL = tuple(sorted(statuses.TERMINAL_STATUSES))
 
@@ -27,11 +31,12 @@ class JobRowError(LookupError):
 
 def submit(
     engine: Engine, *, name: str, actor: str, spec: Mapping[str, Any], now: dt.datetime,
-    task_id: str | None = None,
+    task_id: str | None = None, job: JobTable | None = None,
 ) -> str:
     task_id = task_id or uuid.uuid4().hex
+    job = job or JobTable()
     with engine.begin() as conn:
-        conn.execute(job.insert().values(
+        conn.execute(job.table.insert().values(
             id=task_id, name=name, actor=actor, spec=dict(spec), status=statuses.PENDING,
             reason=None, message=None, created_at=now, updated_at=now,
         ))
@@ -46,7 +51,8 @@ class NewTask:
     spec: Mapping[str, Any]
 
 
-def submit_many(engine: Engine, tasks: Sequence[NewTask], now: dt.datetime) -> list[str]:
+def submit_many(engine: Engine, tasks: Sequence[NewTask], now: dt.datetime, *,
+                job: JobTable | None = None) -> list[str]:
     """Insert a Pending row for every task in one transaction, all of them or none (a
     sweep is never half submitted), with one multi-row statement; returns their ids in
     the order given.
@@ -58,8 +64,9 @@ def submit_many(engine: Engine, tasks: Sequence[NewTask], now: dt.datetime) -> l
     ids = [f"{batch}{position:08x}" for position in range(len(tasks))]
     if not tasks:
         return ids
+    job = job or JobTable()
     with engine.begin() as conn:
-        conn.execute(job.insert(), [
+        conn.execute(job.table.insert(), [
             {"id": task_id, "name": task.name, "actor": task.actor, "spec": dict(task.spec),
              "status": statuses.PENDING, "reason": None, "message": None,
              "created_at": now, "updated_at": now}
@@ -67,11 +74,14 @@ def submit_many(engine: Engine, tasks: Sequence[NewTask], now: dt.datetime) -> l
     return ids
 
 
-def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
+def request_abort(engine: Engine, task_id: str, now: dt.datetime, *,
+                  job: JobTable | None = None) -> str:
     """Set Aborting as the upper layer does; returns the status the task had."""
+    job = job or JobTable()
     with engine.begin() as conn:
         row = conn.execute(
-            sa.select(job.c.status).where(job.c.id == task_id).with_for_update()
+            sa.select(job.c.status.label("status")).where(job.c.id == task_id)
+            .with_for_update()
         ).first()
         if row is None:
             raise JobRowError(f"task {task_id!r} does not exist")
@@ -79,22 +89,31 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime) -> str:
             raise JobRowError(f"task {task_id} has already ended ({row.status}); nothing to abort")
         if row.status == statuses.ABORTING:
             return row.status
-        conn.execute(job.update().where(job.c.id == task_id).values(
+        conn.execute(job.table.update().where(job.c.id == task_id).values(
             status=statuses.ABORTING, aborting_at=now, updated_at=now,
         ))
     return row.status
 
 
-def _rows_query() -> sa.Select[Any]:
-    """Every column, with ``spec`` read as text: the upper layer may have stored
-    something that is not JSON, and reading a row must not fail because of it."""
-    columns = [sa.type_coerce(c, sa.Text).label("spec") if c.name == "spec" else c
-               for c in job.columns]
+#: The upper layer's own columns, read as the driver gives them: it may have stored
+#: what is not JSON or not a time there, and reading a row must not fail because of it.
+_AS_STORED = frozenset({"name", "actor", "spec", "created_at", "aborting_at"})
+_TIMES = ("created_at", "aborting_at")
+
+
+def _rows_query(job: JobTable) -> sa.Select[Any]:
+    """Every column Falcon-ES uses, under Falcon-ES's names."""
+    columns = [(sa.type_coerce(c, sa.Text) if c.key in _AS_STORED else c).label(c.key)
+               for c in job.table.columns]
     return sa.select(*columns)
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
+    """The row with its spec decoded and its times as datetimes where they can be
+    (anything else as stored)."""
     values = dict(row._mapping)
+    for name in _TIMES:
+        values[name] = as_timestamp(values[name]) or values[name]
     raw = values.get("spec")
     if isinstance(raw, str):
         try:
@@ -104,8 +123,10 @@ def _as_dict(row: Any) -> dict[str, Any]:
     return values
 
 
-def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    query = _rows_query().order_by(job.c.created_at, job.c.id)
+def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = None,
+              job: JobTable | None = None) -> list[dict[str, Any]]:
+    job = job or JobTable()
+    query = _rows_query(job).order_by(job.c.created_at, job.c.id)
     if status:
         query = query.where(job.c.status == status)
     if limit:
@@ -114,9 +135,10 @@ def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = 
         return [_as_dict(r) for r in conn.execute(query)]
 
 
-def get_row(engine: Engine, task_id: str) -> dict[str, Any]:
+def get_row(engine: Engine, task_id: str, *, job: JobTable | None = None) -> dict[str, Any]:
+    job = job or JobTable()
     with engine.connect() as conn:
-        row = conn.execute(_rows_query().where(job.c.id == task_id)).first()
+        row = conn.execute(_rows_query(job).where(job.c.id == task_id)).first()
     if row is None:
         raise JobRowError(f"task {task_id!r} does not exist")
     return _as_dict(row)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from falcon_es.db import DEFAULT_URL
+from falcon_es.job_mapping import JobMapping, JobMappingError
 from falcon_es.retry import RetryConfigError, RetryPolicies
 from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 
@@ -26,6 +27,9 @@ def database_url(environ: Mapping[str, str] | None = None) -> str:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     db_url: str = DEFAULT_URL
+    #: The upper layer's job table and the names of its columns
+    #: (``FALCON_JOB_TABLE``, ``FALCON_JOB_COLUMNS``).
+    job_mapping: JobMapping = JobMapping()
     language: str = "en"
     default_timeout_seconds: int = 24 * 3600
     max_timeout_seconds: int = 7 * 24 * 3600
@@ -69,6 +73,7 @@ class Settings:
             )
         return cls(
             db_url=database_url(env),
+            job_mapping=_job_mapping(env),
             language=language,
             default_timeout_seconds=_int(env, "FALCON_DEFAULT_TIMEOUT", cls.default_timeout_seconds),
             max_timeout_seconds=_int(env, "FALCON_MAX_TIMEOUT", cls.max_timeout_seconds),
@@ -101,6 +106,14 @@ class Settings:
                 env, "FALCON_SCALE_DOWN_FLEX_START", cls.scale_down_flex_start_seconds),
             retry=_retry_policies(env),
         )
+
+
+def _job_mapping(env: Mapping[str, str]) -> JobMapping:
+    """The job table's names, a bad value reported as every other bad setting is."""
+    try:
+        return JobMapping.from_env(env)
+    except JobMappingError as error:
+        raise SettingsError(str(error)) from None
 
 
 def _retry_policies(env: Mapping[str, str]) -> RetryPolicies:

@@ -32,6 +32,7 @@ from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
+from falcon_es.tables import JobTable
 from falcon_es.store import RecordedEvent
 
 SIM_START = dt.datetime(2026, 1, 5, 0, 0, 0)
@@ -88,11 +89,14 @@ class _Arrivals:
         self.clock = clock
         self.stop = stop
         self.engine: Engine | None = None
+        self.job = JobTable()
         self.waiting: list[Arrival] = []  # latest first, so the next one pops off the end
         self.horizon = SIM_START
 
-    def plan(self, engine: Engine, planned: list[Arrival], horizon_hours: float) -> None:
+    def plan(self, engine: Engine, job: JobTable, planned: list[Arrival],
+             horizon_hours: float) -> None:
         self.engine = engine
+        self.job = job
         self.waiting = list(reversed(planned))
         last_arrival = self.waiting[0].at if self.waiting else SIM_START
         self.horizon = last_arrival + dt.timedelta(hours=horizon_hours)
@@ -112,7 +116,7 @@ class _Arrivals:
         while self.waiting and self.waiting[-1].at <= self.clock.now() and self.engine:
             a = self.waiting.pop()
             job_rows.submit(self.engine, task_id=a.task_id, name=a.name, actor=a.actor,
-                            spec=a.spec, now=a.at)
+                            spec=a.spec, now=a.at, job=self.job)
 
 
 def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: int = 1,
@@ -123,20 +127,21 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
     wall_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         url = db_url or f"sqlite:///{Path(tmp) / 'simulate.db'}"
+        settings = Settings(db_url=url)
         engine = db.make_engine(url)
         db.upgrade(engine)
+        db.create_job_table(engine, JobTable(settings.job_mapping))
         engine.dispose()
         clock = VirtualClock(SIM_START)
         stop = threading.Event()
         script = _Arrivals(clock, stop)
-        settings = Settings(db_url=url)
         world = load_sim_config(config or simulate_world_path())
         app = open_app(settings, clock)
         register_sim_clusters(app, world)  # the world's clusters, before it starts
         svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
                             script=script)
         tpu_types = sorted({c.tpu_type for c in app.cluster_cache.clusters()})
-        script.plan(svc.app.engine, arrivals(tpu_types, tasks, seed,
+        script.plan(svc.app.engine, svc.app.job, arrivals(tpu_types, tasks, seed,
                                              mean_gap_seconds=mean_gap_seconds), horizon_hours)
         script.admit()
         loop_report = svc.loop.run(until_idle=True, stop=stop)

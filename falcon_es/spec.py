@@ -18,6 +18,10 @@ from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
+#: Reasons of rows failed before their spec is read: a column of the row holds what
+#: Falcon-ES cannot use; the row's id does not fit the log.
+INVALID_COLUMN = "InvalidColumn"
+INVALID_ID = "InvalidId"
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.

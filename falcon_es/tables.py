@@ -1,16 +1,22 @@
 """SQLAlchemy Core table definitions shared by the store and the projections.
 
-The migrations in ``schema/`` create these tables; this module only describes them so
-queries are written once. Times are stored as naive UTC with microseconds.
+The migrations in ``schema/`` create Falcon-ES's own tables; this module only describes
+them so queries are written once. The job table is the upper layer's: ``JobTable``
+describes it under the names of a ``JobMapping`` (the settings), and only the demo,
+the tests, the benchmarks and ``db upgrade --create-job-table`` create it from this
+definition. Times are stored as naive UTC with microseconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+
+from falcon_es.job_mapping import JOB_COLUMNS, JobMapping
 
 metadata = sa.MetaData()
 
@@ -19,11 +25,14 @@ Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"
 #: LONGTEXT-backed JSON on MySQL/MariaDB, TEXT on SQLite.
 Json = sa.JSON().with_variant(mysql.JSON(), "mysql", "mariadb")
 
+#: The longest stream id the log holds, so the longest job id Falcon-ES can take in.
+STREAM_ID_LENGTH = 64
+
 task_events = sa.Table(
     "task_events", metadata,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
               autoincrement=False),
-    sa.Column("stream_id", sa.String(64), nullable=False),
+    sa.Column("stream_id", sa.String(STREAM_ID_LENGTH), nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("type", sa.String(64), nullable=False),
     sa.Column("schema_version", sa.Integer, nullable=False),
@@ -62,28 +71,6 @@ clusters = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
 )
 
-job = sa.Table(
-    "job", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("name", sa.String(255), nullable=False),
-    sa.Column("actor", sa.String(128), nullable=False),
-    sa.Column("spec", Json, nullable=True),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("reason", sa.String(64), nullable=True),
-    sa.Column("message", sa.Text, nullable=True),
-    sa.Column("created_at", Timestamp, nullable=False),
-    sa.Column("updated_at", Timestamp, nullable=True),
-    sa.Column("aborting_at", Timestamp, nullable=True),
-    sa.Column("aborted_at", Timestamp, nullable=True),
-    sa.Column("cluster_id", sa.String(36), nullable=True),
-    sa.Column("node_pool_name", sa.String(64), nullable=True),
-    sa.Column("job_uid", sa.String(64), nullable=True),
-    sa.Column("dispatched_at", Timestamp, nullable=True),
-    sa.Column("finished_at", Timestamp, nullable=True),
-    sa.Index("ix_job_status_reason", "status", "reason"),
-    sa.Index("ix_job_created_at", "created_at"),
-)
-
 #: The columns Falcon-ES reads or writes in the upper layer's job table, and the
 #: SQLAlchemy type family each must have (checked by ``falcon-es db check``).
 JOB_COLUMN_KINDS: Mapping[str, type[sa.types.TypeEngine]] = MappingProxyType({
@@ -93,3 +80,100 @@ JOB_COLUMN_KINDS: Mapping[str, type[sa.types.TypeEngine]] = MappingProxyType({
     "aborted_at": sa.DateTime, "cluster_id": sa.String, "node_pool_name": sa.String,
     "job_uid": sa.String, "dispatched_at": sa.DateTime, "finished_at": sa.DateTime,
 })
+
+#: Falcon-ES's definition of each job column (type, nullable), used where Falcon-ES
+#: creates the table itself and to type the values it binds.
+_JOB_DEFINITION: Mapping[str, tuple[sa.types.TypeEngine, bool]] = MappingProxyType({
+    "id": (sa.String(STREAM_ID_LENGTH), False),
+    "name": (sa.String(255), False),
+    "actor": (sa.String(128), False),
+    "spec": (Json, True),
+    "status": (sa.String(32), False),
+    "reason": (sa.String(64), True),
+    "message": (sa.Text(), True),
+    "created_at": (Timestamp, False),
+    "updated_at": (Timestamp, True),
+    "aborting_at": (Timestamp, True),
+    "aborted_at": (Timestamp, True),
+    "cluster_id": (sa.String(36), True),
+    "node_pool_name": (sa.String(64), True),
+    "job_uid": (sa.String(64), True),
+    "dispatched_at": (Timestamp, True),
+    "finished_at": (Timestamp, True),
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class WantedIndex:
+    """An index the queries Falcon-ES runs on the job table want: its leading columns
+    (Falcon-ES's names) and the queries it serves."""
+
+    columns: tuple[str, ...]
+    serves: str
+
+
+#: Derived from the statements themselves: ``inbox.py`` (the poll, the scan for rows it
+#: cannot take), ``projections/job_table.py`` and ``projections/queues.py`` (every write
+#: is by id), ``job_rows.py`` (``task`` commands).
+WANTED_INDEXES: tuple[WantedIndex, ...] = (
+    WantedIndex(("id",), "every row Falcon-ES writes (Status/Reason/Message, position "
+                         "Messages) and every abort: WHERE id = ?"),
+    WantedIndex(("status", "reason"), "the poll of every tick: new rows (status = 'Pending' "
+                                      "AND reason IS NULL) and abort requests (status = "
+                                      "'Aborting'); the scan for unknown statuses"),
+    WantedIndex(("created_at",), "the scan of recent rows Falcon-ES never took in "
+                                 "(created_at >= ?); task list order"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSql:
+    """The job table's names quoted for one dialect, for statements written as SQL
+    text (the bulk writes of the hot path): ``table`` qualified with its database when
+    it has one, ``columns`` by Falcon-ES's names."""
+
+    table: str
+    columns: Mapping[str, str]
+
+
+class JobTable:
+    """The upper layer's job table under the names of a ``JobMapping``.
+
+    ``table.c`` (also ``c``) is keyed by Falcon-ES's column names whatever the table
+    calls them, so statements built on it are written once; a select's result columns
+    carry the table's names unless labelled, so readers label what they read.
+    Indexes are those of ``WANTED_INDEXES`` (created only where Falcon-ES creates the
+    table itself)."""
+
+    def __init__(self, mapping: JobMapping = JobMapping()) -> None:
+        self.mapping = mapping
+        columns = [
+            sa.Column(mapping.column(name), kind, key=name, nullable=nullable,
+                      primary_key=name == "id")
+            for name, (kind, nullable) in _JOB_DEFINITION.items()
+        ]
+        self.table = sa.Table(mapping.table, sa.MetaData(), *columns, schema=mapping.schema)
+        for wanted in WANTED_INDEXES:
+            if wanted.columns != ("id",):
+                sa.Index(self.index_name(wanted), *(self.table.c[c] for c in wanted.columns))
+        self.c = self.table.c
+        self._sql: dict[str, JobSql] = {}
+
+    def index_name(self, wanted: WantedIndex) -> str:
+        """``ix_<table>_<columns>`` in the table's names (``ix_job_status_reason`` by
+        default), cut to MySQL's 64 characters."""
+        names = "_".join(self.mapping.column(c) for c in wanted.columns)
+        return f"ix_{self.mapping.table}_{names}"[:64]
+
+    def sql(self, dialect: sa.Dialect) -> JobSql:
+        """The names quoted for ``dialect`` (computed once per dialect)."""
+        names = self._sql.get(dialect.name)
+        if names is None:
+            preparer = dialect.identifier_preparer
+            names = JobSql(
+                table=preparer.format_table(self.table),
+                columns=MappingProxyType(
+                    {name: preparer.quote(self.mapping.column(name)) for name in JOB_COLUMNS}),
+            )
+            self._sql[dialect.name] = names
+        return names

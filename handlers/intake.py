@@ -7,13 +7,24 @@ from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.runtime import Tick
-from falcon_es.spec import SpecError, parse_spec
+from falcon_es.spec import INVALID_ID, SpecError, parse_spec
 
 INTAKE_BATCH = 5000
 
 
 def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
-    """Validate each new row's spec; a bad spec fails that task alone."""
+    """Validate each new row's spec; a bad spec fails that task alone, and so does a
+    row with a column Falcon-ES cannot read. A row whose id cannot name a stream is
+    refused in a stream of refusals (the row is failed all the same)."""
+    for bad in ctx.inbox.bad_rows():
+        problem = bad.problem
+        if problem.reason == INVALID_ID:
+            tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(
+                bad.id, problem.reason, problem.column, problem.detail), actor="upper-layer")
+        elif tick.state(bad.id) is None:
+            tick.emit(bad.id, ev.TaskRejected(bad.name, bad.actor, problem.reason,
+                                              problem.column, problem.detail),
+                      actor=f"upper-layer:{bad.actor}")
     for row in ctx.inbox.new_rows(limit=INTAKE_BATCH):
         if tick.state(row.id) is not None:
             continue

@@ -17,10 +17,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from falcon_es import chart
+from falcon_es import events as ev
 from falcon_es.store import RecordedEvent
-from falcon_es.tables import job
+from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
-from falcon_es.projections.messages import task_message
+from falcon_es.projections.messages import render, task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
 PROJECTED_COLUMNS = (
@@ -51,7 +52,7 @@ def row_values(state: TaskState, lang: str) -> dict[str, Any]:
     }
 
 
-def _cas_update() -> sa.Update:
+def _cas_update(job: JobTable) -> sa.Update:
     """UPDATE with the abort guard evaluated on the row's current status.
 
     MySQL evaluates SET assignments left to right and later ones see earlier results,
@@ -60,22 +61,23 @@ def _cas_update() -> sa.Update:
     abort time and the event's time, so it never moves backwards and a replay (seeded
     with the live value) reproduces it whatever the interleaving was.
     """
-    keep_abort = sa.and_(job.c.status == chart.ABORTING, sa.bindparam("b_folds_abort") == 0)
-    event_time = sa.bindparam("b_updated_at", type_=job.c.updated_at.type)
-    keep_abort_time = sa.and_(keep_abort, job.c.updated_at > event_time)
+    c = job.c
+    keep_abort = sa.and_(c.status == chart.ABORTING, sa.bindparam("b_folds_abort") == 0)
+    event_time = sa.bindparam("b_updated_at", type_=c.updated_at.type)
+    keep_abort_time = sa.and_(keep_abort, c.updated_at > event_time)
     assignments: list[tuple[Any, Any]] = [
-        (job.c.reason, sa.case((keep_abort, None), else_=sa.bindparam("b_reason"))),
-        (job.c.updated_at, sa.case((keep_abort_time, job.c.updated_at), else_=event_time)),
+        (c.reason, sa.case((keep_abort, None), else_=sa.bindparam("b_reason"))),
+        (c.updated_at, sa.case((keep_abort_time, c.updated_at), else_=event_time)),
     ]
     for column in PROJECTED_COLUMNS:
         if column not in ("status", "reason", "updated_at"):
-            assignments.append((job.c[column], sa.bindparam(f"b_{column}")))
+            assignments.append((c[column], sa.bindparam(f"b_{column}")))
     assignments.append(
-        (job.c.status, sa.case((keep_abort, job.c.status), else_=sa.bindparam("b_status")))
+        (c.status, sa.case((keep_abort, c.status), else_=sa.bindparam("b_status")))
     )
     return (
-        job.update()
-        .where(job.c.id == sa.bindparam("b_id"))
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"))
         .ordered_values(*assignments)
     )
 
@@ -83,13 +85,14 @@ def _cas_update() -> sa.Update:
 class JobTableProjection:
     """Inline projection: after ``TaskStates`` folded an append, write each changed row."""
 
-    def __init__(self, states: TaskStates, lang: str = "en") -> None:
+    def __init__(self, states: TaskStates, job: JobTable, lang: str = "en") -> None:
         self.states = states
+        self.job = job
         self.lang = lang
-        self._update = _cas_update()
+        self._update = _cas_update(job)
 
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
-        write_rows(conn, self.states.changes(), self.lang, self._update)
+        write_rows(conn, self.states.changes(), self.lang, self._update, job=self.job)
 
     def committed(self) -> None:
         """Nothing staged here: the rows committed with the events."""
@@ -99,7 +102,8 @@ class JobTableProjection:
 
 
 def write_rows(
-    conn: Connection, changes: Iterable[Change], lang: str, update: sa.Update | None = None
+    conn: Connection, changes: Iterable[Change], lang: str, update: sa.Update | None = None,
+    *, job: JobTable,
 ) -> int:
     params = []
     for change in changes:
@@ -112,9 +116,9 @@ def write_rows(
     if not params:
         return 0
     if _joined_update_works(conn.dialect):
-        return sum(_write_joined(conn, params[first:first + JOINED_ROWS])
+        return sum(_write_joined(conn, job, params[first:first + JOINED_ROWS])
                    for first in range(0, len(params), JOINED_ROWS))
-    result = conn.execute(update if update is not None else _cas_update(), params)
+    result = conn.execute(update if update is not None else _cas_update(job), params)
     return result.rowcount
 
 
@@ -135,7 +139,7 @@ def _joined_update_works(dialect: sa.Dialect) -> bool:
     return dialect.dbapi.sqlite_version_info >= _SQLITE_UPDATE_FROM
 
 
-def _joined_update_sql(rows: int, dialect_name: str) -> str:
+def _joined_update_sql(rows: int, dialect_name: str, names: JobSql) -> str:
     """One UPDATE for many rows, joined to a derived table of the new values: on
     MySQL/MariaDB PyMySQL runs an executemany UPDATE as one round trip per row (most of
     an append's time there), and on SQLite one statement beats per-row executions.
@@ -146,25 +150,28 @@ def _joined_update_sql(rows: int, dialect_name: str) -> str:
     off (``b_folds_abort`` is 1 whenever ``b_status`` is Aborting or Aborted).
     """
     mysql = dialect_name in ("mysql", "mariadb")
-    target = "job." if mysql else ""  # SQLite names SET columns unqualified
+    table, col = names.table, names.columns
+    target = f"{table}." if mysql else ""  # SQLite names SET columns unqualified
     mark = "%s" if mysql else "?"
-    keep_abort = f"job.status = '{chart.ABORTING}' AND v.b_folds_abort = 0"
+    status, updated_at = f"{table}.{col['status']}", f"{table}.{col['updated_at']}"
+    keep_abort = f"{status} = '{chart.ABORTING}' AND v.b_folds_abort = 0"
     assignments = [
-        f"{target}reason = CASE WHEN {keep_abort} THEN NULL ELSE v.b_reason END",
-        (f"{target}updated_at = CASE WHEN {keep_abort} AND job.updated_at > v.b_updated_at "
-         "THEN job.updated_at ELSE v.b_updated_at END"),
-        *(f"{target}{c} = v.b_{c}" for c in PROJECTED_COLUMNS
+        f"{target}{col['reason']} = CASE WHEN {keep_abort} THEN NULL ELSE v.b_reason END",
+        (f"{target}{col['updated_at']} = CASE WHEN {keep_abort} AND {updated_at} > "
+         f"v.b_updated_at THEN {updated_at} ELSE v.b_updated_at END"),
+        *(f"{target}{col[c]} = v.b_{c}" for c in PROJECTED_COLUMNS
           if c not in ("status", "reason", "updated_at")),
-        f"{target}status = CASE WHEN {keep_abort} THEN job.status ELSE v.b_status END",
+        f"{target}{col['status']} = CASE WHEN {keep_abort} THEN {status} ELSE v.b_status END",
     ]
     first = "SELECT " + ", ".join(f"{mark} AS {name}" for name in _JOINED_PARAMS)
     values = f"{first}{(' UNION ALL SELECT ' + ', '.join(mark for _ in _JOINED_PARAMS)) * (rows - 1)}"
+    row_id = f"{table}.{col['id']}"
     if mysql:
-        return f"UPDATE job JOIN ({values}) AS v ON job.id = v.b_id SET {', '.join(assignments)}"
-    return f"UPDATE job SET {', '.join(assignments)} FROM ({values}) AS v WHERE job.id = v.b_id"
+        return f"UPDATE {table} JOIN ({values}) AS v ON {row_id} = v.b_id SET {', '.join(assignments)}"
+    return f"UPDATE {table} SET {', '.join(assignments)} FROM ({values}) AS v WHERE {row_id} = v.b_id"
 
 
-def _write_joined(conn: Connection, params: Sequence[dict[str, Any]]) -> int:
+def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, Any]]) -> int:
     """The statement goes to the driver as is, so each value first gets the column
     type's own bind processing (SQLite stores datetimes as text in SQLAlchemy's format,
     which the time comparisons rely on)."""
@@ -179,4 +186,54 @@ def _write_joined(conn: Connection, params: Sequence[dict[str, Any]]) -> int:
         for row in params
         for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
     )
-    return conn.exec_driver_sql(_joined_update_sql(len(params), dialect.name), flat).rowcount
+    sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
+    return conn.exec_driver_sql(sql, flat).rowcount
+
+
+class RefusedRowsProjection:
+    """Inline projection: a row refused as a whole (``RowRefused``, its id does not fit
+    the log) is failed with the refusal's Reason and Message. Only a row still new
+    (Pending, no Reason) is written: the upper layer may have moved it meanwhile."""
+
+    def __init__(self, job: JobTable, lang: str = "en") -> None:
+        self.job = job
+        self.lang = lang
+        self._update = refusal_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        refused = [r for r in recorded if type(r.event) is ev.RowRefused]
+        if refused:
+            write_refusals(conn, refused, self.lang, self._update)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+def refusal_update(job: JobTable) -> sa.Update:
+    c = job.c
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), c.status == chart.PENDING, c.reason.is_(None))
+        .values(status=chart.FAILED, reason=sa.bindparam("b_reason"),
+                message=sa.bindparam("b_message"), updated_at=sa.bindparam("b_at"),
+                finished_at=sa.bindparam("b_at"))
+    )
+
+
+def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str,
+                   update: sa.Update) -> int:
+    """Fail each refused row (its event's Reason, a Message rendered from its data)."""
+    params = []
+    for record in refused:
+        event = record.event
+        if not isinstance(event, ev.RowRefused):
+            continue
+        params.append({"b_id": event.row_id, "b_reason": event.reason,
+                       "b_message": render("RowRefused", event.to_data(), lang),
+                       "b_at": record.recorded_at})
+    if not params:
+        return 0
+    return conn.execute(update, params).rowcount

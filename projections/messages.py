@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from falcon_es.spec import INVALID_COLUMN
 from falcon_es.task import TaskState
 
 Args = Mapping[str, Any]
@@ -40,6 +41,13 @@ def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
     return render
 
 
+def _rejected(spec: str, column: str) -> Callable[[Args], str]:
+    """A rejected task: its spec was invalid, or a column of its row unreadable."""
+    def render(args: Args) -> str:
+        return (column if args.get("reason") == INVALID_COLUMN else spec).format(**args)
+    return render
+
+
 #: The API call behind each retried step (``ApiCallRetrying.step``), named as the
 #: API's own reference does, so the same in every language.
 CALLS: Mapping[str, str] = MappingProxyType({
@@ -62,7 +70,9 @@ def _retrying(limited: str, unlimited: str) -> Callable[[Args], str]:
 
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
-    "TaskRejected": "invalid task spec: {field}: {detail}",
+    "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
+                              "unreadable job row: column {field}: {detail}"),
+    "RowRefused": "job row not taken in: {field}: {detail}",
     "NoMatchingCluster": lambda a: (
         f"supply mode {a['supply_mode']} was asked for, but no {a['tpu_type']} cluster has "
         f"a reservation ({', '.join(a['without_reservation'])})"
@@ -118,7 +128,9 @@ EN: Mapping[str, Template] = MappingProxyType({
 
 ZH: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "已接收，正在为 {tpu_type} {topology} 选择集群",
-    "TaskRejected": "任务规格无效：{field}：{detail}",
+    "TaskRejected": _rejected("任务规格无效：{field}：{detail}",
+                              "无法读取的作业行：列 {field}：{detail}"),
+    "RowRefused": "作业行未被接收：{field}：{detail}",
     "NoMatchingCluster": lambda a: (
         f"要求的供给方式为 {a['supply_mode']}，但没有 {a['tpu_type']} 集群配置预留"
         f"（{'、'.join(a['without_reservation'])}）"

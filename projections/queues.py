@@ -25,7 +25,7 @@ from falcon_es import events as ev
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
-from falcon_es.tables import job
+from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
 from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
 
@@ -60,10 +60,10 @@ def positions(order: Sequence[Entry], lang: str) -> Iterator[tuple[str, str]]:
         yield order[index].task_id, position(position=index + 1, ahead=index, names=names)
 
 
-def position_update() -> sa.Update:
+def position_update(job: JobTable) -> sa.Update:
     """The batched refresh: never touches a row that is no longer Pending (an abort)."""
     return (
-        job.update()
+        job.table.update()
         .where(job.c.id == sa.bindparam("b_id"), job.c.status == chart.PENDING)
         .values(message=sa.bindparam("b_message"))
     )
@@ -74,19 +74,21 @@ def position_update() -> sa.Update:
 MYSQL_CHUNK = 500
 
 
-def _mysql_update(count: int) -> str:
+def _mysql_update(count: int, names: JobSql) -> str:
     """UPDATE ... JOIN (SELECT id, message UNION ALL ...) for ``count`` rows, with the
     same guard: only rows still Pending (PyMySQL ``format`` parameters: id, message per
     row, then the status)."""
     selects = " UNION ALL ".join(
         "SELECT %s AS id, %s AS message" if n == 0 else "SELECT %s, %s" for n in range(count)
     )
-    return (f"UPDATE job JOIN ({selects}) AS moved ON job.id = moved.id "
-            "SET job.message = moved.message WHERE job.status = %s")
+    table, col = names.table, names.columns
+    return (f"UPDATE {table} JOIN ({selects}) AS moved ON {table}.{col['id']} = moved.id "
+            f"SET {table}.{col['message']} = moved.message "
+            f"WHERE {table}.{col['status']} = %s")
 
 
 def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
-                    update: sa.Update | None = None) -> int:
+                    update: sa.Update | None = None, *, job: JobTable) -> int:
     """Write (task id, Message) rows in bulk: one executemany UPDATE on SQLite, joined
     multi-row UPDATEs of ``MYSQL_CHUNK`` rows on MySQL/MariaDB. Returns the rows sent."""
     if not rows:
@@ -96,31 +98,38 @@ def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
         # than the statement.
         for start in range(0, len(rows), MYSQL_CHUNK):
             chunk = rows[start:start + MYSQL_CHUNK]
-            conn.exec_driver_sql(_mysql_update(len(chunk)),
+            conn.exec_driver_sql(_mysql_update(len(chunk), job.sql(conn.dialect)),
                                  (*(value for row in chunk for value in row), chart.PENDING))
         return len(rows)
     if update is None and conn.dialect.name == "sqlite":
         # The driver's own executemany: the statement needs no compiling and the rows
         # (plain strings) no bind processing, which per row cost more than the UPDATE.
-        conn.exec_driver_sql(_SQLITE_POSITION_UPDATE,
+        conn.exec_driver_sql(_sqlite_position_update(job.sql(conn.dialect)),
                              [(message, task_id, chart.PENDING) for task_id, message in rows])
         return len(rows)
-    conn.execute(update if update is not None else position_update(),
+    conn.execute(update if update is not None else position_update(job),
                  [{"b_id": task_id, "b_message": m} for task_id, m in rows])
     return len(rows)
 
 
-#: ``position_update`` as SQLite compiles it (qmark parameters: message, id, status).
-_SQLITE_POSITION_UPDATE = "UPDATE job SET message=? WHERE job.id = ? AND job.status = ?"
+def _sqlite_position_update(names: JobSql) -> str:
+    """``position_update`` as SQLite compiles it (qmark parameters: message, id, status)."""
+    table, col = names.table, names.columns
+    return (f"UPDATE {table} SET {col['message']}=? "
+            f"WHERE {table}.{col['id']} = ? AND {table}.{col['status']} = ?")
 
 
 class QueueView:
     """Inline projection keeping the ``QueueBook`` and the waiting positions current."""
 
-    def __init__(self, tasks: TaskStates, lang: str = "en", book: QueueBook | None = None) -> None:
+    def __init__(self, tasks: TaskStates, lang: str = "en", book: QueueBook | None = None,
+                 *, job: JobTable | None = None) -> None:
         self.tasks = tasks
         self.lang = lang
         self.book = book if book is not None else QueueBook()
+        #: The job table the positions are written to (the default names when the
+        #: view only folds, as a replay's does).
+        self.job = job if job is not None else JobTable()
         self._written: dict[str, str] = {}  # task id -> position Message in the row
         self._staged: dict[str, str] = {}
         self._refreshed: set[QueueKey] = set()
@@ -213,7 +222,7 @@ class QueueView:
             self.last_refresh_rows = 0
             return 0
         rows = self.pending_positions()
-        write_positions(conn, rows)
+        write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._refreshed = set(self.book.changed)
         self.last_refresh_rows = len(rows)

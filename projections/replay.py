@@ -19,10 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
-from falcon_es.store import EventStore
-from falcon_es.tables import job
+from falcon_es import events as ev
+from falcon_es.inbox import as_timestamp
+from falcon_es.store import EventStore, RecordedEvent
+from falcon_es.tables import JobTable
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
-from falcon_es.projections.job_table import PROJECTED_COLUMNS, row_values, write_rows
+from falcon_es.projections.job_table import (
+    PROJECTED_COLUMNS, refusal_update, row_values, write_refusals, write_rows,
+)
 from falcon_es.projections.queues import QueueView, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
@@ -51,16 +55,25 @@ def fold_views(store: EventStore, lang: str = "en", until: int | None = None) ->
     return states, queues
 
 
-def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None) -> int:
+def refused_rows(store: EventStore) -> list[RecordedEvent]:
+    """The rows refused as a whole (ids the log cannot hold), in log order."""
+    return store.read_stream(ev.REFUSED_ROWS_STREAM)
+
+
+def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None,
+            *, job: JobTable, refused: list[RecordedEvent] | None = None) -> int:
     """Write every task's projected columns, keeping aborts not yet in the log; with
-    ``queues``, the waiting tasks' position Messages too."""
+    ``queues``, the waiting tasks' position Messages too; with ``refused``, the rows
+    refused as a whole."""
     changes = [
         Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
         for state in states.all()
     ]
-    written = write_rows(conn, changes, lang)
+    written = write_rows(conn, changes, lang, job=job)
     if queues is not None:
-        write_positions(conn, queues.all_positions())
+        write_positions(conn, queues.all_positions(), job=job)
+    if refused:
+        write_refusals(conn, refused, lang, refusal_update(job))
     return written
 
 
@@ -75,37 +88,53 @@ class Difference:
         return f"{self.task_id}.{self.column}: live={self.live!r} replayed={self.replayed!r}"
 
 
-def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None) -> list[Difference]:
-    """Rebuild into a scratch SQLite database and diff it against the live job table."""
+def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None,
+           *, job: JobTable) -> list[Difference]:
+    """Rebuild into a scratch SQLite database (a job table of Falcon-ES's own names
+    there) and diff it against the live job table (``job``, the settings' mapping)."""
     states, queues = fold_views(store, lang)
+    refused = refused_rows(store)
+    scratch_job = JobTable()
     with tempfile.TemporaryDirectory(dir=scratch_dir) as tmp:
         scratch = db.make_engine(f"sqlite:///{Path(tmp) / 'scratch.db'}")
         try:
-            db.upgrade(scratch)
-            live_rows = _copy_upper_layer_rows(live, scratch)
+            scratch_job.table.create(scratch)
+            live_rows = _copy_upper_layer_rows(live, job, scratch, scratch_job)
             with scratch.begin() as conn:
-                rebuild(conn, states, lang, queues)
+                rebuild(conn, states, lang, queues, job=scratch_job, refused=refused)
             with scratch.connect() as conn:
-                replayed = {r.id: r for r in conn.execute(sa.select(job))}
+                replayed = {r.id: r for r in conn.execute(sa.select(scratch_job.table))}
         finally:
             scratch.dispose()
     return list(_diff(live_rows, replayed))
 
 
-def _copy_upper_layer_rows(live: Engine, scratch: Engine) -> dict[str, Any]:
-    compared = [job.c[c] for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))]
+#: Read as the driver gives them (no type processing), so a value of the wrong type
+#: in the upper layer's own columns (a row intake failed for it) cannot stop a verify.
+_SEEDED_AS_IS = ("name", "actor", "created_at", "aborting_at")
+
+
+def _copy_upper_layer_rows(live: Engine, job: JobTable, scratch: Engine,
+                           scratch_job: JobTable) -> dict[str, Any]:
+    compared = [
+        (sa.type_coerce(job.c[c], sa.Text) if c in _SEEDED_AS_IS else job.c[c]).label(c)
+        for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))
+    ]
     with db.read_only(live).connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(*compared))}
+        # An integer id (the upper layer's) is the text the log knows it by.
+        rows = {str(r.id): r for r in conn.execute(sa.select(*compared))}
     seed = [
         {
-            **{c: getattr(r, c) for c in UPPER_LAYER_COLUMNS},
+            "id": row_id, "name": str(r.name or ""), "actor": str(r.actor or ""),
+            "created_at": as_timestamp(r.created_at) or dt.datetime.min,
+            "updated_at": r.updated_at, "aborting_at": as_timestamp(r.aborting_at),
             "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
         }
-        for r in rows.values()
+        for row_id, r in rows.items()
     ]
     if seed:
         with scratch.begin() as conn:
-            conn.execute(job.insert(), seed)
+            conn.execute(scratch_job.table.insert(), seed)
     return rows
 
 

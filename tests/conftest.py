@@ -6,6 +6,7 @@ message saying how to start it. Each session works in its own scratch database.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import uuid
@@ -20,7 +21,7 @@ from falcon_es import db
 from falcon_es.bootstrap import App, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
-from falcon_es.tables import metadata
+from falcon_es.tables import JobTable, metadata
 
 # pydantic builds a model's schema on first use; under a frozen clock it would meet
 # freezegun's FakeDatetime (the kubernetes client's models are pydantic's), so whether
@@ -47,18 +48,53 @@ def mysql_url() -> Iterator[str]:
             pytrace=False,
         )
     url = f"{MYSQL_SERVER}/{name}?charset=utf8mb4"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     yield url
     with server.connect() as conn:
         conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
     server.dispose()
 
 
+@contextlib.contextmanager
+def scratch_mysql(prefix: str) -> Iterator[str]:
+    """A new, empty utf8mb4 database on the test server, dropped afterwards."""
+    server = sa.create_engine(MYSQL_SERVER + "/", isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with server.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+    try:
+        yield f"{MYSQL_SERVER}/{name}?charset=utf8mb4"
+    finally:
+        with server.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+        server.dispose()
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def bare_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with nothing in it yet, on each dialect: no Falcon-ES schema, no job
+    table (the upper layer's, which a test creates as the upper layer would)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'bare.db'}"
+        return
+    with scratch_mysql("falcon_bare") as url:
+        yield url
+
+
+def migrate(url: str, job: JobTable | None = None) -> None:
+    """Falcon-ES's tables and a job table (the upper layer's, which the tests play)."""
+    engine = db.make_engine(url)
+    try:
+        db.upgrade(engine)
+        db.create_job_table(engine, job or JobTable())
+    finally:
+        engine.dispose()
+
+
 def _empty_mysql(url: str) -> None:
     engine = sa.create_engine(url)
     with engine.begin() as conn:
+        conn.execute(JobTable().table.delete())
         for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
         conn.exec_driver_sql("INSERT INTO log_head (id, last_seq) VALUES (1, 0)")
@@ -70,9 +106,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database on each dialect."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'falcon.db'}"
-        engine = db.make_engine(url)
-        db.upgrade(engine)
-        engine.dispose()
+        migrate(url)
         return url
     url = request.getfixturevalue("mysql_url")
     _empty_mysql(url)

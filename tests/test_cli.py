@@ -5,7 +5,6 @@ meaningful exit code, never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -21,10 +20,13 @@ from falcon_es.bootstrap import build_service, open_app
 from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
-from falcon_es.tables import clusters, job
+from falcon_es.tables import JobTable, clusters
 from falcon_es.handlers import intake
 
-from tests.conftest import MYSQL_SERVER
+from tests.conftest import MYSQL_SERVER, scratch_mysql
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 JOB_COLUMNS = set(job.c.keys())
 CLUSTER_COLUMNS = set(clusters.c.keys())
@@ -78,11 +80,14 @@ def take_in(db_url: str) -> None:
 
 def test_db_upgrade_creates_the_schema_and_is_idempotent(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new.db'}"
-    out = ok(cli(url, "db", "upgrade"))
-    assert out.strip() == "database at revision 0001" or out.startswith("database at revision ")
+    out = ok(cli(url, "db", "upgrade", "--create-job-table"))
+    assert out.startswith("database at revision ")
+    assert out.splitlines()[-1] == "job table job: created"
     tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
     assert {"task_events", "log_head", "checkpoints", "clusters", "job"} <= tables
-    assert ok(cli(url, "db", "upgrade")) == out
+    again = ok(cli(url, "db", "upgrade", "--create-job-table"))
+    assert again.splitlines()[0] == out.splitlines()[0]
+    assert again.splitlines()[-1].startswith("job table job: present, left as it is")
 
 
 def test_db_upgrade_on_mysql(db_url: str) -> None:
@@ -92,7 +97,8 @@ def test_db_upgrade_on_mysql(db_url: str) -> None:
 
 def test_db_check_passes_on_the_migrated_table(db_url: str) -> None:
     out = ok(cli(db_url, "db", "check"))
-    assert out.strip() == "job: all 16 columns present with usable types"
+    assert out.splitlines()[0] == "job: all 16 columns present with usable types"
+    assert "(all present; " in out.splitlines()[1]
 
 
 # ------------------------------------------------------------------ clusters
@@ -394,16 +400,8 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
-    server = sa.create_engine(MYSQL_SERVER + "/", isolation_level="AUTOCOMMIT")
-    name = f"falcon_empty_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with server.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield f"{MYSQL_SERVER}/{name}"
-    finally:
-        with server.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
-        server.dispose()
+    with scratch_mysql("falcon_empty") as url:
+        yield url
 
 
 @pytest.mark.parametrize("command", [

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from falcon_es import db
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from tests.support.harness import Crash, CrashPlan, Harness, reserved_cluster, sim_config
+from tests.conftest import migrate
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 CLUSTER = reserved_cluster(count=1)
@@ -121,9 +121,7 @@ def reference(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Crash
 
 def _fresh_sqlite(directory: Path) -> str:
     url = f"sqlite:///{directory / 'falcon.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     return url
 
 

@@ -19,6 +19,7 @@ from falcon_es.ports import TASK_EVENTS_TOPIC
 from falcon_es.settings import Settings
 from falcon_es.simulate import run_simulation
 from falcon_es.handlers import outbox
+from tests.conftest import migrate
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/w:1", "tpu_type": "v7x", "topology": "2x2x1",
         "sim": {"duration_seconds": 300}}
@@ -90,9 +91,7 @@ def _fresh(tmp_path: Path) -> str:
     """A migrated database whose registry has one v7x cluster (the sim backend simulates
     the registry's clusters and registers none)."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     added = CliRunner().invoke(main, ["--db", url, "cluster", "add", "v7x-a", "--project", "p",
                                       "--location", "us-central1-c", "--tpu-type", "v7x",
                                       "--gcs-bucket", "logs", "--reservation", "v7x-a-r"])

@@ -374,7 +374,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr
     assert "Falcon-ES" in helped.stdout
     upgraded = subprocess.run([str(falcon), "--db", f"sqlite:///{tmp_path / 'falcon.db'}",
-                               "db", "upgrade"], cwd=tmp_path, env=env,
+                               "db", "upgrade", "--create-job-table"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
     assert upgraded.returncode == 0, upgraded.stderr
     assert "database at revision" in upgraded.stdout

@@ -7,9 +7,10 @@ import datetime as dt
 from pathlib import Path
 
 from falcon_es.bootstrap import build_service
-from falcon_es import db, job_rows, registry, service
+from falcon_es import job_rows, registry, service
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
+from tests.conftest import migrate
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",
         "sim": {"duration_seconds": 60}}
@@ -17,9 +18,7 @@ SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology":
 
 def test_a_renamed_subscription_still_receives_the_simulated_informers(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     settings = Settings.from_env({"FALCON_DB_URL": url,
                                   "FALCON_EDGE_EVENTS_SUBSCRIPTION": "falcon-edge-events-ctl"})
     svc = build_service(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from falcon_es import db, job_rows, manifests, naming
+from falcon_es import job_rows, manifests, naming
 from falcon_es.adapters.gcp import build_gcp_ports
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.pubsub import PubSubBus
@@ -46,6 +46,7 @@ from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator
 from tests.fakes.sim_backed import SimBackedCloud, TracedBus
 from tests.support.harness import Harness, flex_cluster, reserved_cluster, sim_config
+from tests.conftest import migrate
 
 pubsub_emulator = fixtures.pubsub_emulator
 
@@ -155,9 +156,7 @@ def make(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
         config = sim_config(*clusters)
         if backend == "sim":
             url = f"sqlite:///{directory / 'falcon.db'}"
-            engine = db.make_engine(url)
-            db.upgrade(engine)
-            engine.dispose()
+            migrate(url)
             harness = Harness(url, clock, config, Settings(db_url=url, **overrides))
         else:
             harness = GcpHarness(db_url, clock, config, emulator=pubsub_emulator,

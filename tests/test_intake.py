@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db, job_rows
+from falcon_es import job_rows
 from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.handlers import intake
+from tests.conftest import migrate
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 #: Intake alone: with the scheduling handlers a task with no cluster of its TPU type
 #: would fail NoMatchingCluster in the same tick (tests/test_scheduling.py covers that).
@@ -79,9 +83,7 @@ def test_abort_before_intake_and_after_the_end(app: App) -> None:
 @pytest.fixture
 def sqlite_app(tmp_path: Path, clock: VirtualClock) -> Iterator[App]:
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     application = open_app(Settings(db_url=url), clock)
     yield application
     application.close()

@@ -26,10 +26,13 @@ from falcon_es.spec import (
     TaskSpec,
     parse_spec,
 )
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.tpu import TPU_TYPES
 from falcon_es.projections.messages import render
 from tests.test_scheduling import add_cluster, controller
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 GOOD = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",
         "command": ["python", "train.py"], "env": {"STEPS": "10"}, "supply_mode": "flex-start",

@@ -19,9 +19,12 @@ from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, Meta, StreamAppend
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.handlers import intake
 from falcon_es.projections import replay
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 SUBMITTED = dt.datetime(2026, 11, 1, 8)
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
@@ -356,7 +359,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
             assert later, f"{task_id}: no projection write after its abort"
         for task_id in set(task_ids) - set(doomed):
             assert (rows[task_id]["status"], rows[task_id]["reason"]) == ("Pending", "WaitingForNode")
-        assert replay.verify(app.engine, app.store, "en") == []
+        assert replay.verify(app.engine, app.store, "en", job=app.job) == []
     finally:
         app.close()
 
@@ -369,7 +372,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
         rows = {r["id"]: r for r in job_rows.list_rows(folding.engine)}
         assert {rows[t]["status"] for t in doomed} == {"Aborting"}
         assert {rows[t]["status"] for t in set(task_ids) - set(doomed)} == {"Pending"}
-        assert replay.verify(folding.engine, folding.store, "en") == []
+        assert replay.verify(folding.engine, folding.store, "en", job=folding.job) == []
         assert controller.tick().appended == 0, "a folded abort is not folded twice"
     finally:
         folding.close()
@@ -392,8 +395,9 @@ def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: 
         row = {f"b_{k}": v for k, v in job_table.row_values(states[task_id], "en").items()}
         params.append({**row, "b_id": task_id, "b_folds_abort": 0})
     with app.engine.begin() as conn:
-        joined = job_table.write_rows(conn, [Change(states[t], states[t], False) for t in ("a1", "a2")], "en")
-        per_row = conn.execute(job_table._cas_update(), params).rowcount
+        joined = job_table.write_rows(conn, [Change(states[t], states[t], False) for t in ("a1", "a2")], "en",
+                                      job=JobTable())
+        per_row = conn.execute(job_table._cas_update(JobTable()), params).rowcount
     assert joined == per_row == 2
     rows = {r["id"]: r for r in job_rows.list_rows(app.engine)}
     for first, second in (("a1", "b1"), ("a2", "b2")):

@@ -45,6 +45,7 @@ from falcon_es.settings import Settings
 from falcon_es.store import EventStore
 from tests.fakes.kube_server import FakeKubeServer
 from tests.support.harness import reserved_cluster, sim_config
+from tests.conftest import migrate
 
 NAMESPACE, NAME = "falcon", "falcon-controller"
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
@@ -612,9 +613,7 @@ def stopped_event() -> threading.Event:
 
 def fresh_sqlite(tmp_path: Any) -> str:
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     return url
 
 

@@ -25,6 +25,7 @@ from falcon_es.ports import QUOTA_EXCEEDED, PortError
 from falcon_es.registry import Cluster
 from falcon_es.store import ConcurrencyError, EventStore, Meta, StreamAppend
 from falcon_es.task import TaskState, TaskStates
+from tests.conftest import migrate
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 META = Meta(actor="controller")
@@ -684,9 +685,7 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
         "delivery": {"late_probability": 0, "duplicate_probability": 1.0},
     }))
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    migrate(url)
     metrics = Metrics(clock=VirtualClock(START))
     svc = build_service(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
                         metrics=metrics)

@@ -100,8 +100,8 @@ def test_pip_install_of_the_wheel_into_a_fresh_venv_runs_db_upgrade(wheel: Path,
         assert f"  {command} " in helped.stdout
 
     database = tmp_path / "x.db"
-    upgraded = _run([venv / "bin" / "falcon-es", "--db", f"sqlite:///{database}", "db", "upgrade"],
-                    cwd=tmp_path, env=env)
+    upgraded = _run([venv / "bin" / "falcon-es", "--db", f"sqlite:///{database}", "db", "upgrade",
+                     "--create-job-table"], cwd=tmp_path, env=env)
     assert upgraded.stdout.startswith("database at revision ")
     with sqlite3.connect(database) as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}

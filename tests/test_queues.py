@@ -14,11 +14,14 @@ from falcon_es import job_rows
 from falcon_es.bootstrap import App, open_app
 from falcon_es.cli import main
 from falcon_es.settings import Settings
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.projections import replay as rp
 from falcon_es.projections.messages import position_message
 from falcon_es.projections.queues import queue_rows
 from tests.test_scheduling import add_cluster, append, controller, row, run, submit
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 
 def messages(app: App, ids: list[str]) -> list[str]:
@@ -104,14 +107,14 @@ def test_replay_reproduces_positions_and_rebuild_restores_them(app: App, db_url:
     run(app, holders[0])
     append(app, holders[1], ev.NodePoolFailed("falcon-x", "quota"))
     ctl.tick()
-    assert rp.verify(app.engine, app.store, "en") == []
+    assert rp.verify(app.engine, app.store, "en", job=app.job) == []
     with app.engine.begin() as conn:
         conn.execute(job.update().where(job.c.reason == "Waiting").values(message="stale"))
-    assert {d.column for d in rp.verify(app.engine, app.store, "en")} == {"message"}
+    assert {d.column for d in rp.verify(app.engine, app.store, "en", job=app.job)} == {"message"}
     states, queues = rp.fold_views(app.store, "en")
     with app.engine.begin() as conn:
-        rp.rebuild(conn, states, "en", queues)
-    assert rp.verify(app.engine, app.store, "en") == []
+        rp.rebuild(conn, states, "en", queues, job=app.job)
+    assert rp.verify(app.engine, app.store, "en", job=app.job) == []
     waiting = [t for t in ids if row(app, t)["reason"] == "Waiting"]
     assert all(row(app, t)["message"].startswith("#") for t in waiting)
 

@@ -11,15 +11,19 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from falcon_es import db, job_rows
+from falcon_es import job_rows
 from falcon_es import events as ev
 from falcon_es.bootstrap import App, open_app
 from falcon_es.cli import main
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, StreamAppend
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 from falcon_es.projections import replay
+from tests.conftest import migrate
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
 SUBMITTED = dt.datetime(2026, 11, 1, 8)
@@ -81,7 +85,7 @@ def test_verify_exits_0_when_the_projections_match(db_url: str, history: App) ->
     result = cli(db_url, "replay", "--verify")
     assert result.exit_code == 0, result.output
     assert "matches the live projections" in result.stdout
-    assert replay.verify(history.engine, history.store, "en") == []
+    assert replay.verify(history.engine, history.store, "en", job=history.job) == []
 
 
 def test_verify_reports_a_tampered_row_with_a_readable_diff(db_url: str, history: App) -> None:
@@ -108,7 +112,7 @@ def test_verify_json_lists_each_difference(db_url: str, history: App) -> None:
 
 def test_the_python_api_names_the_same_differences(history: App) -> None:
     tamper(history, "waiting", status="Running", reason=None)
-    differences = replay.verify(history.engine, history.store, "en")
+    differences = replay.verify(history.engine, history.store, "en", job=history.job)
     assert [(d.task_id, d.column, d.live, d.replayed) for d in differences] == [
         ("waiting", "status", "Running", "Pending"), ("waiting", "reason", None, "Waiting"),
     ]
@@ -134,7 +138,7 @@ def test_rebuild_through_the_python_api(history: App) -> None:
     tamper(history, "running", status="Succeeded", reason="x")
     states = replay.fold_log(history.store)
     with history.engine.begin() as conn:
-        assert replay.rebuild(conn, states, "en") == 3
+        assert replay.rebuild(conn, states, "en", job=history.job) == 3
     row = job_rows.get_row(history.engine, "running")
     assert (row["status"], row["reason"], row["message"]) == ("Running", None, "1/1 active")
 
@@ -161,7 +165,7 @@ def test_a_folded_abort_is_rebuilt_from_the_log(db_url: str, history: App, clock
     requested = job_rows.get_row(history.engine, "running")["aborting_at"]
     drive(history, clock, "running", (ev.AbortRequested(requested, "Running"), ev.TaskAborted("Running")))
     tamper(history, "running", status="Aborting", aborted_at=None)
-    assert {d.column for d in replay.verify(history.engine, history.store, "en")} == {"status", "aborted_at"}
+    assert {d.column for d in replay.verify(history.engine, history.store, "en", job=history.job)} == {"status", "aborted_at"}
     assert cli(db_url, "replay", "--rebuild").exit_code == 0
     row = job_rows.get_row(history.engine, "running")
     assert (row["status"], row["message"]) == ("Aborted", "aborted while Running")
@@ -174,14 +178,14 @@ def test_verify_copes_with_a_spec_that_is_not_json(tmp_path: Path, clock: Virtua
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
     app = open_app(Settings(db_url=url), clock)
     try:
-        db.upgrade(app.engine)
+        migrate(url)
         submit(app, "t")
         drive(app, clock, "t", (ACCEPTED,))
         with app.engine.begin() as conn:
             conn.execute(sa.text("UPDATE job SET spec = '{not json' WHERE id = 't'"))
         result = cli(url, "replay", "--verify")
         assert result.exit_code == 0, result.output
-        assert replay.verify(app.engine, app.store, "en") == []
+        assert replay.verify(app.engine, app.store, "en", job=app.job) == []
     finally:
         app.close()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.dialects import sqlite
 
 from falcon_es import chart
 from falcon_es import events as ev
@@ -37,15 +38,11 @@ TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
 
 
-@dataclasses.dataclass(frozen=True)
-class Dialect:
-    name: str = "sqlite"
-
-
 class RecordingConnection:
-    """Stands in for a SQLAlchemy connection: keeps the last Message per row id."""
+    """Stands in for a SQLAlchemy connection (with SQLite's dialect, which names and
+    quotes the job table's columns): keeps the last Message per row id."""
 
-    dialect = Dialect()
+    dialect = sqlite.dialect()
 
     def __init__(self) -> None:
         self.messages: dict[str, str] = {}

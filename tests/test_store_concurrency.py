@@ -25,7 +25,10 @@ from falcon_es.bootstrap import open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import ConcurrencyError, EventStore, Meta, StreamAppend
-from falcon_es.tables import job, task_events
+from falcon_es.tables import JobTable, task_events
+
+#: The job table under Falcon-ES's own names, as the fixtures create it.
+job = JobTable().table
 
 pytestmark = pytest.mark.slow
 

@@ -48,12 +48,13 @@ from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db, job_rows
 from falcon_es.adapters.sim import load_sim_config
-from falcon_es.bench.scratch import ScratchDatabaseError, scratch_mysql_database
+from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
 from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
-from falcon_es.tables import job
+from falcon_es.job_mapping import JobMapping
+from falcon_es.tables import JobTable
 
 DEFAULT_TASKS = 10_000
 DEFAULT_SEED = 1
@@ -199,21 +200,21 @@ class StatementCounter:
 
 
 @contextmanager
-def scratch_database(url: str | None) -> Iterator[str]:
-    """A fresh, migrated database: a temporary SQLite file by default, a new SQLite
-    file at ``url``, or a new database on the MySQL/MariaDB server ``url`` names
-    (dropped afterwards; any database in the URL is ignored)."""
+def scratch_database(url: str | None, job: JobTable) -> Iterator[str]:
+    """A fresh, migrated database with a job table: a temporary SQLite file by
+    default, a new SQLite file at ``url``, or a new database on the MySQL/MariaDB server
+    ``url`` names (dropped afterwards; any database in the URL is ignored)."""
     if url is None:
         with tempfile.TemporaryDirectory() as tmp:
             fresh = f"sqlite:///{Path(tmp) / 'e2e.db'}"
-            _migrate(fresh)
+            _migrate(fresh, job)
             yield fresh
         return
     parsed = sa.engine.make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and Path(parsed.database).exists():
             raise BenchInputError(f"--db {url}: the file exists; the benchmark needs a fresh one")
-        _migrate(url)
+        _migrate(url, job)
         yield url
         return
     with ExitStack() as stack:
@@ -221,14 +222,15 @@ def scratch_database(url: str | None) -> Iterator[str]:
             fresh_url = stack.enter_context(scratch_mysql_database(parsed, "falcon_e2e"))
         except ScratchDatabaseError as error:
             raise BenchInputError(f"--db {error}") from None
-        _migrate(fresh_url)
+        _migrate(fresh_url, job)
         yield fresh_url
 
 
-def _migrate(url: str) -> None:
+def _migrate(url: str, job: JobTable) -> None:
     engine = db.make_engine(url)
     try:
         db.upgrade(engine)
+        db.create_job_table(engine, job)
     finally:
         engine.dispose()
 
@@ -237,12 +239,14 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
                   seed: int = DEFAULT_SEED, world: str | Path | None = None,
                   burst: int = DEFAULT_BURST, burst_every: float = DEFAULT_BURST_EVERY,
                   resolution: float = DEFAULT_RESOLUTION,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None,
+                  job_mapping: JobMapping = JobMapping()) -> dict[str, Any]:
     """Run ``tasks`` through their lifecycle and return the figures (``format_report``).
 
     ``world`` is a sim config file (default: the packaged bench world); the upper layer
     submits ``burst`` tasks every ``burst_every`` virtual seconds (``burst >= tasks``:
-    all up front); ``resolution`` is the loop's virtual-time step (0: exact jumps).
+    all up front); ``resolution`` is the loop's virtual-time step (0: exact jumps);
+    ``job_mapping`` names the job table and its columns (in the scratch database).
     Raises ``BenchError`` when a task did not end."""
     if tasks <= 0:
         raise BenchInputError(f"--tasks {tasks}: expected a positive number of tasks")
@@ -251,9 +255,12 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
     if burst_every <= 0 or resolution < 0:
         raise BenchInputError("--burst-every must be positive and --resolution not negative")
     plan = UpperLayerPlan(plan_tasks(tasks, seed), burst, dt.timedelta(seconds=burst_every))
-    with scratch_database(db_url) as url, resources.as_file(
+    mapping = bench_mapping(job_mapping)
+    with scratch_database(db_url, JobTable(mapping)) as url, resources.as_file(
             resources.files(__package__).joinpath(WORLD_RESOURCE)) as packaged:
-        return _run(url, Path(world) if world else packaged, plan, seed, resolution, progress)
+        settings = Settings(db_url=url, job_mapping=mapping)
+        return _run(settings, Path(world) if world else packaged, plan, seed, resolution,
+                    progress)
 
 
 class UpperLayerPlan:
@@ -279,16 +286,16 @@ class UpperLayerPlan:
     def pending(self) -> bool:
         return bool(self.actions)
 
-    def play(self, engine: Engine, now: dt.datetime) -> None:
+    def play(self, engine: Engine, job: JobTable, now: dt.datetime) -> None:
         """Carry out every action due by ``now``."""
         while self.actions and self.actions[0][0] <= now:
             at, kind, group = self.actions.pop(0)
             if kind == "submit":
-                _submit(engine, group, at)
+                _submit(engine, job, group, at)
                 continue
             for planned in group:
                 try:
-                    job_rows.request_abort(engine, planned.task_id, now)
+                    job_rows.request_abort(engine, planned.task_id, now, job=job)
                 except job_rows.JobRowError:
                     pass  # ended before the abort arrived: nothing to abort
 
@@ -298,9 +305,10 @@ class _ScriptedUpperLayer:
     kept apart (and its statements are not counted), so the figures are the
     controller's."""
 
-    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock) -> None:
+    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock, job: JobTable) -> None:
         self.plan = plan
         self.clock = clock
+        self.job = job
         self.engine: Engine | None = None
         self.counter: StatementCounter | None = None
         self.seconds = 0.0
@@ -321,17 +329,16 @@ class _ScriptedUpperLayer:
         started = time.perf_counter()
         if self.counter is not None:
             with self.counter.paused():
-                self.plan.play(self.engine, self.clock.now())
+                self.plan.play(self.engine, self.job, self.clock.now())
         else:
-            self.plan.play(self.engine, self.clock.now())
+            self.plan.play(self.engine, self.job, self.clock.now())
         self.seconds += time.perf_counter() - started
 
 
-def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution: float,
-         progress: Callable[[str], None] | None) -> dict[str, Any]:
+def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
+         resolution: float, progress: Callable[[str], None] | None) -> dict[str, Any]:
     clock = VirtualClock(START)
-    upper_layer = _ScriptedUpperLayer(plan, clock)
-    settings = Settings(db_url=url)
+    upper_layer = _ScriptedUpperLayer(plan, clock, JobTable(settings.job_mapping))
     world = load_sim_config(world_path)
     app = open_app(settings, clock)
     register_sim_clusters(app, world)  # the bench world's clusters, before it starts
@@ -352,7 +359,7 @@ def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution
             wall = time.perf_counter() - started - upper_layer.seconds
             cpu = time.process_time() - cpu_started
             rss_after = _max_rss_kib()
-        outcomes = _final_counts(svc.app.engine)
+        outcomes = _final_counts(svc.app.engine, svc.app.job)
         open_tasks = {k: v for k, v in outcomes.items()
                       if k.split("/")[0] not in chart.TERMINAL_STATUSES}
         if open_tasks or report.stopped_by != "idle" or sum(outcomes.values()) != count:
@@ -399,7 +406,7 @@ def _run(url: str, world_path: Path, plan: UpperLayerPlan, seed: int, resolution
         svc.close()
 
 
-def _submit(engine: Engine, planned: list[PlannedTask], at: dt.datetime) -> None:
+def _submit(engine: Engine, job: JobTable, planned: list[PlannedTask], at: dt.datetime) -> None:
     """A burst's Pending rows, in one transaction (one millisecond apart, so the
     submission order is the plan's order)."""
     rows = [{
@@ -409,10 +416,10 @@ def _submit(engine: Engine, planned: list[PlannedTask], at: dt.datetime) -> None
     } for index, p in enumerate(planned)]
     with engine.begin() as conn:
         for first in range(0, len(rows), 5000):
-            conn.execute(job.insert(), rows[first:first + 5000])
+            conn.execute(job.table.insert(), rows[first:first + 5000])
 
 
-def _final_counts(engine: Engine) -> dict[str, int]:
+def _final_counts(engine: Engine, job: JobTable) -> dict[str, int]:
     """Tasks by final ``Status`` or ``Status/Reason``, as the job table shows them."""
     query = sa.select(job.c.status, job.c.reason, sa.func.count()).group_by(
         job.c.status, job.c.reason)

@@ -44,7 +44,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.runtime import Handler
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, StreamAppend
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
 
 SIZES = (1_000, 10_000, 100_000)
 CLUSTERS = 5
@@ -126,8 +126,10 @@ def _scratch(server: str | None) -> Iterator[str]:
 def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> SizeReport:
     engine = db.make_engine(url)
     db.upgrade(engine)
+    settings = Settings(db_url=url)
+    db.create_job_table(engine, JobTable(settings.job_mapping))
     clock = VirtualClock(START)
-    app = open_app(Settings(db_url=url), clock, engine=engine)
+    app = open_app(settings, clock, engine=engine)
     try:
         started = time.perf_counter()
         for index in range(CLUSTERS):
@@ -174,7 +176,7 @@ def _insert_rows(app: App, size: int, rng: random.Random) -> None:
         })
     with app.engine.begin() as conn:
         for chunk in range(0, len(rows), 10_000):
-            conn.execute(job.insert(), rows[chunk:chunk + 10_000])
+            conn.execute(app.job.table.insert(), rows[chunk:chunk + 10_000])
 
 
 def _timed(handler: Handler, sink: list[float]) -> Handler:
@@ -293,20 +295,23 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
             continue
         with app.engine.begin() as conn:
             started = time.perf_counter()
-            _raw_update(conn, params)
+            _raw_update(conn, app.job, params)
         raw_rates.append(len(params) / (time.perf_counter() - started))
         refresh_rates.append(rows / elapsed)
         book.changed = {key}
     return rows, max(refresh_rates, default=0.0), max(raw_rates, default=0.0)
 
 
-def _raw_update(conn: sa.Connection, params: list[dict[str, str]]) -> None:
+def _raw_update(conn: sa.Connection, job: JobTable, params: list[dict[str, str]]) -> None:
     """The baseline: the plainest batched UPDATE of these rows for the dialect, written
     by hand. SQLite: one executemany. MySQL/MariaDB: PyMySQL's executemany of an UPDATE
     is one round trip per row, so the baseline is the faster joined form, 500 rows a
     statement (``UPDATE job JOIN (SELECT .. UNION ALL ..) ..``)."""
+    names = job.sql(conn.dialect)
+    table, message, row_id = names.table, names.columns["message"], names.columns["id"]
     if conn.dialect.name not in ("mysql", "mariadb"):
-        conn.execute(sa.text("UPDATE job SET message = :b_message WHERE id = :b_id"), params)
+        conn.execute(sa.text(f"UPDATE {table} SET {message} = :b_message WHERE {row_id} = :b_id"),
+                     params)
         return
     for start in range(0, len(params), 500):
         chunk = params[start:start + 500]
@@ -316,8 +321,9 @@ def _raw_update(conn: sa.Connection, params: list[dict[str, str]]) -> None:
             values[f"i{n}"], values[f"m{n}"] = row["b_id"], row["b_message"]
             selects.append(f"SELECT :i{n} AS id, :m{n} AS message" if n == 0
                            else f"SELECT :i{n}, :m{n}")
-        conn.execute(sa.text(f"UPDATE job JOIN ({' UNION ALL '.join(selects)}) AS moved "
-                             "ON job.id = moved.id SET job.message = moved.message"), values)
+        conn.execute(sa.text(f"UPDATE {table} JOIN ({' UNION ALL '.join(selects)}) AS moved "
+                             f"ON {table}.{row_id} = moved.id "
+                             f"SET {table}.{message} = moved.message"), values)
 
 
 def format_report(report: dict[str, Any]) -> str:

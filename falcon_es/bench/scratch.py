@@ -1,14 +1,30 @@
 """A scratch database on a MySQL/MariaDB server, shared by the benchmarks: each one
-measures on a database nobody else uses and leaves nothing behind."""
+measures on a database nobody else uses and leaves nothing behind; and the job table
+they create there."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
+
+from falcon_es.job_mapping import JobMapping
+from falcon_es.tables import JobTable
+
+
+def bench_mapping(mapping: JobMapping) -> JobMapping:
+    """The job-table names a benchmark runs with: the settings' table and column names
+    (so a renamed mapping is what gets measured), in the benchmark's scratch database
+    whichever database the mapping names."""
+    return dataclasses.replace(mapping, schema=None)
+
+
+def bench_job_table(mapping: JobMapping) -> JobTable:
+    return JobTable(bench_mapping(mapping))
 
 
 class ScratchDatabaseError(RuntimeError):

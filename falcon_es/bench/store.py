@@ -40,8 +40,8 @@ from falcon_es.bootstrap import open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
-from falcon_es.tables import job, task_events
-from falcon_es.bench.scratch import scratch_mysql_database
+from falcon_es.tables import JobTable, task_events
+from falcon_es.bench.scratch import bench_mapping, scratch_mysql_database
 from falcon_es.projections import replay
 
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
@@ -162,13 +162,13 @@ def _twin_of_the_log(engine: Engine) -> sa.Table:
     return twin
 
 
-def _insert_job_rows(engine: Engine, task_ids: Sequence[str]) -> None:
+def _insert_job_rows(engine: Engine, job: JobTable, task_ids: Sequence[str]) -> None:
     rows = [{"id": t, "name": f"job-{i}", "actor": f"actor-{i % 50:02d}", "spec": dict(SPEC_ITEMS),
              "status": "Pending", "created_at": START, "updated_at": START}
             for i, t in enumerate(task_ids)]
     with engine.begin() as conn:
         for first in range(0, len(rows), 1000):
-            conn.execute(job.insert(), rows[first:first + 1000])
+            conn.execute(job.table.insert(), rows[first:first + 1000])
 
 
 def _raw_rows(recorded: Sequence[RecordedEvent]) -> list[dict[str, Any]]:
@@ -204,17 +204,24 @@ def store_benchmark(settings: Settings, events: int = 20_000, tick: int = 100) -
     with scratch_database(settings.db_url) as url:
         engine = db.make_engine(url)
         try:
-            return _measure(engine, work, tick, settings.language)
+            bench_settings = dataclasses.replace(
+                settings, db_url=url, job_mapping=bench_mapping(settings.job_mapping))
+            return _measure(engine, work, tick, bench_settings)
         finally:
             engine.dispose()
 
 
-def _measure(engine: Engine, work: Plan, tick: int, lang: str) -> dict[str, Any]:
+def _measure(engine: Engine, work: Plan, tick: int, settings: Settings) -> dict[str, Any]:
+    """On the settings' job-table names (in the scratch database), so a renamed mapping
+    is measured as it runs."""
+    lang = settings.language
+    job = JobTable(settings.job_mapping)
     db.upgrade(engine)
+    db.create_job_table(engine, job)
     raw = _twin_of_the_log(engine)
-    _insert_job_rows(engine, work.task_ids)
+    _insert_job_rows(engine, job, work.task_ids)
     clock = VirtualClock(START)
-    app = open_app(Settings(db_url=str(engine.url), language=lang), clock, engine=engine)
+    app = open_app(settings, clock, engine=engine)
     store = app.store
 
     append_seconds = raw_seconds = 0.0
@@ -246,7 +253,7 @@ def _measure(engine: Engine, work: Plan, tick: int, lang: str) -> dict[str, Any]
             gc.enable()
 
     count = work.events
-    differences = replay.verify(engine, store, lang)
+    differences = replay.verify(engine, store, lang, job=app.job)
     append_rate, raw_rate = _rate(count, append_seconds), _rate(count, raw_seconds)
     replay_rate, scan_rate = _rate(count, replay_best), _rate(scanned, scan_best)
     return {

@@ -14,7 +14,7 @@ import click
 
 from falcon_es import job_rows
 from falcon_es.cli.common import (
-    EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, jsonable, store_of)
+    EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, job_of, jsonable, store_of)
 
 if TYPE_CHECKING:
     from falcon_es.bootstrap import App
@@ -48,7 +48,7 @@ def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """A task's events in order: time, type, data, causation and actor."""
     records = store_of(ctx).read_stream(task_id)
     if not records:
-        row = job_rows.get_row(engine_of(ctx), task_id)
+        row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
         raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
                       "the controller has not taken it in)", EXIT_PROBLEM)
     rows = [_event_row(r) for r in records]
@@ -110,11 +110,12 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
     if mode == "rebuild":
         states, queues = rp.fold_views(app.store, lang)
         with app.engine.begin() as conn:
-            count = rp.rebuild(conn, states, lang, queues)
+            count = rp.rebuild(conn, states, lang, queues, job=app.job,
+                               refused=rp.refused_rows(app.store))
         click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
         return
     if mode == "verify":
-        differences = rp.verify(app.engine, app.store, lang)
+        differences = rp.verify(app.engine, app.store, lang, job=app.job)
         if as_json:
             click.echo(json.dumps([jsonable(d.__dict__) for d in differences], indent=2))
         elif differences:

@@ -88,10 +88,11 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
               help="A sim config to run in instead of the bench world (the run "
                    "registers its clusters).")
 @click.option("--json", "as_json", is_flag=True)
+@click.pass_context
 @friendly
-def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None,
-              burst_every: float | None, resolution: float | None, world: str | None,
-              as_json: bool) -> None:
+def bench_e2e(ctx: click.Context, tasks: int, db_urls: tuple[str, ...], seed: int,
+              burst: int | None, burst_every: float | None, resolution: float | None,
+              world: str | None, as_json: bool) -> None:
     """Tasks through their whole lifecycle on the sim backend: wall time, tasks/s,
     database round trips per task, peak memory, ticks, final Status/Reason."""
     from falcon_es.bench import e2e
@@ -107,7 +108,8 @@ def bench_e2e(tasks: int, db_urls: tuple[str, ...], seed: int, burst: int | None
         try:
             reports.append(e2e.e2e_benchmark(
                 tasks=tasks, db_url=target, seed=seed, world=world,
-                progress=lambda m: click.echo(m, err=True), **options))
+                progress=lambda m: click.echo(m, err=True),
+                job_mapping=ctx.obj["settings"].job_mapping, **options))
         except e2e.BenchInputError as error:
             raise Failure(str(error)) from error
         except e2e.BenchError as error:

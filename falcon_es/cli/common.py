@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # types only: each is imported by the function that builds it
     from falcon_es.ports import Ports
     from falcon_es.settings import Settings
     from falcon_es.store import EventStore
+    from falcon_es.tables import JobTable
 
 EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
 P = ParamSpec("P")
@@ -146,6 +147,14 @@ def app_of(ctx: click.Context) -> App:
         ctx.obj["app"] = app
         ctx.call_on_close(app.close)
     return app
+
+
+def job_of(ctx: click.Context) -> JobTable:
+    """The upper layer's job table under the names of this invocation's mapping
+    (``FALCON_JOB_TABLE``, ``FALCON_JOB_COLUMNS``)."""
+    from falcon_es.tables import JobTable
+
+    return JobTable(settings_of(ctx).job_mapping)
 
 
 def settings_of(ctx: click.Context) -> Settings:

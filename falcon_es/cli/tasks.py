@@ -14,12 +14,14 @@ import click
 import sqlalchemy as sa
 
 from falcon_es import job_rows
-from falcon_es.cli.common import Failure, cell, emit, engine_of, friendly, jsonable, settings_of
+from falcon_es.cli.common import (
+    Failure, cell, emit, engine_of, friendly, job_of, jsonable, settings_of,
+)
 from falcon_es.clock import utcnow
-from falcon_es.tables import job
 
 if TYPE_CHECKING:
     from falcon_es.spec import SpecLimits
+    from falcon_es.tables import JobTable
 
 TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
 
@@ -100,7 +102,8 @@ def _kind(value: object) -> str:
             float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits) -> job_rows.NewTask:
+def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits,
+             job: JobTable) -> job_rows.NewTask:
     """The task an entry describes, with the options given on the command line applied
     over it, checked as the controller will check it (so a sweep with one bad entry is
     refused before any of it is written). Raises ``Failure`` naming the entry."""
@@ -118,7 +121,7 @@ def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits) -> jo
         source = f"--{field}" if options.get(field) is not None else field
         if not isinstance(value, str):
             raise Failure(f"{entry.where}: {source} must be a string, found {_kind(value)}")
-        limit = _column_length(field)
+        limit = _column_length(job, field)
         if not value or len(value) > limit:
             raise Failure(f"{entry.where}: {source} is empty" if not value else
                           f"{entry.where}: {source} is longer than {limit} characters")
@@ -132,7 +135,7 @@ def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits) -> jo
     return job_rows.NewTask(name=data["name"], actor=data["actor"], spec=spec)
 
 
-def _column_length(column: str) -> int:
+def _column_length(job: JobTable, column: str) -> int:
     column_type = job.c[column].type
     if not isinstance(column_type, sa.String) or column_type.length is None:
         raise TypeError(f"job.{column} is not a string column of a fixed length")
@@ -173,8 +176,9 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
 
     settings = settings_of(ctx)
     limits = SpecLimits(settings.default_timeout_seconds, settings.max_timeout_seconds)
-    tasks = [new_task(entry, options, limits) for entry in entries]
-    ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow())
+    job = job_of(ctx)
+    tasks = [new_task(entry, options, limits, job) for entry in entries]
+    ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow(), job=job_of(ctx))
     for task_id, task in zip(ids, tasks):
         click.echo(json.dumps({"id": task_id, "name": task.name, "actor": task.actor},
                               ensure_ascii=False) if as_json else task_id)
@@ -188,7 +192,7 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit)
+    rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit, job=job_of(ctx))
     emit(rows, as_json, None if as_json else TASK_COLUMNS)
 
 
@@ -199,7 +203,7 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row."""
-    row = job_rows.get_row(engine_of(ctx), task_id)
+    row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:
@@ -214,5 +218,5 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @friendly
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
-    before = job_rows.request_abort(engine_of(ctx), task_id, utcnow())
+    before = job_rows.request_abort(engine_of(ctx), task_id, utcnow(), job=job_of(ctx))
     click.echo(f"{task_id}: Aborting (was {before})")

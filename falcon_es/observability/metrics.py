@@ -341,6 +341,11 @@ class Metrics:
         self.edge_observations = Counter(
             "falcon_edge_observations", "Edge Job observations received from the bus, "
             "by what became of them.", ("cluster", "outcome"), registry=registry)
+        self.job_rows_ignored = Counter(
+            "falcon_job_rows_ignored", "Job rows Falcon-ES will not take, each counted once "
+            "per process: a status it does not know, a status it writes on a row it never "
+            "took in, an abort on an id longer than the log's stream_id.", ("reason",),
+            registry=registry)
         self.leader = Gauge(
             "falcon_leader", "1 while this replica holds the lease and runs the loop, "
             "0 on standby.", registry=registry)
@@ -391,6 +396,10 @@ class Metrics:
     def edge_observation(self, cluster: str, outcome: str) -> None:
         """``outcome``: applied, stale, unknown-task, held, malformed."""
         self.edge_observations.labels(cluster, outcome).inc()
+
+    def job_row_ignored(self, reason: str) -> None:
+        """``reason``: unknown-status, not-taken-in, id-too-long (the inbox's)."""
+        self.job_rows_ignored.labels(reason).inc()
 
     def edge_observations_folded(self, ctx: Any, recorded: Sequence[Any]) -> None:
         """After-commit step: count what became of the tick's edge observations."""

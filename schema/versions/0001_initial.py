@@ -1,4 +1,9 @@
-"""The event log, its head and checkpoints, the cluster registry and the job table.
+"""The event log, its head and checkpoints, and the cluster registry.
+
+Every step checks what exists (``falcon_es.schema.steps``), so a run interrupted on
+MySQL/MariaDB, where each CREATE commits on its own, completes when run again. The job
+table is the upper layer's and no migration touches it (a database migrated by an
+earlier release keeps the job table that release created here).
 
 Revision ID: 0001
 Revises:
@@ -7,8 +12,9 @@ Revises:
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import mysql
+
+from falcon_es.schema.steps import create_index, create_table, drop_table, insert_missing
 
 revision = "0001"
 down_revision = None
@@ -21,7 +27,7 @@ SEQ = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "task_events",
         sa.Column("seq", SEQ, primary_key=True, autoincrement=False),
         sa.Column("stream_id", sa.String(64), nullable=False),
@@ -33,23 +39,23 @@ def upgrade() -> None:
         sa.Column("recorded_at", TIMESTAMP, nullable=False),
         sa.UniqueConstraint("stream_id", "version", name="uq_task_events_stream_version"),
     )
-    op.create_index("ix_task_events_recorded_at", "task_events", ["recorded_at"])
-    op.create_table(
+    create_index("ix_task_events_recorded_at", "task_events", ["recorded_at"])
+    create_table(
         "log_head",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("last_seq", sa.BigInteger, nullable=False),
     )
-    op.bulk_insert(
+    insert_missing(
         sa.table("log_head", sa.column("id", sa.Integer), sa.column("last_seq", sa.BigInteger)),
-        [{"id": 1, "last_seq": 0}],
+        [{"id": 1, "last_seq": 0}], key="id",
     )
-    op.create_table(
+    create_table(
         "checkpoints",
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("position", sa.BigInteger, nullable=False),
         sa.Column("updated_at", TIMESTAMP, nullable=False),
     )
-    op.create_table(
+    create_table(
         "clusters",
         sa.Column("id", sa.String(36), primary_key=True),
         sa.Column("name", sa.String(128), nullable=False, unique=True),
@@ -64,32 +70,11 @@ def upgrade() -> None:
             "status IN ('active', 'maintenance', 'offline')", name="ck_clusters_status"
         ),
     )
-    op.create_table(
-        "job",
-        sa.Column("id", sa.String(64), primary_key=True),
-        sa.Column("name", sa.String(255), nullable=False),
-        sa.Column("actor", sa.String(128), nullable=False),
-        sa.Column("spec", JSON, nullable=True),
-        sa.Column("status", sa.String(32), nullable=False),
-        sa.Column("reason", sa.String(64), nullable=True),
-        sa.Column("message", sa.Text, nullable=True),
-        sa.Column("created_at", TIMESTAMP, nullable=False),
-        sa.Column("updated_at", TIMESTAMP, nullable=True),
-        sa.Column("aborting_at", TIMESTAMP, nullable=True),
-        sa.Column("aborted_at", TIMESTAMP, nullable=True),
-        sa.Column("cluster_id", sa.String(36), nullable=True),
-        sa.Column("node_pool_name", sa.String(64), nullable=True),
-        sa.Column("job_uid", sa.String(64), nullable=True),
-        sa.Column("dispatched_at", TIMESTAMP, nullable=True),
-        sa.Column("finished_at", TIMESTAMP, nullable=True),
-    )
-    op.create_index("ix_job_status_reason", "job", ["status", "reason"])
-    op.create_index("ix_job_created_at", "job", ["created_at"])
 
 
 def downgrade() -> None:
-    op.drop_table("job")
-    op.drop_table("clusters")
-    op.drop_table("checkpoints")
-    op.drop_table("log_head")
-    op.drop_table("task_events")
+    """Drops Falcon-ES's own tables; the job table stays, as it is the upper layer's."""
+    drop_table("clusters")
+    drop_table("checkpoints")
+    drop_table("log_head")
+    drop_table("task_events")

@@ -144,7 +144,7 @@ class HandlerBench:
             raise ValueError(f"task {task_id} is in the log already")
         body = {**SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"]), **spec}
         job_rows.submit(self._app.engine, name=task_id, actor=actor, spec=body,
-                        now=self.clock.now(), task_id=task_id)
+                        now=self.clock.now(), task_id=task_id, job=self._app.job)
         parsed = parse_spec(body)
         state = self.given(task_id, ev.TaskAccepted(task_id, actor, parsed.to_data(),
                                                     parsed.tpu_type, parsed.topology,
@@ -227,11 +227,11 @@ class HandlerBench:
         body = dict(spec) if spec is not None else {
             **SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"])}
         return job_rows.submit(self._app.engine, name=task_id, actor=actor, spec=body,
-                               now=self.clock.now(), task_id=task_id)
+                               now=self.clock.now(), task_id=task_id, job=self._app.job)
 
     def request_abort(self, task_id: str) -> None:
         """Set the row to Aborting, as the upper layer does."""
-        job_rows.request_abort(self._app.engine, task_id, self.clock.now())
+        job_rows.request_abort(self._app.engine, task_id, self.clock.now(), job=self._app.job)
 
     def observe(self, task_id: str, *, resource_version: int,
                 pods: Sequence[PodObservation] = (), condition: str | None = None,
@@ -306,7 +306,7 @@ class HandlerBench:
 
     def row(self, task_id: str) -> dict[str, Any]:
         """The task's ``job`` row as the upper layer reads it."""
-        return job_rows.get_row(self._app.engine, task_id)
+        return job_rows.get_row(self._app.engine, task_id, job=self._app.job)
 
     def log(self, stream_id: str) -> list[ev.Event]:
         """The stream's stored events, oldest first."""

@@ -272,10 +272,10 @@ class Harness:
         body = {**SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"]),
                 **(spec or {}), **changes}
         return job_rows.submit(self.app.engine, name=name, actor=actor, spec=body,
-                               now=self.clock.now(), task_id=task_id or name)
+                               now=self.clock.now(), task_id=task_id or name, job=self.app.job)
 
     def abort(self, task_id: str) -> None:
-        job_rows.request_abort(self.app.engine, task_id, self.clock.now())
+        job_rows.request_abort(self.app.engine, task_id, self.clock.now(), job=self.app.job)
 
     # -------------------------------------------------------------- running
     @property
@@ -304,7 +304,7 @@ class Harness:
     def record(self) -> None:
         if not self.recording:
             return
-        for row in job_rows.list_rows(self.app.engine):
+        for row in job_rows.list_rows(self.app.engine, job=self.app.job):
             step = (row["status"], row["reason"])
             seen = self.history.setdefault(row["id"], [])
             if not seen or seen[-1] != step:
@@ -366,10 +366,10 @@ class Harness:
 
     # ------------------------------------------------------------- reading
     def row(self, task_id: str) -> dict[str, Any]:
-        return job_rows.get_row(self.app.engine, task_id)
+        return job_rows.get_row(self.app.engine, task_id, job=self.app.job)
 
     def statuses(self) -> dict[str, Step]:
-        return {r["id"]: (r["status"], r["reason"]) for r in job_rows.list_rows(self.app.engine)}
+        return {r["id"]: (r["status"], r["reason"]) for r in job_rows.list_rows(self.app.engine, job=self.app.job)}
 
     def live_pools(self, cluster: str | None = None) -> list[str]:
         return sorted(p.name for p in self.world.pools(cluster))
