@@ -13,9 +13,15 @@ INTAKE_BATCH = 5000
 
 
 def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
-    """Validate each new row's spec; a bad spec fails that task alone."""
-    for row in ctx.inbox.new_rows(limit=INTAKE_BATCH):
-        if tick.state(row.id) is not None:
+    """Validate each new row's spec; a bad spec fails that task alone. A row whose
+    stream the log holds already is never taken in twice, also when that task has left
+    memory (it ended and holds nothing): the log is asked about the rows memory does
+    not know, which are the new ones."""
+    rows = ctx.inbox.new_rows(limit=INTAKE_BATCH)
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    in_log = ctx.retired.known(unknown) if unknown else set()
+    for row in rows:
+        if tick.state(row.id) is not None or row.id in in_log:
             continue
         actor = f"upper-layer:{row.actor}"
         try:
@@ -31,8 +37,14 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
 
 
 def notice_abort_requests(tick: Tick, ctx: HandlerContext) -> None:
-    """Rows the upper layer set to ``Aborting`` that the log has not folded yet."""
-    for row in ctx.inbox.abort_rows():
+    """Rows the upper layer set to ``Aborting`` that the log has not folded yet. A row
+    of a task that left memory (it ended and holds nothing) brings it back for this
+    tick, so the abort is ignored on its real state and version."""
+    rows = ctx.inbox.abort_rows()
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    if unknown:
+        ctx.retired.recall(unknown)
+    for row in rows:
         state = tick.state(row.id)
         if state is not None and state.status in (chart.ABORTING,):
             continue
