@@ -4,6 +4,11 @@ A rebuild starts from the upper layer's own columns (id, name, actor, created_at
 and an ``Aborting`` it wrote) and re-derives every column Falcon-ES owns. The spec is
 not copied: the log holds what intake accepted, and the upper layer's column may hold
 text that is not JSON at all.
+
+``--verify`` and ``--rebuild`` stream: each task's row is written as soon as its last
+event is folded (``falcon_es.log_fold``), rows are copied and compared a chunk at a
+time, and only the tasks that have not ended stay in memory to the end (the queues'
+positions are theirs), so a log of years replays in the memory of its busiest hour.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
+from falcon_es import events as ev
+from falcon_es.log_fold import batched, final_states
+from falcon_es.scheduling import QueueKey
 from falcon_es.store import EventStore
 from falcon_es.tables import job
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
@@ -54,13 +62,52 @@ def fold_views(store: EventStore, lang: str = "en", until: int | None = None) ->
 def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueView | None = None) -> int:
     """Write every task's projected columns, keeping aborts not yet in the log; with
     ``queues``, the waiting tasks' position Messages too."""
-    changes = [
-        Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
-        for state in states.all()
-    ]
-    written = write_rows(conn, changes, lang)
+    written = write_rows(conn, _as_changes(states.all()), lang)
     if queues is not None:
         write_positions(conn, queues.all_positions())
+    return written
+
+
+#: Rows written, copied or compared per statement while streaming.
+ROWS_PER_BATCH = 1000
+
+
+def _as_changes(states: Iterable[TaskState]) -> list[Change]:
+    return [Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
+            for state in states]
+
+
+class _Unended:
+    """What the queues need of a streamed fold: the tasks that have not ended (they
+    are the queues' members) and who each queue served last."""
+
+    def __init__(self) -> None:
+        self.states: list[TaskState] = []
+        self.served: dict[QueueKey, str] = {}
+
+    def picked(self, stream_id: str, version: int, event: ev.Event,
+               state: TaskState | None) -> None:
+        if isinstance(event, ev.TaskPicked) and state is not None:
+            self.served[(event.cluster_id, event.topology)] = state.actor
+
+    def view(self, lang: str) -> QueueView:
+        view = QueueView(TaskStates(self.states), lang)
+        view.load_live(self.states, self.served)
+        return view
+
+
+def rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str,
+                     until: int | None = None) -> int:
+    """``rebuild`` of the whole log as of ``until`` (default: the head now), each task's
+    row written once its last event is folded, then the waiting tasks' positions."""
+    unended = _Unended()
+    written = 0
+    states = final_states(store.reader.connect, until=until, watch=("TaskPicked",),
+                          on_watched=unended.picked)
+    for batch in batched(states, ROWS_PER_BATCH):
+        written += write_rows(conn, _as_changes(batch), lang)
+        unended.states.extend(s for s in batch if not s.is_terminal)
+    write_positions(conn, unended.view(lang).all_positions())
     return written
 
 
@@ -76,46 +123,63 @@ class Difference:
 
 
 def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None) -> list[Difference]:
-    """Rebuild into a scratch SQLite database and diff it against the live job table."""
-    states, queues = fold_views(store, lang)
+    """Rebuild into a scratch SQLite database and diff it against the live job table,
+    streaming: the log as of its head now, the rows a chunk at a time."""
+    until = store.head()
     with tempfile.TemporaryDirectory(dir=scratch_dir) as tmp:
         scratch = db.make_engine(f"sqlite:///{Path(tmp) / 'scratch.db'}")
         try:
             db.upgrade(scratch)
-            live_rows = _copy_upper_layer_rows(live, scratch)
+            _copy_upper_layer_rows(live, scratch)
             with scratch.begin() as conn:
-                rebuild(conn, states, lang, queues)
-            with scratch.connect() as conn:
-                replayed = {r.id: r for r in conn.execute(sa.select(job))}
+                rebuild_streamed(conn, store, lang, until=until)
+            differences = list(_diff(live, scratch))
         finally:
             scratch.dispose()
-    return list(_diff(live_rows, replayed))
+    return sorted(differences, key=lambda d: d.task_id)
 
 
-def _copy_upper_layer_rows(live: Engine, scratch: Engine) -> dict[str, Any]:
-    compared = [job.c[c] for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))]
-    with db.read_only(live).connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(*compared))}
-    seed = [
-        {
-            **{c: getattr(r, c) for c in UPPER_LAYER_COLUMNS},
-            "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
-        }
-        for r in rows.values()
-    ]
-    if seed:
+def _live_chunks(live: Engine, columns: Iterable[str]) -> Iterator[list[Any]]:
+    """The live job table's rows (these columns, ``id`` first) in chunks, by id."""
+    selected = [job.c[c] for c in dict.fromkeys(("id", *columns))]
+    after: str | None = None
+    while True:
+        query = sa.select(*selected).order_by(job.c.id).limit(ROWS_PER_BATCH)
+        if after is not None:
+            query = query.where(job.c.id > after)
+        with db.read_only(live).connect() as conn:
+            rows = conn.execute(query).all()
+        if not rows:
+            return
+        yield rows
+        after = rows[-1].id
+
+
+def _copy_upper_layer_rows(live: Engine, scratch: Engine) -> None:
+    for rows in _live_chunks(live, (*UPPER_LAYER_COLUMNS, "status")):
+        seed = [
+            {
+                **{c: getattr(r, c) for c in UPPER_LAYER_COLUMNS},
+                "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
+            }
+            for r in rows
+        ]
         with scratch.begin() as conn:
             conn.execute(job.insert(), seed)
-    return rows
 
 
-def _diff(live: dict[str, Any], replayed: dict[str, Any]) -> Iterator[Difference]:
-    for task_id, row in sorted(live.items()):
-        other = replayed[task_id]
-        for column in PROJECTED_COLUMNS:
-            a, b = _normal(getattr(row, column)), _normal(getattr(other, column))
-            if a != b:
-                yield Difference(task_id, column, a, b)
+def _diff(live: Engine, scratch: Engine) -> Iterator[Difference]:
+    compared = [job.c[c] for c in ("id", *PROJECTED_COLUMNS)]
+    for rows in _live_chunks(live, PROJECTED_COLUMNS):
+        with scratch.connect() as conn:
+            replayed = {r.id: r for r in conn.execute(
+                sa.select(*compared).where(job.c.id.in_([r.id for r in rows])))}
+        for row in rows:
+            other = replayed[row.id]
+            for column in PROJECTED_COLUMNS:
+                a, b = _normal(getattr(row, column)), _normal(getattr(other, column))
+                if a != b:
+                    yield Difference(row.id, column, a, b)
 
 
 def _normal(value: Any) -> Any:
