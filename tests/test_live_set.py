@@ -313,3 +313,28 @@ def test_the_live_rows_are_written_in_the_append_itself(db_url: str, clock: Virt
 
 def _explode(conn: sa.Connection) -> None:
     raise RuntimeError("a later write of the tick failed")
+
+
+def test_another_writers_event_on_a_stream_that_left_memory_is_read_whole_quietly(
+        db_url: str, clock: VirtualClock, caplog: pytest.LogCaptureFixture) -> None:
+    from falcon_es.bootstrap import load_task_states, open_app
+
+    mine = open_app(Settings(db_url=db_url), clock, follow_log=True)
+    other = open_app(Settings(db_url=db_url), clock)
+    try:
+        load_task_states(mine)
+        rejected = ev.TaskRejected("bad", "user-a", "InvalidSpec", "spec", "not JSON")
+        mine.store.append([StreamAppend("t1", 0, (rejected,), Meta(actor="x"))])
+        assert "t1" not in mine.tasks
+        other.live.recall(["t1"])  # as the other writer's intake would, for an abort
+        other.store.append([StreamAppend("t1", 1, (ev.AbortIgnored("Failed"),),
+                                         Meta(actor="upper-layer"))])
+        assert mine.follower is not None
+        with caplog.at_level("ERROR", logger="falcon_es.follow"):
+            mine.follower.catch_up()
+        assert "never folded" not in caplog.text
+        assert mine.follower.position == mine.store.head()
+        assert "t1" not in mine.tasks  # folded again, and it still holds nothing
+    finally:
+        mine.close()
+        other.close()

@@ -20,11 +20,12 @@ from falcon_es.cli.common import app_of, emit, friendly
 def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
     """The (cluster, topology) queues, folded from the log: slot holder, waiting tasks
     in pick order, running count, actor served last."""
-    from falcon_es.projections import replay as rp
+    from falcon_es.bootstrap import load_task_states
     from falcon_es.projections.queues import queue_rows, unplaced_rows
 
     app = app_of(ctx)
-    _, view = rp.fold_views(app.store, app.settings.language)
+    load_task_states(app)  # the live streams, as a starting controller folds them
+    view = app.queue_view
     with app.engine.connect() as conn:
         clusters = {c.id: c for c in registry.list_clusters(conn)}
     rows = queue_rows(view, clusters)

@@ -305,10 +305,6 @@ class HandlerBench:
             raise LookupError(f"task {task_id} is not in the log")
         return state
 
-    def in_memory(self, task_id: str) -> bool:
-        """The controller keeps the task (it has not ended, or still holds something)."""
-        return task_id in self._app.tasks
-
     def _folded(self, task_id: str) -> TaskState | None:
         state = self._app.tasks.get(task_id)
         if state is not None:
