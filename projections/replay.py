@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
     return sorted(differences, key=lambda d: d.task_id)
 
 
-def _live_chunks(live: Engine, columns: Iterable[str]) -> Iterator[list[Any]]:
+def _live_chunks(live: Engine, columns: Iterable[str]) -> Iterator[Sequence[Any]]:
     """The live job table's rows (these columns, ``id`` first) in chunks, by id."""
     selected = [job.c[c] for c in dict.fromkeys(("id", *columns))]
     after: str | None = None

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,7 +61,8 @@ INSERT_BATCH = 20_000
 #: The clusters of the sim backend's packaged world, registered as a user would.
 CLUSTERS = (("v6e-reserved", "v6e", "v6e-res"), ("v7x-reserved", "v7x", "v7x-res"),
             ("v7x-flex", "v7x", None))
-TOPOLOGIES = {"v6e": ("1x1", "2x2", "2x4", "4x4"), "v7x": ("1x1x1", "2x2x1", "2x2x2", "2x2x4")}
+TOPOLOGIES = MappingProxyType({"v6e": ("1x1", "2x2", "2x4", "4x4"),
+                               "v7x": ("1x1x1", "2x2x1", "2x2x2", "2x2x4")})
 ACTORS = tuple(f"team-{n:02d}" for n in range(20))
 #: Of every 20 finished tasks: kind -> how many (a handover is two tasks).
 MIX = (("succeeded", 14), ("oom", 2), ("handover", 1), ("rejected", 1), ("aborted", 1))
