@@ -20,6 +20,16 @@ def bench_group() -> None:
     """Benchmarks, reported as ratios against a baseline measured in the same run."""
 
 
+def _measured_on(ctx: click.Context, db_url: str | None) -> Settings:
+    """The settings with the database kind ``--db`` names (checked before any work
+    starts, so a bad URL is reported at once)."""
+    settings: Settings = ctx.obj["settings"]
+    if not db_url:
+        return settings
+    db.make_engine(db_url).dispose()
+    return dataclasses.replace(settings, db_url=db_url)
+
+
 @bench_group.command("store")
 @click.option("--db", "db_url", default=None,
               help="Database kind to measure: a scratch database on this MySQL/MariaDB "
@@ -36,11 +46,7 @@ def bench_store(ctx: click.Context, db_url: str | None, count: int, tick: int,
     """Append with inline projection vs raw INSERTs; replay vs raw scan."""
     from falcon_es.bench import store as bench
 
-    settings: Settings = ctx.obj["settings"]
-    if db_url:
-        db.make_engine(db_url).dispose()  # a bad URL is reported before any work starts
-        settings = dataclasses.replace(settings, db_url=db_url)
-    report = bench.store_benchmark(settings, events=count, tick=tick)
+    report = bench.store_benchmark(_measured_on(ctx, db_url), events=count, tick=tick)
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
@@ -89,12 +95,8 @@ def bench_restart(ctx: click.Context, db_url: str | None, history: int, live: in
     """Start-up time and peak memory with a long history in the log vs none."""
     from falcon_es.bench import restart as bench
 
-    settings: Settings = ctx.obj["settings"]
-    if db_url:
-        db.make_engine(db_url).dispose()  # a bad URL is reported before any work starts
-        settings = dataclasses.replace(settings, db_url=db_url)
-    report = bench.restart_benchmark(settings, history=history, live=live, rounds=rounds,
-                                     progress=lambda m: click.echo(m, err=True))
+    report = bench.restart_benchmark(_measured_on(ctx, db_url), history=history, live=live,
+                                     rounds=rounds, progress=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
