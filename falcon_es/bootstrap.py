@@ -33,6 +33,7 @@ from falcon_es.handlers.intake import INTAKE_BATCH
 from falcon_es.handlers.status import ack_folded
 from falcon_es.inbox import JobInbox
 from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.live_set import LiveSet
 from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.ports import Ports
 from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
@@ -53,8 +54,6 @@ BACKENDS = ("sim", "gcp")
 #: Where a registered cluster lives when a sim config entry does not say (demo,
 #: simulate and bench register their world's clusters with these).
 SIM_PROJECT, SIM_LOCATION, SIM_BUCKET = "falcon-sim", "us-central1-a", "falcon-sim-logs"
-#: Events read per batch when the log is folded at start.
-FOLD_BATCH = 5000
 
 
 class BackendError(ValueError):
@@ -74,6 +73,8 @@ class App:
     index: LifecycleIndex
     #: The cluster registry as ticks read it (kept current by the store's appends).
     cluster_cache: ClusterCache
+    #: Which streams stay in memory and are folded at start (kept in each append).
+    live: LiveSet
     #: Folds what another writer appended (only when nothing guarantees one writer).
     follower: LogFollower | None = None
     #: The upper layer's job table, under the settings' names.
@@ -97,6 +98,7 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
+    live = LiveSet(tasks, index, create_grace_seconds=settings.create_visibility_grace_seconds)
     projections: list[InlineProjection] = [
         tasks, JobTableProjection(tasks, job, settings.language), queue_view, index,
         RefusedRowsProjection(job, settings.language)]
@@ -104,20 +106,26 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
         projections.append(follower)
     if metrics is not None:
         projections.append(metrics.projection(tasks))
-    projections.append(cluster_cache)
+    # Last: it judges what the append staged and evicts once the others committed.
+    projections.extend((cluster_cache, live))
     store = EventStore(engine, clock, projections=projections)
+    live.attach(store)
     if follower is not None:
         # The head before the fold: events appended meanwhile are read again and told
         # apart by version, never missed.
-        follower.attach(store, position=store.head(), queues=queue_view, index=index)
+        follower.attach(store, position=store.head(), queues=queue_view, index=index,
+                        live=live)
     return App(settings, engine, clock, store, tasks, queue_view, index, cluster_cache,
-               follower, job)
+               live, follower, job)
 
 
 def load_task_states(app: App) -> None:
-    """Fold the log once at start so handlers see every task's state."""
-    app.queue_view.load(app.store.read_batches(0, batch_size=FOLD_BATCH))
+    """Fold the live streams once at start (not the whole log: what has ended and
+    holds nothing is not needed by any tick) so handlers see every live task's state."""
+    served = app.live.load()
+    app.queue_view.load_live(app.tasks.all(), served)
     app.index.rebuild()
+    app.live.settle()
 
 
 def build_ports(settings: Settings, backend: str, clock: Clock, *,
@@ -228,7 +236,8 @@ def build_service(
 
         ports = metered_ports(ports, metrics)
     load_task_states(app)
-    executor = EffectExecutor(app.store, app.tasks, settings, ports, app.index)
+    executor = EffectExecutor(app.store, app.tasks, settings, ports, app.index,
+                              orphans_from=app.live.orphan_start)
     controller = _controller(app, ports, executor, handlers, before_effects=before_effects,
                              metrics=metrics, leadership=leadership)
     loop = _loop(app, ports, executor, controller, world, clock, leadership=leadership,
@@ -250,7 +259,7 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
         return HandlerContext(settings, app.clock.now(), app.tasks,
                               app.cluster_cache.clusters(), inbox.poll(INTAKE_BATCH), ports,
                               queues=app.queue_view.book, index=app.index, executor=executor,
-                              outcomes=executor.take_outcomes())
+                              outcomes=executor.take_outcomes(), retired=app.live)
 
     after_commit: list[AfterCommit] = [*before_effects, executor.after_commit, ack_folded]
     if metrics is not None:
@@ -258,7 +267,7 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
     before_commit = (leadership_fence(leadership),) if leadership is not None else ()
     return Controller(app.store, app.tasks, handlers, make_context,
                       after_commit=after_commit, before_commit=before_commit,
-                      reloaded=(app.queue_view.resync, app.index.resync),
+                      reloaded=(app.queue_view.resync, app.index.resync, app.live.resync),
                       controller_id=settings.controller_id)
 
 

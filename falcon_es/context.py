@@ -11,6 +11,7 @@ from falcon_es.effects import EffectExecutor
 from falcon_es.inbox import Inbox
 from falcon_es.intents import Outcome
 from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.live_set import NothingRetired, RetiredTasks
 from falcon_es.ports import Ports
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import QueueBook
@@ -39,6 +40,9 @@ class HandlerContext:
     #: What became of each edge observation this tick read, as (cluster, outcome):
     #: applied, stale (a duplicate or older view), unknown-task, held, malformed.
     edge_outcomes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: Tasks that left memory (they hold nothing): the intake asks whether a row's
+    #: stream is in the log already, and brings a task back to fold an abort of it.
+    retired: RetiredTasks = dataclasses.field(default_factory=NothingRetired)
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from falcon_es import chart, naming
@@ -66,8 +66,12 @@ class EffectExecutor:
     """
 
     def __init__(self, store: EventStore, tasks: TaskStates, settings: Settings,
-                 ports: Ports, index: LifecycleIndex) -> None:
+                 ports: Ports, index: LifecycleIndex, *,
+                 orphans_from: Callable[[str], int | None] | None = None) -> None:
         self.store = store
+        #: The first version of an orphan stream with an open orphan, None when none is
+        #: open (the live set knows); without it every orphan stream is read whole.
+        self.orphans_from = orphans_from
         self.tasks = tasks
         self.settings = settings
         self.ports = ports
@@ -144,7 +148,9 @@ class EffectExecutor:
             if stream_id in self._orphan_streams_read:
                 continue
             self._orphan_streams_read.add(stream_id)
-            self._fold_orphans(self.store.read_stream(stream_id))
+            start = self.orphans_from(stream_id) if self.orphans_from is not None else 1
+            if start is not None:
+                self._fold_orphans(self.store.read_stream(stream_id, from_version=start))
 
     def _fold_orphans(self, recorded: Iterable[RecordedEvent]) -> None:
         for record in recorded:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.live_set import LiveSet
 from falcon_es.scheduling import QueueBook
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskStates
@@ -54,16 +55,18 @@ class LogFollower:
         self.store: EventStore | None = None
         self.queues: QueueFold | None = None
         self.index: LifecycleIndex | None = None
+        self.live: LiveSet | None = None
         self.position = 0
         self._pending: tuple[int, int] | None = None
         #: Events other writers appended that this controller folded.
         self.foreign_events = 0
 
     def attach(self, store: EventStore, *, position: int, queues: QueueFold | None = None,
-               index: LifecycleIndex | None = None) -> None:
+               index: LifecycleIndex | None = None, live: LiveSet | None = None) -> None:
         """Read ``position`` (the head) before the log is folded at start: events
         appended meanwhile are read again and told apart by version, never missed."""
         self.store, self.position, self.queues, self.index = store, position, queues, index
+        self.live = live
 
     # ------------------------------------------------------ as an inline projection
     def apply(self, conn: Any, recorded: Sequence[RecordedEvent]) -> None:
@@ -99,6 +102,7 @@ class LogFollower:
         ahead: dict[str, int] = {}  # stream -> version the staged fresh events reach
         known: dict[str, None] = {}
         gaps: dict[str, None] = {}
+        retired: set[str] = set()
         for record in batch:
             if record.type_name not in TASK_EVENT_TYPES or record.stream_id in gaps:
                 continue
@@ -106,6 +110,8 @@ class LogFollower:
             if stream_id not in ahead:
                 state = self.tasks.get(stream_id)
                 ahead[stream_id] = state.version if state is not None else 0
+                if state is None and record.version > 1:
+                    retired.add(stream_id)  # left memory here: its start is in the log
             if record.version <= ahead[stream_id]:
                 known.setdefault(stream_id)
             elif record.version == ahead[stream_id] + 1:
@@ -116,8 +122,9 @@ class LogFollower:
         changes = self.tasks.fold(fresh)
         self.tasks.committed()
         for stream_id in gaps:
-            log.error("stream %s: the log has events this controller never folded before "
-                      "%d; reading the stream again", stream_id, self.position)
+            if stream_id not in retired:
+                log.error("stream %s: the log has events this controller never folded "
+                          "before %d; reading the stream again", stream_id, self.position)
             self.tasks.forget([stream_id])
             self.tasks.fold(self.store.read_stream(stream_id))  # type: ignore[union-attr]
             self.tasks.committed()
@@ -130,9 +137,12 @@ class LogFollower:
         if self.queues is not None:
             self.queues.fold(changes, batch)
             self.queues.book.commit()
+        touched = {change.after.task_id for change in changes}
         if self.index is not None:
-            for stream_id in {change.after.task_id for change in changes}:
+            for stream_id in touched:
                 current = self.tasks.get(stream_id)
                 if current is not None:
                     self.index.update(current)
+        if self.live is not None:
+            self.live.resync([s for t in touched if (s := self.tasks.get(t)) is not None])
         return len(fresh)

@@ -131,8 +131,36 @@ class LifecycleIndex:
             self._next_poll.pop(state.task_id, None)
             self.update(state)
 
-    def update(self, state: TaskState) -> None:
-        task_id = state.task_id
+    def forget(self, states: Iterable[TaskState]) -> None:
+        """Tasks that leave memory because they hold nothing (``falcon_es.live_set``):
+        every trace of them goes, so the index stays the size of the live set. A pool
+        the task held only as a deleted one has no holder any more."""
+        for state in states:
+            task_id = state.task_id
+            self._leave_groups(task_id)
+            self._intents.pop(task_id, None)
+            self._next_poll.pop(task_id, None)
+            self._set_wake(task_id, None)
+            self._drop_promise(task_id)
+            self._superseded.discard(task_id)
+            if state.pool_from_task and self.tasks.get(state.pool_from_task) is None:
+                self._superseded.discard(state.pool_from_task)
+            if state.cluster_id and state.node_pool_name:
+                key = (state.cluster_id, state.node_pool_name)
+                holder = self._holders.get(key)
+                if holder == task_id:
+                    del self._holders[key]
+                if holder in (None, task_id):
+                    self._created_at.pop(key, None)
+            label = naming.task_label(task_id)
+            if self._by_label.get(label) == task_id:
+                del self._by_label[label]
+
+    def handed_on(self, task_id: str) -> bool:
+        """Another task took this task's pool over (``NodePoolReused.from_task``)."""
+        return task_id in self._superseded
+
+    def _leave_groups(self, task_id: str) -> None:
         previous = self._member.pop(task_id, None)
         if previous is not None:
             groups, taker, retained = previous
@@ -143,6 +171,10 @@ class LifecycleIndex:
                 self._taker_order[taker].discard(self._ranks.pop(task_id))
             if retained is not None:
                 self._retained[retained].discard(task_id)
+
+    def update(self, state: TaskState) -> None:
+        task_id = state.task_id
+        self._leave_groups(task_id)
         self._track_pool(state)
         handed_on = task_id in self._superseded  # its pool belongs to a later task now
         groups = () if handed_on else self._groups_of(state)

@@ -110,9 +110,19 @@ def place_of(state: TaskState, current: Place | None) -> Place | None:
         return None
     if status == chart.RUNNING and state.cluster_id is not None:
         return (Placement.RUNNING, (state.cluster_id, state.topology))
-    if status == chart.ABORTING and current is not None and current[0] == Placement.SLOT:
-        return current
+    if status == chart.ABORTING:
+        if current is not None and current[0] == Placement.SLOT:
+            return current
+        if current is None and state.cluster_id is not None and _aborted_in_slot(state):
+            # Placed from its state alone (a controller starting from the live set): it
+            # held the slot when the abort came, and keeps it until the abort ends.
+            return (Placement.SLOT, (state.cluster_id, state.topology))
     return None
+
+
+def _aborted_in_slot(state: TaskState) -> bool:
+    status, _, reason = (state.abort_phase or "").partition("/")
+    return status == chart.PENDING and reason in chart.SLOT_REASONS
 
 
 # --------------------------------------------------------------------- decisions

@@ -24,6 +24,10 @@ from falcon_es.clock import Clock
 from falcon_es.tables import log_head, task_events
 
 
+#: Streams named per query when reading several by id (an IN list on the index).
+STREAMS_PER_READ = 500
+
+
 class ConcurrencyError(RuntimeError):
     """A stream's version differs from the one the writer expected; nothing was written."""
 
@@ -182,15 +186,38 @@ class EventStore:
         with self.reader.connect() as conn:
             return conn.execute(sa.select(log_head.c.last_seq)).scalar_one()
 
-    def read_stream(self, stream_id: str) -> list[RecordedEvent]:
+    def read_stream(self, stream_id: str, *, from_version: int = 1) -> list[RecordedEvent]:
         query = (
             sa.select(*_LOG_COLUMNS)
             .where(task_events.c.stream_id == stream_id)
             .order_by(task_events.c.version)
         )
+        if from_version > 1:
+            query = query.where(task_events.c.version >= from_version)
         with self.reader.connect() as conn:
             rows = conn.execute(query).all()
         return [to_recorded(row) for row in rows]
+
+    def read_streams(self, starts: Mapping[str, int], *,
+                     chunk: int = STREAMS_PER_READ) -> Iterator[list[RecordedEvent]]:
+        """The events of these streams, each from its start version on: a list per
+        ``chunk`` streams (through the ``(stream_id, version)`` index, never a scan of
+        the log), each stream's events in version order and all of them in one list."""
+        ids = sorted(starts)
+        for first in range(0, len(ids), chunk):
+            with self.reader.connect() as conn:
+                rows = conn.execute(_READ_STREAMS, {"ids": ids[first:first + chunk]}).all()
+            yield [to_recorded(row) for row in rows if row[2] >= starts[row[1]]]
+
+    def streams_known(self, stream_ids: Collection[str]) -> set[str]:
+        """Those of these streams that have events in the log."""
+        ids = sorted(set(stream_ids))
+        known: set[str] = set()
+        for first in range(0, len(ids), STREAMS_PER_READ):
+            with self.reader.connect() as conn:
+                known.update(conn.execute(
+                    _STREAMS_KNOWN, {"ids": ids[first:first + STREAMS_PER_READ]}).scalars())
+        return known
 
     def read_after(
         self, position: int, *, batch_size: int = 2000, until: int | None = None
@@ -287,6 +314,16 @@ _LOG_COLUMNS = (
     task_events.c.schema_version, task_events.c.data, task_events.c.meta,
     task_events.c.recorded_at,
 )
+
+
+_READ_STREAMS = (
+    sa.select(*_LOG_COLUMNS)
+    .where(task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)))
+    .order_by(task_events.c.stream_id, task_events.c.version)
+)
+_STREAMS_KNOWN = sa.select(task_events.c.stream_id).where(
+    task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)),
+    task_events.c.version == 1)
 
 
 def _fold_columns(dialect: str) -> tuple[Any, ...]:

@@ -58,6 +58,28 @@ checkpoints = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+#: The streams a starting controller folds (``falcon_es.live_set``): every task stream
+#: that still holds something (not ended, an open intent, a pool whose fate is open or
+#: that waits retained for another task) and every orphan stream with an orphan whose
+#: delete is open. Kept in the append's own transaction, so a controller that starts
+#: folds these streams instead of the whole log. ``fold_from`` is the first version
+#: it reads (1 for a task; an orphan stream's oldest open orphan).
+live_streams = sa.Table(
+    "live_streams", metadata,
+    sa.Column("stream_id", sa.String(64), primary_key=True),
+    sa.Column("fold_from", sa.Integer, nullable=False),
+)
+
+#: Per (cluster, topology) queue, the actor served last (its latest ``TaskPicked``):
+#: the pick rule makes that actor yield, and the task it picked may have left the
+#: live set long ago. Kept in the append's own transaction, like ``live_streams``.
+last_served = sa.Table(
+    "last_served", metadata,
+    sa.Column("cluster_id", sa.String(36), primary_key=True),
+    sa.Column("topology", sa.String(32), primary_key=True),
+    sa.Column("actor", sa.String(128), nullable=False),
+)
+
 clusters = sa.Table(
     "clusters", metadata,
     sa.Column("id", sa.String(36), primary_key=True),

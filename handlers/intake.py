@@ -15,18 +15,27 @@ INTAKE_BATCH = 5000
 def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
     """Validate each new row's spec; a bad spec fails that task alone, and so does a
     row with a column Falcon-ES cannot read. A row whose id cannot name a stream is
-    refused in a stream of refusals (the row is failed all the same)."""
-    for bad in ctx.inbox.bad_rows():
+    refused in a stream of refusals (the row is failed all the same). A row whose stream
+    the log holds already is never taken in twice, also when that task has left memory
+    (it ended and holds nothing): the log is asked about the rows memory does not know,
+    which are the new ones."""
+    bad_rows = ctx.inbox.bad_rows()
+    rows = ctx.inbox.new_rows(limit=INTAKE_BATCH)
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    unknown += [bad.id for bad in bad_rows
+                if bad.problem.reason != INVALID_ID and tick.state(bad.id) is None]
+    in_log = ctx.retired.known(unknown) if unknown else set()
+    for bad in bad_rows:
         problem = bad.problem
         if problem.reason == INVALID_ID:
             tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(
                 bad.id, problem.reason, problem.column, problem.detail), actor="upper-layer")
-        elif tick.state(bad.id) is None:
+        elif tick.state(bad.id) is None and bad.id not in in_log:
             tick.emit(bad.id, ev.TaskRejected(bad.name, bad.actor, problem.reason,
                                               problem.column, problem.detail),
                       actor=f"upper-layer:{bad.actor}")
-    for row in ctx.inbox.new_rows(limit=INTAKE_BATCH):
-        if tick.state(row.id) is not None:
+    for row in rows:
+        if tick.state(row.id) is not None or row.id in in_log:
             continue
         actor = f"upper-layer:{row.actor}"
         try:
@@ -42,8 +51,14 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
 
 
 def notice_abort_requests(tick: Tick, ctx: HandlerContext) -> None:
-    """Rows the upper layer set to ``Aborting`` that the log has not folded yet."""
-    for row in ctx.inbox.abort_rows():
+    """Rows the upper layer set to ``Aborting`` that the log has not folded yet. A row
+    of a task that left memory (it ended and holds nothing) brings it back for this
+    tick, so the abort is ignored on its real state and version."""
+    rows = ctx.inbox.abort_rows()
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    if unknown:
+        ctx.retired.recall(unknown)
+    for row in rows:
         state = tick.state(row.id)
         if state is not None and state.status in (chart.ABORTING,):
             continue

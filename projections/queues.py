@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from falcon_es import chart
 from falcon_es import events as ev
+from falcon_es.intents import PoolDisposition
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
@@ -202,6 +203,23 @@ class QueueView:
         # The job table already holds the positions of the folded log (they commit
         # with the events), so nothing needs rewriting until a queue changes again.
         self.book.changed.clear()
+
+    def load_live(self, states: Iterable[TaskState], served: Mapping[QueueKey, str]) -> None:
+        """Place the live tasks a controller folded at start (``falcon_es.live_set``)
+        from their states alone, with who each queue served last as the log left it.
+        A retained pool is idle when its holder (live, since it holds it) has not
+        handed it over: a taker's ``NodePoolReused`` retires the holder in the same
+        commit. Nothing is rewritten: the job table holds these positions already."""
+        book = self.book
+        for state in states:
+            self._place(state)
+            if (state.is_terminal and state.pool_disposition == PoolDisposition.RETAINED
+                    and state.cluster_id is not None and state.node_pool_name is not None):
+                book.pool_retained(state.node_pool_name, (state.cluster_id, state.topology))
+        for key, actor in served.items():
+            book.served(key, actor)
+        book.commit()
+        book.changed.clear()
 
     # ------------------------------------------------------------ positions
     def pending_positions(self) -> list[tuple[str, str]]:

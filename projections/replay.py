@@ -4,6 +4,11 @@ A rebuild starts from the upper layer's own columns (id, name, actor, created_at
 and an ``Aborting`` it wrote) and re-derives every column Falcon-ES owns. The spec is
 not copied: the log holds what intake accepted, and the upper layer's column may hold
 text that is not JSON at all.
+
+``--verify`` and ``--rebuild`` stream: each task's row is written as soon as its last
+event is folded (``falcon_es.log_fold``), rows are copied and compared a chunk at a
+time, and only the tasks that have not ended stay in memory to the end (the queues'
+positions are theirs), so a log of years replays in the memory of its busiest hour.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,8 @@ from sqlalchemy.engine import Engine
 from falcon_es import chart, db
 from falcon_es import events as ev
 from falcon_es.inbox import as_timestamp
+from falcon_es.log_fold import batched, final_states
+from falcon_es.scheduling import QueueKey
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
@@ -65,13 +72,55 @@ def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueVie
     """Write every task's projected columns, keeping aborts not yet in the log; with
     ``queues``, the waiting tasks' position Messages too; with ``refused``, the rows
     refused as a whole."""
-    changes = [
-        Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
-        for state in states.all()
-    ]
-    written = write_rows(conn, changes, lang, job=job)
+    written = write_rows(conn, _as_changes(states.all()), lang, job=job)
     if queues is not None:
         write_positions(conn, queues.all_positions(), job=job)
+    if refused:
+        write_refusals(conn, refused, lang, refusal_update(job))
+    return written
+
+
+#: Rows written, copied or compared per statement while streaming.
+ROWS_PER_BATCH = 1000
+
+
+def _as_changes(states: Iterable[TaskState]) -> list[Change]:
+    return [Change(state, state, folds_abort=state.status in (chart.ABORTING, chart.ABORTED))
+            for state in states]
+
+
+class _Unended:
+    """What the queues need of a streamed fold: the tasks that have not ended (they
+    are the queues' members) and who each queue served last."""
+
+    def __init__(self) -> None:
+        self.states: list[TaskState] = []
+        self.served: dict[QueueKey, str] = {}
+
+    def picked(self, stream_id: str, version: int, event: ev.Event,
+               state: TaskState | None) -> None:
+        if isinstance(event, ev.TaskPicked) and state is not None:
+            self.served[(event.cluster_id, event.topology)] = state.actor
+
+    def view(self, lang: str) -> QueueView:
+        view = QueueView(TaskStates(self.states), lang)
+        view.load_live(self.states, self.served)
+        return view
+
+
+def rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str,
+                     until: int | None = None, *, job: JobTable,
+                     refused: list[RecordedEvent] | None = None) -> int:
+    """``rebuild`` of the whole log as of ``until`` (default: the head now), each task's
+    row written once its last event is folded, then the waiting tasks' positions."""
+    unended = _Unended()
+    written = 0
+    states = final_states(store.reader.connect, until=until, watch=("TaskPicked",),
+                          on_watched=unended.picked)
+    for batch in batched(states, ROWS_PER_BATCH):
+        written += write_rows(conn, _as_changes(batch), lang, job=job)
+        unended.states.extend(s for s in batch if not s.is_terminal)
+    write_positions(conn, unended.view(lang).all_positions(), job=job)
     if refused:
         write_refusals(conn, refused, lang, refusal_update(job))
     return written
@@ -91,22 +140,23 @@ class Difference:
 def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None,
            *, job: JobTable) -> list[Difference]:
     """Rebuild into a scratch SQLite database (a job table of Falcon-ES's own names
-    there) and diff it against the live job table (``job``, the settings' mapping)."""
-    states, queues = fold_views(store, lang)
+    there) and diff it against the live job table (``job``, the settings' mapping),
+    streaming: the log as of its head now, the rows a chunk at a time."""
+    until = store.head()
     refused = refused_rows(store)
     scratch_job = JobTable()
     with tempfile.TemporaryDirectory(dir=scratch_dir) as tmp:
         scratch = db.make_engine(f"sqlite:///{Path(tmp) / 'scratch.db'}")
         try:
             scratch_job.table.create(scratch)
-            live_rows = _copy_upper_layer_rows(live, job, scratch, scratch_job)
+            _copy_upper_layer_rows(live, job, scratch, scratch_job)
             with scratch.begin() as conn:
-                rebuild(conn, states, lang, queues, job=scratch_job, refused=refused)
-            with scratch.connect() as conn:
-                replayed = {r.id: r for r in conn.execute(sa.select(scratch_job.table))}
+                rebuild_streamed(conn, store, lang, until=until, job=scratch_job,
+                                 refused=refused)
+            differences = list(_diff(live, job, scratch, scratch_job))
         finally:
             scratch.dispose()
-    return list(_diff(live_rows, replayed))
+    return sorted(differences, key=lambda d: d.task_id)
 
 
 #: Read as the driver gives them (no type processing), so a value of the wrong type
@@ -114,37 +164,56 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
 _SEEDED_AS_IS = ("name", "actor", "created_at", "aborting_at")
 
 
-def _copy_upper_layer_rows(live: Engine, job: JobTable, scratch: Engine,
-                           scratch_job: JobTable) -> dict[str, Any]:
-    compared = [
+def _live_chunks(live: Engine, job: JobTable, columns: Iterable[str]) -> Iterator[Sequence[Any]]:
+    """The live job table's rows (these columns, ``id`` first) in chunks, by id."""
+    selected = [
         (sa.type_coerce(job.c[c], sa.Text) if c in _SEEDED_AS_IS else job.c[c]).label(c)
-        for c in dict.fromkeys((*UPPER_LAYER_COLUMNS, *PROJECTED_COLUMNS))
+        for c in dict.fromkeys(("id", *columns))
     ]
-    with db.read_only(live).connect() as conn:
-        # An integer id (the upper layer's) is the text the log knows it by.
-        rows = {str(r.id): r for r in conn.execute(sa.select(*compared))}
-    seed = [
-        {
-            "id": row_id, "name": str(r.name or ""), "actor": str(r.actor or ""),
-            "created_at": as_timestamp(r.created_at) or dt.datetime.min,
-            "updated_at": r.updated_at, "aborting_at": as_timestamp(r.aborting_at),
-            "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
-        }
-        for row_id, r in rows.items()
-    ]
-    if seed:
+    after: Any = None
+    while True:
+        query = sa.select(*selected).order_by(job.c.id).limit(ROWS_PER_BATCH)
+        if after is not None:
+            query = query.where(job.c.id > after)
+        with db.read_only(live).connect() as conn:
+            rows = conn.execute(query).all()
+        if not rows:
+            return
+        yield rows
+        after = rows[-1].id
+
+
+def _copy_upper_layer_rows(live: Engine, job: JobTable, scratch: Engine,
+                           scratch_job: JobTable) -> None:
+    for rows in _live_chunks(live, job, (*UPPER_LAYER_COLUMNS, "status")):
+        seed = [
+            {
+                # An integer id (the upper layer's) is the text the log knows it by.
+                "id": str(r.id), "name": str(r.name or ""), "actor": str(r.actor or ""),
+                "created_at": as_timestamp(r.created_at) or dt.datetime.min,
+                "updated_at": r.updated_at, "aborting_at": as_timestamp(r.aborting_at),
+                "status": chart.ABORTING if r.status == chart.ABORTING else chart.PENDING,
+            }
+            for r in rows
+        ]
         with scratch.begin() as conn:
             conn.execute(scratch_job.table.insert(), seed)
-    return rows
 
 
-def _diff(live: dict[str, Any], replayed: dict[str, Any]) -> Iterator[Difference]:
-    for task_id, row in sorted(live.items()):
-        other = replayed[task_id]
-        for column in PROJECTED_COLUMNS:
-            a, b = _normal(getattr(row, column)), _normal(getattr(other, column))
-            if a != b:
-                yield Difference(task_id, column, a, b)
+def _diff(live: Engine, job: JobTable, scratch: Engine,
+          scratch_job: JobTable) -> Iterator[Difference]:
+    compared = [scratch_job.c[c] for c in ("id", *PROJECTED_COLUMNS)]
+    for rows in _live_chunks(live, job, PROJECTED_COLUMNS):
+        ids = [str(r.id) for r in rows]
+        with scratch.connect() as conn:
+            replayed = {r.id: r for r in conn.execute(
+                sa.select(*compared).where(scratch_job.c.id.in_(ids)))}
+        for task_id, row in zip(ids, rows):
+            other = replayed[task_id]
+            for column in PROJECTED_COLUMNS:
+                a, b = _normal(getattr(row, column)), _normal(getattr(other, column))
+                if a != b:
+                    yield Difference(task_id, column, a, b)
 
 
 def _normal(value: Any) -> Any:

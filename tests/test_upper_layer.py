@@ -115,7 +115,7 @@ class Controller(Harness):
 
     def _service(self) -> Service:
         return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
-                             register_clusters=False, metrics=self.metrics)
+                             metrics=self.metrics)
 
     def ignored(self, reason: str) -> float:
         value = self.metrics.registry.get_sample_value(

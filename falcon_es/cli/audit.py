@@ -108,11 +108,11 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
             emit(rows, False, ["id", "name", "actor", "status", "reason", "message", "updated_at"])
         return
     if mode == "rebuild":
-        states, queues = rp.fold_views(app.store, lang)
+        head = app.store.head()
         with app.engine.begin() as conn:
-            count = rp.rebuild(conn, states, lang, queues, job=app.job,
-                               refused=rp.refused_rows(app.store))
-        click.echo(f"rebuilt {count} job rows from {app.store.head()} events")
+            count = rp.rebuild_streamed(conn, app.store, lang, until=head, job=app.job,
+                                        refused=rp.refused_rows(app.store))
+        click.echo(f"rebuilt {count} job rows from {head} events")
         return
     if mode == "verify":
         differences = rp.verify(app.engine, app.store, lang, job=app.job)

@@ -1,6 +1,6 @@
 """``falcon-es bench``: the benchmarks of the store, the scheduler, the whole
-lifecycle and the command line's start, each reported against a baseline measured in
-the same run so the figures compare across machines."""
+lifecycle, a restart and the command line's start, each reported against a baseline
+measured in the same run so the figures compare across machines."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def bench_group() -> None:
     """Benchmarks, reported as ratios against a baseline measured in the same run."""
 
 
+def _measured_on(ctx: click.Context, db_url: str | None) -> Settings:
+    """The settings with the database kind ``--db`` names (checked before any work
+    starts, so a bad URL is reported at once)."""
+    settings: Settings = ctx.obj["settings"]
+    if not db_url:
+        return settings
+    db.make_engine(db_url).dispose()
+    return dataclasses.replace(settings, db_url=db_url)
+
+
 @bench_group.command("store")
 @click.option("--db", "db_url", default=None,
               help="Database kind to measure: a scratch database on this MySQL/MariaDB "
@@ -36,11 +46,7 @@ def bench_store(ctx: click.Context, db_url: str | None, count: int, tick: int,
     """Append with inline projection vs raw INSERTs; replay vs raw scan."""
     from falcon_es.bench import store as bench
 
-    settings: Settings = ctx.obj["settings"]
-    if db_url:
-        db.make_engine(db_url).dispose()  # a bad URL is reported before any work starts
-        settings = dataclasses.replace(settings, db_url=db_url)
-    report = bench.store_benchmark(settings, events=count, tick=tick)
+    report = bench.store_benchmark(_measured_on(ctx, db_url), events=count, tick=tick)
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 
@@ -67,6 +73,30 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
                 scheduling.choose_clusters, scheduling.fill_free_slots)
     report = bench.scheduler_benchmark(handlers, sizes=counts, server=server,
                                        progress=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
+@bench_group.command("restart")
+@click.option("--db", "db_url", default=None,
+              help="Database kind to measure: scratch databases on this MySQL/MariaDB "
+                   "server, or scratch SQLite files beside this one (default: temporary "
+                   "SQLite files). The database itself is not touched.")
+@click.option("--history", type=click.IntRange(min=0), default=1_000_000, show_default=True,
+              help="Finished tasks in the log before the live ones.")
+@click.option("--live", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Live tasks (waiting, acquiring, running) in both cases.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measurements per case (each in a process of its own; the best counts).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@friendly
+def bench_restart(ctx: click.Context, db_url: str | None, history: int, live: int,
+                  rounds: int, as_json: bool) -> None:
+    """Start-up time and peak memory with a long history in the log vs none."""
+    from falcon_es.bench import restart as bench
+
+    report = bench.restart_benchmark(_measured_on(ctx, db_url), history=history, live=live,
+                                     rounds=rounds, progress=lambda m: click.echo(m, err=True))
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
 
 

@@ -8,7 +8,7 @@ import json
 import click
 
 from falcon_es import registry
-from falcon_es.cli.common import emit, engine_of, friendly, settings_of, store_of
+from falcon_es.cli.common import app_of, emit, friendly
 
 
 @click.command("queues")
@@ -20,11 +20,13 @@ from falcon_es.cli.common import emit, engine_of, friendly, settings_of, store_o
 def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
     """The (cluster, topology) queues, folded from the log: slot holder, waiting tasks
     in pick order, running count, actor served last."""
-    from falcon_es.projections import replay as rp
+    from falcon_es.bootstrap import load_task_states
     from falcon_es.projections.queues import queue_rows, unplaced_rows
 
-    _, view = rp.fold_views(store_of(ctx), settings_of(ctx).language)
-    with engine_of(ctx).connect() as conn:
+    app = app_of(ctx)
+    load_task_states(app)  # the live streams, as a starting controller folds them
+    view = app.queue_view
+    with app.engine.connect() as conn:
         clusters = {c.id: c for c in registry.list_clusters(conn)}
     rows = queue_rows(view, clusters)
     unplaced = unplaced_rows(view)

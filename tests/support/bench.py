@@ -46,7 +46,7 @@ from falcon_es.settings import Settings
 from falcon_es.task_manifests import pool_labels
 from falcon_es.spec import parse_spec
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
-from falcon_es.task import TaskState
+from falcon_es.task import TaskState, fold
 from falcon_es.tpu import slice_shape
 from tests.support.harness import SPEC, flex_cluster, reserved_cluster, sim_config
 
@@ -120,7 +120,7 @@ class HandlerBench:
         """Append ``events`` to the task's stream (at its current version) through the
         store, as a committed tick of this controller would have: the controller's
         own views (its lifecycle index) count them too."""
-        state = self._app.tasks.get(task_id)
+        state = self._folded(task_id)
         self._app.store.append([StreamAppend(
             task_id, state.version if state else 0, events, Meta(actor=GIVEN_ACTOR))])
         return self.state(task_id)
@@ -298,11 +298,19 @@ class HandlerBench:
 
     # ------------------------------------------------------------------- then
     def state(self, task_id: str) -> TaskState:
-        """The task's state as the controller folded it."""
-        state = self._app.tasks.get(task_id)
+        """The task's state as the controller folded it (for a task that has left its
+        memory, having ended holding nothing: as its stream folds)."""
+        state = self._folded(task_id)
         if state is None:
             raise LookupError(f"task {task_id} is not in the log")
         return state
+
+    def _folded(self, task_id: str) -> TaskState | None:
+        state = self._app.tasks.get(task_id)
+        if state is not None:
+            return state
+        records = self._app.store.read_stream(task_id)
+        return fold(task_id, [(r.event, r.recorded_at) for r in records]) if records else None
 
     def row(self, task_id: str) -> dict[str, Any]:
         """The task's ``job`` row as the upper layer reads it."""
