@@ -33,6 +33,7 @@ from typing import Any
 from falcon_es import db, job_rows
 from falcon_es.clock import utcnow
 from falcon_es.bench.scratch import scratch_mysql_database
+from falcon_es.tables import JobTable
 
 TARGET_SECONDS = 0.25
 SPEC = MappingProxyType({"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e",
@@ -52,6 +53,7 @@ def cli_benchmark(*, runs: int = 9, tasks: int = 100, sweep: int = 1000,
         engine = db.make_engine(url)
         try:
             db.upgrade(engine)
+            db.create_job_table(engine, JobTable())  # the scratch database's own
             job_rows.submit_many(engine, [job_rows.NewTask(f"task-{i}", f"user-{i % 5}", SPEC)
                                           for i in range(tasks)], utcnow())
         finally:
