@@ -239,6 +239,8 @@ class QueueView:
         place = self.book.place(state.task_id)
         if place is not None and place[0] == Placement.WAITING:
             self._unwritten.add(state.task_id)
+        else:  # a row that left its queue has its own Message, not a position
+            self._unwritten.discard(state.task_id)
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
