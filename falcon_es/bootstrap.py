@@ -41,7 +41,7 @@ from falcon_es.projections.queues import QueueView
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
 from falcon_es.settings import Settings
-from falcon_es.store import EventStore, InlineProjection
+from falcon_es.store import EventStore, InlineProjection, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TaskStates
 
@@ -94,7 +94,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     clock = clock or WallClock()
     job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language, job=job)
+    queue_view = QueueView(tasks, settings.language, job=job, clock=clock,
+                           refresh_seconds=settings.position_refresh_seconds)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
@@ -121,9 +122,11 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
 
 def load_task_states(app: App) -> None:
     """Fold the live streams once at start (not the whole log: what has ended and
-    holds nothing is not needed by any tick) so handlers see every live task's state."""
+    holds nothing is not needed by any tick) so handlers see every live task's state,
+    and take the positions the job table holds as written."""
     served = app.live.load()
     app.queue_view.load_live(app.tasks.all(), served)
+    app.queue_view.read_written(app.engine)
     app.index.rebuild()
     app.live.settle()
 
@@ -261,7 +264,14 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
                               queues=app.queue_view.book, index=app.index, executor=executor,
                               outcomes=executor.take_outcomes(), retired=app.live)
 
-    after_commit: list[AfterCommit] = [*before_effects, executor.after_commit, ack_folded]
+    def refresh_positions(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
+        # Position Messages due when no append came to carry them (the interval of a
+        # queue ran out): written behind the same lease fence as a tick's commit.
+        if leadership is None or leadership.may_append():
+            app.queue_view.refresh_due(app.engine)
+
+    after_commit: list[AfterCommit] = [*before_effects, executor.after_commit, ack_folded,
+                                       refresh_positions]
     if metrics is not None:
         after_commit.append(metrics.edge_observations_folded)
     before_commit = (leadership_fence(leadership),) if leadership is not None else ()
@@ -276,7 +286,7 @@ def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controll
           on_tick: Callable[[TickReport], None] | None, tick_seconds: float,
           script: Script | None, resolution: float) -> Loop:
     index = app.index
-    due_sources = [index.next_wake, executor.next_due]
+    due_sources = [index.next_wake, executor.next_due, app.queue_view.next_refresh]
     if ports.next_due is not None:
         due_sources.append(ports.next_due)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 
@@ -12,6 +13,8 @@ from falcon_es.retry import RetryConfigError, RetryPolicies
 from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 
 LANGUAGES = ("en", "zh")
+#: A position older than this says too little to be worth showing: the setting's ceiling.
+MAX_POSITION_REFRESH_SECONDS = 3600.0
 GKE_TRANSPORTS = ("grpc", "rest")
 
 
@@ -45,6 +48,11 @@ class Settings:
     #: How often a running node-pool create operation is asked whether it is done: GKE
     #: creates take minutes, and each look is a call against the project's API quota.
     operation_poll_seconds: int = 5
+    #: At most how often a queue's waiting tasks get their position Messages rewritten
+    #: (0: on every change). A pick moves every task behind it, so rewriting on every
+    #: change costs a whole queue of UPDATEs on the upper layer's table per pick; a
+    #: task that joins or whose own state changes still gets its position at once.
+    position_refresh_seconds: float = 30.0
     provisioning_timeout_seconds: int = 1800
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
     #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
@@ -95,6 +103,9 @@ class Settings:
                 env, "FALCON_CREATE_VISIBILITY_GRACE", cls.create_visibility_grace_seconds),
             operation_poll_seconds=_int(
                 env, "FALCON_OPERATION_POLL_SECONDS", cls.operation_poll_seconds),
+            position_refresh_seconds=_seconds(
+                env, "FALCON_POSITION_REFRESH_SECONDS", cls.position_refresh_seconds,
+                maximum=MAX_POSITION_REFRESH_SECONDS),
             provisioning_timeout_seconds=_int(
                 env, "FALCON_PROVISIONING_TIMEOUT", cls.provisioning_timeout_seconds),
             flex_start_provisioning_timeout_seconds=_int(
@@ -134,6 +145,22 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise SettingsError(f"{name}={raw!r}: expected a whole number of seconds") from None
     if value <= 0:
         raise SettingsError(f"{name}={raw!r}: must be positive")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, *, maximum: float) -> float:
+    """A duration in seconds that may be fractional or 0, up to ``maximum``."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError(f"{name}={raw!r}: must be 0 or more seconds")
+    if value > maximum:
+        raise SettingsError(f"{name}={raw!r}: at most {maximum:g} seconds")
     return value
 
 

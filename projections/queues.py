@@ -5,23 +5,37 @@ waiting tasks' position Message in the job table.
 ``QueueView`` is an inline projection registered after ``TaskStates`` and the job-table
 projection. In each append's transaction it folds the append's task changes into the
 scheduler's ``QueueBook`` (which the scheduling handlers already updated while they
-decided) and rewrites, in bulk (``write_positions``), the Message of the waiting tasks
-whose position text changed, only in queues whose pick order changed. Running in the append's
-own transaction, after the job-table rows were written, it commits with the tick's
-events and covers events from every handler. A row the upper layer set to
-``Aborting`` is never touched (``WHERE status = 'Pending'``).
+decided) and writes, in bulk (``write_positions``), two kinds of position Messages:
+
+- at once, the row of every waiting task whose own state change this append wrote
+  (it just joined a queue, came back to one, or an event of its own replaced its
+  Message): the job-table projection has just put the event's Message there, so the
+  row must get its position with the same commit, computed from the exact order;
+- at most once per ``refresh_seconds`` per queue, every row of a queue whose pick order
+  changed, and of those only the rows whose text differs from what was written. A
+  queue that changes after a quiet interval is written at once; one that changes
+  again within the interval is written when the interval ends (``next_refresh`` tells
+  the loop when, ``refresh_due`` writes in its own transaction when no append comes).
+
+A pick shifts every position behind it, so without the interval every pick rewrote
+the whole queue; with it a queue is rewritten at most once per interval however
+often it is picked, and no position Message is more than one interval behind the
+order. The exact order is always in the book (``queue_rows``). A row the upper layer
+set to ``Aborting`` is never touched (``WHERE status = 'Pending'``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import datetime as dt
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from falcon_es import chart
 from falcon_es import events as ev
+from falcon_es.clock import Clock
 from falcon_es.intents import PoolDisposition
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
@@ -48,17 +62,40 @@ def positions(order: Sequence[Entry], lang: str) -> Iterator[tuple[str, str]]:
     (the same for every row) joined once per queue instead of once per row."""
     if not order:
         return
+    render = _renderer(order, lang)
+    for index, entry in enumerate(order):
+        yield entry.task_id, render(index)
+
+
+def positions_of(order: Sequence[Entry], wanted: Collection[str],
+                 lang: str) -> list[tuple[str, str]]:
+    """(task id, Message) of the ``wanted`` tasks only, as ``positions`` renders them:
+    a task that needs its Message now costs a scan of the order, not the rendering of
+    the whole queue."""
+    if not order or not wanted:
+        return []
+    render = _renderer(order, lang)
+    return [(e.task_id, render(index)) for index, e in enumerate(order) if e.task_id in wanted]
+
+
+def _renderer(order: Sequence[Entry], lang: str) -> Callable[[int], str]:
+    """The Message of the task at ``index`` of ``order`` (which must not be empty)."""
     named = [f"{e.actor}: {e.name}" for e in order[:AHEAD_NAMED]]
     few = [f" ({', '.join(named[:count])})" for count in range(AHEAD_NAMED + 1)]
     all_named = ", ".join(named)
     position, more = _formatter("position", lang), _formatter("more", lang)
-    yield order[0].task_id, position_message(1, (), lang)
-    for index in range(1, len(order)):
+    first = position_message(1, (), lang)
+
+    def render(index: int) -> str:
+        if index == 0:
+            return first
         if index <= AHEAD_NAMED:
             names = few[index]
         else:
             names = f" ({all_named}, {more(count=index - AHEAD_NAMED)})"
-        yield order[index].task_id, position(position=index + 1, ahead=index, names=names)
+        return position(position=index + 1, ahead=index, names=names)
+
+    return render
 
 
 def position_update(job: JobTable) -> sa.Update:
@@ -120,22 +157,48 @@ def _sqlite_position_update(names: JobSql) -> str:
             f"WHERE {table}.{col['id']} = ? AND {table}.{col['status']} = ?")
 
 
+def waiting_messages(job: JobTable) -> sa.Select[Any]:
+    """The Messages the job table holds for waiting tasks (read once at start)."""
+    return sa.select(job.c.id.label("id"), job.c.message.label("message")).where(
+        job.c.status == chart.PENDING, job.c.reason == chart.PendingReason.WAITING)
+
+
 class QueueView:
-    """Inline projection keeping the ``QueueBook`` and the waiting positions current."""
+    """Inline projection keeping the ``QueueBook`` and the waiting positions current.
+
+    ``refresh_seconds`` paces each queue's rewrite on ``clock`` (0: every change is
+    written with the append that made it, which needs no clock)."""
 
     def __init__(self, tasks: TaskStates, lang: str = "en", book: QueueBook | None = None,
-                 *, job: JobTable | None = None) -> None:
+                 *, job: JobTable | None = None, clock: Clock | None = None,
+                 refresh_seconds: float = 0.0) -> None:
+        if refresh_seconds < 0:
+            raise ValueError(f"refresh_seconds={refresh_seconds}: must not be negative")
+        if refresh_seconds and clock is None:
+            raise ValueError("a position refresh interval needs the clock to measure it on")
         self.tasks = tasks
         self.lang = lang
         self.book = book if book is not None else QueueBook()
         #: The job table the positions are written to (the default names when the
         #: view only folds, as a replay's does).
         self.job = job if job is not None else JobTable()
+        self.clock = clock
+        self.refresh_interval = dt.timedelta(seconds=refresh_seconds)
         self._written: dict[str, str] = {}  # task id -> position Message in the row
+        #: Waiting tasks whose row does not hold their position (their own change wrote
+        #: it, another writer did, or nobody knows what it holds): written at once.
+        self._unwritten: set[str] = set()
+        #: When each queue's rows were last all brought up to date.
+        self._refreshed_at: dict[QueueKey, dt.datetime] = {}
+        # What the refresh in the open transaction wrote, kept once it commits.
         self._staged: dict[str, str] = {}
+        self._staged_unwritten: set[str] = set()
         self._refreshed: set[QueueKey] = set()
-        #: Rows written by the last refresh (for the benchmark and tests).
+        self._staged_at: dt.datetime | None = None
+        #: Rows written by the last refresh, and by every committed one (for the
+        #: benchmark and tests).
         self.last_refresh_rows = 0
+        self.rows_written = 0
 
     # ------------------------------------------------------------ InlineProjection
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
@@ -144,15 +207,11 @@ class QueueView:
 
     def committed(self) -> None:
         self.book.commit()
-        self._written.update(self._staged)
-        self._staged.clear()
-        self.book.changed -= self._refreshed
-        self._refreshed.clear()
+        self._keep_staged()
 
     def discarded(self) -> None:
         self.book.rollback()
-        self._staged.clear()
-        self._refreshed.clear()
+        self._drop_staged()
 
     # ------------------------------------------------------------ folding
     def fold(self, changes: Iterable[Change], recorded: Sequence[RecordedEvent]) -> None:
@@ -183,13 +242,15 @@ class QueueView:
 
     def _place(self, state: TaskState) -> None:
         """Put the task where its state says (the book marks the queues it left or
-        joined); its row's Message was just rewritten, so a waiting task's queue gets its
-        positions written again too."""
+        joined); its row's Message was just rewritten, so a waiting task's own row needs
+        its position again, at once."""
         self._written.pop(state.task_id, None)
         self.book.sync(state)
         place = self.book.place(state.task_id)
         if place is not None and place[0] == Placement.WAITING:
-            self.book.changed.add(place[1])
+            self._unwritten.add(state.task_id)
+        else:  # a row that left its queue has its own Message, not a position
+            self._unwritten.discard(state.task_id)
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
@@ -222,29 +283,128 @@ class QueueView:
         book.changed.clear()
 
     # ------------------------------------------------------------ positions
-    def pending_positions(self) -> list[tuple[str, str]]:
-        """Rows whose position Message differs from what the job table holds, for the
-        queues whose order changed."""
+    def read_written(self, engine: Engine) -> None:
+        """At start, after ``load``: take what the job table holds for the waiting tasks
+        as written, and have every waiting queue refreshed at the first tick. The
+        previous controller may have left a queue up to one interval behind (or stopped
+        before its refresh), and only the rows whose text differs get written."""
+        book = self.book
+        queues = book.waiting_queues()
+        if not queues:
+            return
+        with engine.connect() as conn:
+            held = {str(row.id): row.message for row in conn.execute(waiting_messages(self.job))}
+        for key in queues:
+            book.changed.add(key)
+            self._refreshed_at.pop(key, None)
+            for entry in book.waiting(key):
+                message = held.get(entry.task_id)
+                self._unwritten.discard(entry.task_id)
+                if message is not None:
+                    self._written[entry.task_id] = message
+
+    def due_queues(self, now: dt.datetime) -> list[QueueKey]:
+        """Changed queues whose interval has run out (or that have nobody waiting left
+        to write, so they are merely forgotten)."""
+        book, interval, refreshed = self.book, self.refresh_interval, self._refreshed_at
+        due = []
+        for key in book.changed:
+            last = refreshed.get(key)
+            if last is None or now - last >= interval or not book.waiting_count(key):
+                due.append(key)
+        return sorted(due)
+
+    def next_refresh(self) -> dt.datetime | None:
+        """When the next position write is due (a due source for the loop, which on a
+        virtual clock jumps there): now for a row that needs its position at once, else
+        the end of the interval of the queue that changed first."""
+        now = self._now()
+        if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
+            return now
+        book, moments = self.book, []
+        for key in book.changed:
+            if book.waiting_count(key):
+                last = self._refreshed_at.get(key)
+                moments.append(now if last is None else last + self.refresh_interval)
+        return min(moments, default=None)
+
+    def pending_positions(self, queues: Iterable[QueueKey] | None = None) -> list[tuple[str, str]]:
+        """Rows to write now: in ``queues`` (default: every queue whose order changed)
+        those whose position Message differs from what the job table holds, plus the
+        rows of waiting tasks elsewhere that need theirs at once."""
+        keys = set(self.book.changed if queues is None else queues)
         rows: list[tuple[str, str]] = []
         written = self._written
-        for key in sorted(self.book.changed):
-            order = self.book.pick_order(key)
-            for task_id, message in positions(order, self.lang):
+        for key in sorted(keys):
+            for task_id, message in positions(self.book.pick_order(key), self.lang):
                 if written.get(task_id) != message:
                     rows.append((task_id, message))
+        at_once: dict[QueueKey, set[str]] = {}
+        for task_id in self._unwritten:
+            waits_in = self.waiting_in(task_id)
+            if waits_in is not None and waits_in not in keys:
+                at_once.setdefault(waits_in, set()).add(task_id)
+        for key in sorted(at_once):
+            rows.extend(positions_of(self.book.pick_order(key), at_once[key], self.lang))
         return rows
 
-    def refresh(self, conn: Connection) -> int:
-        """Write the changed positions in bulk (within the append)."""
-        if not self.book.changed:
-            self.last_refresh_rows = 0
-            return 0
-        rows = self.pending_positions()
+    def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
+        """Write, within the open transaction, the rows needed at once and the queues
+        due (``every_queue``: every changed queue, due or not); kept once it commits."""
+        now = self._now()
+        due = sorted(self.book.changed) if every_queue else self.due_queues(now)
+        rows = self.pending_positions(due)
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
-        self._refreshed = set(self.book.changed)
+        self._staged_unwritten |= self._unwritten
+        self._refreshed.update(due)
+        self._staged_at = now
         self.last_refresh_rows = len(rows)
         return len(rows)
+
+    def refresh_due(self, engine: Engine) -> int:
+        """Write what is due in a transaction of its own: after a tick that appended
+        nothing, once a queue's interval ran out or another writer moved a row."""
+        now = self._now()
+        if not self._unwritten and not self.due_queues(now):
+            return 0
+        try:
+            with engine.begin() as conn:
+                rows = self.refresh(conn)
+        except BaseException:
+            self._drop_staged()
+            raise
+        self._keep_staged()
+        return rows
+
+    def _keep_staged(self) -> None:
+        self.rows_written += len(self._staged)
+        self._written.update(self._staged)
+        self._unwritten -= self._staged_unwritten
+        self.book.changed -= self._refreshed
+        for key in self._refreshed:
+            if self.book.waiting_count(key) and self._staged_at is not None:
+                self._refreshed_at[key] = self._staged_at
+            else:
+                self._refreshed_at.pop(key, None)
+        self._drop_staged()
+
+    def _drop_staged(self) -> None:
+        self._staged = {}
+        self._staged_unwritten = set()
+        self._refreshed = set()
+        self._staged_at = None
+
+    def waiting_in(self, task_id: str) -> QueueKey | None:
+        """The queue the task waits in (None: it is not waiting in one)."""
+        place = self.book.place(task_id)
+        if place is not None and place[0] == Placement.WAITING:
+            key: QueueKey = place[1]
+            return key
+        return None
+
+    def _now(self) -> dt.datetime:
+        return self.clock.now() if self.clock is not None else dt.datetime.min
 
     def all_positions(self) -> list[tuple[str, str]]:
         """Every waiting task's position Message (what a rebuild writes)."""

@@ -9,6 +9,13 @@ text that is not JSON at all.
 event is folded (``falcon_es.log_fold``), rows are copied and compared a chunk at a
 time, and only the tasks that have not ended stay in memory to the end (the queues'
 positions are theirs), so a log of years replays in the memory of its busiest hour.
+
+A rebuild writes every waiting task's position as of the end of the log. The live
+controller rewrites a queue's positions at most once per refresh interval, so a live
+position Message may show the order as of any moment in the last interval; ``verify``
+given that interval accepts such a Message when it is exactly the task's position
+after some event of the log's last interval (or just before it), and reports any
+other.
 """
 
 from __future__ import annotations
@@ -27,14 +34,14 @@ from falcon_es import chart, db
 from falcon_es import events as ev
 from falcon_es.inbox import as_timestamp
 from falcon_es.log_fold import batched, final_states
-from falcon_es.scheduling import QueueKey
+from falcon_es.scheduling import Placement, QueueKey
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
 from falcon_es.projections.job_table import (
     PROJECTED_COLUMNS, refusal_update, row_values, write_refusals, write_rows,
 )
-from falcon_es.projections.queues import QueueView, write_positions
+from falcon_es.projections.queues import QueueView, positions_of, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.
@@ -113,6 +120,13 @@ def rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str,
                      refused: list[RecordedEvent] | None = None) -> int:
     """``rebuild`` of the whole log as of ``until`` (default: the head now), each task's
     row written once its last event is folded, then the waiting tasks' positions."""
+    return _rebuild_streamed(conn, store, lang, until, job, refused)[0]
+
+
+def _rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str, until: int | None,
+                      job: JobTable, refused: list[RecordedEvent] | None,
+                      ) -> tuple[int, QueueView]:
+    """The rows written, and the queues of the tasks that had not ended."""
     unended = _Unended()
     written = 0
     states = final_states(store.reader.connect, until=until, watch=("TaskPicked",),
@@ -120,10 +134,11 @@ def rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str,
     for batch in batched(states, ROWS_PER_BATCH):
         written += write_rows(conn, _as_changes(batch), lang, job=job)
         unended.states.extend(s for s in batch if not s.is_terminal)
-    write_positions(conn, unended.view(lang).all_positions(), job=job)
+    view = unended.view(lang)
+    write_positions(conn, view.all_positions(), job=job)
     if refused:
         write_refusals(conn, refused, lang, refusal_update(job))
-    return written
+    return written, view
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +153,12 @@ class Difference:
 
 
 def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None,
-           *, job: JobTable) -> list[Difference]:
+           *, job: JobTable, refresh_seconds: float = 0.0) -> list[Difference]:
     """Rebuild into a scratch SQLite database (a job table of Falcon-ES's own names
     there) and diff it against the live job table (``job``, the settings' mapping),
-    streaming: the log as of its head now, the rows a chunk at a time."""
+    streaming: the log as of its head now, the rows a chunk at a time.
+    ``refresh_seconds`` is the live controller's position refresh interval (0: every
+    position must be the one at the end of the log)."""
     until = store.head()
     refused = refused_rows(store)
     scratch_job = JobTable()
@@ -151,12 +168,72 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
             scratch_job.table.create(scratch)
             _copy_upper_layer_rows(live, job, scratch, scratch_job)
             with scratch.begin() as conn:
-                rebuild_streamed(conn, store, lang, until=until, job=scratch_job,
-                                 refused=refused)
+                _, waiting = _rebuild_streamed(conn, store, lang, until, scratch_job, refused)
             differences = list(_diff(live, job, scratch, scratch_job))
         finally:
             scratch.dispose()
+    if refresh_seconds > 0:
+        differences = _without_recent_positions(differences, store, lang, waiting,
+                                                dt.timedelta(seconds=refresh_seconds))
     return sorted(differences, key=lambda d: d.task_id)
+
+
+def _without_recent_positions(differences: list[Difference], store: EventStore, lang: str,
+                              waiting: QueueView, interval: dt.timedelta) -> list[Difference]:
+    """Drop the Message differences of tasks waiting at the end of the log whose live
+    Message is a position they held within the last ``interval`` of the log."""
+    lagging = {d.task_id for d in differences if d.column == "message"
+               and isinstance(d.live, str) and waiting.waiting_in(d.task_id) is not None}
+    if not lagging:
+        return differences
+    held = recent_positions(store, lang, interval, lagging)
+    return [d for d in differences
+            if not (d.column == "message" and d.live in held.get(d.task_id, ()))]
+
+
+def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
+                     task_ids: set[str]) -> dict[str, set[str]]:
+    """Every position Message each of ``task_ids`` had after any event recorded within
+    ``interval`` of the log's last event, and just before the first of them. Folded one
+    event at a time, so the state after every append is among them; only the queues an
+    event touched are rendered again, and only for the tasks asked about."""
+    head = store.head()
+    last = next(iter(store.read_after(head - 1, batch_size=1)), None) if head else None
+    if last is None:
+        return {}
+    start = store.seq_at(last.recorded_at - interval)
+    _, queues = fold_views(store, lang, until=start)
+    book = queues.book
+    held: dict[str, set[str]] = {task_id: set() for task_id in task_ids}
+    where = {task_id: queues.waiting_in(task_id) for task_id in task_ids}
+    members: dict[QueueKey, set[str]] = {}
+    for task_id, key in where.items():
+        if key is not None:
+            members.setdefault(key, set()).add(task_id)
+    for key in members:
+        _collect(queues, key, members[key], held, lang)
+    for record in store.read_after(start):
+        touched = {book.place(record.stream_id)}
+        queues.load([[record]])
+        touched.add(book.place(record.stream_id))
+        if record.stream_id in where:
+            task_id = record.stream_id
+            was, now = where[task_id], queues.waiting_in(task_id)
+            if was is not None:
+                members[was].discard(task_id)
+            if now is not None:
+                members.setdefault(now, set()).add(task_id)
+            where[task_id] = now
+        for place in touched:
+            if place is not None and place[0] != Placement.UNPLACED and members.get(place[1]):
+                _collect(queues, place[1], members[place[1]], held, lang)
+    return held
+
+
+def _collect(queues: QueueView, key: QueueKey, wanted: set[str], held: dict[str, set[str]],
+             lang: str) -> None:
+    for task_id, message in positions_of(queues.book.pick_order(key), wanted, lang):
+        held[task_id].add(message)
 
 
 #: Read as the driver gives them (no type processing), so a value of the wrong type

@@ -21,7 +21,8 @@ TASKS = 300
 SMALL_RUN = {"burst": 100, "burst_every": 120.0}
 FIGURES = ("wall_seconds", "tasks_per_second", "cpu_seconds", "ticks", "events",
            "ms_per_tick", "statements", "commits", "rollbacks", "round_trips",
-           "round_trips_per_task", "peak_rss_mib", "rss_growth_mib", "virtual_hours")
+           "round_trips_per_task", "peak_rss_mib", "rss_growth_mib", "virtual_hours",
+           "position_rows")
 
 
 @pytest.fixture(params=["sqlite", "mysql"])

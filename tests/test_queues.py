@@ -56,7 +56,7 @@ def test_long_queues_name_three_ahead_and_count_the_rest(app: App) -> None:
     assert position_message(6, [("solo", f"t{i}") for i in range(1, 6)]) == row(app, ids[6])["message"]
 
 
-def test_only_queues_whose_order_changed_are_rewritten(app: App) -> None:
+def test_only_rows_whose_text_changed_are_rewritten(app: App, clock) -> None:
     add_cluster(app, "tpu-a")
     ctl = controller(app)
     small = [submit(app, "u", f"s{i}") for i in range(3)]
@@ -67,6 +67,10 @@ def test_only_queues_whose_order_changed_are_rewritten(app: App) -> None:
     assert view.last_refresh_rows == 2 + 3
     run(app, small[0])  # frees the 2x2 slot; nothing moves in 2x4
     ctl.tick()
+    assert view.last_refresh_rows == 0, "s2 moved up within the interval: not yet"
+    assert row(app, small[2])["message"] == "#2, 1 ahead (u: s1)"
+    clock.advance(app.settings.position_refresh_seconds)
+    assert ctl.tick().appended == 0
     assert view.last_refresh_rows == 1, "only s2 moved up (s1 was picked)"
     assert row(app, small[2])["message"] == "#1, next in line"
     # A new arrival at the tail of 2x4 writes its own row only.
@@ -107,10 +111,12 @@ def test_replay_reproduces_positions_and_rebuild_restores_them(app: App, db_url:
     run(app, holders[0])
     append(app, holders[1], ev.NodePoolFailed("falcon-x", "quota"))
     ctl.tick()
-    assert rp.verify(app.engine, app.store, "en", job=app.job) == []
+    interval = app.settings.position_refresh_seconds
+    assert rp.verify(app.engine, app.store, "en", job=app.job, refresh_seconds=interval) == []
     with app.engine.begin() as conn:
         conn.execute(job.update().where(job.c.reason == "Waiting").values(message="stale"))
-    assert {d.column for d in rp.verify(app.engine, app.store, "en", job=app.job)} == {"message"}
+    assert {d.column for d in rp.verify(app.engine, app.store, "en", job=app.job,
+                                        refresh_seconds=interval)} == {"message"}
     states, queues = rp.fold_views(app.store, "en")
     with app.engine.begin() as conn:
         rp.rebuild(conn, states, "en", queues, job=app.job)

@@ -20,9 +20,26 @@ def test_benchmark_reports_every_figure() -> None:
         assert size["pick_us"] > 0 and size["refresh_rows"] > 0
         assert size["raw_rows_per_s"] > 0 and size["refresh_ratio"] > 0
     assert set(report["targets"]) == {"pick_us_at_largest <= 1000",
-                                      "decision growth <= log n growth", "refresh_ratio >= 0.5"}
+                                      "decision growth <= log n growth", "refresh_ratio >= 0.5",
+                                      "no position Message older than the interval"}
+    assert report["targets"]["no position Message older than the interval"]
     assert report["decide_growth"] > 0 and report["pick_growth"] > 0
     assert "growth 100 -> 200: decision x" in bench.format_report(report)
+
+
+def test_steady_picking_respects_the_refresh_interval() -> None:
+    """Two intervals of picking: each queue is rewritten once per interval (the rows
+    read back change 30 s apart, never sooner), no sampled Message is ever older than
+    the interval, and far fewer rows are written per pick than a queue holds."""
+    report = bench.scheduler_benchmark(HANDLERS, sizes=(400,))
+    (size,) = report["sizes"]
+    steady = size["steady"]
+    assert steady["interval_seconds"] == 30
+    assert steady["picks"] > 0 and steady["sampled"] > 0
+    assert 0 < steady["max_age_seconds"] <= 30
+    assert steady["min_change_gap_seconds"] == 30
+    assert steady["refresh_ticks"] == 2, "one refresh per interval, all queues at once"
+    assert size["rows_per_pick"] < size["refresh_rows"] / 2
 
 
 def test_cli_rejects_bad_sizes() -> None:

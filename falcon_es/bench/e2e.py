@@ -16,7 +16,9 @@ to each exact moment), so whatever falls due within a second is one tick's work.
 
 Measured over the run, from the first tick until every task has ended and every pool
 is settled: wall time and process CPU time (the upper layer's own inserts and aborts
-excluded), tasks per second, database round trips per task (SQLAlchemy event
+excluded), tasks per second, position Messages written (the rows the queue view
+wrote; a task's own state changes are the job-table projection's), database round
+trips per task (SQLAlchemy event
 listeners on the engine: ``before_cursor_execute`` once per statement sent, so an
 executemany counts once; ``commit`` and ``rollback`` once per transaction end; and,
 each ping the MySQL pool sends before handing out a connection that sat idle; the upper
@@ -380,6 +382,8 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "events": report.appended,
             "conflicts": report.conflicts,
             "ms_per_tick": round(wall * 1000 / report.ticks, 3) if report.ticks else 0.0,
+            "position_rows": svc.app.queue_view.rows_written,
+            "position_refresh_seconds": svc.app.settings.position_refresh_seconds,
             "statements": counter.statements,
             "statements_per_task": round(counter.statements / count, 2),
             "executemany_statements": counter.executemany,
@@ -446,6 +450,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"wall: {report['wall_seconds']} s{verdict} (process CPU {report['cpu_seconds']} s); "
         f"{report['tasks_per_second']} tasks/s; "
         f"{report['ticks']} ticks ({report['ms_per_tick']} ms/tick), {report['events']} events",
+        f"positions: {report['position_rows']} position Messages written (each queue "
+        f"rewritten at most every {report['position_refresh_seconds']:g} s)",
         f"database: {report['round_trips_per_task']} round trips/task = "
         f"{report['statements_per_task']} statements + "
         f"{report['commits_per_task']} commits + "

@@ -115,7 +115,8 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
         click.echo(f"rebuilt {count} job rows from {head} events")
         return
     if mode == "verify":
-        differences = rp.verify(app.engine, app.store, lang, job=app.job)
+        differences = rp.verify(app.engine, app.store, lang, job=app.job,
+                                refresh_seconds=app.settings.position_refresh_seconds)
         if as_json:
             click.echo(json.dumps([jsonable(d.__dict__) for d in differences], indent=2))
         elif differences:
