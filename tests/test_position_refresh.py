@@ -26,7 +26,11 @@ from falcon_es.cli import main
 from falcon_es.clock import VirtualClock
 from falcon_es.service import Service
 from falcon_es.settings import MAX_POSITION_REFRESH_SECONDS, Settings, SettingsError
-from falcon_es.tables import job
+from falcon_es.tables import JobTable
+from tests.conftest import migrate
+
+#: The job table under Falcon-ES's own names (what the fixtures create).
+job = JobTable().table
 from falcon_es.projections import replay as rp
 from falcon_es.projections.queues import QueueView
 from tests.conftest import START
@@ -65,7 +69,7 @@ class PositionWrites:
 
 
 def service(app: App) -> Service:
-    return build_service(app.settings, app=app, register_clusters=False, handlers=SCHEDULING)
+    return build_service(app.settings, app=app, handlers=SCHEDULING)
 
 
 def shown(app: App, ids: list[str]) -> list[str | None]:
@@ -218,7 +222,7 @@ def test_no_position_message_is_ever_older_than_one_interval(
     interval = dt.timedelta(seconds=10)
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'falcon.db'}"
-        db.upgrade(db.make_engine(url))
+        migrate(url)
         clock = VirtualClock(START)
         app = open_app(Settings(db_url=url, position_refresh_seconds=interval.total_seconds()),
                        clock)
@@ -334,13 +338,13 @@ def test_verify_accepts_positions_of_the_last_interval_and_nothing_else(
     svc.controller.tick()  # t1 picked; t2..t5 show the order before
     result = CliRunner().invoke(main, ["--db", db_url, "replay", "--verify"])
     assert result.exit_code == 0, result.output
-    lagging = rp.verify(app.engine, app.store, "en")  # as of the end of the log only
+    lagging = rp.verify(app.engine, app.store, "en", job=app.job)  # as of the end of the log only
     assert {(d.task_id, d.column) for d in lagging} == {(t, "message") for t in ids[2:]}
     # A position the task never held is reported, within the interval or not.
     with app.engine.begin() as conn:
         conn.execute(job.update().where(job.c.id == ids[3]).values(message="#1, next in line"))
     assert [(d.task_id, d.live) for d in rp.verify(
-        app.engine, app.store, "en", refresh_seconds=INTERVAL)] == [(ids[3], "#1, next in line")]
+        app.engine, app.store, "en", job=app.job, refresh_seconds=INTERVAL)] == [(ids[3], "#1, next in line")]
     # Once the refresh has come and gone, the old positions are no longer accepted.
     clock.advance(INTERVAL)
     svc.controller.tick()
@@ -352,7 +356,7 @@ def test_verify_accepts_positions_of_the_last_interval_and_nothing_else(
         conn.execute(job.update().where(job.c.id == ids[4]).values(
             message="#3, 2 ahead (u: t1, u: t2)"))  # what it showed two intervals ago
     assert [(d.task_id, d.column) for d in rp.verify(
-        app.engine, app.store, "en", refresh_seconds=INTERVAL)] == [(ids[4], "message")]
+        app.engine, app.store, "en", job=app.job, refresh_seconds=INTERVAL)] == [(ids[4], "message")]
 
 
 # ------------------------------------------------------------------ the setting
