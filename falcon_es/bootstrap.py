@@ -131,32 +131,33 @@ def load_task_states(app: App) -> None:
     app.live.settle()
 
 
-def build_ports(settings: Settings, backend: str, clock: Clock, *,
-                sim_config: str | Path | SimConfig | None = None, seed: int | None = None,
-                app: App | None = None) -> tuple[Ports, SimWorld | None]:
-    """The ports of a backend: the simulated world's (with the world), or the Google
-    Cloud and Kubernetes clients'."""
-    if backend not in BACKENDS:
-        raise BackendError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if backend == "gcp":
-        from falcon_es.adapters.gcp import build_gcp_ports
+def gcp_ports(settings: Settings, clock: Clock) -> Ports:
+    """The ports of the gcp backend: the Google Cloud and Kubernetes clients (the sim
+    backend's are its world's, built by ``build_service``)."""
+    from falcon_es.adapters.gcp import build_gcp_ports
 
-        return build_gcp_ports(settings, clock=clock), None
-    world = sim_world(clock, sim_config, seed, app)
-    return world.ports(), world
+    return build_gcp_ports(settings, clock=clock)
 
 
 def sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | None,
-              app: App | None) -> SimWorld:
+              app: App) -> SimWorld:
     """The simulated world of ``config`` (a file, a loaded config, or None: the packaged
     default), simulating the clusters of ``app``'s registry."""
     from falcon_es.adapters.sim import SimConfig, SimWorld, behaviour_from_tasks, load_sim_config
 
     loaded = config if isinstance(config, SimConfig) else load_sim_config(config)
-    if app is None:
-        return SimWorld(clock, loaded, seed=seed)
     return SimWorld(clock, loaded, seed=seed, behaviour_source=behaviour_from_tasks(app.tasks),
                     registry=app.cluster_cache.clusters)
+
+
+def continue_world(world: SimWorld, app: App) -> None:
+    """A later leadership term goes on in the world of the term before: the world's Jobs
+    take their behaviour from this term's task states, and it simulates this term's
+    view of the registry (the earlier term's app is closed)."""
+    from falcon_es.adapters.sim import behaviour_from_tasks
+
+    world.behaviour_source = behaviour_from_tasks(app.tasks)
+    world.registry = app.cluster_cache.clusters
 
 
 def register_sim_clusters(app: App, config: SimConfig) -> list[registry.Cluster]:
@@ -233,7 +234,7 @@ def build_service(
     else:
         world = None
         if ports is None:
-            ports, _ = build_ports(settings, backend, clock)
+            ports = gcp_ports(settings, clock)
     if metrics is not None:
         from falcon_es.observability.metered import metered_ports
 

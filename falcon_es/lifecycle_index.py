@@ -224,7 +224,7 @@ class LifecycleIndex:
         reservation = state.pool_request.get("reservation")
         if (reservation and state.cluster_id
                 and state.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
-                and state.pool_disposition not in (PoolDisposition.DELETED,)):
+                and state.pool_disposition != PoolDisposition.DELETED):
             key = (state.cluster_id, str(reservation))
             self._reserving.setdefault(key, {})[task_id] = int(
                 state.pool_request.get("node_count") or 0)

@@ -196,14 +196,12 @@ def _failed_first(pods: Sequence[PodObservation]) -> PodObservation | None:
 
 
 def _finished(pod: PodObservation) -> tuple[bool, dt.datetime]:
-    """Sort key: pods with a termination time first, earliest first."""
-    if pod.finished_at:
-        try:
-            moment = dt.datetime.fromisoformat(pod.finished_at)
-        except ValueError:
-            return (True, dt.datetime.min)
-        return (False, moment.replace(tzinfo=None) - (moment.utcoffset() or dt.timedelta()))
-    return (True, dt.datetime.min)
+    """Sort key: pods with a (readable) termination time first, earliest first, in UTC."""
+    try:
+        moment = dt.datetime.fromisoformat(pod.finished_at or "")
+    except ValueError:
+        return (True, dt.datetime.min)
+    return (False, moment.replace(tzinfo=None) - (moment.utcoffset() or dt.timedelta()))
 
 
 def _first(pods: Sequence[PodObservation],

@@ -165,11 +165,10 @@ def settings_of(ctx: click.Context) -> Settings:
 
 def gcp_ports(settings: Settings) -> Ports:
     """The ports of ``run --backend gcp``, built once for every leadership term."""
-    from falcon_es.bootstrap import build_ports
+    from falcon_es.bootstrap import gcp_ports as build_gcp_ports
     from falcon_es.clock import WallClock
 
-    ports, _ = build_ports(settings, "gcp", WallClock())
-    return ports
+    return build_gcp_ports(settings, WallClock())
 
 
 def gcp_backend(settings: Settings) -> GcpBackend:

@@ -80,7 +80,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     from falcon_es import service
-    from falcon_es.bootstrap import BackendError, build_service
+    from falcon_es.bootstrap import BackendError, build_service, continue_world
     from falcon_es.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability.metrics import Metrics
     from falcon_es.ports import TASK_EVENTS_TOPIC
@@ -104,10 +104,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
         except BackendError as error:
             raise Failure(str(error)) from error
         if built.world is not None:  # a later leadership term goes on in the same world
-            from falcon_es.adapters.sim.world import behaviour_from_tasks
-
-            built.world.behaviour_source = behaviour_from_tasks(built.app.tasks)
-            built.world.registry = built.app.cluster_cache.clusters
+            continue_world(built.world, built.app)
         serving.svc, serving.world = built, built.world
         return built
 

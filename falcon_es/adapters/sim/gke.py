@@ -256,22 +256,17 @@ class NodePoolService:
         """VMs of the reservation this shape could still use (0 for another machine type),
         as GCE allocates them: a pool being created holds its VMs from the create on, so
         a second create that does not fit fails."""
-        if reservation.machine_type and reservation.machine_type != shape.machine_type:
-            return 0
-        used = reservation.in_use + self.reservation_hosts_in_use(reservation.name)
-        return max(0, reservation.count - used)
+        return _unused(reservation, shape, self.reservation_hosts_in_use(reservation.name))
 
     def reservation_unused_vms(self, reservation: ReservationConfig, shape: SliceShape) -> int:
         """What Compute reports (``count - inUseCount``): inUseCount counts the VMs that
         exist, so a pool still being created is not in it until its VMs are up. A reader
         that trusts this alone overcommits the reservation."""
-        if reservation.machine_type and reservation.machine_type != shape.machine_type:
-            return 0
         # A pool being deleted keeps its VMs until the delete is done.
         existing = sum(p.shape.hosts if p.status == STOPPING else p.registered
                        for p in self.pools.values()
                        if p.holds_reservation and p.reservation == reservation.name)
-        return max(0, reservation.count - reservation.in_use - existing)
+        return _unused(reservation, shape, existing)
 
     def quota_chips_in_use(self) -> int:
         modes = self.behaviour.quota.supply_modes
@@ -491,3 +486,11 @@ class SimNodePools:
     def list(self, cluster: Cluster) -> list[NodePoolInfo]:
         gke = self._pools_of(cluster)
         return self._call(lambda now: gke.list(now))
+
+
+def _unused(reservation: ReservationConfig, shape: SliceShape, taken: int) -> int:
+    """VMs of the reservation left for this shape once ``taken`` are counted (0 for
+    another machine type)."""
+    if reservation.machine_type and reservation.machine_type != shape.machine_type:
+        return 0
+    return max(0, reservation.count - reservation.in_use - taken)
