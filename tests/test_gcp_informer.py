@@ -25,6 +25,7 @@ from falcon_es.adapters.gcp.informer import (
     EdgeInformer,
     InformerSettings,
     JobViews,
+    refusal_of,
     run_informer,
 )
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
@@ -32,7 +33,7 @@ from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION
-from falcon_es.ports import JobObservation
+from falcon_es.ports import CreateRefusal, JobObservation
 from falcon_es.retry import Backoff
 from tests.fakes import fixtures
 from tests.fakes.fixtures import (
@@ -230,6 +231,57 @@ def test_pod_troubles_are_in_the_observation(world: World) -> None:
         "Failed", "OOMKilled", 137)
     assert seen.failed == 1
     assert seen.pods[0].name == leader  # index order: the leader first
+
+
+DENIED = ('Error creating: admission webhook "tpu-policy.example.com" denied the request: '
+          "pods requesting google.com/tpu must carry a cost-center label")
+
+
+def test_pods_refused_by_a_webhook_are_in_the_observation_until_pods_are_created(
+        world: World) -> None:
+    world.start()
+    job = submit(world, "task-12")
+    for _ in range(3):  # the Job controller's retries, aggregated by its event recorder
+        world.server.record_event("Job", job, "FailedCreate", DENIED)
+    world.server.record_event("Job", job, "SuccessfulDelete", "Deleted pod: x", event_type="Normal")
+
+    refused = world.wait_for(job, lambda o: o.refusal is not None and o.refusal.count == 3)
+
+    assert refused.refusal == CreateRefusal(DENIED, 3) and refused.pods == ()
+    (event,) = world.server.names("events")[:1]
+    assert world.server.get("events", event)["count"] == 3  # one event, counted
+    world.clock.advance(5)  # the webhook lets the next create through
+    (pod,) = world.server.start_pods(job)
+    world.server.record_event("Job", job, "SuccessfulCreate", f"Created pod: {pod}",
+                              event_type="Normal")
+    cleared = world.wait_for(job, lambda o: o.refusal is None and len(o.pods) == 1)
+    assert cleared.resource_version > refused.resource_version
+    watched = world.requests(watch=True, resource="/events")
+    assert watched and all(r.query["fieldSelector"] == "involvedObject.kind=Job"
+                           for r in watched)
+
+
+def test_a_refusal_lasts_while_no_pod_was_created_after_it() -> None:
+    def event(reason: str, at: str, rv: int, message: str = DENIED,
+              count: int = 1) -> dict[str, Any]:
+        return {"reason": reason, "message": message, "count": count, "lastTimestamp": at,
+                "metadata": {"resourceVersion": str(rv)}}
+
+    created = event("SuccessfulCreate", "2026-11-01T09:00:05Z", 10, "Created pod: p-1")
+    assert refusal_of([]) is None and refusal_of([created]) is None
+    # Some pods created, then the quota ran out: the refusal is current.
+    later = event("FailedCreate", "2026-11-01T09:00:07Z", 12, count=2)
+    assert refusal_of([created, later]) == CreateRefusal(DENIED, 2)
+    # Created after the refusal: it cleared; in the same second, the later write wins.
+    assert refusal_of([later, event("SuccessfulCreate", "2026-11-01T09:00:09Z", 13)]) is None
+    assert refusal_of([later, event("SuccessfulCreate", "2026-11-01T09:00:07Z", 14)]) is None
+    assert refusal_of([event("SuccessfulCreate", "2026-11-01T09:00:07Z", 11), later]) == (
+        CreateRefusal(DENIED, 2))
+    # events.k8s.io-style timing (no lastTimestamp) reads the same way.
+    series = {"reason": "FailedCreate", "message": DENIED, "count": 1,
+              "series": {"lastObservedTime": "2026-11-01T09:01:00.000000Z"},
+              "metadata": {"resourceVersion": "20"}}
+    assert refusal_of([created, series]) == CreateRefusal(DENIED, 1)
 
 
 def test_a_deleted_job_is_forgotten(world: World) -> None:
