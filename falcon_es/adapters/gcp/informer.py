@@ -203,7 +203,9 @@ class JobViews:
         with self._lock:
             touched = self.advance(kind, list_rv)
             listed = {_uid(item): dict(item) for item in items}
-            known = set({JOBS: self._views, PODS: self._pods, EVENTS: self._events}[kind])
+            held: Mapping[str, object] = (self._views if kind == JOBS else
+                                          self._events if kind == EVENTS else self._pods)
+            known = set(held)
             for uid in sorted(known - set(listed)):
                 if kind == JOBS:
                     self._views.pop(uid, None)
