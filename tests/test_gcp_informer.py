@@ -282,6 +282,9 @@ def test_a_refusal_lasts_while_no_pod_was_created_after_it() -> None:
               "series": {"lastObservedTime": "2026-11-01T09:01:00.000000Z"},
               "metadata": {"resourceVersion": "20"}}
     assert refusal_of([created, series]) == CreateRefusal(DENIED, 1)
+    # Mixed precision: a microsecond later in the same second is later.
+    precise = {**series, "series": {"lastObservedTime": "2026-11-01T09:00:05.250000Z"}}
+    assert refusal_of([created, precise]) == CreateRefusal(DENIED, 1)
 
 
 def test_a_deleted_job_is_forgotten(world: World) -> None:

@@ -361,7 +361,7 @@ def refusal_of(events: Iterable[Mapping[str, Any]]) -> CreateRefusal | None:
     newest FailedCreate event when no SuccessfulCreate came after it. Events time
     themselves in whole seconds, so a tie goes to the one the API server wrote last
     (the larger resourceVersion)."""
-    newest: dict[str, tuple[str, int, Mapping[str, Any]]] = {}
+    newest: dict[str, tuple[dt.datetime, int, Mapping[str, Any]]] = {}
     for event in events:
         reason = str(event.get("reason"))
         key = (_event_time(event), _rv(event), event)
@@ -378,13 +378,18 @@ def refusal_of(events: Iterable[Mapping[str, Any]]) -> CreateRefusal | None:
                          int(event.get("count") or 1))
 
 
-def _event_time(event: Mapping[str, Any]) -> str:
-    """When the event last happened (RFC 3339 in UTC, so strings sort as times): core/v1
-    events recorded by client-go's recorder have lastTimestamp; newer recorders fill
-    series.lastObservedTime or eventTime."""
+def _event_time(event: Mapping[str, Any]) -> dt.datetime:
+    """When the event last happened: core/v1 events recorded by client-go's recorder
+    have lastTimestamp (whole seconds); newer recorders fill series.lastObservedTime or
+    eventTime (MicroTime). One without a readable time sorts first."""
     series = event.get("series") or {}
-    return str(event.get("lastTimestamp") or series.get("lastObservedTime")
-               or event.get("eventTime") or event.get("firstTimestamp") or "")
+    raw = (event.get("lastTimestamp") or series.get("lastObservedTime")
+           or event.get("eventTime") or event.get("firstTimestamp"))
+    try:
+        moment = dt.datetime.fromisoformat(str(raw))
+    except ValueError:
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def _task_id(job: Mapping[str, Any]) -> str | None:
@@ -496,7 +501,7 @@ class EdgeInformer:
         self._watches_lock = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
-        """Watch until ``stop`` is set (both resources, each in its own thread)."""
+        """Watch until ``stop`` is set (the three resources, each in its own thread)."""
         threads = [threading.Thread(target=self._watch_loop, args=(kind, stop),
                                     name=f"informer-{self.edge.name}-{kind}", daemon=True)
                    for kind in (PODS, JOBS, EVENTS)]
