@@ -40,7 +40,7 @@ from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProje
 from falcon_es.projections.queues import QueueView
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
-from falcon_es.settings import Settings
+from falcon_es.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.store import EventStore, InlineProjection, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TaskStates
@@ -150,6 +150,33 @@ def sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | N
                     registry=app.cluster_cache.clusters)
 
 
+def staging_ports(settings: Settings, world: SimWorld,
+                  ports: Ports) -> tuple[Ports, Callable[[], object]]:
+    """The sim backend's ports with Pub/Sub as the bus the outside sees (a staging
+    world): the ops stream is published to Pub/Sub, and the relay (to be called after
+    each tick) publishes there every edge observation the simulated informers deliver.
+    The controller still pulls the edge events from the simulated bus, on the world's
+    clock."""
+    from falcon_es.adapters.gcp.wiring import pubsub_bus
+    from falcon_es.adapters.staging import EdgeRelay, StagingBus
+
+    pubsub = pubsub_bus(settings)
+    relay = EdgeRelay(world.bus, world.config.delivery.topic, pubsub, settings.edge_events_topic)
+    return dataclasses.replace(ports, bus=StagingBus(pubsub, ports.bus)), relay
+
+
+def _also(step: Callable[[], object],
+          on_tick: Callable[[TickReport], None] | None) -> Callable[[TickReport], None]:
+    """``on_tick`` with ``step`` run first, after every tick."""
+
+    def after_tick(report: TickReport) -> None:
+        step()
+        if on_tick is not None:
+            on_tick(report)
+
+    return after_tick
+
+
 def continue_world(world: SimWorld, app: App) -> None:
     """A later leadership term goes on in the world of the term before: the world's Jobs
     take their behaviour from this term's task states, and it simulates this term's
@@ -231,8 +258,15 @@ def build_service(
         # attach it to the topic the simulated informers publish to.
         world.bus.subscribe(world.config.delivery.topic, settings.edge_events_subscription)
         ports = ports or world.ports()
+        if settings.bus == PUBSUB_BUS:
+            ports, relay = staging_ports(settings, world, ports)
+            on_tick = _also(relay, on_tick)
     else:
         world = None
+        if settings.bus == SIM_BUS:
+            raise BackendError("FALCON_BUS=sim with the gcp backend: the edge clusters' "
+                               "informers publish to Pub/Sub, so the gcp backend's bus is "
+                               "Pub/Sub (unset FALCON_BUS or set it to pubsub)")
         if ports is None:
             ports = gcp_ports(settings, clock)
     if metrics is not None:
