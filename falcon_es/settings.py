@@ -74,6 +74,8 @@ class Settings:
     gke_endpoint: str | None = None
     gke_transport: str = "grpc"
     compute_endpoint: str | None = None
+    #: Cloud Resource Manager (``falcon-es doctor`` tests the edge role's permissions).
+    resource_manager_endpoint: str | None = None
     #: ``FALCON_BUS``: ``sim`` or ``pubsub``; None: the backend's own (the sim world's
     #: bus on the sim backend, Pub/Sub on gcp). Pub/Sub on the sim backend is a staging
     #: world whose ops stream and edge events real subscribers can read.
@@ -111,6 +113,7 @@ class Settings:
             gke_transport=_choice(env, "FALCON_GKE_TRANSPORT", GKE_TRANSPORTS,
                                   cls.gke_transport),
             compute_endpoint=env.get("FALCON_COMPUTE_ENDPOINT") or None,
+            resource_manager_endpoint=env.get("FALCON_RESOURCE_MANAGER_ENDPOINT") or None,
             bus=_choice(env, "FALCON_BUS", BUSES, "") or None,
             reservation_read_seconds=_int(
                 env, "FALCON_RESERVATION_READ_SECONDS", cls.reservation_read_seconds),
