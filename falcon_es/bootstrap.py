@@ -38,6 +38,7 @@ from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.ports import Ports
 from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
 from falcon_es.projections.queues import QueueView
+from falcon_es.reservation_reads import ReservationReads
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
 from falcon_es.settings import PUBSUB_BUS, SIM_BUS, Settings
@@ -291,13 +292,15 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
                      ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
+    reservation_reads = ReservationReads(settings.reservation_read_seconds)
 
     def make_context() -> HandlerContext:
         # One poll of the upper layer's inputs per tick, shared by the intake handlers.
         return HandlerContext(settings, app.clock.now(), app.tasks,
                               app.cluster_cache.clusters(), inbox.poll(INTAKE_BATCH), ports,
                               queues=app.queue_view.book, index=app.index, executor=executor,
-                              outcomes=executor.take_outcomes(), retired=app.live)
+                              outcomes=executor.take_outcomes(), retired=app.live,
+                              reservation_reads=reservation_reads)
 
     def refresh_positions(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
         # Position Messages due when no append came to carry them (the interval of a

@@ -359,7 +359,16 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     assert entry["queues"] == [
         {"topology": "2x2", "depth": 0, "running": 2, "acquiring_task": None},
         {"topology": "4x4", "depth": 1, "running": 0, "acquiring_task": "wide"}]
-    assert entry["reservation_remaining"] == []
+    # The controller's scheduled reads, as last recorded in the cluster's stream.
+    app = open_app(Settings(db_url=installation.db_url))
+    (cluster,) = app.cluster_cache.clusters()
+    last = {r.event.topology: (r.event.slices, r.recorded_at.isoformat())
+            for r in app.store.read_stream(registry.cluster_stream(cluster.id))
+            if r.type_name == "ReservationRead"}
+    app.close()
+    assert set(last) == {"2x2", "4x4"}
+    assert {r["topology"]: (r["slices"], r["observed_at"])
+            for r in entry["reservation_remaining"]} == last
 
     live = installation.cli("clusters", "--json", "--live")
     assert live.exit_code == 0, live.output
