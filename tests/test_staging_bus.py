@@ -29,6 +29,7 @@ from tests.conftest import migrate
 from tests.fakes import fixtures
 from tests.fakes.fixtures import RecordingBus, unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator
+from tests.test_demo_and_run import _fresh as fresh_database
 
 pubsub_emulator = fixtures.pubsub_emulator
 
@@ -72,12 +73,7 @@ class Staging:
 def staging(tmp_path: Path, pubsub_emulator: PubSubEmulator,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Staging]:
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_emulator.host)
-    url = f"sqlite:///{tmp_path / 'staging.db'}"
-    migrate(url)
-    added = CliRunner().invoke(main, ["--db", url, "cluster", "add", "v7x-a", "--project", "p",
-                                      "--location", "us-central1-c", "--tpu-type", "v7x",
-                                      "--gcs-bucket", "logs", "--reservation", "v7x-a-r"])
-    assert added.exit_code == 0, added.output
+    url = fresh_database(tmp_path)  # one v7x cluster registered, as run --backend sim wants
     env = {"PUBSUB_EMULATOR_HOST": pubsub_emulator.host,
            "FALCON_PUBSUB_PROJECT": pubsub_emulator.project,
            "FALCON_TASK_EVENTS_TOPIC": unique_name("ops"),

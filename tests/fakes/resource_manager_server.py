@@ -16,8 +16,10 @@ import http.server
 import json
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
+
+from tests.fakes.http_server import serve_http
 
 _PATH = re.compile(r"^/v1/projects/(?P<project>[^/:]+):testIamPermissions$")
 
@@ -91,17 +93,6 @@ def _handler(fake: FakeResourceManager) -> type[http.server.BaseHTTPRequestHandl
     return Handler
 
 
-@contextlib.contextmanager
-def serve_rest(fake: FakeResourceManager) -> Iterator[str]:
+def serve_rest(fake: FakeResourceManager) -> contextlib.AbstractContextManager[str]:
     """Serve ``fake``; yields the ``http://127.0.0.1:PORT`` endpoint."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005},
-                              name="fake-resource-manager", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    return serve_http(_handler(fake), "fake-resource-manager")
