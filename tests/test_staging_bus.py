@@ -111,6 +111,7 @@ def test_a_simulated_run_publishes_every_event_to_the_emulator_in_order_per_task
         main, ["--db", staging.url, "run", "--backend", "sim", "--bus", "pubsub",
                "--until-idle", "--seed", "4"])
     assert result.exit_code == 0, result.output
+    assert "(sim backend, Pub/Sub bus, virtual clock" in result.output
     assert "stopped (idle)" in result.output
 
     logged = _logged(staging.url)

@@ -143,6 +143,7 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     on_pubsub = backend == "gcp" or settings.bus == PUBSUB_BUS
     topic = ops_topic or (TASK_EVENTS_TOPIC if on_pubsub else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
+               f"{'Pub/Sub bus, ' if backend == 'sim' and on_pubsub else ''}"
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
                f"leader election: {election}"
                f"{f' as {elector.identity}' if elector is not None else ''})", err=True)
