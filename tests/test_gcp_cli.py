@@ -138,7 +138,7 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert "ya29." not in result.output  # the token is never shown
     assert "2 of 2 ct6e-standard-4t VM(s) free" in found["cluster v6e-res: reservation v6e-res-r"]
     assert "v1.33" in found["cluster v6e-res: Kubernetes API"]
-    assert "all 22 permissions held" in found["project proj: falconEdgeOperator permissions"]
+    assert f"all {len(EDGE_PERMISSIONS)} permissions held" in found["project proj: falconEdgeOperator permissions"]
     (call,) = installation.cloud.resource_manager.calls
     assert call[:2] == ("proj", EDGE_PERMISSIONS)
     assert result.output.rstrip().endswith("12 checks, all passed")
@@ -176,8 +176,8 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     edge_subscription = installation.env["FALCON_EDGE_EVENTS_SUBSCRIPTION"]
     role = found["project proj: falconEdgeOperator permissions"]
     assert role.startswith("FAIL") and (
-        "lacks 2 of the 22 permissions: container.clusters.update, container.jobs.create"
-        in role), role
+        f"lacks 2 of the {len(EDGE_PERMISSIONS)} permissions: container.clusters.update, "
+        "container.jobs.create" in role), role
     assert "falconEdgeOperator custom role in project proj (deploy/iam/setup.sh)" in role
     subscription = found[f"pubsub: subscription {edge_subscription}"]
     assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
@@ -260,7 +260,7 @@ def test_informer_process_publishes_serves_its_probes_and_stops_on_sigterm(
     try:
         health = _get(port, "/healthz", until=lambda status: status == 200)
         ready = json.loads(_get(port, "/readyz", until=lambda status: status == 200)[1])
-        installation.cloud.kube[CLUSTER.name].wait_for_watches(2)
+        installation.cloud.kube[CLUSTER.name].wait_for_watches(3)
         manifest = render_job(task_id="t1", spec={"image": "busybox"},
                               shape=slice_shape("v6e", "2x2"), pool_name="falcon-t1-2x2",
                               placement=JobPlacement("falcon-jobs", "falcon-task", "logs"))

@@ -58,6 +58,8 @@ EDGE_PERMISSIONS = (
     "container.nodes.get",
     "container.nodes.list",
     "container.events.list",
+    # the informer follows the Job controller's FailedCreate events
+    "container.events.watch",
 )
 
 

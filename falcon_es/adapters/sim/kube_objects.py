@@ -44,6 +44,18 @@ class SimPod:
 
 
 @dataclasses.dataclass
+class SimCreateFailure:
+    """The Job controller's FailedCreate event on a Job, as the event recorder
+    aggregates it: the refusal's words, how many attempts it counts, the first and
+    the latest."""
+
+    message: str
+    count: int
+    first: dt.datetime
+    last: dt.datetime
+
+
+@dataclasses.dataclass
 class SimJob:
     """A Job as the simulated API holds it: what its manifest asked for (read once at
     submit, so the scheduler never parses it again), its pods, and how far it got."""
@@ -68,6 +80,8 @@ class SimJob:
     last_published: tuple[Any, ...] | None = None
     resource_version: int = 0
     ttl_after_finished: int | None = None
+    #: The Job controller's refusals to create its pods (the ``create-denied`` outcome).
+    refused: SimCreateFailure | None = None
 
     @property
     def pool(self) -> str | None:
