@@ -5,9 +5,10 @@ after a crash addresses the same object: "already exists" then means "adopt it",
 never "make another". Task ids come from the upper layer and may hold any
 characters, so every name is checked against the rules of the place it goes to:
 
-- GKE node pool: ``falcon-<short task id>-<topology>``, lowercase letters, digits
+- GKE node pool: ``falcon-<short task id>-<topology>`` (``-s<i>`` added for the slices
+  after the first of a multi-slice task), lowercase letters, digits
   and '-', starting with a letter, at most 40 characters;
-- Kubernetes Job: ``falcon-<short task id>``, a DNS-1123 label (at most 63; kept
+- Kubernetes Job or JobSet: ``falcon-<short task id>``, a DNS-1123 label (at most 63; kept
   short so the pod names of an Indexed Job, ``<job>-<index>-<5 chars>``, stay labels);
 - label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends;
 - log directory: one path segment under ``gs://<bucket>/logs/``.
@@ -57,6 +58,17 @@ def pool_name(task_id: str, topology: str) -> str:
     if not _POOL_NAME.match(name):
         raise NamingError(f"node pool name {name!r} breaks GKE's rules (task {task_id!r})")
     return name
+
+
+def slice_pool_names(task_id: str, topology: str, slices: int) -> tuple[str, ...]:
+    """The pools a task of ``slices`` slices creates: slice 0 has the single-slice
+    name (a one-slice task is unchanged), slice ``i`` that name plus ``-s<i>``."""
+    first = pool_name(task_id, topology)
+    names = (first, *(f"{first}-s{i}" for i in range(1, slices)))
+    for name in names[1:]:
+        if not _POOL_NAME.match(name):
+            raise NamingError(f"node pool name {name!r} breaks GKE's rules (task {task_id!r})")
+    return names
 
 
 def job_name(task_id: str) -> str:
