@@ -79,6 +79,7 @@ class TaskChart(StateChart):
         JobSubmitRequested = dispatching.to.itself()
         JobSubmitted = dispatching.to.itself()
         PodsPending = dispatching.to.itself()
+        PodsRefused = dispatching.to.itself()
 
     running = State("Running")
     succeeded = State("Succeeded")

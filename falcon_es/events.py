@@ -239,6 +239,9 @@ class JobSubmitFailed(Event):
     failure_reason: ClassVar[str | None] = "JobSubmitFailed"
     job_name: str
     error: str
+    #: Set when the Job was created but its pods were refused (``PodsRefused``) for
+    #: this long, past the grace: ``error`` is then the refusal's words.
+    refused_seconds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +257,18 @@ class PodsPending(Event):
 
     diagnosis: str
     resource_version: int = 0  # of the observation folded (stale ones are ignored)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodsRefused(Event):
+    """The Job exists but the Job controller cannot create its pods (``FailedCreate``):
+    ``message`` is the API server's refusal. The first of a run of these starts the
+    grace after which the task fails (JobSubmitFailed), unless it is ``transient``."""
+
+    job_name: str
+    message: str
+    transient: bool = False
+    resource_version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,6 +444,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
     NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
+    PodsRefused,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,

@@ -130,6 +130,23 @@ class PodObservation:
 
 
 @dataclasses.dataclass(frozen=True)
+class CreateRefusal:
+    """The Job controller cannot create the Job's pods: the newest ``FailedCreate``
+    event on the Job, with no ``SuccessfulCreate`` after it (an admission webhook, Pod
+    Security, a missing service account, a ResourceQuota). There are no pods to look
+    at, so without it the wait would be silent.
+
+    ``transient`` marks a refusal expected to clear by itself (a caller that knows
+    why, e.g. a follower refused while its leader waits): it is shown, and it never
+    fails the task.
+    """
+
+    message: str  # the event's words: "Error creating: admission webhook ... denied ..."
+    count: int = 1  # attempts the event aggregates
+    transient: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class JobObservation:
     """What an informer saw of one Job and its Pods, published on the edge-events bus.
 
@@ -151,6 +168,8 @@ class JobObservation:
     pods: tuple[PodObservation, ...]
     observed_at: dt.datetime
     condition: str | None = None  # Complete | Failed | None
+    #: The Job controller's refusal to create pods, while it lasts.
+    refusal: CreateRefusal | None = None
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -162,6 +181,8 @@ class JobObservation:
         values = dict(data)
         values["pods"] = tuple(PodObservation(**p) for p in values["pods"])
         values["observed_at"] = dt.datetime.fromisoformat(values["observed_at"])
+        if values.get("refusal") is not None:
+            values["refusal"] = CreateRefusal(**values["refusal"])
         return cls(**values)
 
 

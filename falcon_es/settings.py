@@ -56,6 +56,10 @@ class Settings:
     #: task that joins or whose own state changes still gets its position at once.
     position_refresh_seconds: float = 30.0
     provisioning_timeout_seconds: int = 1800
+    #: How long the Job controller may be refused creating a Job's pods (FailedCreate:
+    #: an admission webhook, Pod Security, a quota) before the task fails
+    #: JobSubmitFailed; a refusal that clears within it costs nothing.
+    failed_create_grace_seconds: int = 600
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
     #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
     #: waiting on the world through the log). ``FALCON_RETRY_<API>_<FIELD>``.
@@ -111,6 +115,8 @@ class Settings:
                 maximum=MAX_POSITION_REFRESH_SECONDS),
             provisioning_timeout_seconds=_int(
                 env, "FALCON_PROVISIONING_TIMEOUT", cls.provisioning_timeout_seconds),
+            failed_create_grace_seconds=_int(
+                env, "FALCON_FAILED_CREATE_GRACE", cls.failed_create_grace_seconds),
             flex_start_provisioning_timeout_seconds=_int(
                 env, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
                 cls.flex_start_provisioning_timeout_seconds),

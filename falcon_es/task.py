@@ -92,6 +92,9 @@ class TaskState:
     last_resource_version: int = 0  # of the last Job observation folded
     pods_active: int | None = None
     pending_diagnosis: str | None = None
+    #: When the Job controller's current run of pod-create refusals was first folded
+    #: (``PodsRefused``, not transient): the grace before JobSubmitFailed counts from it.
+    refused_since: dt.datetime | None = None
     abort_phase: str | None = None
 
     @property
@@ -261,11 +264,15 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.JobSubmitCancelled():
             return {"job_intent": "cancelled"}
         case ev.PodsPending():
-            return {"pending_diagnosis": event.diagnosis,
+            return {"pending_diagnosis": event.diagnosis, "refused_since": None,
+                    "last_resource_version": event.resource_version}
+        case ev.PodsRefused():
+            since = None if event.transient else (state.refused_since or at)
+            return {"pending_diagnosis": event.message, "refused_since": since,
                     "last_resource_version": event.resource_version}
         case ev.PodsRunning():
             return {"pods_active": event.active, "pending_diagnosis": None,
-                    "last_resource_version": event.resource_version}
+                    "refused_since": None, "last_resource_version": event.resource_version}
         case ev.JobSucceeded() | ev.JobFailed():
             return {"job_intent": "finished",
                     "last_resource_version": event.resource_version}

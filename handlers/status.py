@@ -20,7 +20,13 @@ What an observation means:
 - every pod running -> PodsRunning "n/n active" (Running; the queue's slot frees);
 - pods pending -> PodsPending with the edge cluster's upstream diagnosis (no pod
   capacity, a missing node pool, the TPU taint...) rather than the symptom, so the
-  Message says what to fix.
+  Message says what to fix;
+- pods the Job controller cannot create (the observation's ``refusal``: FailedCreate
+  events on the Job, e.g. an admission webhook's denial) -> PodsRefused with the API
+  server's words, ahead of any pending pod (they are the cause, not a symptom). The
+  timeouts handler fails the task once a refusal that is not transient has lasted
+  ``failed_create_grace_seconds``; pods created after all clear it (PodsPending,
+  PodsRunning).
 """
 
 from __future__ import annotations
@@ -141,6 +147,14 @@ def _events_for(ctx: HandlerContext, state: TaskState,
         return []
     if total > 0 and running + observation.succeeded >= total:
         return [ev.PodsRunning(running, total, version)]
+    refusal = observation.refusal
+    if refusal is not None:
+        shown = state.message_event
+        if (isinstance(shown, ev.PodsRefused) and shown.message == refusal.message
+                and shown.transient == refusal.transient):
+            return []  # the controller's next attempt, refused in the same words
+        return [ev.PodsRefused(observation.job_name, refusal.message, refusal.transient,
+                               version)]
     if any(p.phase == "Pending" for p in observation.pods):
         diagnosis = _diagnose(ctx, state, observation)
         if diagnosis != state.pending_diagnosis:

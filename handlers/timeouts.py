@@ -3,6 +3,11 @@
 - A dispatched task whose ``dispatched_at + timeout_seconds`` has passed fails with
   Failed/Timeout (TaskTimedOut) and its Job is deleted (JobDeleteRequested, carried out
   by the effect executor); the pool then goes through deprovisioning.
+- A Job whose pods the Job controller has been refused creating (PodsRefused, not
+  transient) for ``failed_create_grace_seconds`` fails the task with
+  Failed/JobSubmitFailed in the refusal's words, and its Job is deleted; the pool then
+  goes through deprovisioning. The grace counts from the first refusal of the run as
+  the log recorded it, so a restarted controller keeps the same deadline.
 - A pool that is not ready within the provisioning deadline of its supply mode
   (flex-start may queue for capacity much longer) fails the task with
   Failed/NodePoolTimeout (NodePoolTimedOut); the pool is deleted once its create has
@@ -27,7 +32,8 @@ from falcon_es.settings import Settings
 from falcon_es.task import TaskState
 
 _PENDING = chart.PENDING
-DISPATCHED = frozenset({f"{_PENDING}.{chart.PendingReason.DISPATCHING}", chart.RUNNING})
+DISPATCHING = f"{_PENDING}.{chart.PendingReason.DISPATCHING}"
+DISPATCHED = frozenset({DISPATCHING, chart.RUNNING})
 PROVISIONING = frozenset({f"{_PENDING}.{chart.PendingReason.PROVISIONING}",
                           f"{_PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"})
 #: Retried steps and the states in which their retry is pending.
@@ -45,6 +51,13 @@ def job_deadline(state: TaskState) -> dt.datetime | None:
     if not isinstance(timeout, int) or timeout <= 0:
         return None
     return state.dispatched_at + dt.timedelta(seconds=timeout)
+
+
+def refusal_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
+    """When a run of pod-create refusals fails the task (None: no such run)."""
+    if state.state != DISPATCHING or state.refused_since is None:
+        return None
+    return state.refused_since + dt.timedelta(seconds=settings.failed_create_grace_seconds)
 
 
 def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
@@ -69,6 +82,15 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
                                                      pending or ""))
             if state.job_name:
                 tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "timeout"))
+            continue
+        deadline = refusal_deadline(state, ctx.settings)
+        if deadline is not None and ctx.now >= deadline and state.refused_since:
+            refused = int((ctx.now - state.refused_since).total_seconds())
+            job_name = state.job_name or ""
+            tick.emit(state.task_id, ev.JobSubmitFailed(job_name, state.pending_diagnosis or "",
+                                                        refused))
+            if job_name:
+                tick.emit(state.task_id, ev.JobDeleteRequested(job_name, "pods refused"))
             continue
         deadline = provisioning_deadline(state, ctx.settings)
         if deadline is not None and ctx.now >= deadline and state.pool_requested_at:
@@ -98,7 +120,8 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
                 if due is not None:
                     moments.append(due)
             continue
-        for deadline in (job_deadline(state), provisioning_deadline(state, settings)):
+        for deadline in (job_deadline(state), provisioning_deadline(state, settings),
+                         refusal_deadline(state, settings)):
             if deadline is not None:
                 moments.append(deadline)
         for kind, states_retrying in RETRIES:

@@ -68,6 +68,20 @@ def _retrying(limited: str, unlimited: str) -> Callable[[Args], str]:
     return render
 
 
+def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
+    """A Job the API refused, or one created whose pods were refused past the grace."""
+    def render(args: Args) -> str:
+        return (refused if args.get("refused_seconds") else created).format(**args)
+    return render
+
+
+def _refused(words: str, transient: str) -> Callable[[Args], str]:
+    """Pods the Job controller cannot create; a transient refusal says it will wait."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (transient if args.get("transient") else "")
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
@@ -101,9 +115,13 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodePoolTimedOut": "node pool {pool_name} not ready after {waited_seconds}s",
     "JobSubmitRequested": "submitting Job {job_name}",
     "JobSubmitted": "Job {job_name} submitted; waiting for pods",
-    "JobSubmitFailed": "Job {job_name} could not be submitted: {error}",
+    "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
+                                      "pods of Job {job_name} refused for "
+                                      "{refused_seconds}s: {error}; Job deleted"),
     "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
     "PodsPending": "pods pending: {diagnosis}",
+    "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
+                            " (expected to clear; waiting)"),
     "PodsRunning": "{active}/{total} active",
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
     "JobFailed": _exit,
@@ -156,9 +174,13 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodePoolTimedOut": "节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
-    "JobSubmitFailed": "Job {job_name} 提交失败：{error}",
+    "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
+                                      "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
+                                      "{error}；Job 已删除"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
     "PodsPending": "Pod 等待中：{diagnosis}",
+    "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
+                            "（预计会自行恢复，继续等待）"),
     "PodsRunning": "{active}/{total} 运行中",
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
     "JobFailed": _exit,
