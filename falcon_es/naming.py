@@ -31,6 +31,8 @@ _SHORT_ID = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_SLICE_SUFFIX = "-s"
+_SLICE_NAME = re.compile(r"^(.*)-s[1-9][0-9]*$")
 _JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -60,15 +62,21 @@ def pool_name(task_id: str, topology: str) -> str:
     return name
 
 
-def slice_pool_names(task_id: str, topology: str, slices: int) -> tuple[str, ...]:
-    """The pools a task of ``slices`` slices creates: slice 0 has the single-slice
-    name (a one-slice task is unchanged), slice ``i`` that name plus ``-s<i>``."""
-    first = pool_name(task_id, topology)
-    names = (first, *(f"{first}-s{i}" for i in range(1, slices)))
+def pool_group(first: str, slices: int) -> tuple[str, ...]:
+    """The pools of a task of ``slices`` slices whose first pool is ``first`` (the
+    single-slice name, so a one-slice task is unchanged): slice ``i`` is ``first``
+    plus ``-s<i>``."""
+    names = (first, *(f"{first}{_SLICE_SUFFIX}{i}" for i in range(1, slices)))
     for name in names[1:]:
         if not _POOL_NAME.match(name):
-            raise NamingError(f"node pool name {name!r} breaks GKE's rules (task {task_id!r})")
+            raise NamingError(f"node pool name {name!r} breaks GKE's rules")
     return names
+
+
+def group_first(name: str) -> str:
+    """The first pool of the group a pool name belongs to (itself for a first pool)."""
+    match = _SLICE_NAME.match(name)
+    return match.group(1) if match else name
 
 
 def job_name(task_id: str) -> str:

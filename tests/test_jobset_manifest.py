@@ -29,7 +29,8 @@ def jobset_for(task_id: str = "task-1", **fields: Any) -> dict[str, Any]:
                        "topology": "4x4", "slices": 2, **fields}, SpecLimits(max_slices=8))
     return render_jobset(task_id=task_id, spec=spec.to_data(),
                          shape=slice_shape(spec.tpu_type, spec.topology),
-                         pool_names=naming.slice_pool_names(task_id, spec.topology, spec.slices),
+                         pool_names=naming.pool_group(naming.pool_name(task_id, spec.topology),
+                                                      spec.slices),
                          placement=PLACEMENT)
 
 
@@ -121,8 +122,9 @@ _TOPOLOGIES = sorted({t for kind in TPU_TYPES.values() for t in kind.topologies}
        slices=st.integers(1, 16))
 def test_slice_pool_names_are_distinct_valid_and_keep_the_first(task_id: str, topology: str,
                                                                 slices: int) -> None:
-    names = naming.slice_pool_names(task_id, topology, slices)
+    names = naming.pool_group(naming.pool_name(task_id, topology), slices)
     assert len(set(names)) == slices and all(_POOL.match(n) for n in names)
     assert names[0] == naming.pool_name(task_id, topology)
+    assert {naming.group_first(n) for n in names} == {names[0]}
     # Child Job pod host names <jobset>-slice-<i>-<pod> stay DNS labels (63 characters).
     assert len(f"{naming.job_name(task_id)}-slice-{slices - 1}-99") <= 63

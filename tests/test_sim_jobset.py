@@ -24,7 +24,7 @@ def jobset(task_id: str = "t1", slices: int = 2, **fields: Any) -> dict[str, Any
     spec = parse_spec({"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e",
                        "topology": "4x4", "slices": slices, **fields}, SpecLimits(max_slices=4))
     manifest = render_jobset(task_id=task_id, spec=spec.to_data(), shape=slice_shape("v6e", "4x4"),
-                         pool_names=naming.slice_pool_names(task_id, "4x4", slices),
+                         pool_names=naming.pool_group(naming.pool_name(task_id, "4x4"), slices),
                          placement=PLACEMENT)
     if "sim" in fields:
         manifest["metadata"]["annotations"][SIM_ANNOTATION] = json.dumps(fields["sim"])
@@ -32,7 +32,7 @@ def jobset(task_id: str = "t1", slices: int = 2, **fields: Any) -> dict[str, Any
 
 
 def ready_pools(sim: Sim, task_id: str = "t1", slices: int = 2) -> tuple[str, ...]:
-    pools = naming.slice_pool_names(task_id, "4x4", slices)
+    pools = naming.pool_group(naming.pool_name(task_id, "4x4"), slices)
     for pool in pools:
         sim.create(sim.east, pool, "4x4", "reservation", "res-a")
     sim.at(sim_seconds(sim) + 75)
