@@ -263,6 +263,9 @@ class PodsPending(Event):
 
     diagnosis: str
     resource_version: int = 0  # of the observation folded (stale ones are ignored)
+    #: A JobSet's followers refused while their leader waits (the FailedCreate words):
+    #: the symptom, shown after the leader's cause and never failing the task.
+    followers_refused: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

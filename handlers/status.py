@@ -161,12 +161,12 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     if refusal is not None and refusal.transient and observation.kind == JOBSET_KIND and any(
             p.phase == "Pending" for p in observation.pods):
         # Followers refused while their leader waits: the leader's cause leads.
-        diagnosis = (f"{_diagnose(ctx, state, observation)}; until it is scheduled the "
-                     f"JobSet webhook refuses its followers (expected, transient): "
-                     f"{refusal.message}")
-        if diagnosis != state.pending_diagnosis:
-            return [ev.PodsPending(diagnosis, version)]
-        return []
+        diagnosis = _diagnose(ctx, state, observation)
+        shown = state.message_event
+        if (isinstance(shown, ev.PodsPending) and shown.diagnosis == diagnosis
+                and shown.followers_refused == refusal.message):
+            return []
+        return [ev.PodsPending(diagnosis, version, refusal.message)]
     if refusal is not None:
         shown = state.message_event
         if (isinstance(shown, ev.PodsRefused) and shown.message == refusal.message
@@ -176,7 +176,9 @@ def _events_for(ctx: HandlerContext, state: TaskState,
                                version)]
     if any(p.phase == "Pending" for p in observation.pods):
         diagnosis = _diagnose(ctx, state, observation)
-        if diagnosis != state.pending_diagnosis:
+        shown = state.message_event
+        refused_before = isinstance(shown, ev.PodsPending) and bool(shown.followers_refused)
+        if diagnosis != state.pending_diagnosis or refused_before:
             return [ev.PodsPending(diagnosis, version)]
     return []
 

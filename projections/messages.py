@@ -75,6 +75,14 @@ def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
     return render
 
 
+def _with_followers(words: str, followers: str) -> Callable[[Args], str]:
+    """Pending pods; a JobSet's refused followers come after the leader's cause."""
+    def render(args: Args) -> str:
+        tail = followers.format(**args) if args.get("followers_refused") else ""
+        return words.format(**args) + tail
+    return render
+
+
 def _restarted(words: str, restarts: str) -> Callable[[Args], str]:
     """Running pods; a JobSet that restarted says how often."""
     def render(args: Args) -> str:
@@ -127,7 +135,9 @@ EN: Mapping[str, Template] = MappingProxyType({
                                       "pods of Job {job_name} refused for "
                                       "{refused_seconds}s: {error}; Job deleted"),
     "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
-    "PodsPending": "pods pending: {diagnosis}",
+    "PodsPending": _with_followers("pods pending: {diagnosis}",
+                                   "; until it is scheduled the JobSet webhook refuses its "
+                                   "followers (expected, transient): {followers_refused}"),
     "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
                             " (expected to clear; waiting)"),
     "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
@@ -188,7 +198,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
                                       "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
                                       "{error}；Job 已删除"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
-    "PodsPending": "Pod 等待中：{diagnosis}",
+    "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
+                                   "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
+                                   "（预期的暂时错误）：{followers_refused}"),
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
                             "（预计会自行恢复，继续等待）"),
     "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),

@@ -11,7 +11,7 @@ cluster runs them (kubernetes-sigs/jobset, ``jobset.x-k8s.io/v1alpha2``).
   the leader is not scheduled the webhook leaves followers unpatched, and the
   validating webhook, which checks the selector before it checks the leader, refuses
   them with "follower pod node selector not set" -- the FailedCreate events on the
-  child Job that mask the leader's real cause (upstream issue #1187). Followers are
+  child Job that mask the leader's real cause (kubernetes-sigs/jobset#1187). Followers are
   created as soon as their leader is bound.
 - Failure policy: a failed child Job restarts the whole JobSet (Recreate: every child
   deleted and created again, ``status.restarts`` + 1) until ``maxRestarts`` is
