@@ -426,6 +426,8 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
         "container.jobs.create", "container.jobs.get", "container.jobs.list",
         "container.jobs.watch", "container.jobs.delete",
         "container.services.create", "container.services.get", "container.services.delete",
+        "container.thirdPartyObjects.create", "container.thirdPartyObjects.get",
+        "container.thirdPartyObjects.list", "container.thirdPartyObjects.delete",
         "container.pods.get", "container.pods.list", "container.pods.watch",
         "container.nodes.get", "container.nodes.list", "container.events.list",
     }

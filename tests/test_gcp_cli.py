@@ -125,7 +125,7 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
         "credentials: Application Default Credentials",
         "cluster v6e-res: GKE get_cluster", "cluster v6e-res: Workload Identity",
         "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
-        "cluster v6e-res: node pools list", "cluster v6e-res: reservation v6e-res-r",
+        "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list", "cluster v6e-res: reservation v6e-res-r",
         f"pubsub: topic {installation.env['FALCON_EDGE_EVENTS_TOPIC']}",
         f"pubsub: topic {installation.env['FALCON_TASK_EVENTS_TOPIC']}",
         f"pubsub: subscription {installation.env['FALCON_EDGE_EVENTS_SUBSCRIPTION']}",
@@ -135,7 +135,7 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert "ya29." not in result.output  # the token is never shown
     assert "2 of 2 ct6e-standard-4t VM(s) free" in found["cluster v6e-res: reservation v6e-res-r"]
     assert "v1.33" in found["cluster v6e-res: Kubernetes API"]
-    assert result.output.rstrip().endswith("11 checks, all passed")
+    assert result.output.rstrip().endswith("12 checks, all passed")
 
 
 def found_key(found: dict[str, str], subject: str) -> str:
@@ -168,6 +168,17 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     edge_subscription = installation.env["FALCON_EDGE_EVENTS_SUBSCRIPTION"]
     subscription = found[f"pubsub: subscription {edge_subscription}"]
     assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
+
+
+def test_doctor_says_how_to_install_a_missing_jobset_crd(installation: Installation) -> None:
+    topics(installation)
+    installation.cloud.kube["v6e-res"].jobset_crd = False
+    result = installation.cli("doctor")
+    assert result.exit_code == 1
+    crd = lines(result)["cluster v6e-res: JobSet CRD"]
+    assert crd.startswith("FAIL") and "jobsets.jobset.x-k8s.io is not served" in crd
+    assert ("fix: install JobSet: kubectl apply --server-side -f "
+            "https://github.com/kubernetes-sigs/jobset/releases/download/") in crd
 
 
 def test_doctor_without_usable_credentials_or_schema(installation: Installation,
