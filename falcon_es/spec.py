@@ -22,7 +22,7 @@ SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
 #: Falcon-ES cannot use; the row's id does not fit the log.
 INVALID_COLUMN = "InvalidColumn"
 INVALID_ID = "InvalidId"
-SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable")
+SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.
 FORBIDDEN_FIELDS = frozenset({

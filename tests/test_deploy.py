@@ -430,6 +430,7 @@ def test_iam_script_grants_the_narrowest_edge_role_and_workload_identity() -> No
         "container.thirdPartyObjects.list", "container.thirdPartyObjects.delete",
         "container.pods.get", "container.pods.list", "container.pods.watch",
         "container.nodes.get", "container.nodes.list", "container.events.list",
+        "container.events.watch",
     }
     for edge in ("edge-1", "edge-2"):
         assert (f"gcloud projects add-iam-policy-binding {edge} --role "

@@ -34,6 +34,7 @@ from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.sim import SimClusterConfig, SimConfig
 from falcon_es.adapters.sim.config import Span, StockoutConfig
+from falcon_es.adapters.sim.kube_api import DENIAL
 from falcon_es.bootstrap import open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.registry import Cluster, list_clusters
@@ -272,6 +273,23 @@ def test_image_pull_failure(make: Make) -> None:
     assert gcp.row("t1")["message"].startswith('ErrImagePull: Failed to pull image "us-docker')
     assert gcp.world.job_state("v6e-res", "falcon-t1") is None
     assert isinstance(gcp, GcpHarness) and gcp.cloud.kube["v6e-res"].names("jobs") == []
+
+
+def test_pods_denied_by_an_admission_webhook(make: Make) -> None:
+    """The informer reads the Job controller's FailedCreate events off the API server;
+    the task shows the webhook's words and fails JobSubmitFailed after the grace."""
+    def scenario(h: Harness) -> None:
+        h.submit("t1", sim={"outcome": "create-denied"})
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "JobSubmitFailed")]
+    words = f"Error creating: {DENIAL}"
+    assert f"pods of Job falcon-t1 cannot be created: {words}" in gcp.messages["t1"]
+    assert gcp.row("t1")["message"] == (f"pods of Job falcon-t1 refused for 600s: {words}; "
+                                        "Job deleted; node pool falcon-t1-2x2 deleted")
+    assert isinstance(gcp, GcpHarness) and gcp.cloud.kube["v6e-res"].names("jobs") == []
+    assert gcp.cloud.kube["v6e-res"].names("pods") == []
 
 
 def test_timeout_while_running(make: Make) -> None:

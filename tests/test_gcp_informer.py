@@ -25,6 +25,7 @@ from falcon_es.adapters.gcp.informer import (
     EdgeInformer,
     InformerSettings,
     JobViews,
+    refusal_of,
     run_informer,
 )
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
@@ -32,7 +33,7 @@ from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.clock import VirtualClock, utcnow
 from falcon_es.manifests import TASK_ID_ANNOTATION
-from falcon_es.ports import JobObservation
+from falcon_es.ports import CreateRefusal, JobObservation
 from falcon_es.retry import Backoff
 from tests.fakes import fixtures
 from tests.fakes.fixtures import (
@@ -98,7 +99,7 @@ class World:
     def start(self) -> None:
         self.thread = threading.Thread(target=self.informer.run, args=(self.stop,), daemon=True)
         self.thread.start()
-        self.server.wait_for_watches(2)
+        self.server.wait_for_watches(3)
 
     def observations(self, job_name: str | None = None) -> list[JobObservation]:
         return [JobObservation.from_data(data) for data in self.bus.data()
@@ -232,6 +233,57 @@ def test_pod_troubles_are_in_the_observation(world: World) -> None:
     assert seen.pods[0].name == leader  # index order: the leader first
 
 
+DENIED = ('Error creating: admission webhook "tpu-policy.example.com" denied the request: '
+          "pods requesting google.com/tpu must carry a cost-center label")
+
+
+def test_pods_refused_by_a_webhook_are_in_the_observation_until_pods_are_created(
+        world: World) -> None:
+    world.start()
+    job = submit(world, "task-12")
+    for _ in range(3):  # the Job controller's retries, aggregated by its event recorder
+        world.server.record_event("Job", job, "FailedCreate", DENIED)
+    world.server.record_event("Job", job, "SuccessfulDelete", "Deleted pod: x", event_type="Normal")
+
+    refused = world.wait_for(job, lambda o: o.refusal is not None and o.refusal.count == 3)
+
+    assert refused.refusal == CreateRefusal(DENIED, 3) and refused.pods == ()
+    (event,) = world.server.names("events")[:1]
+    assert world.server.get("events", event)["count"] == 3  # one event, counted
+    world.clock.advance(5)  # the webhook lets the next create through
+    (pod,) = world.server.start_pods(job)
+    world.server.record_event("Job", job, "SuccessfulCreate", f"Created pod: {pod}",
+                              event_type="Normal")
+    cleared = world.wait_for(job, lambda o: o.refusal is None and len(o.pods) == 1)
+    assert cleared.resource_version > refused.resource_version
+    watched = world.requests(watch=True, resource="/events")
+    assert watched and all(r.query["fieldSelector"] == "involvedObject.kind=Job"
+                           for r in watched)
+
+
+def test_a_refusal_lasts_while_no_pod_was_created_after_it() -> None:
+    def event(reason: str, at: str, rv: int, message: str = DENIED,
+              count: int = 1) -> dict[str, Any]:
+        return {"reason": reason, "message": message, "count": count, "lastTimestamp": at,
+                "metadata": {"resourceVersion": str(rv)}}
+
+    created = event("SuccessfulCreate", "2026-11-01T09:00:05Z", 10, "Created pod: p-1")
+    assert refusal_of([]) is None and refusal_of([created]) is None
+    # Some pods created, then the quota ran out: the refusal is current.
+    later = event("FailedCreate", "2026-11-01T09:00:07Z", 12, count=2)
+    assert refusal_of([created, later]) == CreateRefusal(DENIED, 2)
+    # Created after the refusal: it cleared; in the same second, the later write wins.
+    assert refusal_of([later, event("SuccessfulCreate", "2026-11-01T09:00:09Z", 13)]) is None
+    assert refusal_of([later, event("SuccessfulCreate", "2026-11-01T09:00:07Z", 14)]) is None
+    assert refusal_of([event("SuccessfulCreate", "2026-11-01T09:00:07Z", 11), later]) == (
+        CreateRefusal(DENIED, 2))
+    # events.k8s.io-style timing (no lastTimestamp) reads the same way.
+    series = {"reason": "FailedCreate", "message": DENIED, "count": 1,
+              "series": {"lastObservedTime": "2026-11-01T09:01:00.000000Z"},
+              "metadata": {"resourceVersion": "20"}}
+    assert refusal_of([created, series]) == CreateRefusal(DENIED, 1)
+
+
 def test_a_deleted_job_is_forgotten(world: World) -> None:
     world.start()
     job = submit(world, "task-4")
@@ -260,10 +312,10 @@ def test_a_dropped_watch_reconnects_with_backoff_and_resumes(world: World) -> No
     world.server.drop_watches()
     world.wait_for(job, lambda o: len(o.pods) == 1)  # changed while disconnected: not missed
 
-    eventually(lambda: world.server.open_watches() == 2, "both watches back")
-    assert world.sleeps.delays == [1.0, 1.0]
-    assert len(world.requests(watch=False)) == 2  # resumed, not listed again
-    resumed = world.requests(watch=True)[2:]
+    eventually(lambda: world.server.open_watches() == 3, "the three watches back")
+    assert world.sleeps.delays == [1.0, 1.0, 1.0]
+    assert len(world.requests(watch=False)) == 3  # resumed, not listed again
+    resumed = world.requests(watch=True)[3:]
     assert resumed and all(r.query["resourceVersion"] not in ("", "0") for r in resumed)
 
 
@@ -272,15 +324,15 @@ def test_failing_reconnects_back_off_exponentially_then_reset(world: World) -> N
     world.server.inject("GET", r"/pods$", 503, times=3, watch=True)
 
     world.server.drop_watches()
-    eventually(lambda: world.server.open_watches() == 2 and len(world.sleeps.delays) == 5,
+    eventually(lambda: world.server.open_watches() == 3 and len(world.sleeps.delays) == 6,
                "the pod watch to come back after the drop and three refusals")
-    assert sorted(world.sleeps.delays) == [1.0, 1.0, 2.0, 4.0, 8.0]
-    assert world.restarts == ["error"] * 5
+    assert sorted(world.sleeps.delays) == [1.0, 1.0, 1.0, 2.0, 4.0, 8.0]
+    assert world.restarts == ["error"] * 6
 
     world.clock.advance(121)  # two quiet minutes: the next failure starts over
     world.server.drop_watches()
-    eventually(lambda: len(world.sleeps.delays) == 7, "the second drop's backoff")
-    assert world.sleeps.delays[5:] == [1.0, 1.0]
+    eventually(lambda: len(world.sleeps.delays) == 9, "the second drop's backoff")
+    assert world.sleeps.delays[6:] == [1.0, 1.0, 1.0]
 
 
 def test_410_gone_on_resume_lists_again(world: World) -> None:
@@ -297,7 +349,7 @@ def test_410_gone_on_resume_lists_again(world: World) -> None:
     world.wait_for(job, lambda o: len(o.pods) == 1)
 
     eventually(lambda: world.informer.stats.gone >= 1, "a 410 Gone")
-    assert len(world.requests(watch=False)) > 2  # listed again
+    assert len(world.requests(watch=False)) > 3  # listed again
 
 
 def test_410_on_an_open_watch_lists_again_at_once(world: World) -> None:
@@ -306,12 +358,12 @@ def test_410_on_an_open_watch_lists_again_at_once(world: World) -> None:
     world.wait_for(job, lambda o: True)
 
     world.server.compact()
-    eventually(lambda: world.informer.stats.gone == 2 and world.server.open_watches() == 2,
-               "both watches to list again and resume")
+    eventually(lambda: world.informer.stats.gone == 3 and world.server.open_watches() == 3,
+               "the three watches to list again and resume")
 
     assert world.sleeps.delays == []
-    assert world.restarts == ["gone", "gone"]
-    assert len(world.requests(watch=False)) == 4
+    assert world.restarts == ["gone", "gone", "gone"]
+    assert len(world.requests(watch=False)) == 6
     world.server.start_pods(job)
     world.wait_for(job, lambda o: len(o.pods) == 1)
 
@@ -323,13 +375,13 @@ def test_resync_lists_again_and_republishes_every_job(world: World) -> None:
     published = len(world.bus.published)
 
     world.clock.advance(RESYNC_SECONDS + 1)  # the server ends the watches on its timeout
-    eventually(lambda: world.informer.stats.resyncs == 2, "both resyncs")
+    eventually(lambda: world.informer.stats.resyncs == 3, "the three resyncs")
     eventually(lambda: len(world.bus.published) > published, "the republish")
 
     again = world.observations(job)[-1]
     assert again.resource_version == last.resource_version  # the same view, a duplicate
     assert dataclasses.replace(again, observed_at=last.observed_at) == last
-    assert len(world.requests(watch=False)) == 4
+    assert len(world.requests(watch=False)) == 6
 
 
 def test_a_failed_publish_is_repeated_at_the_resync(world: World) -> None:
@@ -361,13 +413,13 @@ def test_a_watch_outlives_its_token() -> None:
         world.clock.advance(400)  # 200 s left: inside the refresh margin, still valid
         world.server.start_pods(job)
         world.wait_for(job, lambda o: len(o.pods) == 1)
-        world.clock.advance(250)  # expired: the server ends both watches
-        eventually(lambda: len(world.requests(watch=True)) >= first_watches + 2
-                   and world.server.open_watches() == 2, "the watches to resume")
+        world.clock.advance(250)  # expired: the server ends the three watches
+        eventually(lambda: len(world.requests(watch=True)) >= first_watches + 3
+                   and world.server.open_watches() == 3, "the watches to resume")
         world.server.start_pods(job, 1)
         world.wait_for(job, lambda o: len(o.pods) == 2)
 
-        assert world.server.watch_endings.count("token-expired") == 2
+        assert world.server.watch_endings.count("token-expired") == 3
         assert not [r for r in world.server.requests if r.status == 401]
         assert world.tokens.refreshes == 2
         assert len(world.server.tokens_used("/apis/")) == 2
@@ -451,14 +503,14 @@ def test_run_informer_stops_promptly_and_reports(kube_server: FakeKubeServer) ->
     runner = threading.Thread(target=lambda: result.append(run_informer(
         edge_cluster_row(), edges, bus, stop, settings=InformerSettings(topic=TOPIC))))
     runner.start()
-    kube_server.wait_for_watches(2)
+    kube_server.wait_for_watches(3)
 
     stop.set()
     runner.join(timeout=5)
 
     assert not runner.is_alive()
     (stats,) = result
-    assert (stats.lists, stats.watches) == (2, 2)
+    assert (stats.lists, stats.watches) == (3, 3)
     edges.close()
 
 

@@ -39,6 +39,9 @@ SUBMIT = ev.JobSubmitRequested("falcon-j1", "falcon-p1")
 SUBMITTED = ev.JobSubmitted("falcon-j1", "uid-1")
 RUNNING = ev.PodsRunning(2, 2)
 
+WEBHOOK_DENIAL = ('Error creating: admission webhook "policy.example.com" denied the request: '
+                  "no TPUs without a cost center")
+
 WAITING = (ACCEPTED, CHOSEN)
 PROVISIONING = (*WAITING, PICKED)
 DISPATCHING = (*PROVISIONING, CREATE, STARTED, READY)
@@ -87,6 +90,14 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Pending", "Dispatching",
      "pods pending: 0/2 nodes available: 2 Insufficient google.com/tpu",
      "Pod 等待中：0/2 nodes available: 2 Insufficient google.com/tpu"),
+    ((*DISPATCHING, SUBMIT, SUBMITTED, ev.PodsRefused("falcon-j1", WEBHOOK_DENIAL)),
+     "Pending", "Dispatching",
+     f"pods of Job falcon-j1 cannot be created: {WEBHOOK_DENIAL}",
+     f"Job falcon-j1 的 Pod 无法创建：{WEBHOOK_DENIAL}"),
+    ((*DISPATCHING, SUBMIT, SUBMITTED, ev.PodsRefused("falcon-j1", WEBHOOK_DENIAL, True)),
+     "Pending", "Dispatching",
+     f"pods of Job falcon-j1 cannot be created: {WEBHOOK_DENIAL} (expected to clear; waiting)",
+     f"Job falcon-j1 的 Pod 无法创建：{WEBHOOK_DENIAL}（预计会自行恢复，继续等待）"),
     (RUN, "Running", None, "2/2 active", "2/2 运行中"),
     ((*RUN, ev.JobSucceeded(2)), "Succeeded", None, "succeeded (2 pod(s))", "已成功（2 个 Pod）"),
     ((ev.TaskRejected("train", "user-a", "InvalidSpec", "spec", "not valid JSON"),),
@@ -111,6 +122,10 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
     ((*DISPATCHING, SUBMIT, ev.JobSubmitFailed("falcon-j1", "403 forbidden")), "Failed",
      "JobSubmitFailed", "Job falcon-j1 could not be submitted: 403 forbidden",
      "Job falcon-j1 提交失败：403 forbidden"),
+    ((*DISPATCHING, SUBMIT, SUBMITTED, ev.PodsRefused("falcon-j1", WEBHOOK_DENIAL),
+      ev.JobSubmitFailed("falcon-j1", WEBHOOK_DENIAL, 600)), "Failed", "JobSubmitFailed",
+     f"pods of Job falcon-j1 refused for 600s: {WEBHOOK_DENIAL}; Job deleted",
+     f"Job falcon-j1 的 Pod 被拒绝创建已 600 秒：{WEBHOOK_DENIAL}；Job 已删除"),
     ((*RUN, ev.JobFailed("OOMKilled (exit code 137)", 137)), "Failed", "JobFailed",
      "OOMKilled (exit code 137)", "OOMKilled (exit code 137)"),
     ((*RUN, ev.TaskTimedOut(3600)), "Failed", "Timeout",

@@ -85,6 +85,7 @@ EDGE_PERMISSIONS=(
   container.nodes.get
   container.nodes.list
   container.events.list
+  container.events.watch
 )
 
 run() {

@@ -12,8 +12,10 @@ CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
 - ``batch/v1`` Jobs: create, get (and ``/status``), list, watch, delete with
   ``propagationPolicy`` (Background/Foreground take the pods along; Orphan or none
   leaves them, which is what batch/v1 does by default);
-- ``core/v1`` Pods (get, list, watch), Nodes (list), Events (list) with label and
-  field selectors.
+- ``core/v1`` Pods (get, list, watch), Nodes (list), Events (list, watch) with label
+  and field selectors; ``record_event`` aggregates a repeated event as client-go's
+  recorder does (same object, reason and message: one event, ``count`` and
+  ``lastTimestamp`` updated), which is how the Job controller's FailedCreate shows.
 - ``core/v1`` Services: create (``409 AlreadyExists`` for a taken name), get, list,
   delete (honouring a uid precondition with ``409 Conflict``). The garbage collector is
   modelled for them: deleting a Job with Background or Foreground propagation deletes
@@ -647,6 +649,36 @@ class FakeKubeServer:
             status.setdefault("conditions", []).append(_condition(
                 condition, reason, f"jobset {condition.lower()}: {reason}", self.clock.now()))
             self._put("jobsets", ns, jobset, "MODIFIED")
+
+    def record_event(self, kind: str, name: str, reason: str, message: str, *,
+                     namespace: str | None = None, event_type: str = "Warning",
+                     source: str = "job-controller", count: int | None = None,
+                     first: dt.datetime | None = None) -> str:
+        """An event as client-go's recorder writes it: a repeat of one about the same
+        object with the same reason and message updates that event (``count`` grows or
+        is set, ``lastTimestamp`` is now) instead of adding one. Returns its name."""
+        ns = namespace or self.namespace
+        with self._cond:
+            involved = self._objects.get((f"{kind.lower()}s", ns, name))
+            uid = involved["metadata"]["uid"] if involved else ""
+            same = next((obj for (resource, space, _), obj in self._objects.items()
+                         if resource == "events" and space == ns
+                         and obj["involvedObject"].get("uid") == uid
+                         and obj["involvedObject"].get("name") == name
+                         and (obj["reason"], obj["message"]) == (reason, message)), None)
+            if same is None:
+                event_name = self.add_event(kind, name, reason, message, namespace=ns,
+                                            event_type=event_type, source=source)
+                same = self._objects[("events", ns, event_name)]
+                if count is None and first is None:
+                    return event_name
+            event = copy.deepcopy(same)
+            event["count"] = count if count is not None else int(event["count"]) + 1
+            if first is not None:
+                event["firstTimestamp"] = timestamp(first)
+            event["lastTimestamp"] = timestamp(self.clock.now())
+            self._put("events", ns, event, "MODIFIED")
+            return str(event["metadata"]["name"])
 
     def set_job_condition(self, name: str, condition: str, reason: str, message: str, *,
                           namespace: str | None = None) -> None:

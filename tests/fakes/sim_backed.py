@@ -15,7 +15,10 @@ scenarios must reach the same job-table results.
   is submitted to the world, a deleted one is deleted there, and after every change of
   the world its Jobs, Pods and Nodes are brought in line (``reflect``), so list/watch,
   resourceVersions and 410s are the fake API server's own and the real ``EdgeInformer``
-  watches them and publishes to Google's Pub/Sub emulator.
+  watches them and publishes to Google's Pub/Sub emulator. The Job controller's events
+  on a Job are reflected too: ``SuccessfulCreate`` for each pod the world creates, and
+  ``FailedCreate`` (aggregated, its count the world's) for a Job whose pods an
+  admission webhook denies (the ``create-denied`` outcome).
 - ``TokenAuthority`` is the OAuth2 token endpoint of a throwaway service-account key
   (``GOOGLE_APPLICATION_CREDENTIALS``), so ``google.auth.default()`` finds credentials
   the way it does in production and the Kubernetes servers accept its tokens.
@@ -208,14 +211,17 @@ class TokenAuthority:
 
 # ----------------------------------------------------------------------- the edge trace
 
-EdgeKey = tuple[tuple[tuple[Any, ...], ...], str | None, int, int]
+EdgeKey = tuple[tuple[tuple[Any, ...], ...], str | None, int, int, tuple[str, int] | None]
 
 
 def published_key(data: Mapping[str, Any]) -> EdgeKey:
-    """What an observation says of its Job (pods, condition, counts)."""
+    """What an observation says of its Job (pods, condition, counts, the Job
+    controller's refusal)."""
     pods = tuple(sorted((p["name"], p["phase"], p["reason"], p["exit_code"], p["message"])
                         for p in data["pods"]))
-    return pods, data.get("condition"), int(data["succeeded"]), int(data["failed"])
+    refusal = data.get("refusal")
+    return (pods, data.get("condition"), int(data["succeeded"]), int(data["failed"]),
+            None if refusal is None else (refusal["message"], int(refusal["count"])))
 
 
 class EdgeTrace:
@@ -379,6 +385,8 @@ class SimKubeServer(FakeKubeServer):
         self._pods: dict[tuple[str, str], PodState] = {}
         self._jobs: dict[str, tuple[Any, ...]] = {}
         self._nodes: dict[str, bool] = {}
+        #: The FailedCreate count reflected per Job (the world's ``SimJob.refused``).
+        self._refusals: dict[str, int] = {}
 
     # -- one identity for every cluster ----------------------------------------------
 
@@ -402,6 +410,7 @@ class SimKubeServer(FakeKubeServer):
     def remove_job(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
         with self._cond:
             self._jobs.pop(name, None)
+            self._refusals.pop(name, None)
             for key in [k for k in self._pods if k[0] == name]:
                 del self._pods[key]
             return FakeKubeServer._delete_job(self, ns, name, policy)
@@ -471,6 +480,17 @@ class SimKubeServer(FakeKubeServer):
                 pod["spec"]["nodeName"] = sim_pod.node
             pod["status"] = _pod_status(sim_pod, containers, moment)
             self._put("pods", ns, pod, "MODIFIED" if existing else "ADDED")
+            if not existing:
+                self.record_event("Job", sim_job.name, "SuccessfulCreate",
+                                  f"Created pod: {sim_pod.name}", namespace=ns,
+                                  event_type="Normal")
+            changed = True
+        refused = sim_job.refused
+        if refused is not None and self._refusals.get(sim_job.name) != refused.count:
+            self._refusals[sim_job.name] = refused.count
+            self.record_event("Job", sim_job.name, "FailedCreate",
+                              f"Error creating: {refused.message}", namespace=ns,
+                              count=refused.count, first=refused.first)
             changed = True
         wanted = self._job_status(sim_job)
         if self._jobs.get(sim_job.name) != wanted:
@@ -539,9 +559,13 @@ class SimKubeServer(FakeKubeServer):
                 if kind == "pods" and space == ns and any(
                     o.get("uid") == uid for o in pod["metadata"].get("ownerReferences", ()))]
         status = job.get("status") or {}
+        refusal = gcp_informer.refusal_of(
+            event for (kind, space, _), event in self._objects.items()
+            if kind == "events" and space == ns and event["involvedObject"].get("uid") == uid)
         return (tuple(sorted((p.name, p.phase, p.reason, p.exit_code, p.message) for p in pods)),
                 _condition_of(job), int(status.get("succeeded") or 0),
-                int(status.get("failed") or 0))
+                int(status.get("failed") or 0),
+                None if refusal is None else (refusal.message, refusal.count))
 
 
 # ----------------------------------------------------------------------- GKE
@@ -867,7 +891,7 @@ class SimBackedCloud:
             name=f"informer-{cluster.name}", daemon=True)
         thread.start()
         self._informers.append((stop, thread))
-        self.kube[cluster.name].wait_for_watches(2)
+        self.kube[cluster.name].wait_for_watches(3)
 
 
 def _kube_error(error: PortError, body: Any) -> KubeApiError:

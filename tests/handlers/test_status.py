@@ -8,7 +8,7 @@ import pytest
 
 from falcon_es import events as ev
 from falcon_es.handlers import status
-from falcon_es.ports import PodObservation
+from falcon_es.ports import CreateRefusal, PodObservation
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
 
 pytestmark = SQLITE_ONLY
@@ -155,3 +155,63 @@ def test_a_failed_pod_with_a_termination_time_is_blamed_before_one_without(
 
     # A pod with a time comes before one without: its failure is known to be earliest.
     assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6))]
+
+
+WEBHOOK = ('Error creating: admission webhook "tpu-policy.example.com" denied the request: '
+           "pods requesting google.com/tpu must carry a cost-center label")
+
+
+def test_pods_refused_by_a_webhook_show_at_once_and_clear_when_pods_are_created(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+
+    bench.observe("t1", resource_version=3, refusal=CreateRefusal(WEBHOOK))
+    assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 3))]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"], row["message"]) == (
+        "Pending", "Dispatching", f"pods of Job falcon-t1 cannot be created: {WEBHOOK}")
+    refused_at = bench.state("t1").refused_since
+    assert refused_at == bench.clock.now()
+
+    bench.advance(30)  # the Job controller tried again: the same words, counted
+    bench.observe("t1", resource_version=6, refusal=CreateRefusal(WEBHOOK, count=4))
+    assert bench.run() == []
+    assert bench.state("t1").refused_since == refused_at
+
+    pending = PodObservation("falcon-t1-0", "Pending", reason="Unschedulable",
+                             message="0/2 nodes are available: 2 Insufficient google.com/tpu")
+    bench.observe("t1", resource_version=8, pods=(pending,))
+    assert [type(e) for _, e in bench.run()] == [ev.PodsPending]
+    assert bench.state("t1").refused_since is None
+    assert bench.row("t1")["message"].startswith("pods pending: ")
+    assert bench.backlog() == 0
+
+
+def test_a_refusal_comes_before_the_pods_that_were_created(make_bench: HandlerBenches) -> None:
+    """A quota that let two of four pods through: the refusal is the root cause."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+    quota = ('Error creating: pods "falcon-t1-2-" is forbidden: exceeded quota: tpu-quota, '
+             "requested: google.com/tpu=4, used: google.com/tpu=8, limited: google.com/tpu=8")
+
+    bench.observe("t1", resource_version=5, completions=4, refusal=CreateRefusal(quota, 2),
+                  pods=(PodObservation("falcon-t1-0", "Running"),
+                        PodObservation("falcon-t1-1", "Pending", reason="ContainerCreating")))
+
+    assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", quota, False, 5))]
+
+
+def test_a_transient_refusal_is_shown_and_starts_no_grace(make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "submitted")
+
+    bench.observe("t1", resource_version=3, refusal=CreateRefusal(WEBHOOK, transient=True))
+    assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, True, 3))]
+    assert bench.state("t1").refused_since is None
+    assert bench.row("t1")["message"].endswith(" (expected to clear; waiting)")
+
+    # The same words, no longer transient: the grace starts now.
+    bench.observe("t1", resource_version=4, refusal=CreateRefusal(WEBHOOK))
+    assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 4))]
+    assert bench.state("t1").refused_since == bench.clock.now()

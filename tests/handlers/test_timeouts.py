@@ -3,6 +3,10 @@ and the provisioning deadline of its supply mode, each at the deadline and not b
 
 from __future__ import annotations
 
+import datetime as dt
+
+import pytest
+
 from falcon_es import events as ev
 from falcon_es.handlers import timeouts
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
@@ -92,3 +96,57 @@ def test_no_deadline_runs_before_a_pool_is_asked_for(make_bench: HandlerBenches)
     bench.advance(7 * 24 * 3600)
 
     assert bench.run() == []
+
+
+WEBHOOK = ('Error creating: admission webhook "tpu-policy.example.com" denied the request: '
+           "pods requesting google.com/tpu must carry a cost-center label")
+
+
+def test_a_refusal_past_the_grace_fails_the_task_in_its_words_and_deletes_the_job(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(timeouts.enforce_deadlines, reserved_cluster())
+    bench.bring("t1", "submitted")
+    bench.given("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 3))
+    bench.advance(300)
+    bench.given("t1", ev.PodsRefused("falcon-t1", WEBHOOK + " (again)", False, 5))
+    assert timeouts.next_due([bench.state("t1")], bench.settings) == (
+        bench.clock.now() + dt.timedelta(seconds=300))  # from the first refusal
+
+    bench.advance(299)
+    assert bench.run() == []
+
+    bench.advance(1)
+    assert bench.run() == [
+        ("t1", ev.JobSubmitFailed("falcon-t1", WEBHOOK + " (again)", 600)),
+        ("t1", ev.JobDeleteRequested("falcon-t1", "pods refused"))]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"]) == ("Failed", "JobSubmitFailed")
+    assert row["message"] == (f"pods of Job falcon-t1 refused for 600s: {WEBHOOK} (again); "
+                              "Job deleted")
+
+
+def test_the_grace_is_a_setting(make_bench: HandlerBenches) -> None:
+    bench = make_bench(timeouts.enforce_deadlines, reserved_cluster(),
+                       failed_create_grace_seconds=60)
+    bench.bring("t1", "submitted")
+    bench.given("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 3))
+    bench.advance(60)
+    assert [type(e) for _, e in bench.run()] == [ev.JobSubmitFailed, ev.JobDeleteRequested]
+
+
+@pytest.mark.parametrize("after", [
+    ev.PodsPending("0/1 nodes are available: 1 Insufficient google.com/tpu", 4),
+    ev.PodsRefused("falcon-t1", WEBHOOK, True, 4),  # transient: shown, never fails
+])
+def test_a_refusal_that_clears_or_is_transient_fails_nothing(
+        make_bench: HandlerBenches, after: ev.Event) -> None:
+    bench = make_bench(timeouts.enforce_deadlines, reserved_cluster())
+    bench.bring("t1", "submitted", timeout_seconds=7200)
+    bench.given("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 3))
+    bench.advance(100)
+    bench.given("t1", after)
+
+    bench.advance(3600)
+    assert bench.run() == []
+    assert timeouts.next_due([bench.state("t1")], bench.settings) == (
+        bench.state("t1").dispatched_at + dt.timedelta(seconds=7200))  # its own timeout only

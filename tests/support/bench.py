@@ -37,7 +37,8 @@ from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.handlers import outbox
 from falcon_es.ports import (
-    TASK_EVENTS_TOPIC, Bus, BusMessage, JobObservation, NodePoolSpec, Operation, PodObservation, Ports,
+    TASK_EVENTS_TOPIC, Bus, BusMessage, CreateRefusal, JobObservation, NodePoolSpec, Operation,
+    PodObservation, Ports,
 )
 from falcon_es.registry import Cluster
 from falcon_es.retry import DEFAULT_BACKOFFS, RetryPolicies
@@ -237,7 +238,8 @@ class HandlerBench:
                 pods: Sequence[PodObservation] = (), condition: str | None = None,
                 active: int = 0, succeeded: int = 0, failed: int = 0,
                 completions: int = 1, observed_at: dt.datetime | None = None,
-                job_uid: str | None = None) -> JobObservation:
+                job_uid: str | None = None, refusal: CreateRefusal | None = None,
+                ) -> JobObservation:
         """Publish what an informer of the task's cluster saw of its Job on the
         edge-events topic (the Job's name and uid from the task's log unless
         ``job_uid`` says otherwise)."""
@@ -248,7 +250,7 @@ class HandlerBench:
             task_id=naming.task_label(task_id), resource_version=resource_version,
             active=active, succeeded=succeeded, failed=failed, completions=completions,
             pods=tuple(pods), observed_at=observed_at or self.clock.now(),
-            condition=condition)
+            condition=condition, refusal=refusal)
         self.ports.bus.publish(self.settings.edge_events_topic, observation.to_data(),
                                ordering_key=task_id,
                                attributes={"cluster": observation.cluster_name})

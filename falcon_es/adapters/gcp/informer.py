@@ -1,8 +1,14 @@
-"""The informer of one edge cluster: list + watch Falcon's Jobs and their Pods, and
-publish what it sees of each Job as a ``JobObservation`` on the edge-events bus.
+"""The informer of one edge cluster: list + watch Falcon's Jobs, their Pods and the
+Job controller's events on them, and publish what it sees of each Job as a
+``JobObservation`` on the edge-events bus.
 
-Two watches (Jobs, Pods; label ``managed-by=falcon``) run in their own threads and
-feed one cache (``JobViews``). Each watch resumes from the last resourceVersion it
+Three watches (Jobs, Pods: label ``managed-by=falcon``; core/v1 Events about Jobs:
+field selector ``involvedObject.kind=Job``) run in their own threads and feed one
+cache (``JobViews``). The events are how pods that are never created show: the Job
+controller records ``FailedCreate`` ("Error creating: ...") on the Job for each create
+the API server refuses and ``SuccessfulCreate`` ("Created pod: ...") for each it
+makes, so a Job's refusal lasts while its newest FailedCreate is newer than its newest
+SuccessfulCreate (``refusal_of``). Each watch resumes from the last resourceVersion it
 saw (bookmarks included); ``410 Gone`` means the history it needs is compacted away,
 so it lists again; a dropped connection or an error reconnects after an exponential
 backoff (injected ``sleep`` and ``rng``); a watch the server ends normally is resumed
@@ -18,7 +24,7 @@ controller made *because* a pod started (rv 111) can arrive before that pod's ow
 event (rv 110), and the pod then changes the view without any larger object rv. What
 the view holds is fixed by how far each watch has read (its position: the last
 resourceVersion it delivered, or the list's), and every change moves one of them; so
-the version is the sum of the two positions. It grows with every change, and a
+the version is the sum of the positions. It grows with every change, and a
 restarted informer, whose lists start at the cluster's current resourceVersion, never
 falls below what a previous process published unless nothing changed since (then its
 view is the same). ``kube_resource_version`` (an attribute) is the newest object rv in
@@ -44,13 +50,17 @@ from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_objects import FALCON_SELECTOR
 from falcon_es.clock import Clock, WallClock
 from falcon_es.manifests import TASK_ID_ANNOTATION, TASK_LABEL
-from falcon_es.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation, PortError
+from falcon_es.ports import (
+    EDGE_EVENTS_TOPIC, CreateRefusal, JobObservation, PodObservation, PortError,
+)
 from falcon_es.registry import Cluster
 from falcon_es.retry import DEFAULT_BACKOFFS, KUBERNETES, Backoff
 
 log = logging.getLogger("falcon_es.adapters.gcp.informer")
 
-JOBS, PODS = "jobs", "pods"
+JOBS, PODS, EVENTS = "jobs", "pods", "events"
+#: The Job controller's event reasons (pkg/controller controller_utils.go).
+FAILED_CREATE, SUCCESSFUL_CREATE = "FailedCreate", "SuccessfulCreate"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: Seconds added to the server-side watch timeout before the client gives up reading.
 READ_SLACK_SECONDS = 30
@@ -69,6 +79,8 @@ class InformerSettings:
     topic: str = EDGE_EVENTS_TOPIC
     job_selector: str = FALCON_SELECTOR
     pod_selector: str = FALCON_SELECTOR
+    #: A field selector: events carry no labels of the object they are about.
+    event_selector: str = "involvedObject.kind=Job"
     resync_seconds: float = 300.0
     #: Server-side timeout of one watch request; the informer then resumes it.
     watch_timeout_seconds: int = 290
@@ -159,7 +171,11 @@ class JobViews:
         self._views: dict[str, _View] = {}
         self._pods: dict[str, dict[str, Any]] = {}
         self._pods_of: dict[str, set[str]] = {}
-        self._positions = {JOBS: 0, PODS: 0}
+        #: The Job controller's create events, by event uid and by the Job's uid (the
+        #: API server expires events after an hour, so these do not pile up).
+        self._events: dict[str, dict[str, Any]] = {}
+        self._events_of: dict[str, set[str]] = {}
+        self._positions = {JOBS: 0, PODS: 0, EVENTS: 0}
         #: Jobs held back because their status counts finished pods the pod view has not
         #: seen yet, with the Job's resourceVersion the pods watch has to reach.
         self._held: dict[str, int] = {}
@@ -178,6 +194,8 @@ class JobViews:
             released = self.advance(kind, _rv(obj))
             if kind == JOBS:
                 return [*self._apply_job(event_type, dict(obj)), *released]
+            if kind == EVENTS:
+                return [*self._apply_event(event_type, dict(obj)), *released]
             return [*self._apply_pod(event_type, dict(obj)), *released]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int) -> list[str]:
@@ -185,10 +203,14 @@ class JobViews:
         with self._lock:
             touched = self.advance(kind, list_rv)
             listed = {_uid(item): dict(item) for item in items}
-            known = set(self._views) if kind == JOBS else set(self._pods)
+            held: Mapping[str, object] = (self._views if kind == JOBS else
+                                          self._events if kind == EVENTS else self._pods)
+            known = set(held)
             for uid in sorted(known - set(listed)):
                 if kind == JOBS:
                     self._views.pop(uid, None)
+                elif kind == EVENTS:
+                    touched += self._apply_event("DELETED", self._events[uid])
                 else:
                     gone = self._pods[uid]
                     gone.setdefault("metadata", {})["resourceVersion"] = str(list_rv)
@@ -233,13 +255,14 @@ class JobViews:
                 self._held[job_uid] = _rv(view.job)
                 return None
             self._held.pop(job_uid, None)
-            content = _content(view.job, pods)
+            events = [self._events[uid] for uid in self._events_of.get(job_uid, ())]
+            content = _content(view.job, pods, events)
             if content == view.published and not republish:
                 return None
             if content != view.attempted:
                 view.version = max(sum(self._positions.values()), view.version + 1)
                 view.attempted = content
-            return _observation(self.cluster_name, view.job, task_id, pods, view.version,
+            return _observation(self.cluster_name, view.job, task_id, content, view.version,
                                 self._clock.now())
 
     def published(self, job_uid: str, version: int) -> None:
@@ -272,6 +295,8 @@ class JobViews:
         uid, rv = _uid(job), _rv(job)
         if event_type == "DELETED":
             self._views.pop(uid, None)
+            for event_uid in self._events_of.pop(uid, ()):
+                self._events.pop(event_uid, None)
             return []
         view = self._views.get(uid)
         if view is None:
@@ -305,6 +330,61 @@ class JobViews:
             return []
         view.max_rv = max(view.max_rv, rv)
         return [owner or ""]
+
+
+    def _apply_event(self, event_type: str, event: dict[str, Any]) -> list[str]:
+        """An event about a Job: kept when the Job controller says it created a pod or
+        was refused one (other reasons change nothing the product reads)."""
+        uid = _uid(event)
+        job_uid = str((event.get("involvedObject") or {}).get("uid") or "")
+        if event.get("reason") not in (FAILED_CREATE, SUCCESSFUL_CREATE) or not job_uid:
+            return []
+        if event_type == "DELETED":
+            if self._events.pop(uid, None) is None:
+                return []
+            self._events_of.get(job_uid, set()).discard(uid)
+        else:
+            known = self._events.get(uid)
+            if known is not None and _rv(event) <= _rv(known):
+                return []
+            self._events[uid] = event
+            self._events_of.setdefault(job_uid, set()).add(uid)
+        view = self._views.get(job_uid)
+        if view is None:
+            return []
+        view.max_rv = max(view.max_rv, _rv(event))
+        return [job_uid]
+
+
+def refusal_of(events: Iterable[Mapping[str, Any]]) -> CreateRefusal | None:
+    """The Job controller's refusal to create the Job's pods, while it lasts: its
+    newest FailedCreate event when no SuccessfulCreate came after it. Events time
+    themselves in whole seconds, so a tie goes to the one the API server wrote last
+    (the larger resourceVersion)."""
+    newest: dict[str, tuple[str, int, Mapping[str, Any]]] = {}
+    for event in events:
+        reason = str(event.get("reason"))
+        key = (_event_time(event), _rv(event), event)
+        if reason not in newest or key[:2] > newest[reason][:2]:
+            newest[reason] = key
+    failed = newest.get(FAILED_CREATE)
+    if failed is None:
+        return None
+    created = newest.get(SUCCESSFUL_CREATE)
+    if created is not None and created[:2] > failed[:2]:
+        return None
+    event = failed[2]
+    return CreateRefusal(str(event.get("message") or FAILED_CREATE),
+                         int(event.get("count") or 1))
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    """When the event last happened (RFC 3339 in UTC, so strings sort as times): core/v1
+    events recorded by client-go's recorder have lastTimestamp; newer recorders fill
+    series.lastObservedTime or eventTime."""
+    series = event.get("series") or {}
+    return str(event.get("lastTimestamp") or series.get("lastObservedTime")
+               or event.get("eventTime") or event.get("firstTimestamp") or "")
 
 
 def _task_id(job: Mapping[str, Any]) -> str | None:
@@ -363,24 +443,27 @@ def _condition(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _content(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[Any, ...]:
+Content = tuple[int, int, int, str | None, tuple[PodObservation, ...], CreateRefusal | None]
+
+
+def _content(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
+             events: Iterable[Mapping[str, Any]]) -> Content:
     status = job.get("status") or {}
     spec = job.get("spec") or {}
     ordered = tuple(pod_observation(p) for p in sorted(pods, key=_pod_order))
     return (int(status.get("succeeded") or 0), int(status.get("failed") or 0),
-            int(spec.get("completions") or 1), _condition(job), ordered)
+            int(spec.get("completions") or 1), _condition(job), ordered, refusal_of(events))
 
 
-def _observation(cluster_name: str, job: Mapping[str, Any], task_id: str,
-                 pods: Iterable[Mapping[str, Any]], version: int,
-                 moment: dt.datetime) -> JobObservation:
-    succeeded, failed, completions, condition, ordered = _content(job, pods)
+def _observation(cluster_name: str, job: Mapping[str, Any], task_id: str, content: Content,
+                 version: int, moment: dt.datetime) -> JobObservation:
+    succeeded, failed, completions, condition, ordered, refusal = content
     return JobObservation(
         cluster_name=cluster_name, job_name=str(job["metadata"]["name"]), job_uid=_uid(job),
         task_id=task_id, resource_version=version,
         active=sum(1 for p in ordered if p.phase == "Running"), succeeded=succeeded,
         failed=failed, completions=completions, pods=ordered, observed_at=moment,
-        condition=condition,
+        condition=condition, refusal=refusal,
     )
 
 
@@ -416,7 +499,7 @@ class EdgeInformer:
         """Watch until ``stop`` is set (both resources, each in its own thread)."""
         threads = [threading.Thread(target=self._watch_loop, args=(kind, stop),
                                     name=f"informer-{self.edge.name}-{kind}", daemon=True)
-                   for kind in (PODS, JOBS)]
+                   for kind in (PODS, JOBS, EVENTS)]
         for thread in threads:
             thread.start()
         stop.wait()
@@ -467,14 +550,9 @@ class EdgeInformer:
                 self._back_off(kind, failures, error, stop)
 
     def _relist(self, kind: str, *, republish: bool) -> str:
-        if kind == JOBS:
-            listed: object = self.edge.batch.list_namespaced_job(
-                self.edge.namespace, label_selector=self.settings.job_selector,
-                _preload_content=False, _request_timeout=self._read_timeout(60))
-        else:
-            listed = self.edge.core.list_namespaced_pod(
-                self.edge.namespace, label_selector=self.settings.pod_selector,
-                _preload_content=False, _request_timeout=self._read_timeout(60))
+        call, selectors = self._list_call(kind)
+        listed = call(self.edge.namespace, **selectors, _preload_content=False,
+                      _request_timeout=self._read_timeout(60))
         # With _preload_content=False the client returns the raw urllib3 response; it is
         # declared to return the parsed list whatever that flag says.
         response = cast(urllib3.BaseHTTPResponse, listed)
@@ -493,11 +571,7 @@ class EdgeInformer:
         """Stream events from ``resume_from``; the resourceVersion to resume from next."""
         remaining = (next_resync - self._clock.now()).total_seconds()
         timeout = int(max(1, min(self.settings.watch_timeout_seconds, remaining)))
-        call: Callable[..., object]  # the list call of the watched kind
-        if kind == JOBS:
-            call, selector = self.edge.batch.list_namespaced_job, self.settings.job_selector
-        else:
-            call, selector = self.edge.core.list_namespaced_pod, self.settings.pod_selector
+        call, selectors = self._list_call(kind)
         watcher = kube_watch.Watch()
         with self._watches_lock:
             self._watches.add(watcher)
@@ -505,7 +579,7 @@ class EdgeInformer:
             if stop.is_set():
                 return resume_from
             self.stats.watches += 1
-            for event in watcher.stream(call, self.edge.namespace, label_selector=selector,
+            for event in watcher.stream(call, self.edge.namespace, **selectors,
                                         resource_version=resume_from, timeout_seconds=timeout,
                                         allow_watch_bookmarks=True,
                                         _request_timeout=self._read_timeout(timeout)):
@@ -524,6 +598,16 @@ class EdgeInformer:
             with self._watches_lock:
                 self._watches.discard(watcher)
         return resume_from
+
+    def _list_call(self, kind: str) -> tuple[Callable[..., object], dict[str, str]]:
+        """The list call of ``kind`` (which its watch streams too) and its selector."""
+        if kind == JOBS:
+            return (self.edge.batch.list_namespaced_job,
+                    {"label_selector": self.settings.job_selector})
+        if kind == EVENTS:
+            return (self.edge.core.list_namespaced_event,
+                    {"field_selector": self.settings.event_selector})
+        return self.edge.core.list_namespaced_pod, {"label_selector": self.settings.pod_selector}
 
     def _publish(self, job_uids: Iterable[str], *, republish: bool = False) -> None:
         with self.views.lock:

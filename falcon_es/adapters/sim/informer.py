@@ -9,6 +9,7 @@ after it (or when the hold ends, if no next one comes).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 from typing import Any
@@ -89,9 +90,8 @@ def observation_data(observation: JobObservation) -> dict[str, Any]:
                   "exit_code": p.exit_code, "message": p.message,
                   "finished_at": p.finished_at} for p in observation.pods],
         "observed_at": observation.observed_at.isoformat(), "condition": observation.condition,
-        "refusal": None if observation.refusal is None else {
-            "message": observation.refusal.message, "count": observation.refusal.count,
-            "transient": observation.refusal.transient},
+        "refusal": (None if observation.refusal is None
+                    else dataclasses.asdict(observation.refusal)),
         "kind": observation.kind, "restarts": observation.restarts,
         "condition_reason": observation.condition_reason,
     }

@@ -7,7 +7,11 @@ the pod asks for -- otherwise they stay Pending with a FailedScheduling-style me
 ("0/7 nodes are available: 3 node(s) didn't match Pod's node affinity/selector, 4
 Insufficient google.com/tpu. ..."). A bound pod starts after a short delay and then
 plays the behaviour of the task's ``spec.sim``: succeed, fail with an exit code, be
-OOMKilled (137), never pull its image, or never be schedulable.
+OOMKilled (137), never pull its image, or never be schedulable. A Job whose outcome
+is ``create-denied`` gets no pods at all: an admission webhook refuses each of the
+Job controller's creates, which records a ``FailedCreate`` event on the Job in the
+webhook's words (aggregated: one event, its count growing) and tries again with its
+exponential backoff (1 s doubling to 60 s), as long as the Job exists.
 
 Failed pods count against ``spec.backoffLimit`` (Kubernetes' default 6 when unset);
 past it the Job gets the Failed condition and its remaining pods are deleted. Every
@@ -37,7 +41,8 @@ from types import MappingProxyType
 from typing import Any
 
 from falcon_es.ports import (
-    ALREADY_EXISTS, JOB_KIND, JOBSET_KIND, RETRYABLE, JobObservation, JobRef, NodeCounts, PodObservation, PortError,
+    ALREADY_EXISTS, JOB_KIND, JOBSET_KIND, RETRYABLE, CreateRefusal, JobObservation, JobRef,
+    NodeCounts, PodObservation, PortError,
 )
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
@@ -48,7 +53,7 @@ from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
 from falcon_es.adapters.sim.kube_objects import (
-    FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
+    FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimCreateFailure, SimJob, SimPod, SimService,
 )
 from falcon_es.adapters.sim.timeline import Timeline
 
@@ -60,10 +65,25 @@ _TPU_TAINT = "node(s) had untolerated taint {google.com/tpu: present}"
 _NO_TPU = "Insufficient google.com/tpu"
 _NO_MEMORY = "Insufficient memory"
 _BACKOFF_START, _BACKOFF_CAP = 10.0, 360.0
+#: The Job controller's requeue after a failed sync (a pod create refused):
+#: DefaultJobApiBackOff and MaxJobApiBackOff of pkg/controller/job.
+_SYNC_BACKOFF_START, _SYNC_BACKOFF_CAP = 1.0, 60.0
+CREATE_DENIED = "create-denied"
+DENYING_WEBHOOK = "tpu-policy.falcon-es.example.com"
+#: What the API server answers a pod create the webhook denies (the Job controller
+#: prefixes "Error creating: "), in the apiserver's "admission webhook %q denied the
+#: request: %s" form.
+DENIAL = (f'admission webhook "{DENYING_WEBHOOK}" denied the request: pods requesting '
+          "google.com/tpu in this namespace must carry an approved cost-center label")
 _SYSTEM_NODE_LABELS = MappingProxyType({
     "cloud.google.com/gke-nodepool": "default-pool",
     "node.kubernetes.io/instance-type": "e2-standard-8",
 })
+
+
+#: What one observation of a Job says: running, succeeded, failed, its condition, its
+#: pods, the Job controller's refusal.
+JobState = tuple[int, int, int, str | None, tuple[PodObservation, ...], CreateRefusal | None]
 
 
 class KubeService:
@@ -102,6 +122,9 @@ class KubeService:
         if job.name in self.jobs:
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
         self.jobs[job.name] = job
+        if job.behaviour.outcome == CREATE_DENIED:
+            self._refuse_pods(job, now)
+            return JobRef(job.name, job.uid, job.task_label or None)
         for index in range(min(job.parallelism, job.completions)):
             self.new_pod(job, index)
         self._dirty[job.name] = job
@@ -189,7 +212,7 @@ class KubeService:
             self._unbind(pod)
             job.pods.remove(pod)
         self.forget_unbound(job)
-        job.followers_held, job.refusal = False, None
+        job.followers_held, job.followers_refusal = False, None
         self._dirty[job.name] = job
         self._reschedule(moment, freed)
 
@@ -205,6 +228,8 @@ class KubeService:
         job = self.jobs.get(job_name)
         if job is None:
             return None
+        if job.refused is not None:
+            return f"Error creating: {job.refused.message}"
         pending = [p for p in job.pods if p.phase == PENDING]
         if not pending:
             return None
@@ -255,22 +280,24 @@ class KubeService:
             self._informer.deliver(observation, moment)
 
     def observe(self, job: SimJob, moment: dt.datetime,
-                state: tuple[int, int, int, str | None, tuple[PodObservation, ...]] | None = None,
-                ) -> JobObservation:
-        running, succeeded, failed, condition, pods = state or self._state(job)
+                state: JobState | None = None) -> JobObservation:
+        running, succeeded, failed, condition, pods, refusal = state or self._state(job)
         return JobObservation(
             cluster_name=self.identity.name, job_name=job.name, job_uid=job.uid,
             task_id=job.task_id, resource_version=job.resource_version, active=running,
             succeeded=succeeded, failed=failed, completions=job.completions, pods=pods,
-            observed_at=moment, condition=condition,
+            observed_at=moment, condition=condition, refusal=refusal,
         )
 
     @staticmethod
-    def _state(job: SimJob) -> tuple[int, int, int, str | None, tuple[PodObservation, ...]]:
+    def _state(job: SimJob) -> JobState:
         pods = tuple(p.observation() for p in job.pods)
         running = sum(1 for p in job.pods if p.phase == RUNNING_PHASE)
         succeeded = sum(1 for p in job.pods if p.phase == SUCCEEDED)
-        return running, succeeded, job.failed, job.condition, pods
+        refused = job.refused
+        refusal = (None if refused is None
+                   else CreateRefusal(f"Error creating: {refused.message}", refused.count))
+        return running, succeeded, job.failed, job.condition, pods, refusal
 
     # ---------------------------------------------------------- scheduling
 
@@ -398,6 +425,21 @@ class KubeService:
         return None
 
     # --------------------------------------------------------- pod lifecycle
+
+    def _refuse_pods(self, job: SimJob, moment: dt.datetime) -> None:
+        """One of the Job controller's creates, denied by the webhook: the FailedCreate
+        event counts it, and the controller tries again after its backoff."""
+        if self.jobs.get(job.name) is not job:
+            return
+        refused = job.refused
+        if refused is None:
+            job.refused = refused = SimCreateFailure(DENIAL, 1, moment, moment)
+        else:
+            refused.count += 1
+            refused.last = moment
+        self._dirty[job.name] = job
+        delay = min(_SYNC_BACKOFF_CAP, _SYNC_BACKOFF_START * 2 ** min(refused.count - 1, 16))
+        self._timeline.at(seconds_after(moment, delay), lambda m: self._refuse_pods(job, m))
 
     def _start(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if not self._current(job, pod) or pod.phase != PENDING or pod.node is None:

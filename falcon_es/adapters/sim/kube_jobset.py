@@ -117,14 +117,14 @@ class SimJobSets:
         self._kube.forget_unbound(job)
         job.selector = {**job.selector, POOL_SELECTOR: pool}
         job.followers_held = False
-        job.refusal, job.refusal_count = None, 0
+        job.followers_refusal, job.followers_refusal_count = None, 0
         for index in range(1, min(job.parallelism, job.completions)):
             self._kube.new_pod(job, index)
 
     def refuse_followers(self, job: SimJob) -> None:
         """The Job controller tried the followers; the validating webhook refused them."""
-        job.refusal = FOLLOWER_REFUSED
-        job.refusal_count += max(1, min(job.parallelism, job.completions) - 1)
+        job.followers_refusal = FOLLOWER_REFUSED
+        job.followers_refusal_count += max(1, min(job.parallelism, job.completions) - 1)
 
     def child_changed(self, job: SimJob) -> None:
         if job.jobset in self.jobsets:
@@ -200,12 +200,12 @@ class SimJobSets:
     def observe(self, jobset: SimJobSet, moment: dt.datetime) -> JobObservation:
         jobs = [self._kube.jobs[n] for n in jobset.children if n in self._kube.jobs]
         pods = tuple(p.observation() for job in jobs for p in job.pods)
-        refused = next((j for j in jobs if j.refusal), None)
+        refused = next((j for j in jobs if j.followers_refusal), None)
         refusal = None
-        if refused is not None and refused.refusal is not None:
+        if refused is not None and refused.followers_refusal is not None:
             leader = next((p for p in refused.pods if p.index == 0), None)
-            refusal = CreateRefusal(f"child Job {refused.name}: {refused.refusal}",
-                                    refused.refusal_count,
+            refusal = CreateRefusal(f"child Job {refused.name}: {refused.followers_refusal}",
+                                    refused.followers_refusal_count,
                                     transient=leader is None or leader.node is None)
         condition = {COMPLETED: "Complete", FAILED_CONDITION: "Failed"}.get(
             jobset.condition or "")

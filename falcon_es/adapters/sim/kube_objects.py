@@ -44,6 +44,18 @@ class SimPod:
 
 
 @dataclasses.dataclass
+class SimCreateFailure:
+    """The Job controller's FailedCreate event on a Job, as the event recorder
+    aggregates it: the refusal's words, how many attempts it counts, the first and
+    the latest."""
+
+    message: str
+    count: int
+    first: dt.datetime
+    last: dt.datetime
+
+
+@dataclasses.dataclass
 class SimJob:
     """A Job as the simulated API holds it: what its manifest asked for (read once at
     submit, so the scheduler never parses it again), its pods, and how far it got."""
@@ -75,8 +87,10 @@ class SimJob:
     allowed_pools: tuple[str, ...] = ()
     followers_held: bool = False
     #: The newest FailedCreate of its pods while it lasts, and how many it aggregates.
-    refusal: str | None = None
-    refusal_count: int = 0
+    followers_refusal: str | None = None
+    followers_refusal_count: int = 0
+    #: The Job controller's refusals to create its pods (the ``create-denied`` outcome).
+    refused: SimCreateFailure | None = None
 
     @property
     def pool(self) -> str | None:
