@@ -237,7 +237,7 @@ def test_informer_process_publishes_serves_its_probes_and_stops_on_sigterm(
     try:
         health = _get(port, "/healthz", until=lambda status: status == 200)
         ready = json.loads(_get(port, "/readyz", until=lambda status: status == 200)[1])
-        installation.cloud.kube[CLUSTER.name].wait_for_watches(3)
+        installation.cloud.kube[CLUSTER.name].wait_for_watches(4)
         manifest = render_job(task_id="t1", spec={"image": "busybox"},
                               shape=slice_shape("v6e", "2x2"), pool_name="falcon-t1-2x2",
                               placement=JobPlacement("falcon-jobs", "falcon-task", "logs"))

@@ -102,3 +102,60 @@ def test_without_the_crd_doctor_is_told_and_a_submit_fails_clearly() -> None:
 
 def test_with_the_crd_doctor_finds_it(edge: KubeEdgeCluster) -> None:
     assert edge.jobset_crd_installed() is True
+
+
+# ------------------------------------------------------------------- the informer
+
+def test_the_informer_publishes_one_observation_per_jobset(kube_server: FakeKubeServer) -> None:
+    """Child Jobs are published only inside their JobSet's observation: pods in slice
+    order, a child's FailedCreate transient while its leader has no node, then the
+    JobSet's restarts and final condition."""
+    import random
+    import threading
+
+    from falcon_es.adapters.gcp.informer import EdgeInformer, InformerSettings
+    from falcon_es.ports import JobObservation
+    from tests.fakes.fixtures import RecordingBus
+
+    edges = edge_clusters_for(kube_server, request_timeout_seconds=10.0)
+    edge = edges.for_cluster(edge_cluster_row())
+    bus = RecordingBus()
+    informer = EdgeInformer(edge, bus, rng=random.Random(1),
+                            settings=InformerSettings(topic="edge"))
+    stop = threading.Event()
+    thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        kube_server.wait_for_watches(4)
+        ref = edge.submit_job(jobset("task-9"))
+
+        def latest(accept: Any) -> JobObservation:
+            found: list[JobObservation] = []
+
+            def seen(published: list[dict[str, Any]]) -> bool:
+                found[:] = [o for o in map(JobObservation.from_data, published) if accept(o)]
+                return bool(found)
+            bus.wait_for(seen)
+            return found[-1]
+
+        (leader,) = kube_server.start_pods("falcon-task-9-slice-0", 1)
+        kube_server.unschedulable(leader, "0/4 nodes are available: 4 Insufficient "
+                                          "google.com/tpu.")
+        kube_server.refuse_followers("falcon-task-9-slice-0")
+        refused = latest(lambda o: o.refusal is not None)
+        assert (refused.kind, refused.job_uid, refused.job_name) == (
+            "JobSet", ref.uid, "falcon-task-9")
+        assert refused.refusal is not None and refused.refusal.transient
+        assert refused.refusal.message.startswith("child Job falcon-task-9-slice-0: Error "
+                                                  "creating: admission webhook")
+        assert refused.completions == 8  # two slices of four VMs
+        kube_server.set_jobset_condition("falcon-task-9", "Failed", "ReachedMaxRestarts",
+                                         restarts=2)
+        failed = latest(lambda o: o.condition == "Failed")
+        assert (failed.condition_reason, failed.restarts) == ("ReachedMaxRestarts", 2)
+        published = {d["job_uid"] for d in bus.data()}
+        assert published == {ref.uid}  # no child Job published on its own
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        edges.close()
