@@ -40,6 +40,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import urllib3
@@ -552,7 +553,8 @@ def _content(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
 JobSetContent = tuple[int, int, int, str | None, tuple[PodObservation, ...],
                       CreateRefusal | None, int, str | None]
 #: A JobSet's conditions and what the port calls them.
-_JOBSET_CONDITIONS = {"Completed": "Complete", "Failed": "Failed"}
+_JOBSET_CONDITIONS: Mapping[str, str] = MappingProxyType(
+    {"Completed": "Complete", "Failed": "Failed"})
 
 
 def _jobset_content(jobset: Mapping[str, Any],

@@ -30,21 +30,41 @@ import dataclasses
 import datetime as dt
 import random
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, JOBSET_KIND, CreateRefusal, JobObservation, JobRef, PortError,
 )
 
-from falcon_es.adapters.sim.common import DNS_LABEL, label_problem, seconds_after
+from falcon_es.adapters.sim.common import (
+    DNS_LABEL, ClusterIdentity, label_problem, seconds_after,
+)
 from falcon_es.adapters.sim.kube_manifests import SIM_ANNOTATION, TASK_ID_ANNOTATION, TASK_LABEL
 from falcon_es.adapters.sim.kube_objects import (
     PENDING, POOL_SELECTOR, RUNNING_PHASE, SUCCEEDED, SimJob, SimJobSet,
 )
 
-if TYPE_CHECKING:  # the API owns this controller and the controller drives the API
-    from falcon_es.adapters.sim.kube_api import KubeService
+
+
+class JobSetHost(Protocol):
+    """What the JobSet controller uses of the cluster's API (``kube_api.KubeService``,
+    which owns the controller: a protocol, so neither module imports the other)."""
+
+    identity: ClusterIdentity
+    jobs: dict[str, SimJob]
+
+    def submit_child(self, manifest: Mapping[str, Any], now: dt.datetime, jobset: str,
+                     allowed_pools: tuple[str, ...], *, exclusive: bool) -> None: ...
+    def delete_job(self, name: str, now: dt.datetime, kind: str = ...) -> None: ...
+    def create_service(self, manifest: Mapping[str, Any]) -> Any: ...
+    def collect_services_of(self, job_uid: str) -> None: ...
+    def forget_unbound(self, job: SimJob) -> None: ...
+    def new_pod(self, job: SimJob, index: int) -> Any: ...
+    def pool_cause(self, job: SimJob, name: str | None = None) -> str | None: ...
+    def next_resource_version(self) -> int: ...
+    def at(self, moment: dt.datetime, action: Callable[[dt.datetime], None]) -> None: ...
+    def stop(self, job: SimJob, moment: dt.datetime) -> None: ...
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -59,7 +79,7 @@ FOLLOWER_REFUSED = ('Error creating: admission webhook "vpod.kb.io" denied the r
 class SimJobSets:
     """The JobSets of one simulated cluster and the controller that runs them."""
 
-    def __init__(self, kube: KubeService, rng: random.Random) -> None:
+    def __init__(self, kube: JobSetHost, rng: random.Random) -> None:
         self._kube = kube
         self._rng = rng
         self.jobsets: dict[str, SimJobSet] = {}
