@@ -38,9 +38,10 @@ from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.ports import Ports
 from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
 from falcon_es.projections.queues import QueueView
+from falcon_es.reservation_reads import ReservationReads
 from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
 from falcon_es.service import Service
-from falcon_es.settings import Settings
+from falcon_es.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.store import EventStore, InlineProjection, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TaskStates
@@ -150,6 +151,33 @@ def sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | N
                     registry=app.cluster_cache.clusters)
 
 
+def staging_ports(settings: Settings, world: SimWorld,
+                  ports: Ports) -> tuple[Ports, Callable[[], object]]:
+    """The sim backend's ports with Pub/Sub as the bus the outside sees (a staging
+    world): the ops stream is published to Pub/Sub, and the relay (to be called after
+    each tick) publishes there every edge observation the simulated informers deliver.
+    The controller still pulls the edge events from the simulated bus, on the world's
+    clock."""
+    from falcon_es.adapters.gcp.wiring import pubsub_bus
+    from falcon_es.adapters.staging import EdgeRelay, StagingBus
+
+    pubsub = pubsub_bus(settings)
+    relay = EdgeRelay(world.bus, world.config.delivery.topic, pubsub, settings.edge_events_topic)
+    return dataclasses.replace(ports, bus=StagingBus(pubsub, ports.bus)), relay
+
+
+def _also(step: Callable[[], object],
+          on_tick: Callable[[TickReport], None] | None) -> Callable[[TickReport], None]:
+    """``on_tick`` with ``step`` run first, after every tick."""
+
+    def after_tick(report: TickReport) -> None:
+        step()
+        if on_tick is not None:
+            on_tick(report)
+
+    return after_tick
+
+
 def continue_world(world: SimWorld, app: App) -> None:
     """A later leadership term goes on in the world of the term before: the world's Jobs
     take their behaviour from this term's task states, and it simulates this term's
@@ -231,8 +259,15 @@ def build_service(
         # attach it to the topic the simulated informers publish to.
         world.bus.subscribe(world.config.delivery.topic, settings.edge_events_subscription)
         ports = ports or world.ports()
+        if settings.bus == PUBSUB_BUS:
+            ports, relay = staging_ports(settings, world, ports)
+            on_tick = _also(relay, on_tick)
     else:
         world = None
+        if settings.bus == SIM_BUS:
+            raise BackendError("FALCON_BUS=sim with the gcp backend: the edge clusters' "
+                               "informers publish to Pub/Sub, so the gcp backend's bus is "
+                               "Pub/Sub (unset FALCON_BUS or set it to pubsub)")
         if ports is None:
             ports = gcp_ports(settings, clock)
     if metrics is not None:
@@ -257,13 +292,15 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
                      ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
+    reservation_reads = ReservationReads(settings.reservation_read_seconds)
 
     def make_context() -> HandlerContext:
         # One poll of the upper layer's inputs per tick, shared by the intake handlers.
         return HandlerContext(settings, app.clock.now(), app.tasks,
                               app.cluster_cache.clusters(), inbox.poll(INTAKE_BATCH), ports,
                               queues=app.queue_view.book, index=app.index, executor=executor,
-                              outcomes=executor.take_outcomes(), retired=app.live)
+                              outcomes=executor.take_outcomes(), retired=app.live,
+                              reservation_reads=reservation_reads)
 
     def refresh_positions(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
         # Position Messages due when no append came to carry them (the interval of a

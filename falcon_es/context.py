@@ -14,6 +14,7 @@ from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.live_set import NothingRetired, RetiredTasks
 from falcon_es.ports import Ports
 from falcon_es.registry import Cluster
+from falcon_es.reservation_reads import ReservationReads
 from falcon_es.scheduling import QueueBook
 from falcon_es.settings import Settings
 from falcon_es.spec import SpecLimits
@@ -43,6 +44,8 @@ class HandlerContext:
     #: Tasks that left memory (they hold nothing): the intake asks whether a row's
     #: stream is in the log already, and brings a task back to fold an abort of it.
     retired: RetiredTasks = dataclasses.field(default_factory=NothingRetired)
+    #: The schedule of the reservation reads (None: this controller does not read them).
+    reservation_reads: ReservationReads | None = None
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -430,6 +430,20 @@ class OrphanPoolDeleted(Event):
     pool_name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ReservationRead(Event):
+    """A scheduled read of a cluster's reservation: how many slices of ``topology`` it
+    can still give. Recorded in the cluster's stream when the value differs from the
+    one this controller read before (and at its first read), so the gauge and
+    ``falcon-es clusters`` have it without a row per read."""
+
+    cluster_id: str
+    cluster: str
+    reservation: str
+    topology: str
+    slices: int
+
+
 #: The stream of job rows that could not become task streams of their own.
 REFUSED_ROWS_STREAM = "intake:refused"
 
@@ -459,6 +473,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
+    ReservationRead,
 )
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(

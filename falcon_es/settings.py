@@ -16,6 +16,10 @@ LANGUAGES = ("en", "zh")
 #: A position older than this says too little to be worth showing: the setting's ceiling.
 MAX_POSITION_REFRESH_SECONDS = 3600.0
 GKE_TRANSPORTS = ("grpc", "rest")
+#: Which bus carries the ops stream and the edge events: the simulated world's, or
+#: Pub/Sub (Google's emulator when ``PUBSUB_EMULATOR_HOST`` is set, else a project).
+SIM_BUS, PUBSUB_BUS = "sim", "pubsub"
+BUSES = (SIM_BUS, PUBSUB_BUS)
 
 
 class SettingsError(ValueError):
@@ -76,6 +80,16 @@ class Settings:
     gke_endpoint: str | None = None
     gke_transport: str = "grpc"
     compute_endpoint: str | None = None
+    #: Cloud Resource Manager (``falcon-es doctor`` tests the edge role's permissions).
+    resource_manager_endpoint: str | None = None
+    #: ``FALCON_BUS``: ``sim`` or ``pubsub``; None: the backend's own (the sim world's
+    #: bus on the sim backend, Pub/Sub on gcp). Pub/Sub on the sim backend is a staging
+    #: world whose ops stream and edge events real subscribers can read.
+    bus: str | None = None
+    #: How often the controller reads each cluster's reservation for the
+    #: reservation-remaining gauge and ``falcon-es clusters`` (one read per reservation
+    #: and topology per interval, whatever the errors).
+    reservation_read_seconds: int = 60
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -106,6 +120,10 @@ class Settings:
             gke_transport=_choice(env, "FALCON_GKE_TRANSPORT", GKE_TRANSPORTS,
                                   cls.gke_transport),
             compute_endpoint=env.get("FALCON_COMPUTE_ENDPOINT") or None,
+            resource_manager_endpoint=env.get("FALCON_RESOURCE_MANAGER_ENDPOINT") or None,
+            bus=_choice(env, "FALCON_BUS", BUSES, "") or None,
+            reservation_read_seconds=_int(
+                env, "FALCON_RESERVATION_READ_SECONDS", cls.reservation_read_seconds),
             create_visibility_grace_seconds=_int(
                 env, "FALCON_CREATE_VISIBILITY_GRACE", cls.create_visibility_grace_seconds),
             operation_poll_seconds=_int(

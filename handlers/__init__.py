@@ -9,8 +9,8 @@ reported Running is filled in the same tick rather than the next one.
 from __future__ import annotations
 
 from falcon_es.handlers import (
-    abort, deprovision, dispatch, intake, orphans, outcomes, provisioning, scheduling, status,
-    timeouts,
+    abort, deprovision, dispatch, intake, orphans, outcomes, provisioning, reservations,
+    scheduling, status, timeouts,
 )
 from falcon_es.runtime import Handler
 
@@ -30,4 +30,5 @@ HANDLERS: tuple[Handler, ...] = (
     dispatch.dispatch,
     deprovision.deprovision,
     orphans.sweep_orphans,
+    reservations.read_reservations,
 )

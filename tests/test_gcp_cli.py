@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from google.oauth2 import service_account
 
 from falcon_es import job_rows, registry
+from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
@@ -86,6 +87,7 @@ def installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
                          tpu_type="v6e", gcs_bucket="logs-bucket",
                          default_reservation=CLUSTER.default_reservation)
     app.close()
+    cloud.resource_manager.grant("proj", EDGE_PERMISSIONS)
     yield Installation(db_url, cloud, env, bus)
     bus.close()
     cloud.stop()
@@ -125,7 +127,9 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
         "credentials: Application Default Credentials",
         "cluster v6e-res: GKE get_cluster", "cluster v6e-res: Workload Identity",
         "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
-        "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list", "cluster v6e-res: reservation v6e-res-r",
+        "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list",
+        "cluster v6e-res: reservation v6e-res-r",
+        "project proj: falconEdgeOperator permissions",
         f"pubsub: topic {installation.env['FALCON_EDGE_EVENTS_TOPIC']}",
         f"pubsub: topic {installation.env['FALCON_TASK_EVENTS_TOPIC']}",
         f"pubsub: subscription {installation.env['FALCON_EDGE_EVENTS_SUBSCRIPTION']}",
@@ -135,7 +139,10 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert "ya29." not in result.output  # the token is never shown
     assert "2 of 2 ct6e-standard-4t VM(s) free" in found["cluster v6e-res: reservation v6e-res-r"]
     assert "v1.33" in found["cluster v6e-res: Kubernetes API"]
-    assert result.output.rstrip().endswith("12 checks, all passed")
+    assert "all 28 permissions held" in found["project proj: falconEdgeOperator permissions"]
+    (call,) = installation.cloud.resource_manager.calls
+    assert call[:2] == ("proj", EDGE_PERMISSIONS)
+    assert result.output.rstrip().endswith("13 checks, all passed")
 
 
 def found_key(found: dict[str, str], subject: str) -> str:
@@ -146,6 +153,8 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     topics(installation, subscription=False)
     installation.cloud.gke.workload_identity = False
     installation.cloud.gke.gcs_fuse = False
+    installation.cloud.resource_manager.revoke("proj", "container.jobs.create",
+                                               "container.clusters.update")
     app = open_app(Settings(db_url=installation.db_url))
     registry.add_cluster(app.store, name="ghost", project="proj", location="us-east5-a",
                          tpu_type="v6e", gcs_bucket="b", default_reservation="nowhere")
@@ -166,6 +175,11 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     reservation = found["cluster ghost: reservation nowhere"]
     assert "reservation nowhere not found in project proj zone us-east5-a" in reservation
     edge_subscription = installation.env["FALCON_EDGE_EVENTS_SUBSCRIPTION"]
+    role = found["project proj: falconEdgeOperator permissions"]
+    assert role.startswith("FAIL") and (
+        "lacks 2 of the 28 permissions: container.clusters.update, container.jobs.create"
+        in role), role
+    assert "falconEdgeOperator custom role in project proj (deploy/iam/setup.sh)" in role
     subscription = found[f"pubsub: subscription {edge_subscription}"]
     assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
 
@@ -179,6 +193,25 @@ def test_doctor_says_how_to_install_a_missing_jobset_crd(installation: Installat
     assert crd.startswith("FAIL") and "jobsets.jobset.x-k8s.io is not served" in crd
     assert ("fix: install JobSet: kubectl apply --server-side -f "
             "https://github.com/kubernetes-sigs/jobset/releases/download/") in crd
+def test_doctor_names_an_edge_project_the_identity_cannot_see(
+        installation: Installation) -> None:
+    topics(installation)
+    app = open_app(Settings(db_url=installation.db_url))
+    registry.add_cluster(app.store, name="far", project="hidden", location="us-east5-b",
+                         tpu_type="v6e", gcs_bucket="b", default_reservation=None)
+    app.close()
+
+    result = installation.cli("doctor")
+
+    assert result.exit_code == 1
+    found = lines(result)
+    assert found["project proj: falconEdgeOperator permissions"].startswith("ok")
+    hidden = found["project hidden: falconEdgeOperator permissions"]
+    assert hidden.startswith("FAIL") and "testIamPermissions: 403" in hidden, hidden
+    assert "The caller does not have permission" in hidden
+    assert "a project the identity cannot see answers 403" in hidden
+    assert sorted(call[0] for call in installation.cloud.resource_manager.calls) == [
+        "hidden", "proj"]  # one call per edge project
 
 
 def test_doctor_without_usable_credentials_or_schema(installation: Installation,
@@ -336,7 +369,16 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     assert entry["queues"] == [
         {"topology": "2x2", "depth": 0, "running": 2, "acquiring_task": None},
         {"topology": "4x4", "depth": 1, "running": 0, "acquiring_task": "wide"}]
-    assert entry["reservation_remaining"] == []
+    # The controller's scheduled reads, as last recorded in the cluster's stream.
+    app = open_app(Settings(db_url=installation.db_url))
+    (cluster,) = app.cluster_cache.clusters()
+    last = {r.event.topology: (r.event.slices, r.recorded_at.isoformat())
+            for r in app.store.read_stream(registry.cluster_stream(cluster.id))
+            if r.type_name == "ReservationRead"}
+    app.close()
+    assert set(last) == {"2x2", "4x4"}
+    assert {r["topology"]: (r["slices"], r["observed_at"])
+            for r in entry["reservation_remaining"]} == last
 
     live = installation.cli("clusters", "--json", "--live")
     assert live.exit_code == 0, live.output

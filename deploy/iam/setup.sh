@@ -41,7 +41,9 @@ GSA_EMAIL="${GSA_NAME}@${CENTRAL_PROJECT}.iam.gserviceaccount.com"
 GSA_MEMBER="serviceAccount:${GSA_EMAIL}"
 WI_MEMBER="serviceAccount:${CENTRAL_PROJECT}.svc.id.goog[${K8S_NAMESPACE}/${K8S_SERVICE_ACCOUNT}]"
 
-# The narrowest set that works, by what uses it:
+# The narrowest set that works, by what uses it. The same list is EDGE_PERMISSIONS in
+# falcon_es/adapters/gcp/iam.py, which `falcon-es doctor` tests on each edge project
+# (tests/test_deploy.py holds the two equal):
 EDGE_PERMISSIONS=(
   # Node pools, by Google's "GKE API permissions" page: nodePools.create and .delete
   # are authorized by container.clusters.update on the cluster, nodePools.get and .list
@@ -74,10 +76,12 @@ EDGE_PERMISSIONS=(
   container.services.delete
   # a multi-slice task's JobSet (a custom resource: GKE authorizes custom resources by
   # container.thirdPartyObjects.*): create it, read one that exists (adoption), delete
-  # it with its child Jobs, list JobSets (doctor's check that the CRD is installed)
+  # it with its child Jobs, list and watch JobSets (the informer; doctor's check that
+  # the CRD is installed)
   container.thirdPartyObjects.create
   container.thirdPartyObjects.get
   container.thirdPartyObjects.list
+  container.thirdPartyObjects.watch
   container.thirdPartyObjects.delete
   container.pods.get
   container.pods.list

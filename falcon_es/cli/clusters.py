@@ -17,6 +17,7 @@ from falcon_es.task import TaskState
 
 if TYPE_CHECKING:
     from falcon_es.observability.metrics import Metrics, PoolSample
+    from falcon_es.store import EventStore
 
 
 @click.group("cluster")
@@ -91,6 +92,7 @@ def clusters_command(ctx: click.Context, live: bool, as_json: bool) -> None:
         clusters = registry.list_clusters(conn)
     pools = pool_samples(states, {c.id: c for c in clusters})
     metrics = Metrics(tasks=states.all, pools=lambda: pools, process_collectors=False)
+    _recorded_reads(app.store, clusters, metrics)
     live_views = (_live_cluster_views(ctx.obj["settings"], clusters, pools, states.all(), metrics)
                   if live else {})
     overview = metrics.cluster_overview(clusters)
@@ -116,6 +118,20 @@ def clusters_command(ctx: click.Context, live: bool, as_json: bool) -> None:
                 + "".join(f"\n{e}" for e in entry["errors"])} if live else {}),
         })
     emit(rows, False)
+
+
+def _recorded_reads(store: EventStore, clusters: Sequence[registry.Cluster],
+                    metrics: Metrics) -> None:
+    """The controller's last scheduled read of each cluster's reservation, per topology,
+    from the cluster's stream (``ReservationRead``, recorded when a value changed)."""
+    from falcon_es.events import ReservationRead
+
+    for cluster in clusters:
+        for record in store.read_stream(registry.cluster_stream(cluster.id)):
+            read = record.event
+            if isinstance(read, ReservationRead) and read.reservation == cluster.default_reservation:
+                metrics.set_reservation_remaining(cluster.name, read.reservation, read.topology,
+                                                  read.slices, observed_at=record.recorded_at)
 
 
 def _live_cluster_views(settings: Settings, clusters: Sequence[registry.Cluster],

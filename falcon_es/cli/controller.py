@@ -26,7 +26,7 @@ from falcon_es.cli.process import (
     stop_threads,
 )
 from falcon_es.ports import Ports
-from falcon_es.settings import Settings
+from falcon_es.settings import PUBSUB_BUS, Settings
 
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.kube import KubeEdgeClusters
@@ -62,6 +62,10 @@ class _Serving:
               envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
 @click.option("--ops-topic", default=None, envvar="FALCON_TASK_EVENTS_TOPIC",
               help="Publish every event to this topic (default: falcon-task-events with gcp).")
+@click.option("--bus", type=click.Choice(["sim", "pubsub"]), default=None, envvar="FALCON_BUS",
+              help="Where the ops stream and the edge events go: the simulated world's bus "
+                   "or Pub/Sub (PUBSUB_EMULATOR_HOST, else FALCON_PUBSUB_PROJECT); default: "
+                   "the backend's own. --backend sim --bus pubsub is a staging world.")
 @click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
               envvar="FALCON_LEADER_ELECTION",
               help="Who may append when several replicas run: a Kubernetes Lease "
@@ -76,7 +80,7 @@ class _Serving:
 @friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
                 until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
-                log_format: str | None, ops_topic: str | None,
+                log_format: str | None, ops_topic: str | None, bus: str | None,
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     from falcon_es import service
@@ -87,6 +91,8 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     from falcon_es.registry import list_clusters
 
     settings: Settings = ctx.obj["settings"]
+    if bus is not None:
+        settings = dataclasses.replace(settings, bus=bus)
     observability = configure_logs(log_format)
     serving = _Serving()
     election = leader_election or default_leader_election(backend)
@@ -134,8 +140,10 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     stop = stop_on_signals()
     informers = (_in_process_informers(settings, ports, probe_engine, stop, metrics)
                  if in_process_informers and ports is not None else [])
-    topic = ops_topic or (TASK_EVENTS_TOPIC if backend == "gcp" else None)
+    on_pubsub = backend == "gcp" or settings.bus == PUBSUB_BUS
+    topic = ops_topic or (TASK_EVENTS_TOPIC if on_pubsub else None)
     click.echo(f"falcon-es: controller running ({backend} backend, "
+               f"{'Pub/Sub bus, ' if backend == 'sim' and on_pubsub else ''}"
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
                f"leader election: {election}"
                f"{f' as {elector.identity}' if elector is not None else ''})", err=True)

@@ -385,10 +385,12 @@ class Metrics:
     # ------------------------------------------------------------ world facts
     def set_reservation_remaining(
         self, cluster: str, reservation: str, topology: str, slices: int,
+        observed_at: dt.datetime | None = None,
     ) -> None:
         self.reservation_remaining.labels(cluster, reservation, topology).set(slices)
         with self._lock:
-            self._reservations[(cluster, reservation, topology)] = (slices, self._clock.now())
+            self._reservations[(cluster, reservation, topology)] = (
+                slices, observed_at or self._clock.now())
 
     def informer_restarted(self, cluster: str, reason: str) -> None:
         self.informer_restarts.labels(cluster, reason).inc()
@@ -438,6 +440,10 @@ class Metrics:
             if record.type_name == "ApiCallRetrying":
                 event = record.event
                 self.retry_scheduled(event.api, METHOD_OF_STEP.get(event.step, event.step))
+            elif record.type_name == "ReservationRead":
+                read = record.event
+                self.set_reservation_remaining(read.cluster, read.reservation, read.topology,
+                                               read.slices, observed_at=record.recorded_at)
         if records:
             self.observe_head(max(record.seq for record in records))
         for transition in transitions:

@@ -18,11 +18,13 @@ import itertools
 import json
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import proto
 from google.cloud import compute_v1
+
+from tests.fakes.http_server import serve_http
 
 ReservedInfo = compute_v1.AllocationAggregateReservationReservedResourceInfo
 ReservedAccelerator = compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator
@@ -231,17 +233,6 @@ def _handler(fake: FakeCompute) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextlib.contextmanager
-def serve_rest(fake: FakeCompute) -> Iterator[str]:
+def serve_rest(fake: FakeCompute) -> contextlib.AbstractContextManager[str]:
     """Serve ``fake``; yields the ``http://127.0.0.1:PORT`` endpoint."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005},
-                              name="fake-compute-rest", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    return serve_http(_handler(fake), "fake-compute-rest")

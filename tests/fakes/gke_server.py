@@ -41,6 +41,8 @@ import proto
 from google.cloud import container_v1
 from google.rpc import status_pb2
 
+from tests.fakes.http_server import serve_http
+
 HTTP_STATUS = {
     "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400,
     "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
@@ -414,20 +416,9 @@ def _rest_handler(fake: FakeGke) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextlib.contextmanager
-def serve_rest(fake: FakeGke) -> Iterator[str]:
+def serve_rest(fake: FakeGke) -> contextlib.AbstractContextManager[str]:
     """Serve ``fake`` over HTTP/JSON; yields the ``http://127.0.0.1:PORT`` endpoint."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _rest_handler(fake))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.005},
-                              name="fake-gke-rest", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    return serve_http(_rest_handler(fake), "fake-gke-rest")
 
 
 # -- gRPC ---------------------------------------------------------------------------

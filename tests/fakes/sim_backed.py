@@ -68,10 +68,11 @@ from falcon_es.ports import (
 )
 from falcon_es.registry import Cluster
 from falcon_es.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
-from tests.fakes import compute_server, gke_server
+from tests.fakes import compute_server, gke_server, resource_manager_server
 from tests.fakes.compute_server import FakeCompute, HttpError
 from tests.fakes.gke_server import RPC_CODE, ApiError
 from tests.fakes.kube_server import FakeKubeServer, KubeApiError, timestamp
+from tests.fakes.resource_manager_server import FakeResourceManager
 
 T = TypeVar("T")
 
@@ -797,6 +798,7 @@ class SimBackedCloud:
         self.trace = EdgeTrace()
         self.gke = SimGke(self)
         self.compute = SimCompute(self)
+        self.resource_manager = FakeResourceManager()
         self.gke_transport = gke_transport
         self.kube = {config.name: SimKubeServer(self, config.name, namespace=namespace)
                      for config in world.config.clusters}
@@ -814,6 +816,8 @@ class SimBackedCloud:
         self.endpoints["gke"] = self._stack.enter_context(serve(self.gke))  # type: ignore[arg-type]
         self.endpoints["compute"] = self._stack.enter_context(
             compute_server.serve_rest(self.compute))  # type: ignore[arg-type]
+        self.endpoints["resource_manager"] = self._stack.enter_context(
+            resource_manager_server.serve_rest(self.resource_manager))
         return self
 
     def stop(self) -> None:
@@ -828,6 +832,7 @@ class SimBackedCloud:
         return {"FALCON_GKE_ENDPOINT": self.endpoints["gke"],
                 "FALCON_GKE_TRANSPORT": self.gke_transport,
                 "FALCON_COMPUTE_ENDPOINT": self.endpoints["compute"],
+                "FALCON_RESOURCE_MANAGER_ENDPOINT": self.endpoints["resource_manager"],
                 "GOOGLE_APPLICATION_CREDENTIALS": str(key_file)}
 
     # -- the world moves here ------------------------------------------------------

@@ -9,8 +9,9 @@ Credentials; the token itself is never shown.
 Per registered cluster: GKE ``get_cluster`` (the endpoint and CA come from there), the
 Workload Identity pool and the GCS FUSE CSI add-on (Jobs write their logs through it),
 the Kubernetes API (``/version``, then listing Jobs in the Jobs' namespace with the
-Google token), listing node pools, and the cluster's reservation. Then the Pub/Sub
-topics and the controller's edge-events subscription.
+Google token), listing node pools, and the cluster's reservation. Per edge project, the
+edge role's permissions (Resource Manager ``testIamPermissions``), each missing one by
+name. Then the Pub/Sub topics and the controller's edge-events subscription.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from google.cloud import compute_v1, container_v1
 from falcon_es.adapters.gcp.compute import reservation_ref
 from falcon_es.adapters.gcp.errors import api_words
 from falcon_es.adapters.gcp.gke import GkeNodePools, cluster_path
+from falcon_es.adapters.gcp.iam import (
+    EDGE_PERMISSIONS,
+    EDGE_ROLE_ID,
+    granted_permissions,
+    resource_manager_session,
+)
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.wiring import (
@@ -50,7 +57,7 @@ OK, FAIL, SKIP = "ok", "fail", "skip"
 MARKS = MappingProxyType({OK: "ok  ", FAIL: "FAIL", SKIP: "skip"})
 CALL_TIMEOUT_SECONDS = 15.0
 SETUP = "deploy/iam/setup.sh"
-EDGE_ROLE = "the falconEdgeOperator custom role"
+EDGE_ROLE = f"the {EDGE_ROLE_ID} custom role"
 #: How to install the JobSet CRD and controller (its release manifests; pick the
 #: release the cluster's Kubernetes version supports).
 JOBSET_INSTALL = ("kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
@@ -135,6 +142,7 @@ class Doctor:
         try:
             for cluster in clusters:
                 checks += self._cluster(cluster, cluster_manager, edges, reservations)
+            checks += self._edge_roles(credentials, clusters)
             checks += self._pubsub(project)
         finally:
             edges.close()
@@ -313,6 +321,41 @@ class Doctor:
             return Check(subject, f"reservation {name}", FAIL, detail,
                          "wait until the reservation is READY")
         return Check(subject, f"reservation {name}", OK, detail)
+
+    # ------------------------------------------------------------ the edge role
+
+    def _edge_roles(self, credentials: Credentials, clusters: Sequence[Cluster]) -> list[Check]:
+        """Per edge project (each registered cluster's, once): which of the edge role's
+        permissions the identity lacks there, by Resource Manager's testIamPermissions."""
+        projects = list(dict.fromkeys(cluster.project for cluster in clusters))
+        if not projects:
+            return []
+        session = resource_manager_session(credentials, self.settings.resource_manager_endpoint,
+                                           auth_request=self._auth_request)
+        try:
+            return [self._edge_role(session, project) for project in projects]
+        finally:
+            session.close()
+
+    def _edge_role(self, session: requests.Session, project: str) -> Check:
+        subject, name = f"project {project}", f"{EDGE_ROLE_ID} permissions"
+        grant = f"grant {self.identity_email()} {EDGE_ROLE} in project {project} ({SETUP})"
+        try:
+            granted = granted_permissions(session, project, EDGE_PERMISSIONS,
+                                          endpoint=self.settings.resource_manager_endpoint,
+                                          timeout=CALL_TIMEOUT_SECONDS)
+        except (gexc.GoogleAPIError, requests.RequestException) as error:
+            fix = (f"{grant}; a project the identity cannot see answers 403"
+                   if isinstance(error, (gexc.PermissionDenied, gexc.Forbidden)) else
+                   "check that the Cloud Resource Manager API is reachable from here")
+            return Check(subject, name, FAIL, f"testIamPermissions: {_words(error)}", fix)
+        missing = [permission for permission in EDGE_PERMISSIONS if permission not in granted]
+        if missing:
+            return Check(subject, name, FAIL,
+                         f"{self.identity} lacks {len(missing)} of the {len(EDGE_PERMISSIONS)} "
+                         f"permissions: {', '.join(missing)}",
+                         f"{grant}; if the role exists, run the script again to update it")
+        return Check(subject, name, OK, f"all {len(EDGE_PERMISSIONS)} permissions held")
 
     # ------------------------------------------------------------ Pub/Sub
 

@@ -16,6 +16,7 @@ clients honour by themselves).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -77,6 +78,20 @@ def pubsub_project(settings: Settings, adc_project: str | None) -> str:
                              "(or GOOGLE_CLOUD_PROJECT) to the project that holds "
                              f"{settings.edge_events_topic} and {settings.task_events_topic}")
     return project
+
+
+def pubsub_bus(settings: Settings, *,
+               credentials_source: CredentialsSource = application_default_credentials,
+               ) -> PubSubBus:
+    """Pub/Sub alone, for a simulated world whose bus the outside reads (a staging
+    world): Google's emulator when ``PUBSUB_EMULATOR_HOST`` is set (the clients honour
+    it and need no credentials), else the project's Pub/Sub with the Application
+    Default Credentials. The project is ``FALCON_PUBSUB_PROJECT``, else the ADC one."""
+    adc_project = None
+    if not settings.pubsub_project and not os.environ.get("PUBSUB_EMULATOR_HOST"):
+        adc_project = credentials_source()[1]
+    return PubSubBus(pubsub_project(settings, adc_project),
+                     pull_timeout_seconds=PULL_TIMEOUT_SECONDS)
 
 
 def informer_settings(settings: Settings) -> InformerSettings:
