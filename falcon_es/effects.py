@@ -46,7 +46,9 @@ from falcon_es.retry import (
 from falcon_es.settings import Settings
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.task import TaskState, TaskStates
-from falcon_es.task_manifests import POOL_TASK_LABEL, pool_labels, render_task_job
+from falcon_es.task_manifests import (
+    POOL_TASK_LABEL, pool_labels, render_task_job, workload_kind,
+)
 from falcon_es.tpu import slice_shape
 
 if TYPE_CHECKING:  # the context carries the executor; the executor reads the context
@@ -248,8 +250,11 @@ class EffectExecutor:
             elif intent.kind == IntentKind.JOB_SUBMIT:
                 self._submit_job(intent, state, cluster, now)
             elif intent.kind == IntentKind.JOB_DELETE:
-                self.ports.edges.for_cluster(cluster).delete_job(intent.name)
+                self.ports.edges.for_cluster(cluster).delete_job(intent.name,
+                                                                 workload_kind(state))
                 self._queue(intent, ev.JobDeleted(intent.name), now)
+            elif intent.kind == IntentKind.POOL_DELETE and state.slices > 1:
+                self._delete_group(intent, cluster, now, state)
             elif intent.kind == IntentKind.POOL_DELETE:
                 self._delete_pool(intent, cluster, now, state)
         except PortError as error:
@@ -257,57 +262,67 @@ class EffectExecutor:
 
     def _create_pool(self, intent: Intent, state: TaskState, cluster: Cluster,
                      now: dt.datetime) -> None:
+        """Create the task's pool (a multi-slice task's pools, one after another: a
+        re-issued create adopts those an earlier attempt made)."""
         request = state.pool_request
         supply_mode = str(request.get("supply_mode") or state.supply_mode or "")
-        spec = NodePoolSpec(
-            cluster=cluster,
-            name=intent.name,
-            shape=slice_shape(state.tpu_type, state.topology),
-            supply_mode=supply_mode,
-            reservation=request.get("reservation"),
-            scale_down_unneeded_seconds=int(request.get("scale_down_unneeded_seconds") or 0),
-            labels=pool_labels(state.task_id, state.topology, supply_mode),
-        )
-        try:
-            operation = self.ports.node_pools.create(spec)
-        except PortError as error:
-            if error.code == ALREADY_EXISTS:
-                self._adopt_pool(intent, state, cluster, now)
-            elif error.code == RETRYABLE:
-                self._later(intent, now, error)
-            else:
-                self._queue(intent, ev.NodePoolFailed(intent.name, error.message), now)
-            return
-        self._queue(intent, ev.NodePoolCreateStarted(intent.name, operation.id), now)
+        operations: list[str] = []
+        for name in naming.pool_group(intent.name, int(request.get("slices") or 1)):
+            spec = NodePoolSpec(
+                cluster=cluster,
+                name=name,
+                shape=slice_shape(state.tpu_type, state.topology),
+                supply_mode=supply_mode,
+                reservation=request.get("reservation"),
+                scale_down_unneeded_seconds=int(request.get("scale_down_unneeded_seconds") or 0),
+                labels=pool_labels(state.task_id, state.topology, supply_mode),
+            )
+            try:
+                operations.append(self.ports.node_pools.create(spec).id)
+            except PortError as error:
+                if error.code == ALREADY_EXISTS:
+                    if not self._adopt_pool(intent, name, state, cluster, now):
+                        return
+                    operations.append("")
+                elif error.code == RETRYABLE:
+                    self._later(intent, now, error)
+                    return
+                else:
+                    self._queue(intent, ev.NodePoolFailed(name, error.message), now)
+                    return
+        self._queue(intent, ev.NodePoolCreateStarted(intent.name, operations[0],
+                                                     tuple(operations[1:])), now)
 
-    def _adopt_pool(self, intent: Intent, state: TaskState, cluster: Cluster,
-                    now: dt.datetime) -> None:
-        """The pool exists: ours (an earlier controller created it) or someone else's."""
+    def _adopt_pool(self, intent: Intent, name: str, state: TaskState, cluster: Cluster,
+                    now: dt.datetime) -> bool:
+        """The pool exists: True when it is ours (an earlier controller created it);
+        someone else's fails the create, and a look that failed tries again later."""
         try:
-            info = self.ports.node_pools.get(cluster, intent.name)
+            info = self.ports.node_pools.get(cluster, name)
         except PortError as error:
             if error.code == NOT_FOUND:
                 # GKE lists a just-created pool late: no failed call, only a wait.
                 self._later_unrecorded(intent, now, error)
             else:
                 self._later(intent, now, error)
-            return
+            return False
         owner = info.labels.get(POOL_TASK_LABEL)
         if owner == naming.task_label(state.task_id):
-            self._queue(intent, ev.NodePoolCreateStarted(intent.name, ""), now)
-            return
+            return True
         self._queue(intent, ev.NodePoolFailed(
-            intent.name,
-            f"a node pool named {intent.name} already exists on {cluster.name} and is not "
+            name,
+            f"a node pool named {name} already exists on {cluster.name} and is not "
             f"this task's (falcon-task={owner or 'unset'})",
         ), now)
+        return False
 
     def _submit_job(self, intent: Intent, state: TaskState, cluster: Cluster,
                     now: dt.datetime) -> None:
         edge = self.ports.edges.for_cluster(cluster)
         label = naming.task_label(state.task_id)
+        kind = workload_kind(state)
         if state.status == chart.ABORTING:
-            existing = edge.get_job(intent.name)
+            existing = edge.get_job(intent.name, kind)
             if existing is not None and existing.task_id == label:
                 self._queue(intent, ev.JobSubmitted(intent.name, existing.uid), now)
             else:
@@ -317,7 +332,7 @@ class EffectExecutor:
             ref = edge.submit_job(render_task_job(state, cluster, self.settings))
         except PortError as error:
             if error.code == ALREADY_EXISTS:
-                existing = edge.get_job(intent.name)
+                existing = edge.get_job(intent.name, kind)
                 if existing is None:
                     self._later(intent, now, error)
                 elif existing.task_id == label:
@@ -354,6 +369,34 @@ class EffectExecutor:
                 self._delete_failed(intent, now, state, error)
             return
         self._operation_progress(intent, operation, now, state)
+
+    def _delete_group(self, intent: Intent, cluster: Cluster, now: dt.datetime,
+                      state: TaskState) -> None:
+        """Delete a multi-slice task's pools: each look asks for the delete of every
+        pool still there that GKE is not deleting yet, and the group is deleted once
+        none is left (looked at every ``operation_poll_seconds``)."""
+        pools = self.ports.node_pools
+        left = 0
+        try:
+            for name in state.node_pools:
+                try:
+                    if pools.get(cluster, name).status != "STOPPING":
+                        pools.delete(cluster, name)
+                except PortError as error:
+                    if error.code == NOT_FOUND:
+                        continue  # gone (or gone between the look and the delete)
+                    raise
+                left += 1
+        except PortError as error:
+            if error.code == RETRYABLE:
+                self._in_progress(intent, "", now)
+            else:
+                self._delete_failed(intent, now, state, error)
+            return
+        if left:
+            self._in_progress(intent, "", now)
+        else:
+            self._deleted(intent, now)
 
     def _follow_delete(self, intent: Intent, cluster: Cluster, now: dt.datetime,
                        state: TaskState | None) -> None:

@@ -172,15 +172,21 @@ class NodePoolCreateRequested(Event):
     pool_name: str
     supply_mode: str
     machine_type: str
-    node_count: int
+    node_count: int  # per pool
     reservation: str | None
     scale_down_unneeded_seconds: int
+    #: Pools of this request: a multi-slice task's N, ``pool_name`` the first of them
+    #: and the others named after it (``naming.pool_group``).
+    slices: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePoolCreateStarted(Event):
     pool_name: str
     operation: str
+    #: The create operations of a multi-slice task's other pools, in slice order
+    #: ("" for one adopted).
+    slice_operations: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +263,9 @@ class PodsPending(Event):
 
     diagnosis: str
     resource_version: int = 0  # of the observation folded (stale ones are ignored)
+    #: A JobSet's followers refused while their leader waits (the FailedCreate words):
+    #: the symptom, shown after the leader's cause and never failing the task.
+    followers_refused: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +285,8 @@ class PodsRunning(Event):
     active: int
     total: int
     resource_version: int = 0
+    #: A JobSet's whole restarts so far (each recreates every child Job).
+    restarts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

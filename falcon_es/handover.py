@@ -30,6 +30,7 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
     """A task that could start on a retained pool of this (cluster, topology) queue."""
     return (
         state is not None
+        and state.slices == 1  # a multi-slice task creates its pools (see provisioning)
         and state.pool_intent is None
         and state.cluster_id == cluster_id
         and state.topology == topology

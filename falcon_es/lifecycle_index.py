@@ -227,7 +227,8 @@ class LifecycleIndex:
                 and state.pool_disposition != PoolDisposition.DELETED):
             key = (state.cluster_id, str(reservation))
             self._reserving.setdefault(key, {})[task_id] = int(
-                state.pool_request.get("node_count") or 0)
+                state.pool_request.get("node_count") or 0) * int(
+                state.pool_request.get("slices") or 1)
             self._reserves[task_id] = key
 
     def reserving(self, cluster_id: str, reservation: str, *, besides: str = "") -> int:

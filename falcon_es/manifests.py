@@ -1,4 +1,5 @@
-"""The Kubernetes ``batch/v1`` Job that runs one task on its TPU node pool.
+"""The Kubernetes ``batch/v1`` Job that runs one task on its TPU node pool, and the
+JobSet (``render_jobset``) that runs a multi-slice task on its pools.
 
 Only four things come from the task spec: image, command, args and env. Everything
 that touches the pod's security boundary (namespace, service account, volumes,
@@ -51,6 +52,13 @@ CONTAINER_NAME = "task"
 #: The label the Job controller puts on each of its pods (with the newer
 #: ``batch.kubernetes.io/job-name``); the headless Service selects on it.
 JOB_NAME_POD_LABEL = "job-name"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+#: JobSet's exclusive placement: one child Job (one slice) per node pool, the leader
+#: pod pinned by affinity and the followers by a node selector the pod webhook adds.
+EXCLUSIVE_TOPOLOGY_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+#: The one replicatedJob of a multi-slice task: child Jobs ``<jobset>-slice-<i>``.
+REPLICATED_JOB = "slice"
 #: Environment variables the log wrapper reads; a spec cannot override them.
 POD_NAME_ENV = "FALCON_POD_NAME"
 LOG_DIR_ENV = "FALCON_LOG_DIR"
@@ -130,6 +138,78 @@ def render_job(
     }
 
 
+def render_jobset(
+    *,
+    task_id: str,
+    spec: Mapping[str, Any],
+    shape: SliceShape,
+    pool_names: Sequence[str],
+    placement: JobPlacement,
+) -> dict[str, Any]:
+    """The JobSet of a multi-slice task: one replicatedJob with a replica (a child Job)
+    per slice, each an Indexed Job of one pod per VM of its slice.
+
+    Placement: the accelerator and topology selectors as for a Job, exclusive topology
+    per node pool (no two slices share a pool), and a required node affinity to this
+    task's own pools, so no slice lands on a pool another task holds. The JobSet
+    controller, not Falcon-ES, creates the headless Service (named after the JobSet)
+    and sets the pods' subdomain, so the pods of a JobSet get neither here. The pods
+    use the pod network, never the host's: see README, 'Multi-slice tasks'.
+    ``failurePolicy.maxRestarts`` is the spec's ``max_restarts``; a child Job gives up
+    on its first failed pod (``backoffLimit: 0``), so a restart is the JobSet's whole.
+    """
+    labels = task_labels(task_id)
+    pod_spec = _pod_spec(task_id, spec, shape, None, placement)
+    pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{
+            "key": NODEPOOL_SELECTOR, "operator": "In", "values": list(pool_names),
+        }]}],
+    }}}
+    jobset_spec: dict[str, Any] = {
+        "failurePolicy": {"maxRestarts": int(spec.get("max_restarts") or 0)},
+        "network": {"enableDNSHostnames": True},
+        "replicatedJobs": [{
+            "name": REPLICATED_JOB,
+            "replicas": len(pool_names),
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "backoffLimit": 0,
+                    "completionMode": "Indexed",
+                    "completions": shape.hosts,
+                    "parallelism": shape.hosts,
+                    "template": {
+                        "metadata": {
+                            "labels": dict(labels),
+                            "annotations": {GCSFUSE_ANNOTATION: "true"},
+                        },
+                        "spec": pod_spec,
+                    },
+                },
+            },
+        }],
+    }
+    if placement.ttl_seconds_after_finished is not None:
+        jobset_spec["ttlSecondsAfterFinished"] = placement.ttl_seconds_after_finished
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": naming.job_name(task_id),
+            "namespace": placement.namespace,
+            "labels": labels,
+            "annotations": {TASK_ID_ANNOTATION: task_id,
+                            EXCLUSIVE_TOPOLOGY_ANNOTATION: NODEPOOL_SELECTOR},
+        },
+        "spec": jobset_spec,
+    }
+
+
+def child_job_name(jobset: str, index: int) -> str:
+    """The JobSet controller's name for the child Job of slice ``index``."""
+    return f"{jobset}-{REPLICATED_JOB}-{index}"
+
+
 def render_headless_service(job: Mapping[str, Any], job_uid: str) -> dict[str, Any] | None:
     """The headless Service through which a multi-host Job's pods resolve each other,
     or None for a Job whose pods name no subdomain of the Job's own name (every
@@ -169,10 +249,17 @@ def render_headless_service(job: Mapping[str, Any], job_uid: str) -> dict[str, A
 
 
 def _pod_spec(
-    task_id: str, spec: Mapping[str, Any], shape: SliceShape, pool_name: str,
+    task_id: str, spec: Mapping[str, Any], shape: SliceShape, pool_name: str | None,
     placement: JobPlacement,
 ) -> dict[str, Any]:
+    """The pod of one VM; ``pool_name`` None leaves the pool to the caller's affinity."""
     chips = str(shape.chips_per_host)
+    selector = {
+        ACCELERATOR_SELECTOR: TPU_TYPES[shape.tpu_type].accelerator,
+        TOPOLOGY_SELECTOR: shape.topology,
+    }
+    if pool_name is not None:
+        selector[NODEPOOL_SELECTOR] = pool_name
     return {
         "restartPolicy": "Never",
         "serviceAccountName": placement.service_account,
@@ -180,11 +267,7 @@ def _pod_spec(
         "hostNetwork": False,
         "hostPID": False,
         "hostIPC": False,
-        "nodeSelector": {
-            ACCELERATOR_SELECTOR: TPU_TYPES[shape.tpu_type].accelerator,
-            TOPOLOGY_SELECTOR: shape.topology,
-            NODEPOOL_SELECTOR: pool_name,
-        },
+        "nodeSelector": selector,
         "tolerations": [
             {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
         ],

@@ -5,9 +5,10 @@ after a crash addresses the same object: "already exists" then means "adopt it",
 never "make another". Task ids come from the upper layer and may hold any
 characters, so every name is checked against the rules of the place it goes to:
 
-- GKE node pool: ``falcon-<short task id>-<topology>``, lowercase letters, digits
+- GKE node pool: ``falcon-<short task id>-<topology>`` (``-s<i>`` added for the slices
+  after the first of a multi-slice task), lowercase letters, digits
   and '-', starting with a letter, at most 40 characters;
-- Kubernetes Job: ``falcon-<short task id>``, a DNS-1123 label (at most 63; kept
+- Kubernetes Job or JobSet: ``falcon-<short task id>``, a DNS-1123 label (at most 63; kept
   short so the pod names of an Indexed Job, ``<job>-<index>-<5 chars>``, stay labels);
 - label value: at most 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends;
 - log directory: one path segment under ``gs://<bucket>/logs/``.
@@ -30,6 +31,8 @@ _SHORT_ID = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_SLICE_SUFFIX = "-s"
+_SLICE_NAME = re.compile(r"^(.*)-s[1-9][0-9]*$")
 _JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -57,6 +60,23 @@ def pool_name(task_id: str, topology: str) -> str:
     if not _POOL_NAME.match(name):
         raise NamingError(f"node pool name {name!r} breaks GKE's rules (task {task_id!r})")
     return name
+
+
+def pool_group(first: str, slices: int) -> tuple[str, ...]:
+    """The pools of a task of ``slices`` slices whose first pool is ``first`` (the
+    single-slice name, so a one-slice task is unchanged): slice ``i`` is ``first``
+    plus ``-s<i>``."""
+    names = (first, *(f"{first}{_SLICE_SUFFIX}{i}" for i in range(1, slices)))
+    for name in names[1:]:
+        if not _POOL_NAME.match(name):
+            raise NamingError(f"node pool name {name!r} breaks GKE's rules")
+    return names
+
+
+def group_first(name: str) -> str:
+    """The first pool of the group a pool name belongs to (itself for a first pool)."""
+    match = _SLICE_NAME.match(name)
+    return match.group(1) if match else name
 
 
 def job_name(task_id: str) -> str:

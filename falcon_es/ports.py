@@ -27,6 +27,8 @@ RETRYABLE = "RETRYABLE"  # 429, concurrent operation (FAILED_PRECONDITION), 5xx
 INVALID = "INVALID"  # the request itself was refused (400 other than the above)
 PERMISSION_DENIED = "PERMISSION_DENIED"
 FAILED = "FAILED"
+#: The kinds of workload an edge cluster runs for a task.
+JOB_KIND, JOBSET_KIND = "Job", "JobSet"
 
 
 class PortError(Exception):
@@ -104,11 +106,15 @@ class EdgeCluster(Protocol):
     Service, and a crash between the two creates heals when the re-issued submit adopts
     the Job. ``delete_job`` takes the Service along (Kubernetes' garbage collector
     follows the ownerReference).
+
+    A multi-slice task's workload is a JobSet (``kind`` JOBSET_KIND): ``submit_job``
+    takes its manifest as it takes a Job's; the JobSet controller creates its child
+    Jobs and headless Service, and deleting the JobSet deletes them.
     """
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef: ...  # PortError(ALREADY_EXISTS)
-    def get_job(self, name: str) -> JobRef | None: ...
-    def delete_job(self, name: str) -> None: ...  # not found is success
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None: ...
+    def delete_job(self, name: str, kind: str = JOB_KIND) -> None: ...  # not found is success
     def node_counts(self, pool_name: str) -> NodeCounts: ...
     def diagnose_pending(self, job_name: str) -> str | None: ...  # root cause, upstream first
 
@@ -170,6 +176,14 @@ class JobObservation:
     condition: str | None = None  # Complete | Failed | None
     #: The Job controller's refusal to create pods, while it lasts.
     refusal: CreateRefusal | None = None
+    #: ``JobSet`` for a multi-slice task: one observation of the JobSet and every pod
+    #: of its current child Jobs (pods, counts and refusals summed over the children).
+    kind: str = JOB_KIND
+    #: A JobSet's whole restarts so far (``status.restarts``).
+    restarts: int = 0
+    #: Why a JobSet ended (its condition's reason: AllJobsCompleted, FailedJobs,
+    #: ReachedMaxRestarts).
+    condition_reason: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -40,6 +40,8 @@ class Settings:
     language: str = "en"
     default_timeout_seconds: int = 24 * 3600
     max_timeout_seconds: int = 7 * 24 * 3600
+    #: The most slices one task may ask for (``FALCON_MAX_SLICES``).
+    max_slices: int = 4
     controller_id: str = "falcon-controller"
     # Task lifecycle: where Jobs run, how long steps may take, how often to retry.
     job_namespace: str = "falcon-jobs"
@@ -103,6 +105,7 @@ class Settings:
             language=language,
             default_timeout_seconds=_int(env, "FALCON_DEFAULT_TIMEOUT", cls.default_timeout_seconds),
             max_timeout_seconds=_int(env, "FALCON_MAX_TIMEOUT", cls.max_timeout_seconds),
+            max_slices=_count(env, "FALCON_MAX_SLICES", cls.max_slices),
             controller_id=env.get("FALCON_CONTROLLER_ID") or env.get("HOSTNAME")
             or cls.controller_id,
             job_namespace=env.get("FALCON_JOB_NAMESPACE") or cls.job_namespace,
@@ -167,6 +170,20 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r}: expected a whole number of seconds") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r}: must be positive")
+    return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A positive whole number that counts things, not seconds."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a whole number") from None
     if value <= 0:
         raise SettingsError(f"{name}={raw!r}: must be positive")
     return value

@@ -34,13 +34,15 @@ FORBIDDEN_FIELDS = frozenset({
 })
 KNOWN_FIELDS = frozenset({
     "image", "command", "args", "env", "tpu_type", "topology", "supply_mode",
-    "timeout_seconds", "display_name", "sim",
+    "timeout_seconds", "display_name", "sim", "slices", "max_restarts",
 })
 MAX_STRING = 4096
 MAX_LIST = 256
 MAX_ENV = 128
 MAX_ENV_VALUE = 32 * 1024
 MAX_SPEC_BYTES = 256 * 1024
+#: The most whole-JobSet restarts a multi-slice task may ask for.
+MAX_RESTARTS = 100
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # An OCI reference: [registry[:port]/]path[:tag][@digest], no whitespace or control chars.
 _IMAGE = re.compile(
@@ -63,6 +65,8 @@ class SpecError(ValueError):
 class SpecLimits:
     default_timeout_seconds: int = 24 * 3600
     max_timeout_seconds: int = 7 * 24 * 3600
+    #: The most slices (node pools, one JobSet child Job each) one task may ask for.
+    max_slices: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,11 @@ class TaskSpec:
     timeout_seconds: int = 24 * 3600
     display_name: str | None = None
     sim: SimBehaviour = SimBehaviour()
+    #: Slices of ``topology`` the task runs on: 1 is a Job on one pool, more a JobSet
+    #: with one child Job per slice, each on a pool of its own.
+    slices: int = 1
+    #: Whole-JobSet restarts (``failurePolicy.maxRestarts``) of a multi-slice task.
+    max_restarts: int = 0
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -152,12 +161,31 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
     display_name = data.get("display_name")
     if display_name is not None:
         display_name = _string(data, "display_name", max_length=255)
+    slices, max_restarts = _slices(data, limits)
     return TaskSpec(
         image=image, tpu_type=tpu_type, topology=topology,
         command=_strings(data, "command"), args=_strings(data, "args"), env=_env(data),
         supply_mode=supply_mode, timeout_seconds=timeout, display_name=display_name,
-        sim=_sim(data.get("sim")),
+        sim=_sim(data.get("sim")), slices=slices, max_restarts=max_restarts,
     )
+
+
+def _slices(data: Mapping[str, Any], limits: SpecLimits) -> tuple[int, int]:
+    """``slices`` and ``max_restarts``: restarts are a JobSet's, so a single-slice task
+    (a Job, which fails on its first pod failure) cannot ask for any."""
+    slices = data.get("slices", 1)
+    if not _is_int(slices) or not 1 <= slices <= limits.max_slices:
+        raise SpecError("InvalidField", "slices",
+                        f"{_short(repr(slices))}; expected a whole number from 1 to "
+                        f"{limits.max_slices} (FALCON_MAX_SLICES)")
+    restarts = data.get("max_restarts", 0)
+    if not _is_int(restarts) or not 0 <= restarts <= MAX_RESTARTS:
+        raise SpecError("InvalidField", "max_restarts",
+                        f"{_short(repr(restarts))}; expected a whole number from 0 to {MAX_RESTARTS}")
+    if restarts and slices == 1:
+        raise SpecError("InvalidField", "max_restarts",
+                        "restarts apply to multi-slice tasks (slices of 2 or more) only")
+    return slices, restarts
 
 
 def _string(data: Mapping[str, Any], field: str, *, required: bool = False,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from falcon_es import chart
+from falcon_es import chart, naming
 from falcon_es import events as ev
 
 #: Events that describe a pool after the task ended: they add a note to the Message
@@ -80,6 +80,8 @@ class TaskState:
     pool_requested_at: dt.datetime | None = None
     pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
     pool_operation: str | None = None  # the GKE create operation ("" when adopted)
+    #: The create operations of a multi-slice task's other pools (slices 1..N-1).
+    slice_operations: tuple[str, ...] = ()
     pool_from_task: str | None = None  # the task that handed its pool over to this one
     retained_for: str | None = None  # the task this task's pool was handed over to
     retry_kind: str | None = None  # the event type of the step being retried
@@ -126,6 +128,19 @@ class TaskState:
     @property
     def note_args(self) -> dict[str, Any]:
         return self.note_event.to_data() if self.note_event is not None else {}
+
+    @property
+    def slices(self) -> int:
+        """Slices the task runs on: one node pool each (the spec's ``slices``)."""
+        return int(self.spec.get("slices") or 1)
+
+    @property
+    def node_pools(self) -> tuple[str, ...]:
+        """Every pool the task holds or asked for: ``node_pool_name`` and, for a
+        multi-slice task, the pools named after it."""
+        if self.node_pool_name is None:
+            return ()
+        return naming.pool_group(self.node_pool_name, self.slices)
 
     @property
     def is_terminal(self) -> bool:
@@ -246,7 +261,8 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                     "pool_intent": "create-requested", "pool_requested_at": at,
                     "pool_operation": None, "pool_request": event.to_data()}
         case ev.NodePoolCreateStarted():
-            return {"pool_intent": "create-started", "pool_operation": event.operation}
+            return {"pool_intent": "create-started", "pool_operation": event.operation,
+                    "slice_operations": event.slice_operations}
         case ev.NodePoolNotVisible():
             streak = state.retry_kind == event.type_name and state.not_visible_since
             return {"retry_kind": event.type_name, "retry_attempt": event.attempt,

@@ -1,4 +1,5 @@
-"""What the effect executor sends for one task: its pool's labels and its Job manifest.
+"""What the effect executor sends for one task: its pools' labels and its Job (or, for
+a multi-slice task, JobSet) manifest.
 
 ``manifests`` renders Kubernetes objects from plain values and knows nothing of tasks
 or settings; this module reads those values off the task's folded state, its cluster
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from falcon_es import manifests, naming
+from falcon_es.ports import JOB_KIND, JOBSET_KIND
 from falcon_es.registry import Cluster
 from falcon_es.settings import Settings
 from falcon_es.task import TaskState
@@ -40,8 +42,22 @@ def job_placement(settings: Settings, cluster: Cluster) -> manifests.JobPlacemen
     )
 
 
+def workload_kind(state: TaskState) -> str:
+    """What runs the task: a JobSet for a multi-slice task, else a Job."""
+    return JOBSET_KIND if state.slices > 1 else JOB_KIND
+
+
 def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> dict[str, Any]:
-    """The Job manifest for a task on its pool (the submit intent's payload)."""
+    """The Job manifest for a task on its pool, or the JobSet of a multi-slice task on
+    its pools (the submit intent's payload)."""
+    if state.slices > 1:
+        return manifests.render_jobset(
+            task_id=state.task_id,
+            spec=state.spec,
+            shape=slice_shape(state.tpu_type, state.topology),
+            pool_names=state.node_pools,
+            placement=job_placement(settings, cluster),
+        )
     return manifests.render_job(
         task_id=state.task_id,
         spec=state.spec,

@@ -8,7 +8,8 @@ requested again after a backoff; each attempt lands in the Message as a note, an
 task's Status keeps following its Job's result.
 
 A pool is handed over only when it reached readiness and no Job of the ending task
-still occupies it. A retained pool whose intended taker went away (aborted, re-queued,
+still occupies it. A multi-slice task's pools are deleted together (the effect
+executor deletes the group), never handed over. A retained pool whose intended taker went away (aborted, re-queued,
 given a pool of its own) is handed to another waiting task of its queue or deleted.
 
 Every pool is traced, through ``NodePoolReused.from_task``, to the one task currently
@@ -88,7 +89,7 @@ class PoolDecider:
         if pool is None or state.cluster_id is None:
             return
         taker = None
-        if state.pool_intent == PoolIntent.READY:
+        if state.pool_intent == PoolIntent.READY and state.slices == 1:
             taker = self.taker_for(state.cluster_id, state.topology)
         if taker is not None and state.job_intent not in JOB_GONE:
             return  # hand over once the Job no longer holds the nodes

@@ -11,6 +11,9 @@ when the log knows no task holding it, or its last holder's delete already "succ
 - GKE is already deleting it (STOPPING);
 - its creator asked for it less than the create-visibility grace ago.
 
+A multi-slice task's pools (``naming.pool_group``) are held, retained or deleted as
+one with the first of them, the name the log records.
+
 An orphan is recorded as ``OrphanPoolFound`` (an intent) in the stream
 ``orphans:<cluster id>``; the effect executor deletes the pool and the outcome is
 ``OrphanPoolDeleted`` in the same stream.
@@ -54,14 +57,26 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
         for pool in sorted(pools, key=lambda p: p.name):
             if (cluster.id, pool.name) in already or not _is_ours(pool):
                 continue
-            holder_id = index.holder((cluster.id, pool.name))
+            holder_id = _holder(tick, ctx, cluster.id, pool.name)
+            first = naming.group_first(pool.name)
             if holder_id is not None and not _orphaned(tick, ctx, holder_id,
-                                                       index.created_at((cluster.id, pool.name))):
+                                                       index.created_at((cluster.id, first))):
                 continue
             if pool.status == "STOPPING":
                 continue
             owner = holder_id or pool.labels.get(POOL_TASK_LABEL)
             tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
+
+
+def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str | None:
+    """The task holding a pool: a multi-slice task's pools are held through the first
+    of its group, and only the pools its group counts."""
+    first = naming.group_first(name)
+    holder_id = ctx.index.holder((cluster_id, first))
+    if holder_id is None or first == name:
+        return holder_id
+    holder = tick.state(holder_id)
+    return holder_id if holder is not None and name in holder.node_pools else None
 
 
 def _is_ours(pool: NodePoolInfo) -> bool:

@@ -4,14 +4,17 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
 
 1. Reuse: an idle pool of the same topology retained on the task's cluster (the one
    handed over to this task first, else any idle one of its queue) -> NodePoolReused.
+   A multi-slice task (``slices`` N > 1) creates its N pools and reuses none.
 2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
    default (reservation when the cluster has a default reservation, else flex-start).
-   Reservation: remaining slices (count - inUseCount, in slices of this shape) against
-   the one slice a task needs; too few -> ReservationInsufficient (Pending/ClusterBusy
-   with the numbers), tried again after a backoff and never silently replaced by
-   another supply mode.
+   Reservation: remaining slices ((count - inUseCount - creates in flight) / hosts per
+   slice) against the N slices the task needs; too few -> ReservationInsufficient
+   (Pending/ClusterBusy with both numbers), tried again after a backoff and never
+   silently replaced by another supply mode. No pool is created until all N fit, so a
+   waiting multi-slice task holds no slices.
 3. NodePoolCreateRequested (an intent; the effect executor creates the pool with its
-   deterministic name) -> NodePoolCreateStarted(operation) -> follow the operation:
+   deterministic name; N pools named after the first for N slices) ->
+   NodePoolCreateStarted(operations) -> follow the operations:
    failed -> NodePoolFailed with the API's words; done -> look at the pool: a 404
    within the create-visibility grace -> NodePoolNotVisible (look again later); ERROR
    -> NodePoolFailed; RUNNING with fewer Ready nodes than the slice has ->
@@ -45,8 +48,6 @@ from falcon_es.tpu import slice_shape
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
-#: Slices one task needs (multislice is not offered).
-SLICES_PER_TASK = 1
 _POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})
 
 
@@ -88,7 +89,7 @@ class _Provisioner:
                       state.task_id, state.cluster_id)
             return
         if state.pool_intent is None:
-            if not self.reuse(state, cluster):
+            if state.slices > 1 or not self.reuse(state, cluster):
                 self.acquire(state, cluster)
         elif state.pool_intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
@@ -158,10 +159,11 @@ class _Provisioner:
             pool_name=pool, supply_mode=supply_mode, machine_type=shape.machine_type,
             node_count=shape.hosts, reservation=reservation,
             scale_down_unneeded_seconds=scale_down_seconds(supply_mode, self.ctx.settings),
+            slices=state.slices,
         ))
 
     def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> bool:
-        """True when the reservation has a slice for this task (less what creates
+        """True when the reservation has every slice this task needs (less what creates
         granted earlier in this tick will take)."""
         shape = slice_shape(state.tpu_type, state.topology)
         try:
@@ -179,12 +181,13 @@ class _Provisioner:
         in_flight = granted + self.ctx.index.reserving(cluster.id, reservation,
                                                        besides=state.task_id)
         remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
-        if remaining < SLICES_PER_TASK:
+        needed = state.slices
+        if remaining < needed:
             self.tick.emit(state.task_id, ev.ReservationInsufficient(
-                reservation, max(remaining, 0), SLICES_PER_TASK,
+                reservation, max(remaining, 0), needed,
                 next_attempt(state, "ReservationInsufficient")))
             return False
-        self.granted_hosts[key] = granted + SLICES_PER_TASK * shape.hosts
+        self.granted_hosts[key] = granted + needed * shape.hosts
         return True
 
     def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
@@ -212,41 +215,43 @@ class _Provisioner:
             polled = self.ctx.index.poll_due(state)  # the last look failed: not before
             if polled is not None and self.ctx.now < polled:
                 return
-        elif state.pool_operation:
+        elif state.pool_operation or state.slice_operations:
             operation = ask_create_operation(state, cluster, self.ctx)
             if operation is None or not operation.done:
                 return
             if operation.error:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
                 return
-        try:
-            info = self.ports.node_pools.get(cluster, pool)
-        except PortError as error:
-            if error.code == NOT_FOUND:
-                self._not_visible(state, pool)
-            else:
-                log.warning("pool %s on %s: %s", pool, cluster.name, error)
+        ready = 0
+        for name in state.node_pools:
+            try:
+                info = self.ports.node_pools.get(cluster, name)
+            except PortError as error:
+                if error.code == NOT_FOUND:
+                    self._not_visible(state, name)
+                else:
+                    log.warning("pool %s on %s: %s", name, cluster.name, error)
+                    self._look_again_later(state)
+                return
+            if info.status == "ERROR":
+                self.tick.emit(state.task_id, ev.NodePoolFailed(
+                    name, info.status_message or f"node pool {name} is in status ERROR"))
+                return
+            if info.status != "RUNNING":
+                self._look_again_later(state)  # still provisioning, or being repaired
+                return
+            try:
+                ready += self.ports.edges.for_cluster(cluster).node_counts(name).ready
+            except PortError as error:
+                log.warning("nodes of pool %s on %s: %s", name, cluster.name, error)
                 self._look_again_later(state)
-            return
-        if info.status == "ERROR":
-            self.tick.emit(state.task_id, ev.NodePoolFailed(
-                pool, info.status_message or f"node pool {pool} is in status ERROR"))
-            return
-        if info.status != "RUNNING":
-            self._look_again_later(state)  # still provisioning, or being repaired
-            return
-        total = slice_shape(state.tpu_type, state.topology).hosts
-        try:
-            counts = self.ports.edges.for_cluster(cluster).node_counts(pool)
-        except PortError as error:
-            log.warning("nodes of pool %s on %s: %s", pool, cluster.name, error)
-            self._look_again_later(state)
-            return
-        if counts.ready >= total:
-            self.tick.emit(state.task_id, ev.NodePoolReady(pool, counts.ready))
+                return
+        total = slice_shape(state.tpu_type, state.topology).hosts * state.slices
+        if ready >= total:
+            self.tick.emit(state.task_id, ev.NodePoolReady(pool, ready))
         else:
             self.tick.emit(state.task_id, ev.NodesNotReady(
-                pool, counts.ready, total, next_attempt(state, "NodesNotReady")))
+                pool, ready, total, next_attempt(state, "NodesNotReady")))
 
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll
@@ -302,27 +307,39 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
 
 def ask_create_operation(state: TaskState, cluster: Cluster,
                          ctx: HandlerContext) -> Operation | None:
-    """The task's running create operation, asked at most every
+    """The task's running create operation (of a multi-slice task: its operations
+    together, done when all are, failed with the first error), asked at most every
     ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
     and a create takes minutes); None when it is not time yet or the call failed."""
     due = ctx.index.poll_due(state)
-    if not state.pool_operation or (due is not None and ctx.now < due):
+    operations = [o for o in (state.pool_operation or "", *state.slice_operations) if o]
+    if not operations or (due is not None and ctx.now < due):
         return None
     interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
-    try:
-        operation = ctx.ports.node_pools.get_operation(cluster, state.pool_operation)
-    except PortError as error:
-        # Whatever the error, the next look waits a poll interval: an error must not
-        # turn the poll into a call per tick.
-        ctx.index.polled(state, ctx.now + interval, ctx.now)
-        if error.code != NOT_FOUND:
-            log.warning("operation %s of pool %s: %s", state.pool_operation,
-                        state.node_pool_name, error)
-            return None
-        # GKE keeps operations for a limited time, and one can be unknown after a long
-        # outage: the create ended one way or the other, and the pool itself says how.
-        log.warning("create operation %s of pool %s is unknown to GKE; looking at the "
-                    "pool", state.pool_operation, state.node_pool_name)
-        return Operation(state.pool_operation, done=True)
-    ctx.index.polled(state, None if operation.done else ctx.now + interval, ctx.now)
-    return operation
+    pending: Operation | None = None
+    unknown = False
+    for operation_id in operations:
+        try:
+            operation = ctx.ports.node_pools.get_operation(cluster, operation_id)
+        except PortError as error:
+            if error.code != NOT_FOUND:
+                # Whatever the error, the next look waits a poll interval: an error
+                # must not turn the poll into a call per tick.
+                ctx.index.polled(state, ctx.now + interval, ctx.now)
+                log.warning("operation %s of pool %s: %s", operation_id,
+                            state.node_pool_name, error)
+                return None
+            # GKE keeps operations for a limited time, and one can be unknown after a
+            # long outage: the create ended one way or the other, and the pool says how.
+            log.warning("create operation %s of pool %s is unknown to GKE; looking at "
+                        "the pool", operation_id, state.node_pool_name)
+            unknown = True
+            continue
+        if operation.done and operation.error:
+            ctx.index.polled(state, None, ctx.now)
+            return operation
+        if not operation.done:
+            pending = pending or operation
+    ctx.index.polled(state, None if pending is None and not unknown else ctx.now + interval,
+                     ctx.now)
+    return pending or Operation(operations[0], done=True)

@@ -13,7 +13,13 @@ Messages are acknowledged only after the tick that folded them has committed
 
 What an observation means:
 - a failed pod, or the Job's Failed condition -> JobFailed with the pod's root cause
-  ("OOMKilled (exit code 137)", "exit code 3");
+  ("OOMKilled (exit code 137)", "exit code 3"); a JobSet (a multi-slice task) fails
+  only by its Failed condition (ReachedMaxRestarts, FailedJobs), with the pod that
+  failed first in any child Job, and its restarts show in the Message meanwhile;
+- followers of a JobSet child refused while their leader pod is not scheduled (a
+  transient refusal) -> PodsPending led by the leader's own cause (FailedScheduling,
+  the pools), the refusal after it: the webhook's "follower pod node selector not set"
+  is the symptom, never the headline;
 - a pod that cannot pull its image -> JobFailed ("ErrImagePull: ...") and the Job is
   deleted (its pods would otherwise wait forever);
 - the Job's Complete condition -> JobSucceeded;
@@ -39,7 +45,7 @@ from collections.abc import Callable, Sequence
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.ports import JobObservation, PodObservation, PortError
+from falcon_es.ports import JOBSET_KIND, JobObservation, PodObservation, PortError
 from falcon_es.runtime import Tick
 from falcon_es.store import RecordedEvent
 from falcon_es.task import TaskState
@@ -117,8 +123,7 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
 def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
     """A Job failed with no failed pod in view yet, seen recently: wait for the pod's
     root cause instead of recording a failure without one."""
-    failed = observation.condition == "Failed" or observation.failed > 0
-    if not failed or any(p.phase == "Failed" for p in observation.pods):
+    if not _failed(observation) or any(p.phase == "Failed" for p in observation.pods):
         return False
     return ctx.now - observation.observed_at < TORN_VIEW_GRACE
 
@@ -126,9 +131,11 @@ def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
 def _events_for(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     version = observation.resource_version
-    failed_pod = _failed_first(observation.pods)
-    if failed_pod is not None or observation.condition == "Failed" or observation.failed > 0:
-        cause, exit_code = _failure_cause(failed_pod, observation)
+    if _failed(observation):
+        cause, exit_code = _failure_cause(_failed_first(observation.pods), observation)
+        if observation.kind == JOBSET_KIND:
+            cause += (f" (JobSet failed: {observation.condition_reason or 'Failed'} after "
+                      f"{observation.restarts} restart(s))")
         return [ev.JobFailed(cause, exit_code, version)]
     stuck = _first(observation.pods, lambda p: p.phase == "Pending" and p.reason in IMAGE_FAILURES)
     if stuck is not None:
@@ -141,13 +148,25 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     total = observation.completions
     running = sum(1 for p in observation.pods if p.phase == "Running")
     active = max(observation.active, running) if observation.pods else observation.active
+    restarts = observation.restarts
     if state.status == chart.RUNNING:
-        if active != state.pods_active:
-            return [ev.PodsRunning(active, total, version)]
+        shown = state.message_event
+        shown_restarts = shown.restarts if isinstance(shown, ev.PodsRunning) else 0
+        if active != state.pods_active or restarts != shown_restarts:
+            return [ev.PodsRunning(active, total, version, restarts)]
         return []
     if total > 0 and running + observation.succeeded >= total:
-        return [ev.PodsRunning(running, total, version)]
+        return [ev.PodsRunning(running, total, version, restarts)]
     refusal = observation.refusal
+    if refusal is not None and refusal.transient and observation.kind == JOBSET_KIND and any(
+            p.phase == "Pending" for p in observation.pods):
+        # Followers refused while their leader waits: the leader's cause leads.
+        diagnosis = _diagnose(ctx, state, observation)
+        shown = state.message_event
+        if (isinstance(shown, ev.PodsPending) and shown.diagnosis == diagnosis
+                and shown.followers_refused == refusal.message):
+            return []
+        return [ev.PodsPending(diagnosis, version, refusal.message)]
     if refusal is not None:
         shown = state.message_event
         if (isinstance(shown, ev.PodsRefused) and shown.message == refusal.message
@@ -157,9 +176,21 @@ def _events_for(ctx: HandlerContext, state: TaskState,
                                version)]
     if any(p.phase == "Pending" for p in observation.pods):
         diagnosis = _diagnose(ctx, state, observation)
-        if diagnosis != state.pending_diagnosis:
+        shown = state.message_event
+        refused_before = isinstance(shown, ev.PodsPending) and bool(shown.followers_refused)
+        if diagnosis != state.pending_diagnosis or refused_before:
             return [ev.PodsPending(diagnosis, version)]
     return []
+
+
+def _failed(observation: JobObservation) -> bool:
+    """The workload has failed. A JobSet fails only by its Failed condition: a child
+    Job's failed pod before that is one attempt, which the JobSet restarts."""
+    if observation.condition == "Failed":
+        return True
+    if observation.kind == JOBSET_KIND:
+        return False
+    return observation.failed > 0 or any(p.phase == "Failed" for p in observation.pods)
 
 
 def _failure_cause(pod: PodObservation | None,

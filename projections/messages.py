@@ -75,6 +75,21 @@ def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
     return render
 
 
+def _with_followers(words: str, followers: str) -> Callable[[Args], str]:
+    """Pending pods; a JobSet's refused followers come after the leader's cause."""
+    def render(args: Args) -> str:
+        tail = followers.format(**args) if args.get("followers_refused") else ""
+        return words.format(**args) + tail
+    return render
+
+
+def _restarted(words: str, restarts: str) -> Callable[[Args], str]:
+    """Running pods; a JobSet that restarted says how often."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (restarts.format(**args) if args.get("restarts") else "")
+    return render
+
+
 def _refused(words: str, transient: str) -> Callable[[Args], str]:
     """Pods the Job controller cannot create; a transient refusal says it will wait."""
     def render(args: Args) -> str:
@@ -100,7 +115,8 @@ EN: Mapping[str, Template] = MappingProxyType({
     "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
     "TaskPicked": "provisioning on {topology}",
     "ReservationInsufficient": (
-        "reservation {reservation} has {remaining} slice(s) free, {needed} needed; "
+        "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
+        "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
         "retry {attempt}"
     ),
     "NodePoolReused": "reusing node pool {pool_name}",
@@ -119,10 +135,12 @@ EN: Mapping[str, Template] = MappingProxyType({
                                       "pods of Job {job_name} refused for "
                                       "{refused_seconds}s: {error}; Job deleted"),
     "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
-    "PodsPending": "pods pending: {diagnosis}",
+    "PodsPending": _with_followers("pods pending: {diagnosis}",
+                                   "; until it is scheduled the JobSet webhook refuses its "
+                                   "followers (expected, transient): {followers_refused}"),
     "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
                             " (expected to clear; waiting)"),
-    "PodsRunning": "{active}/{total} active",
+    "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
     "JobFailed": _exit,
     "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
@@ -160,7 +178,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
     "ReservationInsufficient": (
-        "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个；第 {attempt} 次重试"
+        "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
+        "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
+        "第 {attempt} 次重试"
     ),
     "NodePoolReused": "复用节点池 {pool_name}",
     "NodePoolCreateRequested": (
@@ -178,10 +198,12 @@ ZH: Mapping[str, Template] = MappingProxyType({
                                       "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
                                       "{error}；Job 已删除"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
-    "PodsPending": "Pod 等待中：{diagnosis}",
+    "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
+                                   "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
+                                   "（预期的暂时错误）：{followers_refused}"),
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
                             "（预计会自行恢复，继续等待）"),
-    "PodsRunning": "{active}/{total} 运行中",
+    "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
     "JobFailed": _exit,
     "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",

@@ -45,6 +45,8 @@ def test_every_task_ends_and_the_report_has_its_figures(server: str | None) -> N
     # invalid specs and aborts.
     assert final["Succeeded"] > TASKS // 2
     assert {"Failed/JobFailed", "Failed/Timeout", "Failed/InvalidTopology", "Aborted"} <= set(final)
+    multi_slice = report["multi_slice"]  # two pools and a JobSet each, some restarting
+    assert multi_slice.get("Succeeded", 0) > 0 and sum(multi_slice.values()) < TASKS
     for figure in FIGURES:
         assert isinstance(report[figure], (int, float)) and report[figure] >= 0, figure
     assert report["ticks"] > 0 and report["events"] >= 4 * TASKS

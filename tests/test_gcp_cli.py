@@ -127,7 +127,8 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
         "credentials: Application Default Credentials",
         "cluster v6e-res: GKE get_cluster", "cluster v6e-res: Workload Identity",
         "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
-        "cluster v6e-res: node pools list", "cluster v6e-res: reservation v6e-res-r",
+        "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list",
+        "cluster v6e-res: reservation v6e-res-r",
         "project proj: falconEdgeOperator permissions",
         f"pubsub: topic {installation.env['FALCON_EDGE_EVENTS_TOPIC']}",
         f"pubsub: topic {installation.env['FALCON_TASK_EVENTS_TOPIC']}",
@@ -141,7 +142,7 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert f"all {len(EDGE_PERMISSIONS)} permissions held" in found["project proj: falconEdgeOperator permissions"]
     (call,) = installation.cloud.resource_manager.calls
     assert call[:2] == ("proj", EDGE_PERMISSIONS)
-    assert result.output.rstrip().endswith("12 checks, all passed")
+    assert result.output.rstrip().endswith("13 checks, all passed")
 
 
 def found_key(found: dict[str, str], subject: str) -> str:
@@ -183,6 +184,15 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
 
 
+def test_doctor_says_how_to_install_a_missing_jobset_crd(installation: Installation) -> None:
+    topics(installation)
+    installation.cloud.kube["v6e-res"].jobset_crd = False
+    result = installation.cli("doctor")
+    assert result.exit_code == 1
+    crd = lines(result)["cluster v6e-res: JobSet CRD"]
+    assert crd.startswith("FAIL") and "jobsets.jobset.x-k8s.io is not served" in crd
+    assert ("fix: install JobSet: kubectl apply --server-side -f "
+            "https://github.com/kubernetes-sigs/jobset/releases/download/") in crd
 def test_doctor_names_an_edge_project_the_identity_cannot_see(
         installation: Installation) -> None:
     topics(installation)
@@ -260,7 +270,7 @@ def test_informer_process_publishes_serves_its_probes_and_stops_on_sigterm(
     try:
         health = _get(port, "/healthz", until=lambda status: status == 200)
         ready = json.loads(_get(port, "/readyz", until=lambda status: status == 200)[1])
-        installation.cloud.kube[CLUSTER.name].wait_for_watches(3)
+        installation.cloud.kube[CLUSTER.name].wait_for_watches(4)
         manifest = render_job(task_id="t1", spec={"image": "busybox"},
                               shape=slice_shape("v6e", "2x2"), pool_name="falcon-t1-2x2",
                               placement=JobPlacement("falcon-jobs", "falcon-task", "logs"))

@@ -341,7 +341,8 @@ def test_reservation_too_small_then_capacity_frees(make: Make) -> None:
                                     ("Succeeded", None)]
     assert "4/4 active" in gcp.messages["wide"]
     assert gcp.messages["small"][0] == ("reservation v6e-res-r has 0 slice(s) free, "
-                                        "1 needed; retry 1")
+                                        "1 needed (reservation_remaining_slices=0 "
+                                        "reservation_needed_slices=1); retry 1")
 
 
 def test_flex_start_stockout_that_resolves(make: Make) -> None:

@@ -133,7 +133,7 @@ def make_world(*, resync_seconds: float = RESYNC_SECONDS, watch_timeout_seconds:
     bus, sleeps, restarts = RecordingBus(), Sleeps(), []
     informer = EdgeInformer(
         edge, bus, clock=clock, sleep=sleeps, rng=random.Random(7),
-        settings=InformerSettings(topic=TOPIC, resync_seconds=resync_seconds,
+        settings=InformerSettings(topic=TOPIC, resync_seconds=resync_seconds, jobsets=False,
                                   watch_timeout_seconds=watch_timeout_seconds,
                                   backoff=NO_JITTER),
         restarted=restarts.append)
@@ -506,14 +506,14 @@ def test_run_informer_stops_promptly_and_reports(kube_server: FakeKubeServer) ->
     runner = threading.Thread(target=lambda: result.append(run_informer(
         edge_cluster_row(), edges, bus, stop, settings=InformerSettings(topic=TOPIC))))
     runner.start()
-    kube_server.wait_for_watches(3)
+    kube_server.wait_for_watches(4)  # Jobs, pods, events, JobSets
 
     stop.set()
     runner.join(timeout=5)
 
     assert not runner.is_alive()
     (stats,) = result
-    assert (stats.lists, stats.watches) == (3, 3)
+    assert (stats.lists, stats.watches) == (4, 4)
     edges.close()
 
 

@@ -70,8 +70,10 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Provisioning", "node pool falcon-p1 not visible yet; looking again (attempt 2)",
      "节点池 falcon-p1 暂不可见，稍后重试（第 2 次）"),
     ((*PROVISIONING, ev.ReservationInsufficient("res-a", 1, 2, 3)), "Pending", "ClusterBusy",
-     "reservation res-a has 1 slice(s) free, 2 needed; retry 3",
-     "预留 res-a 剩余 1 个切片，需要 2 个；第 3 次重试"),
+     "reservation res-a has 1 slice(s) free, 2 needed (reservation_remaining_slices=1 "
+     "reservation_needed_slices=2); retry 3",
+     "预留 res-a 剩余 1 个切片，需要 2 个（reservation_remaining_slices=1 "
+     "reservation_needed_slices=2）；第 3 次重试"),
     ((*PROVISIONING, CREATE, STARTED, ev.NodesNotReady("falcon-p1", 1, 2, 4)), "Pending",
      "WaitingForNode", "node pool falcon-p1: 1/2 nodes ready (attempt 4)",
      "节点池 falcon-p1：1/2 个节点就绪（第 4 次）"),

@@ -74,6 +74,15 @@ EDGE_PERMISSIONS=(
   container.services.create
   container.services.get
   container.services.delete
+  # a multi-slice task's JobSet (a custom resource: GKE authorizes custom resources by
+  # container.thirdPartyObjects.*): create it, read one that exists (adoption), delete
+  # it with its child Jobs, list and watch JobSets (the informer; doctor's check that
+  # the CRD is installed)
+  container.thirdPartyObjects.create
+  container.thirdPartyObjects.get
+  container.thirdPartyObjects.list
+  container.thirdPartyObjects.watch
+  container.thirdPartyObjects.delete
   container.pods.get
   container.pods.list
   container.pods.watch

@@ -8,7 +8,10 @@ late, duplicated and reordered edge events. The upper layer writes the tasks int
 job table in bursts (``DEFAULT_BURST`` every ``DEFAULT_BURST_EVERY`` virtual seconds;
 ``--burst`` at least ``--tasks`` puts them all in up front) and asks to abort some of
 each burst ten minutes later. Task specs are drawn from a seed: most succeed, some
-fail (exit codes, OOM, image pull errors), some time out, a few are invalid.
+fail (exit codes, OOM, image pull errors), some time out, a few are invalid, and some
+are multi-slice (two slices of their type's smallest topology: two pools and a
+JobSet), a third of those failing once with an OOM and restarting (``max_restarts`` 1);
+the report counts their endings apart (``multi_slice``).
 
 The loop jumps virtual time in steps of ``resolution`` (1 s by default: what the
 production loop, polling every ``--tick`` second on the wall clock, would see; 0 jumps
@@ -74,6 +77,8 @@ DEFAULT_RESOLUTION = 1.0
 #: The wall-time target for 10,000 tasks on SQLite (see README, 'Benchmarks').
 TARGET_SECONDS_10K_SQLITE = 60.0
 ACTORS = 20
+#: Slices of a multi-slice task of the plan.
+MULTI_SLICES = 2
 IMAGE = "us-docker.pkg.dev/falcon-bench/tpu/workload:1"
 #: Topologies drawn per TPU type of the bench world, four per type (so 5 clusters make
 #: 20 queues), smaller slices more often. Only shapes on 4-chip VMs, the machine type
@@ -89,7 +94,7 @@ TPU_WEIGHTS = (("v6e", 0.4), ("v7x", 0.4), ("v5p", 0.2))
 DURATIONS = (60, 120, 180, 300, 600)
 #: (kind, weight): what a task is meant to do.
 KINDS = (
-    ("succeed", 0.88), ("fail", 0.04), ("oom", 0.03), ("image-pull-error", 0.01),
+    ("succeed", 0.85), ("multislice", 0.03), ("fail", 0.04), ("oom", 0.03), ("image-pull-error", 0.01),
     ("timeout", 0.02), ("abort", 0.01), ("invalid", 0.01),
 )
 
@@ -134,6 +139,10 @@ def plan_tasks(count: int, seed: int) -> list[PlannedTask]:
             spec["timeout_seconds"] = 120
         elif kind == "invalid":
             spec["topology"] = "3x3"
+        elif kind == "multislice":
+            spec.update(topology=TOPOLOGIES[tpu_type][0], slices=MULTI_SLICES, max_restarts=1)
+            if rng.random() < 1 / 3:
+                sim["outcome"] = "oom"  # restarts once, then fails: ReachedMaxRestarts
         actor = f"actor-{rng.randrange(ACTORS) + 1:02d}"
         planned.append(PlannedTask(f"e2e-{index:06d}", actor, kind, spec))
     return planned
@@ -362,6 +371,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             cpu = time.process_time() - cpu_started
             rss_after = _max_rss_kib()
         outcomes = _final_counts(svc.app.engine, svc.app.job)
+        multi_slice = _final_counts(svc.app.engine, svc.app.job, name_prefix="multislice-")
         open_tasks = {k: v for k, v in outcomes.items()
                       if k.split("/")[0] not in chart.TERMINAL_STATUSES}
         if open_tasks or report.stopped_by != "idle" or sum(outcomes.values()) != count:
@@ -401,6 +411,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "virtual_hours": round((clock.now() - START).total_seconds() / 3600, 2),
             "upper_layer_seconds": round(upper_layer.seconds, 2),
             "final": dict(sorted(outcomes.items())),
+            "multi_slice": dict(sorted(multi_slice.items())),
             "all_terminal": True,
             "target": {"seconds_for_10k_sqlite": TARGET_SECONDS_10K_SQLITE,
                        "met": (wall <= TARGET_SECONDS_10K_SQLITE
@@ -423,10 +434,13 @@ def _submit(engine: Engine, job: JobTable, planned: list[PlannedTask], at: dt.da
             conn.execute(job.table.insert(), rows[first:first + 5000])
 
 
-def _final_counts(engine: Engine, job: JobTable) -> dict[str, int]:
-    """Tasks by final ``Status`` or ``Status/Reason``, as the job table shows them."""
+def _final_counts(engine: Engine, job: JobTable, *, name_prefix: str = "") -> dict[str, int]:
+    """Tasks by final ``Status`` or ``Status/Reason``, as the job table shows them (those
+    whose name starts with ``name_prefix``)."""
     query = sa.select(job.c.status, job.c.reason, sa.func.count()).group_by(
         job.c.status, job.c.reason)
+    if name_prefix:
+        query = query.where(job.c.name.like(f"{name_prefix}%"))
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     counts: Counter[str] = Counter()
@@ -460,6 +474,8 @@ def format_report(report: Mapping[str, Any]) -> str:
            if report["pool_pings"] else "") + " per task",
         f"memory: peak RSS {report['peak_rss_mib']} MiB (grew {report['rss_growth_mib']} MiB "
         f"during the run; ru_maxrss)",
+        "multi-slice tasks: " + (", ".join(f"{k} {v}" for k, v in report["multi_slice"].items())
+                                 or "none"),
         "final: " + ", ".join(f"{k} {v}" for k, v in report["final"].items()),
     ]
     return "\n".join(lines)

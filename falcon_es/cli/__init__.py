@@ -96,6 +96,7 @@ COMMANDS: Mapping[str, tuple[Callable[[], ModuleType], str]] = MappingProxyType(
     "clusters": (_clusters, "clusters_command"),
     "task": (_tasks, "task_group"),
     "history": (_audit, "history"),
+    "explain": (_audit, "explain_command"),
     "events": (_audit, "events_command"),
     "replay": (_audit, "replay"),
     "chart": (_audit, "chart_command"),

@@ -1,6 +1,7 @@
 """Reading the event log: ``history`` (one task's events), ``events`` (tail the log),
-``replay`` (verify or rebuild the projections, or the state as of a moment) and
-``chart`` (the state chart every task's events follow)."""
+``replay`` (verify or rebuild the projections, or the state as of a moment),
+``chart`` (the state chart every task's events follow) and ``explain`` (a task's causal
+chain, root cause first)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from falcon_es import job_rows
+from falcon_es import job_rows, registry
 from falcon_es.cli.common import (
-    EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, job_of, jsonable, store_of)
+    EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, gcp_ports, job_of, jsonable,
+    settings_of, store_of)
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from falcon_es.bootstrap import App
+    from falcon_es.projections.explain import LiveLook
+    from falcon_es.registry import Cluster
+    from falcon_es.settings import Settings
     from falcon_es.store import RecordedEvent
+    from falcon_es.task import TaskState
 
 
 @click.command("chart")
@@ -144,3 +152,81 @@ def _position(app: App, until: str) -> int:
     if moment.tzinfo is not None:
         moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
     return app.store.seq_at(moment)
+
+
+@click.command("explain")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="The tree as JSON.")
+@click.option("--live", is_flag=True,
+              help="Also look at the edge cluster, its node pools and the reservation now "
+                   "(the gcp backend's clients).")
+@click.pass_context
+@friendly
+def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool) -> None:
+    """A task's causal chain, upstream root cause first, each link with its source and
+    time: from the log, the queue view and, with --live, the clusters themselves."""
+    from falcon_es.bootstrap import load_task_states
+    from falcon_es.projections.explain import explain, render
+    from falcon_es.projections.queues import queue_rows
+    from falcon_es.task import fold
+
+    app = app_of(ctx)
+    records = app.store.read_stream(task_id)
+    if not records:
+        job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))  # unknown id: says so
+    state = fold(task_id, [(r.event, r.recorded_at) for r in records])
+    with app.engine.connect() as conn:
+        clusters = {c.id: c for c in registry.list_clusters(conn)}
+    queue = None
+    if state.reason == "Waiting":
+        load_task_states(app)
+        queue = next((row for row in queue_rows(app.queue_view, clusters)
+                      if any(w["task_id"] == task_id for w in row["waiting"])), None)
+    look = _live_look(settings_of(ctx), state, clusters) if live else None
+    tree = explain(task_id, records, queue, look)
+    if as_json:
+        click.echo(json.dumps(tree.to_data(), indent=2, ensure_ascii=False))
+    else:
+        click.echo("\n".join(render(tree)))
+
+
+def _live_look(settings: Settings, state: TaskState,
+               clusters: Mapping[str, Cluster]) -> LiveLook:
+    """What the task's cluster, pools and reservation say now (gcp backend)."""
+    from falcon_es.clock import WallClock
+    from falcon_es.ports import PortError
+    from falcon_es.projections.explain import LiveLook
+    from falcon_es.task_manifests import workload_kind
+    from falcon_es.tpu import slice_shape
+
+    cluster = clusters.get(state.cluster_id or "")
+    now = WallClock().now()
+    if cluster is None:
+        return LiveLook(at=now)
+    ports = gcp_ports(settings)
+    edge = ports.edges.for_cluster(cluster)
+    shape = slice_shape(state.tpu_type, state.topology)
+    workload = None
+    if state.job_name:
+        try:
+            workload = edge.diagnose_pending(state.job_name) or (
+                f"{workload_kind(state)} {state.job_name}: no pod waits")
+        except PortError as error:
+            workload = f"could not look: {error.message}"
+    pools = []
+    for name in state.node_pools:
+        try:
+            info = ports.node_pools.get(cluster, name)
+            ready = edge.node_counts(name).ready
+            pools.append(f"{name}: {info.status}, {ready}/{shape.hosts} nodes Ready")
+        except PortError as error:
+            pools.append(f"{name}: could not look: {error.message}")
+    reservation = state.pool_request.get("reservation") or cluster.default_reservation
+    seen = None
+    if reservation:
+        try:
+            free = ports.reservations.remaining_slices(cluster, str(reservation), shape)
+            seen = f"{reservation}: {free} slice(s) of {state.topology} free"
+        except PortError as error:
+            seen = f"{reservation}: could not look: {error.message}"
+    return LiveLook(workload=workload, pools=tuple(pools), reservation=seen, at=now)

@@ -175,7 +175,7 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
     from falcon_es.spec import SpecLimits
 
     settings = settings_of(ctx)
-    limits = SpecLimits(settings.default_timeout_seconds, settings.max_timeout_seconds)
+    limits = SpecLimits(settings.default_timeout_seconds, settings.max_timeout_seconds, settings.max_slices)
     job = job_of(ctx)
     tasks = [new_task(entry, options, limits, job) for entry in entries]
     ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow(), job=job_of(ctx))

@@ -22,6 +22,14 @@ CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
   the Services whose ownerReferences name the Job's uid in the same request (the real
   collector does it moments later, asynchronously); Orphan or no policy strips the
   ownerReference and leaves them.
+- ``jobset.x-k8s.io/v1alpha2`` JobSets (a custom resource, served unless the fake is
+  made with ``jobset_crd=False``, when the API server answers 404 for the resource type
+  as it does without the CRD): create, get, list, watch, delete. A small JobSet
+  controller creates, for each replicatedJob, ``replicas`` child Jobs named
+  ``<jobset>-<replicatedJob>-<index>`` (labelled ``jobset.sigs.k8s.io/jobset-name``,
+  owned by the JobSet) and a headless Service named after the JobSet; deleting the
+  JobSet with Background or Foreground propagation deletes them (and the children's
+  pods). ``refuse_followers`` records the pod webhook's FailedCreate on a child Job.
 - ``coordination.k8s.io/v1`` Leases (get, create, replace) for leader election:
   a replace whose ``resourceVersion`` is not the current one is a ``409 Conflict``,
   and times must be MicroTime (RFC 3339 with exactly six fractional digits and a
@@ -91,7 +99,11 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "events": ("Event", "v1"),
     "leases": ("Lease", "coordination.k8s.io/v1"),
     "services": ("Service", "v1"),
+    "jobsets": ("JobSet", "jobset.x-k8s.io/v1alpha2"),
 }
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+FOLLOWER_REFUSAL = ('Error creating: admission webhook "vpod.kb.io" denied the request: '
+                    "follower pod node selector not set")
 
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/version/?$"), "version"),
@@ -103,6 +115,10 @@ _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$"), "pod"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services$"), "services"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<name>[^/]+)$"), "service"),
+    (re.compile(r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets$"),
+     "jobsets"),
+    (re.compile(r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets/"
+                r"(?P<name>[^/]+)(?:/status)?$"), "jobset"),
     (re.compile(r"^/api/v1/nodes$"), "nodes"),
     (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "events"),
     (re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases$"), "leases"),
@@ -298,8 +314,11 @@ class FakeKubeServer:
 
     def __init__(self, *, clock: Clock | None = None, tls: bool = True,
                  token_lifetime_seconds: int = 3600, end_watch_at_token_expiry: bool = True,
-                 namespace: str = "falcon-jobs", first_resource_version: int = 1000) -> None:
+                 namespace: str = "falcon-jobs", first_resource_version: int = 1000,
+                 jobset_crd: bool = True) -> None:
         self.clock = clock or WallClock()
+        #: The JobSet CRD is installed (its resource type is served).
+        self.jobset_crd = jobset_crd
         self.namespace = namespace
         self.token_lifetime = dt.timedelta(seconds=token_lifetime_seconds)
         self.end_watch_at_token_expiry = end_watch_at_token_expiry
@@ -613,6 +632,24 @@ class FakeKubeServer:
             self._put("events", ns, event, "ADDED")
             return event_name
 
+    def refuse_followers(self, child_job: str, *, namespace: str | None = None) -> str:
+        """The JobSet pod webhook refused a child Job's followers (its leader has no
+        node): the Job controller's FailedCreate event, in its words."""
+        return self.add_event("Job", child_job, "FailedCreate", FOLLOWER_REFUSAL,
+                              namespace=namespace, source="job-controller")
+
+    def set_jobset_condition(self, name: str, condition: str, reason: str, *,
+                             restarts: int = 0, namespace: str | None = None) -> None:
+        """The JobSet controller's verdict (Completed / Failed with its reason)."""
+        ns = namespace or self.namespace
+        with self._cond:
+            jobset = copy.deepcopy(self._objects[("jobsets", ns, name)])
+            status = jobset.setdefault("status", {})
+            status["restarts"] = restarts
+            status.setdefault("conditions", []).append(_condition(
+                condition, reason, f"jobset {condition.lower()}: {reason}", self.clock.now()))
+            self._put("jobsets", ns, jobset, "MODIFIED")
+
     def record_event(self, kind: str, name: str, reason: str, message: str, *,
                      namespace: str | None = None, event_type: str = "Warning",
                      source: str = "job-controller", count: int | None = None,
@@ -850,6 +887,72 @@ class FakeKubeServer:
                 self._collect(ns, uid, "services", services, delete=policy == "Background")
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "details": {"name": name, "group": "batch", "kind": "jobs", "uid": uid}}
+
+    def _create_jobset(self, ns: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise KubeApiError(400, "BadRequest", "the body of the request was not a JSON object")
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or ""
+        if body.get("kind") != "JobSet" or body.get("apiVersion") != KINDS["jobsets"][1]:
+            raise KubeApiError(400, "BadRequest", f"expected {KINDS['jobsets'][1]} JobSet, got "
+                                                  f"{body.get('apiVersion')} {body.get('kind')}")
+        if not _DNS_LABEL.match(name):
+            raise KubeApiError(422, "Invalid", f'JobSet.jobset.x-k8s.io "{name}" is invalid: '
+                                               "metadata.name: Invalid value")
+        replicated = (body.get("spec") or {}).get("replicatedJobs")
+        if not isinstance(replicated, list) or not replicated:
+            raise KubeApiError(422, "Invalid", f'JobSet.jobset.x-k8s.io "{name}" is invalid: '
+                                               "spec.replicatedJobs: Required value")
+        with self._cond:
+            if ("jobsets", ns, name) in self._objects:
+                raise KubeApiError(409, "AlreadyExists",
+                                   f'jobsets.jobset.x-k8s.io "{name}" already exists',
+                                   {"name": name, "group": "jobset.x-k8s.io", "kind": "jobsets"})
+            jobset = copy.deepcopy(body)
+            jobset["metadata"] = {k: v for k, v in meta.items()
+                                  if k not in ("uid", "resourceVersion", "creationTimestamp")}
+            jobset["status"] = {"restarts": 0}
+            created = self._put("jobsets", ns, jobset, "ADDED")
+            owner = [{"apiVersion": KINDS["jobsets"][1], "kind": "JobSet", "name": name,
+                      "uid": created["metadata"]["uid"], "controller": True}]
+            for entry in replicated:
+                template = entry.get("template") or {}
+                for index in range(int(entry.get("replicas", 1))):
+                    labels = {**(template.get("metadata") or {}).get("labels", {}),
+                              JOBSET_NAME_LABEL: name}
+                    spec = copy.deepcopy(template.get("spec") or {})
+                    spec.setdefault("completionMode", "Indexed")
+                    spec.setdefault("backoffLimit", 6)
+                    child = {"metadata": {"name": f"{name}-{entry.get('name')}-{index}",
+                                          "labels": labels, "ownerReferences": owner,
+                                          "annotations": dict(meta.get("annotations") or {})},
+                             "spec": spec, "status": {}}
+                    self._put("jobs", ns, child, "ADDED")
+            self._put("services", ns, {
+                "metadata": {"name": name, "ownerReferences": owner,
+                             "labels": {JOBSET_NAME_LABEL: name}},
+                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME_LABEL: name},
+                         "publishNotReadyAddresses": True}}, "ADDED")
+            return copy.deepcopy(created)
+
+    def _delete_jobset(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
+        with self._cond:
+            jobset = self._objects.get(("jobsets", ns, name))
+            if jobset is None:
+                raise KubeApiError(404, "NotFound", f'jobsets.jobset.x-k8s.io "{name}" not found',
+                                   {"name": name, "group": "jobset.x-k8s.io", "kind": "jobsets"})
+            uid = jobset["metadata"]["uid"]
+            self._put("jobsets", ns, copy.deepcopy(jobset), "DELETED")
+            collect = policy in ("Background", "Foreground")
+            for child in self._owned_by(uid, "jobs", ns):
+                if collect:
+                    self._delete_job(ns, child["metadata"]["name"], "Background")
+            self._collect(ns, uid, "jobs", self._owned_by(uid, "jobs", ns), delete=collect)
+            self._collect(ns, uid, "services", self._owned_by(uid, "services", ns),
+                          delete=collect)
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "group": "jobset.x-k8s.io", "kind": "jobsets",
+                                "uid": uid}}
 
     def _owned_by(self, uid: str, resource: str, ns: str) -> list[dict[str, Any]]:
         return [obj for (kind, space, _), obj in sorted(self._objects.items())
@@ -1212,7 +1315,10 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                     raise fault
                 groups = match.groupdict()
                 ns = groups.get("ns") or ""
-                if route in ("jobs", "pods", "nodes", "events", "services") and \
+                if route in ("jobsets", "jobset") and not fake.jobset_crd:
+                    raise KubeApiError(404, "NotFound", "the server could not find the "
+                                                        "requested resource")
+                if route in ("jobs", "pods", "nodes", "events", "services", "jobsets") and \
                         self.command == "GET":
                     if watch:
                         fake.requests.append(RequestRecord(self.command, path, query, token,
@@ -1223,16 +1329,23 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
                 elif route == "jobs" and self.command == "POST":
                     status = 201
                     self._reply(201, fake._create_job(ns, body))
+                elif route == "jobsets" and self.command == "POST":
+                    status = 201
+                    self._reply(201, fake._create_jobset(ns, body))
+                elif route == "jobset" and self.command == "DELETE":
+                    policy = query.get("propagationPolicy") or (
+                        body.get("propagationPolicy") if isinstance(body, dict) else None)
+                    self._reply(200, fake._delete_jobset(ns, groups["name"], policy))
                 elif route == "services" and self.command == "POST":
                     status = 201
                     self._reply(201, fake._create_service(ns, body))
-                elif route in ("job", "pod", "service") and self.command == "GET":
+                elif route in ("job", "pod", "service", "jobset") and self.command == "GET":
                     resource = f"{route}s"
                     obj = fake.get(resource, groups["name"], ns)
                     if obj is None:
+                        group = {"job": ".batch", "jobset": ".jobset.x-k8s.io"}.get(route, "")
                         raise KubeApiError(404, "NotFound",
-                                           f'{resource}{".batch" if route == "job" else ""} '
-                                           f'"{groups["name"]}" not found',
+                                           f'{resource}{group} "{groups["name"]}" not found',
                                            {"name": groups["name"], "kind": resource})
                     self._reply(200, obj)
                 elif route == "service" and self.command == "DELETE":

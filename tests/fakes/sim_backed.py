@@ -896,7 +896,7 @@ class SimBackedCloud:
             name=f"informer-{cluster.name}", daemon=True)
         thread.start()
         self._informers.append((stop, thread))
-        self.kube[cluster.name].wait_for_watches(3)
+        self.kube[cluster.name].wait_for_watches(4)
 
 
 def _kube_error(error: PortError, body: Any) -> KubeApiError:

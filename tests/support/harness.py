@@ -26,7 +26,7 @@ from falcon_es.clock import VirtualClock
 from falcon_es.effects import EffectExecutor
 from falcon_es.intents import task_intents
 from falcon_es.ports import (
-    BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
+    JOB_KIND, BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
 )
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Controller, Handler, Tick
@@ -164,11 +164,11 @@ class _CrashingEdge:
         name = manifest["metadata"]["name"]
         return self._plan.effect("submit-job", name, lambda: self._inner.submit_job(manifest))
 
-    def delete_job(self, name: str) -> None:
-        self._plan.effect("delete-job", name, lambda: self._inner.delete_job(name))
+    def delete_job(self, name: str, kind: str = JOB_KIND) -> None:
+        self._plan.effect("delete-job", name, lambda: self._inner.delete_job(name, kind))
 
-    def get_job(self, name: str) -> JobRef | None:
-        return self._inner.get_job(name)
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None:
+        return self._inner.get_job(name, kind)
 
     def node_counts(self, pool_name: str) -> NodeCounts:
         return self._inner.node_counts(pool_name)

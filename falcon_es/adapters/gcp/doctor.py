@@ -58,6 +58,11 @@ MARKS = MappingProxyType({OK: "ok  ", FAIL: "FAIL", SKIP: "skip"})
 CALL_TIMEOUT_SECONDS = 15.0
 SETUP = "deploy/iam/setup.sh"
 EDGE_ROLE = f"the {EDGE_ROLE_ID} custom role"
+#: How to install the JobSet CRD and controller (its release manifests; pick the
+#: release the cluster's Kubernetes version supports).
+JOBSET_INSTALL = ("kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/"
+                  "releases/download/VERSION/manifests.yaml (a JobSet release, e.g. v0.10.1; "
+                  "the controller runs in namespace jobset-system)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +205,10 @@ class Doctor:
                                 f"{status}, version {gke.current_master_version or 'unknown'}, "
                                 f"endpoint {gke.endpoint or 'none'}"))
             checks += self._cluster_features(subject, cluster, gke)
-            checks.append(self._kubernetes(subject, cluster, edges))
+            kubernetes = self._kubernetes(subject, cluster, edges)
+            checks.append(kubernetes)
+            checks.append(self._jobset_crd(subject, cluster, edges) if not kubernetes.failed
+                          else Check(subject, "JobSet CRD", SKIP, "needs the Kubernetes API"))
         checks.append(self._node_pools(subject, cluster, cluster_manager, grant))
         checks.append(self._reservation(subject, cluster, reservations))
         return checks
@@ -245,6 +253,21 @@ class Doctor:
             return Check(subject, "Kubernetes API", FAIL, port.message, fix)
         return Check(subject, "Kubernetes API", OK,
                      f"{version} at {edge.host}; Jobs in namespace {namespace} can be listed")
+
+    def _jobset_crd(self, subject: str, cluster: Cluster, edges: KubeEdgeClusters) -> Check:
+        """Multi-slice tasks run as JobSets: the CRD (and its controller) must be there."""
+        try:
+            installed = edges.for_cluster(cluster).jobset_crd_installed()
+        except PortError as error:
+            fix = (f"grant {self.identity_email()} {EDGE_ROLE} (container.thirdPartyObjects.*) "
+                   f"in project {cluster.project} ({SETUP})"
+                   if error.code == PERMISSION_DENIED else "check the API server's answer")
+            return Check(subject, "JobSet CRD", FAIL, error.message, fix)
+        if not installed:
+            return Check(subject, "JobSet CRD", FAIL,
+                         "jobsets.jobset.x-k8s.io is not served: multi-slice tasks (slices > 1) "
+                         "cannot be submitted to this cluster", f"install JobSet: {JOBSET_INSTALL}")
+        return Check(subject, "JobSet CRD", OK, "jobset.x-k8s.io/v1alpha2 JobSets can be listed")
 
     def _node_pools(self, subject: str, cluster: Cluster,
                     cluster_manager: container_v1.ClusterManagerClient, grant: str) -> Check:

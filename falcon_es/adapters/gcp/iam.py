@@ -52,6 +52,14 @@ EDGE_PERMISSIONS = (
     "container.services.create",
     "container.services.get",
     "container.services.delete",
+    # a multi-slice task's JobSet, a custom resource (GKE authorizes custom resources
+    # by container.thirdPartyObjects.*): create, adopt, delete, list (doctor's CRD
+    # check, the informer) and watch (the informer)
+    "container.thirdPartyObjects.create",
+    "container.thirdPartyObjects.get",
+    "container.thirdPartyObjects.list",
+    "container.thirdPartyObjects.watch",
+    "container.thirdPartyObjects.delete",
     "container.pods.get",
     "container.pods.list",
     "container.pods.watch",

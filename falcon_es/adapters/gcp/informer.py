@@ -40,6 +40,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import urllib3
@@ -49,16 +50,18 @@ from kubernetes.client.exceptions import ApiException
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_objects import FALCON_SELECTOR
 from falcon_es.clock import Clock, WallClock
-from falcon_es.manifests import TASK_ID_ANNOTATION, TASK_LABEL
+from falcon_es.manifests import (
+    JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, TASK_ID_ANNOTATION, TASK_LABEL,
+)
 from falcon_es.ports import (
-    EDGE_EVENTS_TOPIC, CreateRefusal, JobObservation, PodObservation, PortError,
+    EDGE_EVENTS_TOPIC, JOBSET_KIND, CreateRefusal, JobObservation, PodObservation, PortError,
 )
 from falcon_es.registry import Cluster
 from falcon_es.retry import DEFAULT_BACKOFFS, KUBERNETES, Backoff
 
 log = logging.getLogger("falcon_es.adapters.gcp.informer")
 
-JOBS, PODS, EVENTS = "jobs", "pods", "events"
+JOBS, PODS, EVENTS, JOBSETS = "jobs", "pods", "events", "jobsets"
 #: The Job controller's event reasons (pkg/controller controller_utils.go).
 FAILED_CREATE, SUCCESSFUL_CREATE = "FailedCreate", "SuccessfulCreate"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -87,6 +90,8 @@ class InformerSettings:
     backoff: Backoff = DEFAULT_BACKOFFS[KUBERNETES]
     #: A watch that has not failed for this long starts its backoff from the start.
     backoff_reset_seconds: float = 120.0
+    #: Watch JobSets too (multi-slice tasks); off only where no JobSet can exist.
+    jobsets: bool = True
 
     def __post_init__(self) -> None:
         if self.resync_seconds <= 0:
@@ -152,10 +157,20 @@ def _uid(obj: Mapping[str, Any]) -> str:
 
 
 def _owner_job(pod: Mapping[str, Any]) -> str | None:
-    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-        if owner.get("kind") == "Job" and owner.get("controller", True):
+    return _owner(pod, "Job")
+
+
+def _owner(obj: Mapping[str, Any], kind: str) -> str | None:
+    """The uid of the object's controller of ``kind``."""
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("kind") == kind and owner.get("controller", True):
             return str(owner.get("uid"))
     return None
+
+
+def _slice_index(child: str) -> int:
+    tail = child.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 class JobViews:
@@ -175,7 +190,11 @@ class JobViews:
         #: API server expires events after an hour, so these do not pile up).
         self._events: dict[str, dict[str, Any]] = {}
         self._events_of: dict[str, set[str]] = {}
-        self._positions = {JOBS: 0, PODS: 0, EVENTS: 0}
+        self._positions = {JOBS: 0, PODS: 0, EVENTS: 0, JOBSETS: 0}
+        #: JobSets (multi-slice tasks) and the child Jobs each owns: a child is
+        #: published only as part of its JobSet's observation.
+        self._jobsets: dict[str, _View] = {}
+        self._parent: dict[str, str] = {}
         #: Jobs held back because their status counts finished pods the pod view has not
         #: seen yet, with the Job's resourceVersion the pods watch has to reach.
         self._held: dict[str, int] = {}
@@ -186,17 +205,19 @@ class JobViews:
 
     def job_uids(self) -> list[str]:
         with self._lock:
-            return sorted(self._views)
+            return sorted([*self._views, *self._jobsets])
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> list[str]:
         """Fold one watch event; the uids of the Jobs whose view it touched."""
         with self._lock:
             released = self.advance(kind, _rv(obj))
             if kind == JOBS:
-                return [*self._apply_job(event_type, dict(obj)), *released]
+                return self._routed([*self._apply_job(event_type, dict(obj)), *released])
             if kind == EVENTS:
-                return [*self._apply_event(event_type, dict(obj)), *released]
-            return [*self._apply_pod(event_type, dict(obj)), *released]
+                return self._routed([*self._apply_event(event_type, dict(obj)), *released])
+            if kind == JOBSETS:
+                return [*self._apply_jobset(event_type, dict(obj)), *self._routed(released)]
+            return self._routed([*self._apply_pod(event_type, dict(obj)), *released])
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int) -> list[str]:
         """Fold a full list: objects not in it were deleted (at or before ``list_rv``)."""
@@ -204,11 +225,17 @@ class JobViews:
             touched = self.advance(kind, list_rv)
             listed = {_uid(item): dict(item) for item in items}
             held: Mapping[str, object] = (self._views if kind == JOBS else
+                                          self._jobsets if kind == JOBSETS else
                                           self._events if kind == EVENTS else self._pods)
             known = set(held)
             for uid in sorted(known - set(listed)):
                 if kind == JOBS:
                     self._views.pop(uid, None)
+                    parent = self._parent.pop(uid, None)
+                    if parent:
+                        touched.append(parent)
+                elif kind == JOBSETS:
+                    self._jobsets.pop(uid, None)
                 elif kind == EVENTS:
                     touched += self._apply_event("DELETED", self._events[uid])
                 else:
@@ -217,7 +244,7 @@ class JobViews:
                     touched += self._apply_pod("DELETED", gone)
             for item in listed.values():
                 touched += self.apply(kind, "MODIFIED", item)
-            return list(dict.fromkeys(touched))
+            return list(dict.fromkeys(self._routed(touched)))
 
     def advance(self, kind: str, resource_version: int) -> list[str]:
         """The watch of ``kind`` has delivered everything up to ``resource_version``
@@ -235,8 +262,13 @@ class JobViews:
 
     def observe(self, job_uid: str, *, republish: bool = False) -> JobObservation | None:
         """The Job's observation if its view changed since it was last published (or
-        always, with ``republish``); None for an unknown Job or one without a task id."""
+        always, with ``republish``); None for an unknown Job or one without a task id.
+        A JobSet's uid gives the JobSet's observation; a child Job's none of its own."""
         with self._lock:
+            if job_uid in self._jobsets:
+                return self._observe_jobset(job_uid, republish)
+            if job_uid in self._parent:
+                return None
             view = self._views.get(job_uid)
             if view is None or view.job["metadata"].get("deletionTimestamp"):
                 return None  # unknown, or on its way out: its pods' deletion is no news
@@ -268,14 +300,73 @@ class JobViews:
     def published(self, job_uid: str, version: int) -> None:
         """Record a successful publish (the content the version was assigned to)."""
         with self._lock:
-            view = self._views.get(job_uid)
+            view = self._views.get(job_uid) or self._jobsets.get(job_uid)
             if view is not None and view.version == version:
                 view.published = view.attempted
 
     def max_resource_version(self, job_uid: str) -> int:
         with self._lock:
-            view = self._views.get(job_uid)
+            view = self._views.get(job_uid) or self._jobsets.get(job_uid)
             return view.max_rv if view else 0
+
+    # -- JobSets ----------------------------------------------------------------
+
+    def _routed(self, uids: Iterable[str]) -> list[str]:
+        """Touched Jobs, a JobSet's child replaced by its JobSet."""
+        return list(dict.fromkeys(self._parent.get(uid, uid) for uid in uids))
+
+    def _apply_jobset(self, event_type: str, jobset: dict[str, Any]) -> list[str]:
+        uid, rv = _uid(jobset), _rv(jobset)
+        if event_type == "DELETED":
+            self._jobsets.pop(uid, None)
+            return []
+        view = self._jobsets.get(uid)
+        if view is None:
+            self._jobsets[uid] = _View(jobset, rv)
+            return [uid]
+        if rv <= _rv(view.job):
+            return []
+        view.job = jobset
+        view.max_rv = max(view.max_rv, rv)
+        return [uid]
+
+    def _children(self, jobset_uid: str) -> list[dict[str, Any]]:
+        """The JobSet's child Jobs in slice order (their name ends with the index)."""
+        children = [self._views[uid].job for uid, parent in self._parent.items()
+                    if parent == jobset_uid and uid in self._views]
+        return sorted(children, key=lambda j: _slice_index(str(j["metadata"].get("name"))))
+
+    def _observe_jobset(self, uid: str, republish: bool) -> JobObservation | None:
+        view = self._jobsets[uid]
+        if view.job["metadata"].get("deletionTimestamp"):
+            return None
+        task_id = _task_id(view.job)
+        if task_id is None:
+            return None
+        children = self._children(uid)
+        parts = []
+        for child in children:
+            child_uid = _uid(child)
+            pods = [self._pods[p] for p in self._pods_of.get(child_uid, ())]
+            if self._pods_behind(child, pods):
+                self._held[child_uid] = _rv(child)
+                return None
+            events = [self._events[e] for e in self._events_of.get(child_uid, ())]
+            parts.append((child, pods, events))
+        content = _jobset_content(view.job, parts)
+        if content == view.published and not republish:
+            return None
+        if content != view.attempted:
+            view.version = max(sum(self._positions.values()), view.version + 1)
+            view.attempted = content
+        succeeded, failed, completions, condition, ordered, refusal, restarts, reason = content
+        return JobObservation(
+            cluster_name=self.cluster_name, job_name=str(view.job["metadata"]["name"]),
+            job_uid=uid, task_id=task_id, resource_version=view.version,
+            active=sum(1 for p in ordered if p.phase == "Running"), succeeded=succeeded,
+            failed=failed, completions=completions, pods=ordered,
+            observed_at=self._clock.now(), condition=condition, refusal=refusal,
+            kind=JOBSET_KIND, restarts=restarts, condition_reason=reason)
 
     # -- internals --------------------------------------------------------------
 
@@ -293,11 +384,15 @@ class JobViews:
 
     def _apply_job(self, event_type: str, job: dict[str, Any]) -> list[str]:
         uid, rv = _uid(job), _rv(job)
+        parent = _owner(job, "JobSet")
+        if parent and event_type != "DELETED":
+            self._parent[uid] = parent
         if event_type == "DELETED":
             self._views.pop(uid, None)
+            gone = self._parent.pop(uid, None)
             for event_uid in self._events_of.pop(uid, ()):
                 self._events.pop(event_uid, None)
-            return []
+            return [gone] if gone else []
         view = self._views.get(uid)
         if view is None:
             pod_rvs = [_rv(self._pods[p]) for p in self._pods_of.get(uid, ())]
@@ -460,6 +555,43 @@ def _content(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
             int(spec.get("completions") or 1), _condition(job), ordered, refusal_of(events))
 
 
+JobSetContent = tuple[int, int, int, str | None, tuple[PodObservation, ...],
+                      CreateRefusal | None, int, str | None]
+#: A JobSet's conditions and what the port calls them.
+_JOBSET_CONDITIONS: Mapping[str, str] = MappingProxyType(
+    {"Completed": "Complete", "Failed": "Failed"})
+
+
+def _jobset_content(jobset: Mapping[str, Any],
+                    children: Iterable[tuple[Mapping[str, Any], list[dict[str, Any]],
+                                             list[dict[str, Any]]]]) -> JobSetContent:
+    """A JobSet's observation: its children's pods and counts summed (slice order), the
+    first child's refusal (transient while that child's leader has no node), and the
+    JobSet's own verdict, restarts and reason."""
+    succeeded = failed = completions = 0
+    pods: list[PodObservation] = []
+    refusal: CreateRefusal | None = None
+    for child, child_pods, events in children:
+        child_succeeded, child_failed, child_completions, _, ordered, refused = _content(
+            child, child_pods, events)
+        succeeded, failed = succeeded + child_succeeded, failed + child_failed
+        completions += child_completions
+        pods.extend(ordered)
+        if refused is not None and refusal is None:
+            leader = next((p for p in sorted(child_pods, key=_pod_order)
+                           if _pod_order(p)[0] == 0), None)
+            unscheduled = leader is None or not (leader.get("spec") or {}).get("nodeName")
+            refusal = CreateRefusal(f"child Job {child['metadata'].get('name')}: "
+                                    f"{refused.message}", refused.count, transient=unscheduled)
+    status = jobset.get("status") or {}
+    condition = reason = None
+    for entry in status.get("conditions") or ():
+        if entry.get("type") in _JOBSET_CONDITIONS and entry.get("status") == "True":
+            condition, reason = _JOBSET_CONDITIONS[entry["type"]], entry.get("reason")
+    return (succeeded, failed, completions, condition, tuple(pods), refusal,
+            int(status.get("restarts") or 0), reason)
+
+
 def _observation(cluster_name: str, job: Mapping[str, Any], task_id: str, content: Content,
                  version: int, moment: dt.datetime) -> JobObservation:
     succeeded, failed, completions, condition, ordered, refusal = content
@@ -504,7 +636,8 @@ class EdgeInformer:
         """Watch until ``stop`` is set (the three resources, each in its own thread)."""
         threads = [threading.Thread(target=self._watch_loop, args=(kind, stop),
                                     name=f"informer-{self.edge.name}-{kind}", daemon=True)
-                   for kind in (PODS, JOBS, EVENTS)]
+                   for kind in (PODS, JOBS, EVENTS, JOBSETS)
+                   if kind != JOBSETS or self.settings.jobsets]
         for thread in threads:
             thread.start()
         stop.wait()
@@ -565,7 +698,7 @@ class EdgeInformer:
         list_rv = str(body["metadata"]["resourceVersion"])
         self.stats.lists += 1
         touched = self.views.replace(kind, body.get("items") or (), int(list_rv))
-        if republish and kind == JOBS:
+        if republish and kind in (JOBS, JOBSETS):
             self._publish(self.views.job_uids(), republish=True)
         else:
             self._publish(touched)
@@ -612,6 +745,14 @@ class EdgeInformer:
         if kind == EVENTS:
             return (self.edge.core.list_namespaced_event,
                     {"field_selector": self.settings.event_selector})
+        if kind == JOBSETS:
+            custom = self.edge.custom
+
+            def list_jobsets(namespace: str, **options: Any) -> object:
+                """JobSets of the namespace (a custom resource: plain dicts)."""
+                return custom.list_namespaced_custom_object(
+                    JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, **options)
+            return list_jobsets, {"label_selector": self.settings.job_selector}
         return self.edge.core.list_namespaced_pod, {"label_selector": self.settings.pod_selector}
 
     def _publish(self, job_uids: Iterable[str], *, republish: bool = False) -> None:

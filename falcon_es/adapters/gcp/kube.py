@@ -21,6 +21,13 @@ ownerReference.
 
 ``diagnose_pending`` reads the Job, its pods and their events, and ``kube_diagnosis``
 turns them into a Message that puts the root cause first.
+
+A multi-slice task's JobSet (``jobset.x-k8s.io/v1alpha2``, a custom resource) goes
+through ``CustomObjectsApi``: created (or adopted when it carries the task's id),
+read and deleted (Background propagation, so its child Jobs, their pods and its
+headless Service go too) by kind. The JobSet controller creates the children and the
+Service; the diagnosis of a JobSet is that of its first child Job whose pods wait, the
+leader's cause before the followers' refusal.
 """
 
 from __future__ import annotations
@@ -51,9 +58,13 @@ from falcon_es.adapters.gcp.kube_objects import (
     node_ready,
     task_of,
 )
-from falcon_es.manifests import TASK_LABEL, render_headless_service
+from falcon_es.manifests import (
+    JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, TASK_LABEL, render_headless_service,
+)
 from falcon_es.ports import (
     ALREADY_EXISTS,
+    JOB_KIND,
+    JOBSET_KIND,
     FAILED,
     INVALID,
     NOT_FOUND,
@@ -69,6 +80,8 @@ from falcon_es.registry import Cluster
 log = logging.getLogger("falcon_es.adapters.gcp.kube")
 
 DEFAULT_NAMESPACE = "falcon-jobs"
+#: The label the JobSet controller puts on its child Jobs and their pods.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 PROPAGATION_POLICIES = ("Background", "Foreground")
 
 
@@ -93,6 +106,7 @@ class KubeEdgeCluster:
         self.api_client = api_client
         self.batch = client.BatchV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.tokens = tokens
         self._propagation = propagation_policy
         self._timeout = request_timeout_seconds
@@ -105,13 +119,17 @@ class KubeEdgeCluster:
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
         body = self._checked_manifest(manifest)
+        if body.get("kind") == JOBSET_KIND:
+            return self._create_or_adopt_jobset(body)
         ref = self._create_or_adopt_job(body)
         service = render_headless_service(body, ref.uid)
         if service is not None:
             self._ensure_service(service, ref)
         return ref
 
-    def get_job(self, name: str) -> JobRef | None:
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None:
+        if kind == JOBSET_KIND:
+            return self._get_jobset(name)
         try:
             return job_ref(self.batch.read_namespaced_job(name, self.namespace,
                                                            _request_timeout=self._timeout))
@@ -122,7 +140,10 @@ class KubeEdgeCluster:
         except Exception as error:  # connection failures become PortErrors too
             raise self.error(error, f"reading Job {name}") from error
 
-    def delete_job(self, name: str) -> None:
+    def delete_job(self, name: str, kind: str = JOB_KIND) -> None:
+        if kind == JOBSET_KIND:
+            self._delete_jobset(name)
+            return
         try:
             self.batch.delete_namespaced_job(name, self.namespace,
                                              propagation_policy=self._propagation,
@@ -150,10 +171,13 @@ class KubeEdgeCluster:
                                                  _request_timeout=self._timeout)
         except ApiException as error:
             if error.status == 404:
-                return None
+                return self._diagnose_jobset(job_name)
             raise self.error(error, doing) from error
         except Exception as error:
             raise self.error(error, doing) from error
+        return self._diagnose_job(job, job_name, doing)
+
+    def _diagnose_job(self, job: client.V1Job, job_name: str, doing: str) -> str | None:
         try:
             pods = self._pods_of(job)
             events = [*self._events_of("Job", job_name),
@@ -164,6 +188,89 @@ class KubeEdgeCluster:
         except Exception as error:
             raise self.error(error, doing) from error
         return diagnosis(job, pods, events, self.node_counts)
+
+    # ------------------------------------------------------------------ JobSets
+
+    def _create_or_adopt_jobset(self, body: dict[str, Any]) -> JobRef:
+        name = body["metadata"]["name"]
+        try:
+            created = self.custom.create_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, body,
+                _request_timeout=self._timeout)
+            return _jobset_ref(created, name)
+        except ApiException as error:
+            if error.status != 409:
+                raise self.error(error, f"creating JobSet {name}") from error
+        except Exception as error:
+            raise self.error(error, f"creating JobSet {name}") from error
+        existing = self._get_jobset(name)
+        if existing is None:
+            raise PortError(RETRYABLE, f"JobSet {name} in namespace {self.namespace} on "
+                                       f"cluster {self.name} was being deleted while it was "
+                                       "submitted; submit again")
+        wanted = task_of(body["metadata"])
+        if wanted is None or existing.task_id != wanted:
+            owner = f"task {existing.task_id}" if existing.task_id else "no Falcon task"
+            raise PortError(ALREADY_EXISTS, f'jobsets.jobset.x-k8s.io "{name}" already exists '
+                                            f"in namespace {self.namespace} on cluster "
+                                            f"{self.name} and belongs to {owner}")
+        log.info("adopted existing JobSet %s (uid %s) on %s", name, existing.uid, self.name)
+        return existing
+
+    def _get_jobset(self, name: str) -> JobRef | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, name,
+                _request_timeout=self._timeout)
+        except ApiException as error:
+            if error.status == 404 and not _crd_missing(error):
+                return None
+            raise self.error(error, f"reading JobSet {name}") from error
+        except Exception as error:
+            raise self.error(error, f"reading JobSet {name}") from error
+        return _jobset_ref(found, name)
+
+    def _delete_jobset(self, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, name,
+                propagation_policy=self._propagation, _request_timeout=self._timeout)
+        except ApiException as error:
+            if error.status == 404 and not _crd_missing(error):
+                return
+            raise self.error(error, f"deleting JobSet {name}") from error
+        except Exception as error:
+            raise self.error(error, f"deleting JobSet {name}") from error
+
+    def _diagnose_jobset(self, name: str) -> str | None:
+        """The first child Job (in slice order) whose pods wait, in its own words."""
+        doing = f"diagnosing JobSet {name}"
+        try:
+            children = self.batch.list_namespaced_job(
+                self.namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}",
+                _request_timeout=self._timeout).items
+        except Exception as error:
+            raise self.error(error, doing) from error
+        for child in sorted(children, key=lambda j: _slice_index(name_of(j, "a Job"))):
+            child_name = name_of(child, "a Job")
+            found = self._diagnose_job(child, child_name, doing)
+            if found:
+                return f"Job {child_name}: {found}"
+        return None
+
+    def jobset_crd_installed(self) -> bool:
+        """The JobSet CRD is served (``falcon-es doctor``): listing JobSets answers."""
+        try:
+            self.custom.list_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, limit=1,
+                _request_timeout=self._timeout)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise self.error(error, "listing JobSets") from error
+        except Exception as error:
+            raise self.error(error, "listing JobSets") from error
+        return True
 
     # ------------------------------------------------------------------- helpers
 
@@ -384,6 +491,28 @@ class KubeEdgeClusters:
             edges, self._edges = list(self._edges.values()), {}
         for edge in edges:
             edge.close()
+
+
+def _jobset_ref(found: Any, name: str) -> JobRef:
+    """The port's handle on a JobSet (a plain dict from CustomObjectsApi)."""
+    metadata = found.get("metadata") if isinstance(found, Mapping) else None
+    if not isinstance(metadata, Mapping) or not metadata.get("uid"):
+        raise PortError(FAILED, f"the Kubernetes API returned JobSet {name} without "
+                                "metadata.uid")
+    return JobRef(name=str(metadata.get("name") or name), uid=str(metadata["uid"]),
+                  task_id=task_of(metadata))
+
+
+def _crd_missing(error: ApiException) -> bool:
+    """A 404 for the resource type itself, not for one JobSet: the CRD is not installed."""
+    body = _status_message(error)
+    return "could not find the requested resource" in body
+
+
+def _slice_index(child: str) -> int:
+    """The index at the end of a child Job's name (``<jobset>-<replicatedJob>-<i>``)."""
+    tail = child.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _status_message(error: ApiException) -> str:

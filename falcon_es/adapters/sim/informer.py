@@ -92,4 +92,6 @@ def observation_data(observation: JobObservation) -> dict[str, Any]:
         "observed_at": observation.observed_at.isoformat(), "condition": observation.condition,
         "refusal": (None if observation.refusal is None
                     else dataclasses.asdict(observation.refusal)),
+        "kind": observation.kind, "restarts": observation.restarts,
+        "condition_reason": observation.condition_reason,
     }

@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from falcon_es.manifests import render_headless_service
-from falcon_es.ports import ALREADY_EXISTS, FAILED as PORT_FAILED, JobRef, NodeCounts, PortError
+from falcon_es.ports import (
+    ALREADY_EXISTS, FAILED as PORT_FAILED, JOB_KIND, JOBSET_KIND, JobRef, NodeCounts, PortError,
+)
 from falcon_es.registry import Cluster
 
 from falcon_es.adapters.sim.common import WorldCall
@@ -32,11 +34,11 @@ class SimEdgeCluster:
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
         return self._call(lambda now: self._submit(manifest, now))
 
-    def get_job(self, name: str) -> JobRef | None:
-        return self._call(lambda now: self._kube.get_job(name))
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None:
+        return self._call(lambda now: self._kube.get_job(name, kind))
 
-    def delete_job(self, name: str) -> None:
-        self._call(lambda now: self._kube.delete_job(name, now))
+    def delete_job(self, name: str, kind: str = JOB_KIND) -> None:
+        self._call(lambda now: self._kube.delete_job(name, now, kind))
 
     def node_counts(self, pool_name: str) -> NodeCounts:
         return self._call(lambda now: self._kube.node_counts(pool_name))
@@ -49,6 +51,8 @@ class SimEdgeCluster:
         on GKE (see the gcp adapter for adoption after a crash between the two)."""
         kube = self._kube
         ref = kube.submit(manifest, now)
+        if manifest.get("kind") == JOBSET_KIND:
+            return ref  # the JobSet controller makes its Service itself
         service = render_headless_service(manifest, ref.uid)
         if service is None:
             return ref

@@ -26,7 +26,8 @@ collector does. A Service draws nothing from the random stream, so a run's Jobs 
 pods are the same whether or not its Jobs have Services.
 
 Submitted manifests are read and checked by ``kube_manifests``; the objects this API
-holds are those of ``kube_objects``.
+holds are those of ``kube_objects``. JobSets, their child Jobs and the pod webhooks that
+order a child's leader before its followers are ``kube_jobset``'s.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from types import MappingProxyType
 from typing import Any
 
 from falcon_es.ports import (
-    ALREADY_EXISTS, RETRYABLE, CreateRefusal, JobObservation, JobRef, NodeCounts,
-    PodObservation, PortError,
+    ALREADY_EXISTS, JOB_KIND, JOBSET_KIND, RETRYABLE, CreateRefusal, JobObservation, JobRef,
+    NodeCounts, PodObservation, PortError,
 )
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
@@ -49,6 +50,7 @@ from falcon_es.adapters.sim.gke import (
     ERROR, PROVISIONING, RUNNING, STOPPING, NodePoolService, SimNode, SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
+from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
 from falcon_es.adapters.sim.kube_objects import (
     FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimCreateFailure, SimJob, SimPod, SimService,
@@ -102,6 +104,7 @@ class KubeService:
         self._unbound: dict[str | None, dict[str, None]] = {}
         self._dirty: dict[str, SimJob] = {}
         self.resource_version = 0
+        self.jobsets = SimJobSets(self, rng)
         self._submit_index = 0
         self._system_nodes = [
             SimNode(f"gke-{identity.name[:12]}-default-pool-{suffix(rng, 8)}-{suffix(rng, 4)}",
@@ -113,6 +116,8 @@ class KubeService:
 
     def submit(self, manifest: Mapping[str, Any], now: dt.datetime) -> JobRef:
         self._check_throttled()
+        if isinstance(manifest, Mapping) and manifest.get("kind") == JOBSET_KIND:
+            return self.jobsets.submit(manifest, now)
         job = parse_job(manifest, now, self.defaults, self._rng, self._behaviour_source)
         if job.name in self.jobs:
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
@@ -121,7 +126,7 @@ class KubeService:
             self._refuse_pods(job, now)
             return JobRef(job.name, job.uid, job.task_label or None)
         for index in range(min(job.parallelism, job.completions)):
-            self._new_pod(job, index)
+            self.new_pod(job, index)
         self._dirty[job.name] = job
         self._schedule_job(job, now)
         return JobRef(job.name, job.uid, job.task_label or None)
@@ -138,17 +143,41 @@ class KubeService:
             raise PortError(RETRYABLE, "429 Too Many Requests: the server has received too "
                                        "many requests and has asked us to try again later")
 
-    def get_job(self, name: str) -> JobRef | None:
+    def submit_child(self, manifest: Mapping[str, Any], now: dt.datetime, jobset: str,
+                     allowed_pools: tuple[str, ...], *, exclusive: bool) -> None:
+        """A JobSet's child Job. With exclusive placement only its leader (index 0) is
+        created at first: the pod webhook refuses the followers until it is scheduled."""
+        job = parse_job(manifest, now, self.defaults, self._rng, self._behaviour_source)
+        if job.name in self.jobs:
+            raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
+        job.jobset, job.allowed_pools = jobset, allowed_pools
+        self.jobs[job.name] = job
+        if exclusive and min(job.parallelism, job.completions) > 1:
+            job.followers_held = True
+            self.new_pod(job, 0)
+            self.jobsets.refuse_followers(job)
+        else:
+            for index in range(min(job.parallelism, job.completions)):
+                self.new_pod(job, index)
+        self._dirty[job.name] = job
+        self._schedule_job(job, now)
+
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None:
+        if kind == JOBSET_KIND:
+            return self.jobsets.get(name)
         job = self.jobs.get(name)
         return None if job is None else JobRef(job.name, job.uid, job.task_label or None)
 
-    def delete_job(self, name: str, now: dt.datetime) -> None:
+    def delete_job(self, name: str, now: dt.datetime, kind: str = JOB_KIND) -> None:
+        if kind == JOBSET_KIND:
+            self.jobsets.delete(name, now)
+            return
         job = self.jobs.pop(name, None)
         if job is None:
             return
-        self._collect_services_of(job.uid)
+        self.collect_services_of(job.uid)
         self._dirty.pop(name, None)
-        self._forget_unbound(job)
+        self.forget_unbound(job)
         freed = {pod.pool for pod in job.pods if self._unbind(pod)}
         self._reschedule(now, freed)
 
@@ -163,10 +192,29 @@ class KubeService:
     def delete_service(self, name: str) -> None:
         self.services.pop(name, None)
 
-    def _collect_services_of(self, job_uid: str) -> None:
+    def collect_services_of(self, job_uid: str) -> None:
         """The garbage collector: Services owned by a deleted Job go with it."""
         for name in [n for n, s in self.services.items() if job_uid in s.owner_uids]:
             del self.services[name]
+
+    def next_resource_version(self) -> int:
+        self.resource_version += 1
+        return self.resource_version
+
+    def at(self, moment: dt.datetime, action: Callable[[dt.datetime], None]) -> None:
+        self._timeline.at(moment, action)
+
+    def stop(self, job: SimJob, moment: dt.datetime) -> None:
+        """Delete a Job's live pods (a failed JobSet stops its other children)."""
+        freed = set()
+        for pod in job.live_pods():
+            freed.add(pod.pool)
+            self._unbind(pod)
+            job.pods.remove(pod)
+        self.forget_unbound(job)
+        job.followers_held, job.followers_refusal = False, None
+        self._dirty[job.name] = job
+        self._reschedule(moment, freed)
 
     def node_counts(self, pool_name: str) -> NodeCounts:
         pool = self._pools.pools.get(pool_name)
@@ -175,6 +223,8 @@ class KubeService:
         return NodeCounts(pool.registered, pool.ready)
 
     def diagnose(self, job_name: str) -> str | None:
+        if job_name in self.jobsets.jobsets:
+            return self.jobsets.diagnose(job_name)
         job = self.jobs.get(job_name)
         if job is None:
             return None
@@ -184,7 +234,7 @@ class KubeService:
         if not pending:
             return None
         pod = pending[0]
-        upstream = self._pool_cause(job)
+        upstream = self.pool_cause(job)
         if pod.reason in ("ErrImagePull", "ImagePullBackOff"):
             symptom: str | None = f"pod {pod.name}: {pod.reason}: {pod.message}"
         elif pod.node is None and pod.message:
@@ -211,12 +261,13 @@ class KubeService:
         self._reschedule(moment, {pool.name})
 
     def flush(self, moment: dt.datetime) -> None:
-        """Publish one observation per Job that changed at this moment."""
-        if not self._dirty:
-            return
+        """Publish one observation per Job (or JobSet) that changed at this moment."""
         dirty, self._dirty = self._dirty, {}
         for job in dirty.values():
             if self.jobs.get(job.name) is not job:
+                continue
+            if job.jobset is not None:
+                self.jobsets.child_changed(job)  # its JobSet's observation says it
                 continue
             state = self._state(job)
             if state == job.last_published:
@@ -225,6 +276,8 @@ class KubeService:
             self.resource_version += 1
             job.resource_version = self.resource_version
             self._informer.deliver(self.observe(job, moment, state), moment)
+        for observation in self.jobsets.flush(moment):
+            self._informer.deliver(observation, moment)
 
     def observe(self, job: SimJob, moment: dt.datetime,
                 state: JobState | None = None) -> JobObservation:
@@ -258,7 +311,7 @@ class KubeService:
                 self._schedule_job(job, moment)
 
     def _schedule_job(self, job: SimJob, moment: dt.datetime) -> None:
-        for pod in job.pods:
+        for pod in list(job.pods):
             if pod.phase != PENDING or pod.node is not None:
                 continue
             node, why = self._fit(job)
@@ -274,8 +327,12 @@ class KubeService:
             self._dirty[job.name] = job
             start = self.defaults.pod_start.draw(self._rng)
             self._timeline.at(seconds_after(moment, start), functools.partial(self._start, job, pod))
+            if job.followers_held and pod.index == 0:
+                self.jobsets.leader_bound(job, pod.pool)
+                self._schedule_job(job, moment)
+                return
         if all(p.node is not None or p.phase != PENDING for p in job.pods):
-            self._forget_unbound(job)
+            self.forget_unbound(job)
 
     def _fit(self, job: SimJob) -> tuple[SimNode | None, str]:
         """A free node for one of the job's pods, or why there is none (the scheduler's
@@ -294,9 +351,13 @@ class KubeService:
         pools = self._pools.pools
         tpu_nodes = self._pools.registered_nodes
         total = len(self._system_nodes) + tpu_nodes
-        if job.pool is not None:
-            pinned = pools.get(job.pool)
-            candidates = [pinned] if pinned is not None and pinned.nodes else []
+        if job.pool is not None or job.allowed_pools:
+            if job.pool is not None:
+                allowed = [job.pool]
+            else:  # node affinity, less the pools a sibling child holds (exclusive)
+                claimed = self.jobsets.claimed(job)
+                allowed = [p for p in job.allowed_pools if p not in claimed]
+            candidates = [pools[p] for p in allowed if p in pools and pools[p].nodes]
             elsewhere = tpu_nodes - sum(len(p.nodes) for p in candidates)
             if elsewhere:
                 reasons[_SELECTOR_MISMATCH] += elsewhere
@@ -316,7 +377,8 @@ class KubeService:
                 elif node.pod is not None or job.tpu_per_pod > pool.shape.chips_per_host:
                     reasons[_NO_TPU] += 1
                 elif job.behaviour.outcome == "unschedulable":
-                    reasons[_NO_MEMORY] += 1
+                    # A JobSet's leader waits for TPUs in the seed's scenario.
+                    reasons[_NO_TPU if job.jobset else _NO_MEMORY] += 1
                 else:
                     return node, ""
         if total == 0:
@@ -328,9 +390,10 @@ class KubeService:
     def _pool_of(self, node: SimNode) -> str | None:
         return next((name for name, pool in self._pools.pools.items() if node in pool.nodes), None)
 
-    def _pool_cause(self, job: SimJob) -> str | None:
-        """The node pool's side of a Pending pod: the upstream cause, when there is one."""
-        name = job.pool
+    def pool_cause(self, job: SimJob, name: str | None = None) -> str | None:
+        """The node pool's side of a Pending pod: the upstream cause, when there is one
+        (``name``: one of the pools a JobSet child may use)."""
+        name = name or job.pool
         if name is None:
             return None
         pool = self._pools.pools.get(name)
@@ -355,7 +418,8 @@ class KubeService:
             return (f"node pool {name} has {pool.ready}/{hosts} nodes ready "
                     f"({pool.registered}/{hosts} registered)")
         busy = sorted({n.pod.split("/", 1)[0] for n in pool.nodes
-                       if n.pod is not None and not n.pod.startswith(f"{job.name}/")})
+                       if n.pod is not None and not n.pod.startswith(f"{job.name}/")
+                       and not (job.jobset and n.pod.startswith(f"{job.jobset}-"))})
         if busy:
             return f"node pool {name} is busy: its nodes run pods of Job {', '.join(busy)}"
         return None
@@ -436,7 +500,7 @@ class KubeService:
                 freed.add(other.pool)
                 self._unbind(other)
                 job.pods.remove(other)
-            self._forget_unbound(job)
+            self.forget_unbound(job)
         else:
             delay = min(_BACKOFF_CAP, _BACKOFF_START * 2 ** (job.failed - 1))
             self._timeline.at(seconds_after(moment, delay),
@@ -447,6 +511,8 @@ class KubeService:
         """The Job's final condition; with ttlSecondsAfterFinished the TTL controller
         deletes it (and its pods) that long afterwards."""
         job.condition = condition
+        if job.jobset is not None:
+            self.jobsets.child_concluded(job, condition, moment)
         if job.ttl_after_finished is not None:
             self._timeline.at(seconds_after(moment, job.ttl_after_finished),
                               lambda m: self._expire(job, m))
@@ -458,7 +524,7 @@ class KubeService:
     def _replace(self, job: SimJob, index: int, moment: dt.datetime) -> None:
         if self.jobs.get(job.name) is not job or job.finished:
             return
-        self._new_pod(job, index)
+        self.new_pod(job, index)
         self._dirty[job.name] = job
         self._schedule_job(job, moment)
 
@@ -469,11 +535,11 @@ class KubeService:
             if len(live) >= job.parallelism:
                 break
             if index not in live and index not in job.done_indexes:
-                self._new_pod(job, index)
+                self.new_pod(job, index)
                 live.add(index)
         self._schedule_job(job, moment)
 
-    def _new_pod(self, job: SimJob, index: int) -> SimPod:
+    def new_pod(self, job: SimJob, index: int) -> SimPod:
         pod = SimPod(f"{job.name}-{index}-{suffix(self._rng)}", index)
         job.pods.append(pod)
         self._unbound.setdefault(job.pool, {})[job.name] = None
@@ -490,7 +556,7 @@ class KubeService:
         pod.node = None
         return True
 
-    def _forget_unbound(self, job: SimJob) -> None:
+    def forget_unbound(self, job: SimJob) -> None:
         waiting = self._unbound.get(job.pool)
         if waiting is not None:
             waiting.pop(job.name, None)

@@ -80,6 +80,15 @@ class SimJob:
     last_published: tuple[Any, ...] | None = None
     resource_version: int = 0
     ttl_after_finished: int | None = None
+    #: A JobSet's child: the JobSet's name, the pools its node affinity allows (one
+    #: taken per child, exclusively), and the follower pods not yet created because the
+    #: pod webhook refuses them until the leader (index 0) is scheduled.
+    jobset: str | None = None
+    allowed_pools: tuple[str, ...] = ()
+    followers_held: bool = False
+    #: The newest FailedCreate of its pods while it lasts, and how many it aggregates.
+    followers_refusal: str | None = None
+    followers_refusal_count: int = 0
     #: The Job controller's refusals to create its pods (the ``create-denied`` outcome).
     refused: SimCreateFailure | None = None
 
@@ -96,6 +105,32 @@ class SimJob:
     def live_pods(self) -> list[SimPod]:
         """The pods that still hold or wait for a node."""
         return [p for p in self.pods if p.phase in (PENDING, RUNNING_PHASE)]
+
+
+@dataclasses.dataclass
+class SimJobSet:
+    """A JobSet as the simulated API holds it: its child Jobs (named
+    ``<jobset>-<replicatedJob>-<index>``), restarts and final condition."""
+
+    name: str
+    uid: str
+    task_id: str
+    task_label: str
+    replicated_job: str
+    replicas: int
+    #: The child Job manifest the replicatedJob's template makes (name left out).
+    template: Mapping[str, Any]
+    max_restarts: int | None  # None: no failurePolicy (the first failed child fails it)
+    created_at: dt.datetime
+    #: Exclusive placement per node pool: leaders first, followers on their pool.
+    exclusive: bool = False
+    ttl_after_finished: int | None = None
+    children: list[str] = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    condition: str | None = None  # Completed | Failed
+    condition_reason: str | None = None
+    last_published: tuple[Any, ...] | None = None
+    resource_version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

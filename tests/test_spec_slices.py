@@ -1,0 +1,57 @@
+"""``slices`` and ``max_restarts`` in a task spec: the bounds, and what each means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from falcon_es.settings import Settings, SettingsError
+from falcon_es.spec import MAX_RESTARTS, SpecError, SpecLimits, parse_spec
+
+BASE = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "4x4"}
+FOUR = SpecLimits(max_slices=4)
+
+
+def test_one_slice_and_no_restarts_by_default() -> None:
+    spec = parse_spec(BASE, FOUR)
+    assert (spec.slices, spec.max_restarts) == (1, 0)
+    assert spec.to_data()["slices"] == 1
+
+
+def test_slices_up_to_the_configured_maximum() -> None:
+    spec = parse_spec({**BASE, "slices": 4, "max_restarts": 3}, FOUR)
+    assert (spec.slices, spec.max_restarts) == (4, 3)
+
+
+@pytest.mark.parametrize("value", [0, -1, 5, 2.0, "2", True, None, [2]])
+def test_slices_out_of_range_or_not_a_whole_number(value: Any) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec({**BASE, "slices": value}, FOUR)
+    assert error.value.field == "slices"
+    assert "from 1 to 4" in error.value.detail and "FALCON_MAX_SLICES" in error.value.detail
+
+
+def test_a_deployment_limited_to_one_slice_refuses_two() -> None:
+    with pytest.raises(SpecError, match="from 1 to 1"):
+        parse_spec({**BASE, "slices": 2}, SpecLimits(max_slices=1))
+
+
+@pytest.mark.parametrize("value", [-1, MAX_RESTARTS + 1, 1.5, "1", False])
+def test_max_restarts_bounds(value: Any) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec({**BASE, "slices": 2, "max_restarts": value}, FOUR)
+    assert error.value.field == "max_restarts"
+
+
+def test_restarts_need_a_jobset() -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec({**BASE, "max_restarts": 2}, FOUR)
+    assert error.value.field == "max_restarts" and "multi-slice" in error.value.detail
+
+
+def test_the_maximum_is_a_setting() -> None:
+    assert Settings.from_env({"FALCON_MAX_SLICES": "8"}).max_slices == 8
+    for bad in ("0", "two", "-3"):
+        with pytest.raises(SettingsError, match="FALCON_MAX_SLICES"):
+            Settings.from_env({"FALCON_MAX_SLICES": bad})
