@@ -108,18 +108,7 @@ def render_job(
     name = naming.job_name(task_id)
     job_annotations = {TASK_ID_ANNOTATION: task_id, **dict(annotations or {})}
     pod_spec = _pod_spec(task_id, spec, shape, pool_name, placement)
-    job_spec: dict[str, Any] = {
-        "backoffLimit": 0,
-        "completions": shape.hosts,
-        "parallelism": shape.hosts,
-        "template": {
-            "metadata": {
-                "labels": dict(labels),
-                "annotations": {GCSFUSE_ANNOTATION: "true"},
-            },
-            "spec": pod_spec,
-        },
-    }
+    job_spec = _one_slice_job_spec(labels, shape, pod_spec)
     if shape.multi_host:
         job_spec["completionMode"] = "Indexed"
         pod_spec["subdomain"] = name
@@ -135,6 +124,25 @@ def render_job(
             "annotations": job_annotations,
         },
         "spec": job_spec,
+    }
+
+
+def _one_slice_job_spec(labels: Mapping[str, str], shape: SliceShape,
+                        pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec of a Job of one pod per VM of a slice, shared by a task's Job and each
+    child Job of its JobSet: one failed pod fails it (``backoffLimit: 0``), since a
+    slice's workers cannot go on without one of theirs."""
+    return {
+        "backoffLimit": 0,
+        "completions": shape.hosts,
+        "parallelism": shape.hosts,
+        "template": {
+            "metadata": {
+                "labels": dict(labels),
+                "annotations": {GCSFUSE_ANNOTATION: "true"},
+            },
+            "spec": pod_spec,
+        },
     }
 
 
@@ -173,19 +181,8 @@ def render_jobset(
             "replicas": len(pool_names),
             "template": {
                 "metadata": {"labels": dict(labels)},
-                "spec": {
-                    "backoffLimit": 0,
-                    "completionMode": "Indexed",
-                    "completions": shape.hosts,
-                    "parallelism": shape.hosts,
-                    "template": {
-                        "metadata": {
-                            "labels": dict(labels),
-                            "annotations": {GCSFUSE_ANNOTATION: "true"},
-                        },
-                        "spec": pod_spec,
-                    },
-                },
+                "spec": {**_one_slice_job_spec(labels, shape, pod_spec),
+                         "completionMode": "Indexed"},
             },
         }],
     }
