@@ -199,10 +199,39 @@ class NodePoolNotVisible(Event):
 
 @dataclasses.dataclass(frozen=True)
 class NodesNotReady(Event):
+    """A fixed-size pool's control plane is RUNNING but not all its nodes are Ready."""
+
     pool_name: str
     ready: int
     total: int
     attempt: int
+    #: Nodes registered with Kubernetes (None in events recorded before it was kept).
+    registered: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodesAwaited(Event):
+    """An autoscaled (flex-start) pool's workload is submitted and its pods wait for
+    the cluster autoscaler to bring nodes: the pool's counts and the autoscaler's (or
+    the scheduler's) words, which lead the Message as the root cause."""
+
+    pool_name: str
+    expected: int
+    registered: int
+    ready: int
+    control_plane: str
+    cause: str
+    resource_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeWaitExtended(Event):
+    """The wait for nodes reached its deadline and the pool is kept (single-tenant
+    retention: no task of another topology waits on the cluster): GKE keeps trying
+    until a node is Ready or the task is aborted; looked at again later."""
+
+    pool_name: str
+    waited_seconds: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +252,8 @@ class NodePoolTimedOut(Event):
     failure_reason: ClassVar[str | None] = "NodePoolTimeout"
     pool_name: str
     waited_seconds: int
+    #: What the wait showed last (the autoscaler's words, the node counts): the cause.
+    cause: str = ""
 
 
 # Dispatch and status
@@ -469,7 +500,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
     NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused,
+    PodsRefused, NodesAwaited, NodeWaitExtended,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,

@@ -65,6 +65,10 @@ class Settings:
     #: JobSubmitFailed; a refusal that clears within it costs nothing.
     failed_create_grace_seconds: int = 600
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
+    #: Single-tenant retention: when a task's wait for nodes reaches its deadline and no
+    #: task of another topology waits on its cluster, keep the pool (GKE keeps trying)
+    #: until a node is Ready or the task is aborted, instead of failing NodePoolTimeout.
+    retain_waiting_pool: bool = True
     #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
     #: waiting on the world through the log). ``FALCON_RETRY_<API>_<FIELD>``.
     retry: RetryPolicies = dataclasses.field(default_factory=RetryPolicies)
@@ -138,6 +142,8 @@ class Settings:
             flex_start_provisioning_timeout_seconds=_int(
                 env, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
                 cls.flex_start_provisioning_timeout_seconds),
+            retain_waiting_pool=_flag(env, "FALCON_RETAIN_WAITING_POOL",
+                                      cls.retain_waiting_pool),
             scale_down_reservation_seconds=_int(
                 env, "FALCON_SCALE_DOWN_RESERVATION", cls.scale_down_reservation_seconds),
             scale_down_flex_start_seconds=_int(
@@ -173,6 +179,19 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise SettingsError(f"{name}={raw!r}: must be positive")
     return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A yes/no setting: true/false, yes/no, on/off or 1/0."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r}: expected true or false")
 
 
 def _count(env: Mapping[str, str], name: str, default: int) -> int:

@@ -18,6 +18,16 @@ from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
+
+
+def autoscaled(supply_mode: str | None) -> bool:
+    """A flex-start pool is created with autoscaling 0..N and no nodes: the cluster
+    autoscaler adds nodes only for Pending pods that need them, so its workload is
+    submitted as soon as the control plane is RUNNING. Reservation and on-demand pools
+    are fixed-size: their nodes come with the create, and the workload follows them."""
+    return supply_mode == FLEX_START
+
+
 #: Reasons of rows failed before their spec is read: a column of the row holds what
 #: Falcon-ES cannot use; the row's id does not fit the log.
 INVALID_COLUMN = "InvalidColumn"

@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 from falcon_es import chart, naming
 from falcon_es import events as ev
 
-#: Events that describe a pool after the task ended: they add a note to the Message
-#: and leave the main message (the task's result) alone.
+#: Events that describe a pool after the task ended (or, NodeWaitExtended, that its
+#: wait for nodes goes on): they add a note to the Message and leave the main message
+#: (the task's result, the wait's cause) alone.
 _NOTE_EVENTS = (
     ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
-    ev.NodePoolDeleteFailed, ev.AbortIgnored,
+    ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended,
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
@@ -35,6 +36,7 @@ STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
     "reservation-check": frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
                                     "NodePoolFailed"}),
 })
+_WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
@@ -97,6 +99,11 @@ class TaskState:
     #: When the Job controller's current run of pod-create refusals was first folded
     #: (``PodsRefused``, not transient): the grace before JobSubmitFailed counts from it.
     refused_since: dt.datetime | None = None
+    #: When the pods of a submitted workload began waiting for an autoscaled pool's
+    #: nodes (``NodesAwaited``), and when that wait was last extended
+    #: (``NodeWaitExtended``): the node deadline counts from them.
+    awaiting_nodes_since: dt.datetime | None = None
+    wait_extended_at: dt.datetime | None = None
     abort_phase: str | None = None
 
     @property
@@ -183,6 +190,14 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     elif not isinstance(event, _SILENT_EVENTS):
         fields["message_event"] = event
     fields.update(_fields_from(event, state, recorded_at))
+    if current == _WAITING_FOR_NODE and target != current:
+        # The nodes came (or the wait ended otherwise): the Job's own timeout counts
+        # from here, not from a submit that preceded hours of waiting for capacity.
+        fields["awaiting_nodes_since"] = fields["wait_extended_at"] = None
+        if type(fields["note_event"]) is ev.NodeWaitExtended:
+            fields["note_event"] = None
+        if state.job_uid is not None and status in (chart.PENDING, chart.RUNNING):
+            fields["dispatched_at"] = recorded_at
     return _built(fields)
 
 
@@ -282,6 +297,12 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.PodsPending():
             return {"pending_diagnosis": event.diagnosis, "refused_since": None,
                     "last_resource_version": event.resource_version}
+        case ev.NodesAwaited():
+            return {"awaiting_nodes_since": state.awaiting_nodes_since or at,
+                    "pending_diagnosis": event.cause, "refused_since": None,
+                    "last_resource_version": event.resource_version}
+        case ev.NodeWaitExtended():
+            return {"wait_extended_at": at}
         case ev.PodsRefused():
             since = None if event.transient else (state.refused_since or at)
             return {"pending_diagnosis": event.message, "refused_since": since,

@@ -17,9 +17,12 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
    NodePoolCreateStarted(operations) -> follow the operations:
    failed -> NodePoolFailed with the API's words; done -> look at the pool: a 404
    within the create-visibility grace -> NodePoolNotVisible (look again later); ERROR
-   -> NodePoolFailed; RUNNING with fewer Ready nodes than the slice has ->
-   NodesNotReady (Pending/WaitingForNode with the counts, retried with backoff);
-   every node Ready -> NodePoolReady (Dispatching).
+   -> NodePoolFailed; an autoscaled (flex-start) pool RUNNING -> NodePoolReady at once
+   (Dispatching: its nodes come only for the workload's pending pods, and the status
+   handler shows the wait for them as WaitingForNode); a fixed-size pool RUNNING with
+   fewer Ready nodes than the slice has -> NodesNotReady (Pending/WaitingForNode with
+   the registered and Ready counts, retried with backoff); every node Ready ->
+   NodePoolReady (Dispatching).
 
 The deadline (NodePoolTimedOut) is enforced by ``handlers.timeouts``. The pool's
 scale-down-unneeded time follows the supply mode actually used.
@@ -42,7 +45,7 @@ from falcon_es.retry import (
 )
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
-from falcon_es.spec import FLEX_START, ON_DEMAND, RESERVATION
+from falcon_es.spec import FLEX_START, ON_DEMAND, RESERVATION, autoscaled
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
 
@@ -222,7 +225,7 @@ class _Provisioner:
             if operation.error:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
                 return
-        ready = 0
+        ready = registered = 0
         for name in state.node_pools:
             try:
                 info = self.ports.node_pools.get(cluster, name)
@@ -240,18 +243,22 @@ class _Provisioner:
             if info.status != "RUNNING":
                 self._look_again_later(state)  # still provisioning, or being repaired
                 return
+            if autoscaled(state.supply_mode):
+                continue  # its nodes come for the workload's pods: no need to count
             try:
-                ready += self.ports.edges.for_cluster(cluster).node_counts(name).ready
+                counts = self.ports.edges.for_cluster(cluster).node_counts(name)
             except PortError as error:
                 log.warning("nodes of pool %s on %s: %s", name, cluster.name, error)
                 self._look_again_later(state)
                 return
+            ready += counts.ready
+            registered += counts.registered
         total = slice_shape(state.tpu_type, state.topology).hosts * state.slices
-        if ready >= total:
+        if ready >= total or autoscaled(state.supply_mode):
             self.tick.emit(state.task_id, ev.NodePoolReady(pool, ready))
         else:
             self.tick.emit(state.task_id, ev.NodesNotReady(
-                pool, ready, total, next_attempt(state, "NodesNotReady")))
+                pool, ready, total, next_attempt(state, "NodesNotReady"), registered))
 
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll

@@ -97,6 +97,21 @@ def _refused(words: str, transient: str) -> Callable[[Args], str]:
     return render
 
 
+def _nodes_not_ready(counted: str, bare: str) -> Callable[[Args], str]:
+    """A fixed-size pool's nodes: registered and Ready counts where the event has them."""
+    def render(args: Args) -> str:
+        return (bare if args.get("registered") is None else counted).format(**args)
+    return render
+
+
+def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
+    """The wait's cause (the autoscaler's words) ahead of the counts it explains."""
+    def render(args: Args) -> str:
+        text = words.format(**args)
+        return cause.format(**args) + text if args.get("cause") else text
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
@@ -125,10 +140,22 @@ EN: Mapping[str, Template] = MappingProxyType({
     ),
     "NodePoolCreateStarted": "creating node pool {pool_name} (operation {operation})",
     "NodePoolNotVisible": "node pool {pool_name} not visible yet; looking again (attempt {attempt})",
-    "NodesNotReady": "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})",
+    "NodesNotReady": _nodes_not_ready(
+        "node pool {pool_name} control-plane RUNNING but {registered}/{total} expected "
+        "node(s) registered (Ready={ready}); attempt {attempt}",
+        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})"),
+    "NodesAwaited": _cause_first(
+        "node pool {pool_name} control-plane {control_plane} but {registered}/{expected} "
+        "expected node(s) registered (Ready={ready}); the workload is submitted and waits "
+        "for the cluster autoscaler", "{cause}; "),
+    "NodeWaitExtended": (
+        "node pool {pool_name} kept after {waited_seconds}s without nodes: no task of "
+        "another topology waits on this cluster, so GKE keeps trying until a node is "
+        "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
     "NodePoolFailed": "node pool {pool_name} failed: {error}",
-    "NodePoolTimedOut": "node pool {pool_name} not ready after {waited_seconds}s",
+    "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
+                                     "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
     "JobSubmitted": "Job {job_name} submitted; waiting for pods",
     "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
@@ -188,10 +215,20 @@ ZH: Mapping[str, Template] = MappingProxyType({
     ),
     "NodePoolCreateStarted": "正在创建节点池 {pool_name}（操作 {operation}）",
     "NodePoolNotVisible": "节点池 {pool_name} 暂不可见，稍后重试（第 {attempt} 次）",
-    "NodesNotReady": "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
+    "NodesNotReady": _nodes_not_ready(
+        "节点池 {pool_name} 控制面 RUNNING，但预期 {total} 个节点中仅 {registered} 个已注册"
+        "（Ready={ready}）；第 {attempt} 次",
+        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）"),
+    "NodesAwaited": _cause_first(
+        "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
+        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
+    "NodeWaitExtended": (
+        "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
+        "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
     "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
-    "NodePoolTimedOut": "节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+    "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+                                     "{cause}；"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
     "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",

@@ -47,7 +47,8 @@ from falcon_es.ports import (
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
 from falcon_es.adapters.sim.gke import (
-    ERROR, PROVISIONING, RUNNING, STOPPING, NodePoolService, SimNode, SimPool,
+    ERROR, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP, NodePoolService, SimNode,
+    SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
@@ -178,7 +179,7 @@ class KubeService:
         self.collect_services_of(job.uid)
         self._dirty.pop(name, None)
         self.forget_unbound(job)
-        freed = {pod.pool for pod in job.pods if self._unbind(pod)}
+        freed = {pod.pool for pod in job.pods if self._unbind(pod, now)}
         self._reschedule(now, freed)
 
     def create_service(self, manifest: Mapping[str, Any]) -> SimService:
@@ -209,7 +210,7 @@ class KubeService:
         freed = set()
         for pod in job.live_pods():
             freed.add(pod.pool)
-            self._unbind(pod)
+            self._unbind(pod, moment)
             job.pods.remove(pod)
         self.forget_unbound(job)
         job.followers_held, job.followers_refusal = False, None
@@ -311,6 +312,7 @@ class KubeService:
                 self._schedule_job(job, moment)
 
     def _schedule_job(self, job: SimJob, moment: dt.datetime) -> None:
+        asked = False
         for pod in list(job.pods):
             if pod.phase != PENDING or pod.node is not None:
                 continue
@@ -319,10 +321,15 @@ class KubeService:
                 if (pod.reason, pod.message) != ("Unschedulable", why):
                     pod.reason, pod.message = "Unschedulable", why
                     self._dirty[job.name] = job
+                if not asked:
+                    asked = True
+                    self._ask_autoscaler(job, moment)
                 continue
             if not node.shared:
                 node.pod = f"{job.name}/{pod.name}"
             pod.node, pod.pool = node.name, job.pool or self._pool_of(node)
+            if not node.shared:
+                self._pools.node_use_changed(pod.pool or "", moment)
             pod.reason, pod.message = "ContainerCreating", None
             self._dirty[job.name] = job
             start = self.defaults.pod_start.draw(self._rng)
@@ -387,6 +394,28 @@ class KubeService:
         return None, (f"0/{total} nodes are available: {detail}. preemption: 0/{total} nodes are "
                       f"available: {total} Preemption is not helpful for scheduling.")
 
+    def _ask_autoscaler(self, job: SimJob, moment: dt.datetime) -> None:
+        """The cluster autoscaler sees the Job's pending pods: it scales up a pool they
+        may use (a JobSet child's: one of its allowed pools no sibling holds or scales,
+        exclusive per pool). Its event is on the pods: a changed one republishes them."""
+        if job.pool is not None:
+            candidates = [job.pool]
+        elif job.allowed_pools:
+            claimed = self.jobsets.claimed(job)
+            candidates = [p for p in job.allowed_pools if p not in claimed]
+        else:
+            return
+        misfit = ((_NO_TPU if job.jobset else _NO_MEMORY)
+                  if job.behaviour.outcome == "unschedulable" else None)
+        for name in candidates:
+            pool = self._pools.pools.get(name)
+            before = pool.autoscaler_event if pool else None
+            helped = self._pools.scale_up(name, job.name, moment, misfit)
+            if pool is not None and pool.autoscaler_event != before:
+                self._dirty[job.name] = job
+            if helped:
+                return
+
     def _pool_of(self, node: SimNode) -> str | None:
         return next((name for name, pool in self._pools.pools.items() if node in pool.nodes), None)
 
@@ -408,6 +437,14 @@ class KubeService:
             return f"node pool {name} is in ERROR: {pool.status_message}"
         if pool.status == STOPPING:
             return f"node pool {name} is being deleted (operation {pool.delete_operation})"
+        if pool.status == RUNNING and pool.ready < hosts and pool.autoscaled:
+            counts = f"{pool.registered}/{hosts} nodes registered, {pool.ready} Ready"
+            event = pool.autoscaler_event
+            if event is None:
+                return f"node pool {name} (autoscaled): {counts}"
+            if event[0] == TRIGGERED_SCALE_UP and pool.registered:
+                return f"node pool {name} (autoscaled): {counts}"
+            return f"cluster autoscaler {event[0]}: {event[1]}"
         if pool.status == RUNNING and pool.ready < hosts:
             if pool.stocked_out:
                 return (f"node pool {name} has {pool.ready}/{hosts} nodes ready: no "
@@ -477,7 +514,7 @@ class KubeService:
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
         pod.finished_at = moment
         freed = pod.pool
-        self._unbind(pod)
+        self._unbind(pod, moment)
         job.done_indexes.add(pod.index)
         self._dirty[job.name] = job
         if len(job.done_indexes) >= job.completions:
@@ -491,14 +528,14 @@ class KubeService:
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
         pod.finished_at = moment
         freed = {pod.pool}
-        self._unbind(pod)
+        self._unbind(pod, moment)
         job.failed += 1
         self._dirty[job.name] = job
         if job.failed > job.backoff_limit:
             self._conclude(job, FAILED_CONDITION, moment)
             for other in job.live_pods():
                 freed.add(other.pool)
-                self._unbind(other)
+                self._unbind(other, moment)
                 job.pods.remove(other)
             self.forget_unbound(job)
         else:
@@ -545,7 +582,7 @@ class KubeService:
         self._unbound.setdefault(job.pool, {})[job.name] = None
         return pod
 
-    def _unbind(self, pod: SimPod) -> bool:
+    def _unbind(self, pod: SimPod, moment: dt.datetime) -> bool:
         """Free the pod's node; True when it held one."""
         if pod.node is None:
             return False
@@ -554,6 +591,8 @@ class KubeService:
             if node.name == pod.node:
                 node.pod = None
         pod.node = None
+        if pool is not None:
+            self._pools.node_use_changed(pool.name, moment)
         return True
 
     def forget_unbound(self, job: SimJob) -> None:
