@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from falcon_es.clock import VirtualClock
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from falcon_es.adapters.sim.config import Span, StockoutConfig
+from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 
@@ -43,6 +44,24 @@ def test_two_slices_run_on_two_pools_as_one_jobset_to_succeeded(make: Make) -> N
     assert h.row("t1")["node_pool_name"] == "falcon-t1-4x4"
     events = h.events("t1")
     assert events.count("NodePoolCreateRequested") == 1 and "JobSubmitted" in events
+
+
+def test_a_flex_start_jobset_scales_one_pool_per_slice_from_zero(make: Make) -> None:
+    """The autoscaler sees the pending pods of the JobSet's child Jobs, which name their
+    pools only by node affinity (the allowed pools): each slice's pool scales from 0,
+    one per child (exclusive placement), the first one after a stockout."""
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=Span(1200, 1200))))
+    submit(h)
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode"), ("Pending", "Dispatching"),
+                               ("Running", None), ("Succeeded", None)]
+    assert h.messages["t1"][-1].startswith("succeeded (8 pod(s))")
+    awaited = [m for m in h.messages["t1"] if "expected node(s) registered" in m]
+    assert "cluster autoscaler" in awaited[0] and "0/8 expected node(s)" in awaited[0]
+    pools = h.world.pools(include_deleted=True)
+    assert sorted(p.name for p in pools) == POOLS
+    assert {p.supply_mode for p in pools} == {"flex-start"} and h.live_pools() == []
 
 
 def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothing(
