@@ -352,9 +352,16 @@ def test_flex_start_stockout_that_resolves(make: Make) -> None:
 
     stockout = StockoutConfig(first_n=1, duration=Span(1200, 1200))
     _, gcp = both(make, (flex_cluster(stockout=stockout),), scenario)
-    assert gcp.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
-    waiting = [m for m in gcp.messages["t1"] if "nodes ready" in m]
-    assert waiting[0] == "node pool falcon-t1-2x2: 0/1 nodes ready (attempt 1)"
+    assert gcp.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                                 ("Pending", "WaitingForNode"), ("Pending", "Dispatching"),
+                                 ("Running", None), ("Succeeded", None)]
+    waiting = [m for m in gcp.messages["t1"] if "expected node(s) registered" in m]
+    # Through the real clients: the autoscaler's FailedScaleUp event on the pod leads.
+    assert waiting[0].startswith("cluster autoscaler FailedScaleUp: Node scale up in zones "
+                                 "us-east5-b associated with this pod failed: GCE out of "
+                                 "resources")
+    assert "node pool falcon-t1-2x2 control-plane RUNNING but 0/1 expected node(s) " \
+           "registered (Ready=0)" in waiting[0]
     (pool,) = gcp.world.pools(include_deleted=True)
     assert (pool.supply_mode, pool.scale_down_unneeded_seconds) == ("flex-start", 6 * 3600)
 

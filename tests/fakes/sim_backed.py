@@ -388,6 +388,8 @@ class SimKubeServer(FakeKubeServer):
         self._nodes: dict[str, bool] = {}
         #: The FailedCreate count reflected per Job (the world's ``SimJob.refused``).
         self._refusals: dict[str, int] = {}
+        #: The autoscaler event reflected per pod (the world's ``SimPool.autoscaler_event``).
+        self._autoscaled: dict[tuple[str, str], tuple[str, str]] = {}
 
     # -- one identity for every cluster ----------------------------------------------
 
@@ -433,6 +435,10 @@ class SimKubeServer(FakeKubeServer):
                 job = self._objects.get(("jobs", ns, name))
                 if job is not None and self._reflect_job(ns, job, sim_job):
                     changed[name] = self._key(ns, name)
+                if job is not None:
+                    # Events are not part of a Job's observation: the diagnosis reads
+                    # them when the pods' change is folded.
+                    self._reflect_autoscaler(ns, sim_job, pools)
         return changed
 
     def _reflect_nodes(self, pools: NodePoolService) -> None:
@@ -501,6 +507,25 @@ class SimKubeServer(FakeKubeServer):
             self._put("jobs", ns, updated, "MODIFIED")
             changed = True
         return changed
+
+    def _reflect_autoscaler(self, ns: str, sim_job: SimJob, pools: NodePoolService) -> None:
+        """The cluster autoscaler's latest event about the Job's pool, on each of its
+        unscheduled pods, as the autoscaler records it (source cluster-autoscaler;
+        FailedScaleUp a Warning, TriggeredScaleUp and NotTriggerScaleUp Normal)."""
+        pool = pools.pools.get(sim_job.pool or "")
+        event = pool.autoscaler_event if pool is not None else None
+        if event is None:
+            return
+        for sim_pod in sim_job.pods:
+            key = (sim_job.name, sim_pod.name)
+            if sim_pod.node is not None or sim_pod.phase != "Pending" or \
+                    self._autoscaled.get(key) == event:
+                continue
+            self._autoscaled[key] = event
+            reason, message = event
+            self.record_event("Pod", sim_pod.name, reason, message, namespace=ns,
+                              event_type="Warning" if reason == "FailedScaleUp" else "Normal",
+                              source="cluster-autoscaler")
 
     def _new_pod(self, ns: str, job: Mapping[str, Any], sim_pod: SimPod) -> dict[str, Any]:
         """A pod as the job controller creates it from the Job's template."""
