@@ -19,7 +19,7 @@ from falcon_es.adapters.sim.config import (
 from falcon_es.clock import VirtualClock
 from falcon_es.task_manifests import pool_labels
 from falcon_es.ports import NodePoolSpec
-from falcon_es.settings import Settings
+from falcon_es.settings import Settings, SettingsError
 from falcon_es.tpu import slice_shape
 from tests.support.harness import (
     Harness, Harnesses, flex_cluster, reserved_cluster,
@@ -244,6 +244,15 @@ def test_stockout_for_good_keeps_the_pool_when_nobody_else_waits(make: Make,
     assert h.history["t1"][-1] == ("Aborted", None)
     assert h.live_pools() == []
     assert h.world.job_state("v6e-flex", "falcon-t1") is None
+
+
+def test_retention_is_a_setting_with_a_clear_error() -> None:
+    assert Settings.from_env({}).retain_waiting_pool is True
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "false"}).retain_waiting_pool is False
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "1"}).retain_waiting_pool is True
+    with pytest.raises(SettingsError, match="FALCON_RETAIN_WAITING_POOL='maybe': expected "
+                                            "true or false"):
+        Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "maybe"})
 
 
 def test_retention_ends_when_a_task_of_another_topology_waits(make: Make,
