@@ -459,7 +459,9 @@ class EffectExecutor:
         if intent.kind == IntentKind.ORPHAN_DELETE:
             self._queue(intent, ev.OrphanPoolDeleted(intent.cluster_id, intent.name), now)
         else:
-            self._queue(intent, ev.NodePoolDeleted(intent.name), now)
+            state = self.tasks.get(intent.stream_id)
+            others = state.node_pools[1:] if state is not None else ()
+            self._queue(intent, ev.NodePoolDeleted(intent.name, others), now)
 
     def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,
                        error: PortError) -> None:

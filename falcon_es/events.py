@@ -358,11 +358,16 @@ class NodePoolRetained(Event):
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleteRequested(Event):
     pool_name: str
+    #: A multi-slice task's other pools, deleted with ``pool_name`` (in slice order),
+    #: so the event, and the Message rendered from it, names every pool.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleted(Event):
     pool_name: str
+    #: As in ``NodePoolDeleteRequested``: every other pool of the group is gone too.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,8 @@ def test_two_slices_run_on_two_pools_as_one_jobset_to_succeeded(make: Make) -> N
     h.run()
     assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
     assert "8/8 active" in h.messages["t1"]
-    assert h.messages["t1"][-1].startswith("succeeded (8 pod(s))")
+    assert h.messages["t1"][-1] == ("succeeded (8 pod(s)); "
+                                    "node pools falcon-t1-4x4, falcon-t1-4x4-s1 deleted")
     pools = h.world.pools(include_deleted=True)
     assert sorted(p.name for p in pools) == POOLS
     assert all(p.labels["falcon-task"] == "t1" and p.reservation == "v6e-res-r" for p in pools)
@@ -96,6 +97,20 @@ def test_abort_deletes_the_jobset_and_every_pool(make: Make) -> None:
     assert h.statuses()["t1"] == ("Aborted", None)
     assert kube.jobs == {} and kube.jobsets.jobsets == {} and kube.services == {}
     assert h.live_pools() == []
+
+
+def test_a_timeout_deletes_the_jobset_and_every_pool_and_names_them(make: Make) -> None:
+    h = make(reserved_cluster(count=16))
+    submit(h, sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "Timeout")]
+    assert h.row("t1")["message"] == ("timed out after 1200s; Job deleted; "
+                                      "node pools falcon-t1-4x4, falcon-t1-4x4-s1 deleted")
+    kube = h.world.cluster("v6e-res").kube
+    assert kube.jobs == {} and kube.jobsets.jobsets == {} and kube.services == {}
+    assert h.live_pools() == []
+    deleted = [e for e in h.app.store.read_stream("t1") if e.type_name == "NodePoolDeleted"]
+    assert [e.event.slice_pools for e in deleted] == [("falcon-t1-4x4-s1",)]
 
 
 def test_the_orphan_sweep_spares_the_pools_of_a_running_multi_slice_task(make: Make) -> None:
