@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from falcon_es import events as ev
 from falcon_es.clock import VirtualClock
+from falcon_es.settings import Settings
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 
 Make = Callable[..., Harness]
@@ -55,6 +57,61 @@ def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothi
     assert ("reservation_remaining_slices=1 reservation_needed_slices=2"
             in h.row("t1")["message"])
     assert h.world.pools(include_deleted=True) == []  # no partial create holds a slice
+
+
+def _busy_behind_a(make: Make, settings: Settings, a_seconds: int) -> Harness:
+    """Two 4x4 slices in the reservation; "a" runs on one for ``a_seconds``, and the
+    two-slice task "ms" is picked after it: one slice free, two needed."""
+    h = make(reserved_cluster(count=8), settings=settings)
+    h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    return h
+
+
+def _create_requests(h: Harness) -> list[tuple[int, int]]:
+    return [(e.event.first_slice, e.event.upto) for e in h.app.store.read_stream("ms")
+            if isinstance(e.event, ev.NodePoolCreateRequested)]
+
+
+def test_with_partial_create_the_slices_that_fit_are_created_and_held_for_the_rest(
+        make: Make, db_url: str) -> None:
+    """FALCON_MULTISLICE_PARTIAL_CREATE: one 4x4 slice of two is free while "a" runs;
+    the task creates that one, holds it in ClusterBusy, and creates the other once
+    a's pool is deleted."""
+    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 600)
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4"]  # one slice held
+    h.run()
+    assert h.history["ms"] == [("Pending", "Waiting"), ("Pending", "Provisioning"),
+                               ("Pending", "ClusterBusy"), *RESERVED_PATH,
+                               ("Succeeded", None)]
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
+                                      "node pools falcon-ms-4x4, falcon-ms-4x4-s1 deleted")
+    assert _create_requests(h) == [(0, 1), (1, 0)]
+    assert h.live_pools() == []
+
+
+def test_an_aborted_partial_create_deletes_the_slices_it_holds(make: Make, db_url: str) -> None:
+    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 3000)
+    h.abort("ms")
+    h.run(until=lambda: "deleted" in (h.row("ms")["message"] or ""))
+    assert h.row("ms")["message"] == ("aborted while Pending/ClusterBusy; "
+                                      "node pool falcon-ms-4x4 deleted")
+    assert h.live_pools() == ["falcon-a-4x4"]
+
+
+def test_without_partial_create_the_same_task_waits_holding_nothing(
+        make: Make, db_url: str) -> None:
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    assert ("reservation_remaining_slices=1 reservation_needed_slices=2"
+            in h.row("ms")["message"])
+    assert h.live_pools() == ["falcon-a-4x4"]
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert _create_requests(h) == [(0, 0)]
 
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:

@@ -68,9 +68,8 @@ from falcon_es.adapters.sim.kube_objects import SimJob, SimPod
 from falcon_es.clock import Clock
 from falcon_es.ports import (
     ALREADY_EXISTS, INVALID, JOB_KIND, JOBSET_KIND, NOT_FOUND, PERMISSION_DENIED,
-    QUOTA_EXCEEDED,
-    RETRYABLE, STOCKOUT, BusMessage, CreateRefusal, NodePoolInfo, NodePoolSpec, Operation,
-    PortError,
+    QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, BusMessage, CreateRefusal, NodePoolInfo,
+    NodePoolSpec, Operation, PortError,
 )
 from falcon_es.registry import Cluster
 from falcon_es.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
