@@ -178,7 +178,7 @@ class HandlerBench:
                 return (ev.NodePoolCreateRequested(
                     pool, supply_mode, shape.machine_type, shape.hosts,
                     cluster.default_reservation if supply_mode == "reservation" else None,
-                    self._scale_down_seconds(supply_mode)),)
+                    self._scale_down_seconds(supply_mode), slices=state.slices),)
             case "create-started":
                 return (ev.NodePoolCreateStarted(pool, self.create_pool(state.task_id).id),)
             case "pool-ready":
