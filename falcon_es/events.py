@@ -178,6 +178,11 @@ class NodePoolCreateRequested(Event):
     #: Pools of this request: a multi-slice task's N, ``pool_name`` the first of them
     #: and the others named after it (``naming.pool_group``).
     slices: int = 1
+    #: A partial create (``FALCON_MULTISLICE_PARTIAL_CREATE``): this request creates the
+    #: group's slices ``first_slice`` .. ``upto`` - 1 (``upto`` 0: up to the last); the
+    #: slices before ``first_slice`` were created by earlier requests of the task.
+    first_slice: int = 0
+    upto: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,11 +394,16 @@ class NodePoolRetained(Event):
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleteRequested(Event):
     pool_name: str
+    #: A multi-slice task's other pools, deleted with ``pool_name`` (in slice order),
+    #: so the event, and the Message rendered from it, names every pool.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleted(Event):
     pool_name: str
+    #: As in ``NodePoolDeleteRequested``: every other pool of the group is gone too.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

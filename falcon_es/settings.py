@@ -42,6 +42,12 @@ class Settings:
     max_timeout_seconds: int = 7 * 24 * 3600
     #: The most slices one task may ask for (``FALCON_MAX_SLICES``).
     max_slices: int = 4
+    #: A multi-slice task on a reservation with room for some of its slices creates
+    #: those and holds them while it waits for the rest (``FALCON_MULTISLICE_PARTIAL_CREATE``).
+    #: Off: nothing is created until every slice fits, so a waiting task holds no slice
+    #: another task could run on, and two tasks each holding part of what both need
+    #: can never wait on each other.
+    multislice_partial_create: bool = False
     controller_id: str = "falcon-controller"
     # Task lifecycle: where Jobs run, how long steps may take, how often to retry.
     job_namespace: str = "falcon-jobs"
@@ -110,6 +116,8 @@ class Settings:
             default_timeout_seconds=_int(env, "FALCON_DEFAULT_TIMEOUT", cls.default_timeout_seconds),
             max_timeout_seconds=_int(env, "FALCON_MAX_TIMEOUT", cls.max_timeout_seconds),
             max_slices=_count(env, "FALCON_MAX_SLICES", cls.max_slices),
+            multislice_partial_create=_flag(env, "FALCON_MULTISLICE_PARTIAL_CREATE",
+                                            cls.multislice_partial_create),
             controller_id=env.get("FALCON_CONTROLLER_ID") or env.get("HOSTNAME")
             or cls.controller_id,
             job_namespace=env.get("FALCON_JOB_NAMESPACE") or cls.job_namespace,
@@ -181,17 +189,18 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    """A yes/no setting: true/false, yes/no, on/off or 1/0."""
+    """A yes/no setting: true/false (also 1/0, yes/no, on/off, any case)."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{name}={raw!r}: expected true or false")
+    if value not in _TRUE | _FALSE:
+        raise SettingsError(f"{name}={raw!r}: expected true or false")
+    return value in _TRUE
 
 
 def _count(env: Mapping[str, str], name: str, default: int) -> int:

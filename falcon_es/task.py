@@ -82,8 +82,12 @@ class TaskState:
     pool_requested_at: dt.datetime | None = None
     pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
     pool_operation: str | None = None  # the GKE create operation ("" when adopted)
-    #: The create operations of a multi-slice task's other pools (slices 1..N-1).
+    #: The create operations of a multi-slice task's other pools (slices 1..N-1; of a
+    #: partial create's continuation, its pools after the first).
     slice_operations: tuple[str, ...] = ()
+    #: How many slices' pools have been asked for (0: none yet); fewer than ``slices``
+    #: while a partial create waits for the rest.
+    slices_requested: int = 0
     pool_from_task: str | None = None  # the task that handed its pool over to this one
     retained_for: str | None = None  # the task this task's pool was handed over to
     retry_kind: str | None = None  # the event type of the step being retried
@@ -147,7 +151,7 @@ class TaskState:
         multi-slice task, the pools named after it."""
         if self.node_pool_name is None:
             return ()
-        return naming.pool_group(self.node_pool_name, self.slices)
+        return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
 
     @property
     def is_terminal(self) -> bool:
@@ -274,7 +278,8 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolCreateRequested():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
                     "pool_intent": "create-requested", "pool_requested_at": at,
-                    "pool_operation": None, "pool_request": event.to_data()}
+                    "pool_operation": None, "pool_request": event.to_data(),
+                    "slices_requested": event.upto or event.slices}
         case ev.NodePoolCreateStarted():
             return {"pool_intent": "create-started", "pool_operation": event.operation,
                     "slice_operations": event.slice_operations}

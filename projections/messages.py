@@ -112,6 +112,16 @@ def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
     return render
 
 
+def _group(one: str, many: str) -> Callable[[Args], str]:
+    """A pool's fate; a multi-slice task's group names every pool (``pools``)."""
+    def render(args: Args) -> str:
+        others = args.get("slice_pools") or ()
+        if not others:
+            return one.format(**args)
+        return many.format(pools=", ".join((args["pool_name"], *others)), **args)
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
@@ -178,8 +188,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "abort ignored: the task had already {status}",
     "TaskAborted": "aborted while {phase}",
     "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
-    "NodePoolDeleteRequested": "deleting node pool {pool_name}",
-    "NodePoolDeleted": "node pool {pool_name} deleted",
+    "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
+                                      "deleting node pools {pools}"),
+    "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
     "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
     "ApiCallRetrying": _retrying(
         "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
@@ -251,8 +262,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "忽略中止：任务已 {status}",
     "TaskAborted": "已在 {phase} 阶段中止",
     "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
-    "NodePoolDeleteRequested": "正在删除节点池 {pool_name}",
-    "NodePoolDeleted": "节点池 {pool_name} 已删除",
+    "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
+    "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
     "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
     "ApiCallRetrying": _retrying(
         "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
