@@ -197,12 +197,11 @@ class NodePoolService:
         if failure is not None:
             code, words = failure
             self._timeline.at(seconds_after(now, min(failure_after, latency)),
-                              lambda moment: self._fail_create(pool, operation, code, words, moment))
+                              self._fail_create, pool, operation, code, words)
         else:
             pool.holds_reservation = pool.reservation is not None
             self._timeline.at(seconds_after(now, latency),
-                              lambda moment: self._finish_create(pool, operation, stocked,
-                                                                 stockout_seconds, moment))
+                              self._finish_create, pool, operation, stocked, stockout_seconds)
         return operation.view()
 
     def get_operation(self, operation_id: str) -> Operation:
@@ -242,7 +241,7 @@ class NodePoolService:
             self._on_nodes_changed(pool, now, lost)
         latency = self.behaviour.delete_latency.draw(self._rng)
         self._timeline.at(seconds_after(now, latency),
-                          lambda moment: self._finish_delete(pool, operation, moment))
+                          self._finish_delete, pool, operation)
         return operation.view()
 
     # ------------------------------------------------------------ accounting
@@ -400,9 +399,9 @@ class NodePoolService:
         register = self.behaviour.node_register_delay[pool.supply_mode].draw(self._rng)
         ready_lag = self.behaviour.node_ready_lag.draw(self._rng)
         at = seconds_after(start, register)
-        self._timeline.at(at, lambda m: self._register_nodes(pool, m, ready_lag))
+        self._timeline.at(at, self._register_nodes, pool, ready_lag)
 
-    def _register_nodes(self, pool: SimPool, moment: dt.datetime, ready_lag: float) -> None:
+    def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
             return
         pool.stocked_out = False
@@ -413,7 +412,7 @@ class NodePoolService:
         ]
         self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
-        self._timeline.at(seconds_after(moment, ready_lag), lambda m: self._nodes_ready(pool, m))
+        self._timeline.at(seconds_after(moment, ready_lag), self._nodes_ready, pool)
 
     def _nodes_ready(self, pool: SimPool, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:

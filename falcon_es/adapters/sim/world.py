@@ -63,7 +63,7 @@ class ClusterSim:
                                  world.timeline)
         self.gke = NodePoolService(identity, world.timeline, streams["gke"], self._nodes_changed)
         self.kube = KubeService(identity, self.gke, world.timeline, streams["kube"],
-                                self.informer, lambda: world.behaviour_source)
+                                self.informer, world.current_behaviour_source)
 
     def _nodes_changed(self, pool: SimPool, moment: dt.datetime, lost: list[SimNode]) -> None:
         self.kube.nodes_changed(pool, moment, lost)
@@ -90,6 +90,10 @@ class SimWorld:
         self._processed_until = clock.now()
         self._stepping = False
 
+    def current_behaviour_source(self) -> BehaviourSource | None:
+        """The task states' behaviours as wired now (each leadership term rewires them)."""
+        return self.behaviour_source
+
     # ------------------------------------------------------------- time
 
     def now(self) -> dt.datetime:
@@ -103,9 +107,7 @@ class SimWorld:
         played = 0
         self._stepping = True
         try:
-            while (item := self.timeline.pop_due(until)) is not None:
-                moment, action = item
-                action(moment)
+            while (moment := self.timeline.play_due(until)) is not None:
                 played += 1
                 following = self.timeline.next_moment()
                 if following is None or following > moment:
