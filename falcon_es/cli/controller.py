@@ -31,6 +31,7 @@ from falcon_es.settings import PUBSUB_BUS, Settings
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.kube import KubeEdgeClusters
     from falcon_es.adapters.sim import SimWorld
+    from falcon_es.adapters.sim.persist import WorldStore
     from falcon_es.loop import Leadership
     from falcon_es.observability.metrics import Metrics
     from falcon_es.service import Service
@@ -43,6 +44,7 @@ class _Serving:
 
     svc: Service | None = None
     world: SimWorld | None = None
+    world_store: WorldStore | None = None
 
 
 @click.command("run")
@@ -52,6 +54,11 @@ class _Serving:
               help="How the registered clusters behave on the sim backend, keyed by cluster "
                    "name (default: the packaged defaults for every cluster).")
 @click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
+@click.option("--sim-snapshot-every", type=click.IntRange(min=0), default=200, show_default=True,
+              help="The simulated world is kept in the database, its changes written with "
+                   "each commit and compacted into a snapshot every this many commits, so a "
+                   "restarted controller goes on in the same world; 0: the world lives in "
+                   "this process only.")
 @click.option("--until-idle", is_flag=True, help="Stop once every task is terminal and nothing is due.")
 @click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
               help="Wall seconds between ticks when nothing is due.")
@@ -79,7 +86,7 @@ class _Serving:
 @click.pass_context
 @friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
-                until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
+                sim_snapshot_every: int, until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
                 log_format: str | None, ops_topic: str | None, bus: str | None,
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
@@ -106,12 +113,14 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
                                   realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
                                   ports=ports, world=serving.world,
+                                  world_store=serving.world_store,
+                                  sim_snapshot_every=sim_snapshot_every,
                                   leadership=leadership, follow_log=election != "db")
         except BackendError as error:
             raise Failure(str(error)) from error
         if built.world is not None:  # a later leadership term goes on in the same world
             continue_world(built.world, built.app)
-        serving.svc, serving.world = built, built.world
+        serving.svc, serving.world, serving.world_store = built, built.world, built.world_store
         return built
 
     # With a lease, a replica builds its controller (folds the log) only once it leads.
