@@ -118,7 +118,7 @@ class WorldStore:
         self._next_key = 1
         self._seq = 0
         self._snapshot_seq = 0
-        self._world: SimWorld | None = None
+        self.world: SimWorld | None = None
 
     # ------------------------------------------------------------------ load
 
@@ -166,21 +166,21 @@ class WorldStore:
         self._keys = {id(obj): (key, obj) for key, obj in shells.items()}
         self._next_key = 1 + max((int(k) for k in rows if k.isdigit()), default=0)
         self._seq, self._snapshot_seq = head.seq, head.snapshot_seq
-        self._world = world
+        self.world = world
         return world
 
     # ------------------------------------------------------------------ save
 
     def attach(self, world: SimWorld) -> None:
         """Save this (new) world from now on."""
-        self._world = world
+        self.world = world
         self._keys = {id(world): (WORLD_KEY, world)}
 
     def save(self, conn: Connection) -> None:
         """Write what changed in the world since the last save, on ``conn`` (the
         commit's transaction): changed rows, then, every ``compact_every`` saves, the
         compacted snapshot."""
-        world = self._world
+        world = self.world
         if world is None:
             raise RuntimeError("WorldStore.save before load or attach")
         current = self._pickle_all(world)
