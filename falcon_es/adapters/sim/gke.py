@@ -25,7 +25,8 @@ from falcon_es.spec import SUPPLY_MODES
 from falcon_es.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, WorldCall, label_problem, seconds_after, suffix,
+    POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
+    suffix,
 )
 from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
 from falcon_es.adapters.sim.timeline import Timeline
@@ -462,13 +463,17 @@ class SimNodePools:
     the cluster's node-pool API (created on first use) and ``call`` runs a call at the
     world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService]) -> None:
+    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService],
+                 record: RecordCreate = no_record) -> None:
         self._call = call
         self._pools_of = pools_of
+        self._record = record
 
     def create(self, spec: NodePoolSpec) -> Operation:
         gke = self._pools_of(spec.cluster)
-        return self._call(lambda now: gke.create(spec, now))
+        operation = self._call(lambda now: gke.create(spec, now))
+        self._record(spec.cluster.name, "NodePool", spec.name)
+        return operation
 
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
         gke = self._pools_of(cluster)

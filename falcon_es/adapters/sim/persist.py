@@ -22,7 +22,6 @@ world's: they are wired again at load, never saved.
 
 from __future__ import annotations
 
-import copyreg
 import enum
 import datetime as dt
 import io
@@ -63,32 +62,61 @@ def _is_object(value: object) -> bool:
                                     and not isinstance(value, enum.Enum))
 
 
+def _is_frozen(value: object) -> bool:
+    """A frozen dataclass never changes: written once, never pickled again."""
+    params = getattr(type(value), "__dataclass_params__", None)
+    return bool(params is not None and params.frozen)
+
+
+#: Attribute values an object can be compared by without pickling it.
+SCALARS = frozenset({str, int, float, bool, type(None), dt.datetime})
+
+
+def _fingerprint(obj: object) -> tuple[object, ...] | None:
+    """The attribute values of an object that holds scalars only (a pod, a node, an
+    operation): equal to the last save's, the object is unchanged. None: it holds
+    more and is pickled to tell."""
+    if isinstance(obj, random.Random):
+        return None
+    values = tuple(obj.__dict__.values())
+    return values if all(type(v) in SCALARS for v in values) else None
+
+
 def read_only(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
     """A read-only mapping again (pickle cannot name ``MappingProxyType`` itself)."""
     return MappingProxyType(items)
 
 
-def _mapping_proxy(value: MappingProxyType[Any, Any]) -> tuple[Callable[..., object],
-                                                                tuple[dict[Any, Any]]]:
-    return read_only, (dict(value),)
+def reference(key: str) -> object:
+    """Stands for another world object in a pickle; the loader resolves it."""
+    raise RuntimeError(f"world object {key} read outside WorldStore.load")
+
+
+def _state(obj: object) -> object:
+    """What a row holds of an object: a random stream's state, else its attributes."""
+    return obj.getstate() if isinstance(obj, random.Random) else obj.__dict__
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles one object; every other world object it refers to becomes its key."""
+    """Pickles one object's state; every world object it refers to becomes a key.
 
-    def __init__(self, out: io.BytesIO, root: object, key_of: Callable[[object], str | None]) -> None:
+    ``reducer_override`` runs only for objects that are not numbers, strings or plain
+    containers, and once per object per pickle, so the check costs little."""
+
+    def __init__(self, out: io.BytesIO, key_of: Callable[[object], str | None],
+                 refs: list[object]) -> None:
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
-        self.dispatch_table = copyreg.dispatch_table.copy()
-        self.dispatch_table[MappingProxyType] = _mapping_proxy
-        self._root = root
-        self._root_seen = False
         self._key_of = key_of
+        self._refs = refs
 
-    def persistent_id(self, obj: object) -> str | None:  # noqa: D102 - pickle's hook
-        if obj is self._root and not self._root_seen:
-            self._root_seen = True
-            return None
-        return self._key_of(obj)
+    def reducer_override(self, obj: object) -> object:  # noqa: D102 - pickle's hook
+        if type(obj) is MappingProxyType:
+            return read_only, (dict(obj),)
+        key = self._key_of(obj)
+        if key is None:
+            return NotImplemented
+        self._refs.append(obj)
+        return reference, (key,)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -96,8 +124,10 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._resolve = resolve
 
-    def persistent_load(self, pid: Any) -> object:  # noqa: D102 - pickle's hook
-        return self._resolve(str(pid))
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle's hook
+        if module == __name__ and name == reference.__name__:
+            return self._resolve
+        return super().find_class(module, name)
 
 
 class WorldStore:
@@ -115,6 +145,10 @@ class WorldStore:
         self._keys: dict[int, tuple[str, object]] = {}
         #: key -> (class path, pickled bytes) as the database holds it now.
         self._written: dict[str, tuple[str, bytes]] = {}
+        #: key -> the objects a frozen object refers to (it is not pickled again).
+        self._refs: dict[str, list[object]] = {}
+        #: key -> the attribute values of a scalars-only object at the last save.
+        self._prints: dict[str, tuple[object, ...]] = {}
         self._next_key = 1
         self._seq = 0
         self._snapshot_seq = 0
@@ -203,6 +237,8 @@ class WorldStore:
             conn.execute(tables.sim_worlds.insert().values(name=self.name, **head))
         self._written = current
         self._keys = {i: entry for i, entry in self._keys.items() if entry[0] in current}
+        self._refs = {k: refs for k, refs in self._refs.items() if k in current}
+        self._prints = {k: values for k, values in self._prints.items() if k in current}
 
     def _compact(self, conn: Connection, current: Mapping[str, tuple[str, bytes]]) -> None:
         """The whole world as the snapshot; the change rows before it go."""
@@ -216,7 +252,8 @@ class WorldStore:
         self._snapshot_seq = self._seq
 
     def _pickle_all(self, world: SimWorld) -> dict[str, tuple[str, bytes]]:
-        """Every object reachable from the world, by key, pickled."""
+        """Every object reachable from the world, by key, pickled (a frozen one that
+        was written already keeps its bytes)."""
         externals = {id(world.clock): CLOCK}
         if world.registry is not None:
             externals[id(world.registry)] = REGISTRY
@@ -241,12 +278,31 @@ class WorldStore:
                 pending.append(entry)
             return entry[0]
 
+        buffer, refs = io.BytesIO(), list[object]()
+        pickler = _Pickler(buffer, key_of, refs)
         while pending:
             key, obj = pending.pop()
-            buffer = io.BytesIO()
-            _Pickler(buffer, obj, key_of).dump(obj)
+            frozen = _is_frozen(obj)
+            if frozen and key in self._written and key in self._refs:
+                out[key] = self._written[key]
+                for ref in self._refs[key]:
+                    key_of(ref)
+                continue
+            values = None if frozen else _fingerprint(obj)
+            if values is not None and key in self._written and self._prints.get(key) == values:
+                out[key] = self._written[key]
+                continue
+            pickler.clear_memo()
+            buffer.seek(0)
+            buffer.truncate()
+            refs.clear()
+            pickler.dump(_state(obj))
             cls = type(obj)
             out[key] = (f"{cls.__module__}:{cls.__qualname__}", buffer.getvalue())
+            if frozen:
+                self._refs[key] = list(refs)
+            if values is not None:
+                self._prints[key] = values
         return out
 
 
@@ -260,11 +316,11 @@ def _shell(kind: str) -> object:
     return cls.__new__(cls)
 
 
-def _fill(shell: object, loaded: object) -> None:
-    if isinstance(shell, random.Random) and isinstance(loaded, random.Random):
-        shell.setstate(loaded.getstate())
+def _fill(shell: object, state: Any) -> None:
+    if isinstance(shell, random.Random):
+        shell.setstate(state)
     else:
-        shell.__dict__.update(loaded.__dict__)
+        shell.__dict__.update(state)
 
 
 def _insert(conn: Connection, table: sa.Table, rows: Iterable[Mapping[str, object]]) -> None:

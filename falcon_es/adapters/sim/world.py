@@ -10,6 +10,7 @@ the same seed, configuration and sequence of calls, two worlds answer identicall
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -89,10 +90,16 @@ class SimWorld:
         self._clusters: dict[str, ClusterSim] = {}
         self._processed_until = clock.now()
         self._stepping = False
+        #: Every create the world accepted, "cluster/kind/name" -> how many times (a
+        #: name created twice means a pool or Job made again after a restart).
+        self.creates: collections.Counter[str] = collections.Counter()
 
     def current_behaviour_source(self) -> BehaviourSource | None:
         """The task states' behaviours as wired now (each leadership term rewires them)."""
         return self.behaviour_source
+
+    def record_create(self, cluster: str, kind: str, name: str) -> None:
+        self.creates[f"{cluster}/{kind}/{name}"] += 1
 
     # ------------------------------------------------------------- time
 
@@ -220,9 +227,10 @@ class SimWorld:
         def kube_of(cluster: Cluster) -> KubeService:
             return self.cluster(cluster).kube
 
-        return Ports(node_pools=SimNodePools(self.call, pools_of),
+        return Ports(node_pools=SimNodePools(self.call, pools_of, self.record_create),
                      reservations=SimReservations(self.call, pools_of),
-                     edges=SimEdgeClusters(self.call, kube_of), bus=self.bus, clock=self.clock,
+                     edges=SimEdgeClusters(self.call, kube_of, self.record_create),
+                     bus=self.bus, clock=self.clock,
                      next_due=self.next_due)
 
     # -------------------------------------------------- what tests and reports read
