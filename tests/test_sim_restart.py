@@ -2,8 +2,8 @@
 same simulated world, on MariaDB, as real processes.
 
 A few hundred tasks (reservation and flex-start clusters, every sim outcome but the
-ones that wait out a timeout, delivery faults on) run once without a kill to learn how
-each ends. Then the same workload runs in a second database while the controller is
+ones that wait out a timeout, delivery faults on) run once without a kill, with the
+world in memory only, to learn how each ends. Then the same workload runs in a second database while the controller is
 killed with SIGKILL at least 20 times at random points of its log (a kill lands
 wherever the process happens to be: mid-tick, mid-commit, between a call and the
 commit that records it) and started again each time, until it goes idle. Every task
