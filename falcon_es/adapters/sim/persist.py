@@ -109,7 +109,9 @@ class _Pickler(pickle.Pickler):
         self._key_of = key_of
         self._refs = refs
 
-    def reducer_override(self, obj: object) -> object:  # noqa: D102 - pickle's hook
+    def reducer_override(self, obj: object) -> tuple[Callable[..., object], tuple[object, ...]]:
+        """A world object as its key, a read-only mapping as a plain one made read-only
+        again; anything else as pickle would."""
         if type(obj) is MappingProxyType:
             return read_only, (dict(obj),)
         key = self._key_of(obj)
@@ -124,7 +126,8 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._resolve = resolve
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - pickle's hook
+    def find_class(self, module: str, name: str) -> Any:
+        """A reference resolves to the loaded world's object of that key."""
         if module == __name__ and name == reference.__name__:
             return self._resolve
         return super().find_class(module, name)
@@ -218,8 +221,9 @@ class WorldStore:
         if world is None:
             raise RuntimeError("WorldStore.save before load or attach")
         current = self._pickle_all(world)
-        changes = [(k, kind, blob) for k, (kind, blob) in current.items()
-                   if self._written.get(k) != (kind, blob)]
+        changes: list[tuple[str, str, bytes | None]] = [
+            (k, kind, blob) for k, (kind, blob) in current.items()
+            if self._written.get(k) != (kind, blob)]
         changes += [(k, "", None) for k in self._written if k not in current]
         self._seq += 1
         moment = world.now()

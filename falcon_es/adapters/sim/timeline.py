@@ -25,7 +25,9 @@ Method = Callable[..., None]
 
 class Timeline:
     def __init__(self) -> None:
-        self._heap: list[tuple[dt.datetime, int, Method, tuple[object, ...]]] = []
+        self._heap: list[tuple[dt.datetime, int]] = []
+        #: order -> (method, arguments) of each entry in the heap.
+        self._entries: dict[int, tuple[Method, tuple[object, ...]]] = {}
         self._order = 0
 
     def at(self, moment: dt.datetime, method: Method, *args: object) -> None:
@@ -33,7 +35,8 @@ class Timeline:
         if not inspect.ismethod(method) or inspect.isclass(method.__self__):
             raise TypeError(f"timeline entries name a method of a world object, not "
                             f"{method!r}: the world is saved as data")
-        heapq.heappush(self._heap, (moment, self._order, method, args))
+        heapq.heappush(self._heap, (moment, self._order))
+        self._entries[self._order] = (method, args)
         self._order += 1
 
     def next_moment(self) -> dt.datetime | None:
@@ -43,7 +46,8 @@ class Timeline:
         """Play the first entry due by ``until``; its moment, or None when none is due."""
         if not self._heap or self._heap[0][0] > until:
             return None
-        moment, _, method, args = heapq.heappop(self._heap)
+        moment, order = heapq.heappop(self._heap)
+        method, args = self._entries.pop(order)
         method(*args, moment)
         return moment
 
