@@ -251,7 +251,7 @@ def build_service(
     tick_seconds: float = 1.0,
     on_tick: Callable[[TickReport], None] | None = None, ports: Ports | None = None,
     metrics: Metrics | None = None, world: SimWorld | None = None,
-    world_store: WorldStore | None = None, sim_snapshot_every: int = 0,
+    sim_snapshot_every: int = 0,
     leadership: Leadership | None = None, follow_log: bool = False,
     handlers: Sequence[Handler] = HANDLERS, app: App | None = None,
     before_effects: Sequence[AfterCommit] = (), script: Script | None = None,
@@ -261,8 +261,8 @@ def build_service(
     controllers, or several leadership terms, on one world); ``ports`` are the ports to
     run on instead of the backend's own (the gcp clients built once for every term, or
     a test's fault-injecting wrapper of the sim's); ``sim_snapshot_every`` > 0 keeps
-    the simulated world in the database, saved in each commit and compacted every that
-    many saves (``world_store``: the store of a ``world`` an earlier term saved);
+    the simulated world in the database (loaded from there when ``world`` is None),
+    saved in each commit and compacted every that many saves;
     ``leadership`` fences the loop and
     every commit with a lease; ``app`` is an app opened already (one whose registry was
     set up first: demo, simulate, bench, a test); ``before_effects`` run after each commit ahead of the effect
@@ -275,6 +275,7 @@ def build_service(
             WallClock() if realtime or backend == "gcp" else VirtualClock(utcnow()))
     if app is None:
         app = open_app(settings, clock, metrics=metrics, follow_log=follow_log)
+    world_store: WorldStore | None = None
     if backend == "sim":
         if world is None and sim_snapshot_every > 0:
             from falcon_es.adapters.sim.persist import WorldStore
@@ -292,7 +293,7 @@ def build_service(
             ports, relay = staging_ports(settings, world, ports)
             on_tick = _also(relay, on_tick)
     else:
-        world, world_store = None, None
+        world = None
         if settings.bus == SIM_BUS:
             raise BackendError("FALCON_BUS=sim with the gcp backend: the edge clusters' "
                                "informers publish to Pub/Sub, so the gcp backend's bus is "
@@ -312,7 +313,7 @@ def build_service(
                  on_tick=on_tick, tick_seconds=tick_seconds, script=script,
                  resolution=resolution)
     return Service(app=app, ports=ports, index=app.index, executor=executor,
-                   controller=controller, loop=loop, world=world, world_store=world_store)
+                   controller=controller, loop=loop, world=world)
 
 
 def _controller(app: App, ports: Ports, executor: EffectExecutor,

@@ -22,7 +22,6 @@ from falcon_es.task import TaskStates
 
 if TYPE_CHECKING:  # the bootstrap builds services; a service names what it was built of
     from falcon_es.adapters.sim import SimWorld
-    from falcon_es.adapters.sim.persist import WorldStore
     from falcon_es.bootstrap import App
     from falcon_es.observability.health import HealthServer
     from falcon_es.observability.metrics import Metrics
@@ -38,8 +37,6 @@ class Service:
     loop: Loop
     #: The simulated world, on the sim backend.
     world: SimWorld | None = None
-    #: Where that world is saved with each commit (``run --backend sim``), if anywhere.
-    world_store: WorldStore | None = None
 
     def settled(self) -> bool:
         """Every task ended, every pool decided, no effect left open or queued."""

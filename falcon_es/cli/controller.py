@@ -31,7 +31,6 @@ from falcon_es.settings import PUBSUB_BUS, Settings
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.kube import KubeEdgeClusters
     from falcon_es.adapters.sim import SimWorld
-    from falcon_es.adapters.sim.persist import WorldStore
     from falcon_es.loop import Leadership
     from falcon_es.observability.metrics import Metrics
     from falcon_es.service import Service
@@ -40,11 +39,11 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class _Serving:
     """What the latest leadership term built: its controller, which the metrics read
-    at scrape time, and its simulated world, which the next term goes on in."""
+    at scrape time, and its simulated world, which the next term goes on in (unless
+    the world is kept in the database: then each term loads it from there)."""
 
     svc: Service | None = None
     world: SimWorld | None = None
-    world_store: WorldStore | None = None
 
 
 @click.command("run")
@@ -112,15 +111,17 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
         try:
             built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
                                   realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                                  ports=ports, world=serving.world,
-                                  world_store=serving.world_store,
+                                  ports=ports,
+                                  # A world kept in the database is loaded from it by each
+                                  # term: another replica may have led it meanwhile.
+                                  world=None if sim_snapshot_every else serving.world,
                                   sim_snapshot_every=sim_snapshot_every,
                                   leadership=leadership, follow_log=election != "db")
         except BackendError as error:
             raise Failure(str(error)) from error
         if built.world is not None:  # a later leadership term goes on in the same world
             continue_world(built.world, built.app)
-        serving.svc, serving.world, serving.world_store = built, built.world, built.world_store
+        serving.svc, serving.world = built, built.world
         return built
 
     # With a lease, a replica builds its controller (folds the log) only once it leads.
