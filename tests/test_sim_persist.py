@@ -4,7 +4,7 @@ A world saved and loaded again at any moment goes on exactly as the world that w
 never saved: the same pools at the same moments, the same observations delivered in
 the same order, with the same random draws (stockouts, delivery faults) after the
 load as before it. A timeline entry that could not be written down is refused when it
-is scheduled. Only the rows that changed are written per save, and the change rows are
+is scheduled. The world keeps its own record of the creates it accepted. Only the rows that changed are written per save, and the change rows are
 compacted so a load reads at most ``compact_every`` saves besides the snapshot.
 """
 
@@ -23,7 +23,7 @@ from falcon_es.adapters.sim import SimConfig, SimWorld, build_sim_ports
 from falcon_es.adapters.sim.persist import WorldStore
 from falcon_es.adapters.sim.timeline import Timeline
 from falcon_es.clock import VirtualClock
-from falcon_es.ports import JobObservation
+from falcon_es.ports import ALREADY_EXISTS, JobObservation, PortError
 from tests.conftest import migrate
 from tests.test_sim_world import BASE, START, Sim, job, merged
 
@@ -92,6 +92,7 @@ def picture(sim: Sim) -> dict[str, Any]:
     world = sim.world
     return {"pools": world.pools(include_deleted=True), "now": world.now(),
             "next_due": world.next_due(), "delivery": world.delivery_stats(),
+            "creates": dict(world.creates.counts),
             "jobs": {(c, f"job-{i}"): world.job_state(c, f"job-{i}")
                      for c in ("east", "flex") for i in range(6)}}
 
@@ -147,6 +148,19 @@ def test_only_changed_objects_are_written_and_changes_are_compacted(engine: sa.e
     loaded = WorldStore(engine).load(clock)
     assert loaded is not None and clock.now() == head.moment, "the clock goes on from the world's"
     assert loaded.pool("east", "falcon-a") == sim.world.pool("east", "falcon-a")
+
+
+def test_the_world_records_each_create_it_accepted_and_not_a_refused_one() -> None:
+    sim = Sim(BASE)
+    sim.create(sim.east, "falcon-a", "2x2", "reservation", "res-a")
+    with pytest.raises(PortError) as refused:
+        sim.create(sim.east, "falcon-a", "2x2", "reservation", "res-a")
+    assert refused.value.code == ALREADY_EXISTS
+    sim.at(75)
+    sim.edge(sim.east).submit_job(job("job-a", "falcon-a"))
+    with pytest.raises(PortError):
+        sim.edge(sim.east).submit_job(job("job-a", "falcon-a"))
+    assert dict(sim.world.creates.counts) == {"east/NodePool/falcon-a": 1, "east/Job/job-a": 1}
 
 
 def test_no_saved_world_loads_as_none(engine: sa.engine.Engine) -> None:

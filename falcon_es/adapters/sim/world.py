@@ -70,6 +70,15 @@ class ClusterSim:
         self.kube.nodes_changed(pool, moment, lost)
 
 
+class CreateRecord:
+    """Every create the world accepted, "cluster/kind/name" -> how many times: a name
+    created twice is a pool or Job made again (after a restart, say). An object of its
+    own so a saved world rewrites it only when something is created."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+
 class SimWorld:
     """``behaviour_source(task_id)`` returns the task's ``spec.sim`` (a mapping or a
     ``SimBehaviour``) for Jobs whose manifest carries no ``falcon-es/sim`` annotation;
@@ -90,16 +99,14 @@ class SimWorld:
         self._clusters: dict[str, ClusterSim] = {}
         self._processed_until = clock.now()
         self._stepping = False
-        #: Every create the world accepted, "cluster/kind/name" -> how many times (a
-        #: name created twice means a pool or Job made again after a restart).
-        self.creates: collections.Counter[str] = collections.Counter()
+        self.creates = CreateRecord()
 
     def current_behaviour_source(self) -> BehaviourSource | None:
         """The task states' behaviours as wired now (each leadership term rewires them)."""
         return self.behaviour_source
 
     def record_create(self, cluster: str, kind: str, name: str) -> None:
-        self.creates[f"{cluster}/{kind}/{name}"] += 1
+        self.creates.counts[f"{cluster}/{kind}/{name}"] += 1
 
     # ------------------------------------------------------------- time
 
