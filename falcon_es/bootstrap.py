@@ -157,9 +157,13 @@ def saved_sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: i
     """The world ``store`` saved in ``app``'s database, on ``clock`` (moved up to the
     world's moment), else a new one (``sim_world``) saved there from now on."""
     from falcon_es.adapters.sim import behaviour_from_tasks
+    from falcon_es.adapters.sim.persist import SavedWorldError
 
-    world = store.load(clock, behaviour_source=behaviour_from_tasks(app.tasks),
-                       registry=app.cluster_cache.clusters)
+    try:
+        world = store.load(clock, behaviour_source=behaviour_from_tasks(app.tasks),
+                           registry=app.cluster_cache.clusters)
+    except SavedWorldError as error:
+        raise BackendError(str(error)) from error
     if world is None:
         world = sim_world(clock, config, seed, app)
         store.attach(world)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from falcon_es import db, tables
 from falcon_es.adapters.sim import SimConfig, SimWorld, build_sim_ports
-from falcon_es.adapters.sim.persist import WorldStore
+from falcon_es.adapters.sim.persist import SavedWorldError, WorldStore
 from falcon_es.adapters.sim.timeline import Timeline
 from falcon_es.clock import VirtualClock
 from falcon_es.ports import ALREADY_EXISTS, JobObservation, PortError
@@ -161,6 +161,21 @@ def test_the_world_records_each_create_it_accepted_and_not_a_refused_one() -> No
     with pytest.raises(PortError):
         sim.edge(sim.east).submit_job(job("job-a", "falcon-a"))
     assert dict(sim.world.creates.counts) == {"east/NodePool/falcon-a": 1, "east/Job/job-a": 1}
+
+
+def test_a_world_this_version_cannot_read_fails_the_load_naming_why(
+        engine: sa.engine.Engine) -> None:
+    sim = Sim(BASE)
+    sim.create(sim.east, "falcon-a", "2x2", "reservation", "res-a")
+    store = WorldStore(engine)
+    store.attach(sim.world)
+    with engine.begin() as conn:
+        store.save(conn)
+        conn.execute(tables.sim_world_changes.update().where(
+            tables.sim_world_changes.c.kind.like("%:SimPool")).values(
+            kind="falcon_es.adapters.sim.gke:RenamedPool"))
+    with pytest.raises(SavedWorldError, match="cannot be loaded: .*RenamedPool.*another version"):
+        WorldStore(engine).load(VirtualClock(START))
 
 
 def test_no_saved_world_loads_as_none(engine: sa.engine.Engine) -> None:

@@ -133,6 +133,10 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+class SavedWorldError(Exception):
+    """The database holds a world this version of the simulator cannot read."""
+
+
 class WorldStore:
     """One named world in the database: ``load`` it (None when none was saved), then
     ``save`` it on each commit's connection."""
@@ -181,20 +185,28 @@ class WorldStore:
                     rows[r.key] = (r.kind, r.blob)
         externals: dict[str, object] = {CLOCK: clock, REGISTRY: registry,
                                         BEHAVIOUR: behaviour_source}
-        shells = {key: _shell(kind) for key, (kind, _) in rows.items()}
+        try:
+            shells = {key: _shell(kind) for key, (kind, _) in rows.items()}
 
-        def resolve(key: str) -> object:
-            if key in externals:
-                return externals[key]
-            if key not in shells:
-                raise LookupError(f"saved sim world {self.name}: object {key} is missing")
-            return shells[key]
+            def resolve(key: str) -> object:
+                if key in externals:
+                    return externals[key]
+                if key not in shells:
+                    raise LookupError(f"object {key} is missing")
+                return shells[key]
 
-        for key, (_, blob) in rows.items():
-            _fill(shells[key], _Unpickler(blob, resolve).load())
-        world = shells.get(WORLD_KEY)
-        if not isinstance(world, SimWorld):
-            raise LookupError(f"saved sim world {self.name} has no world object")
+            for key, (_, blob) in rows.items():
+                _fill(shells[key], _Unpickler(blob, resolve).load())
+            world = shells.get(WORLD_KEY)
+            if not isinstance(world, SimWorld):
+                raise LookupError("it has no world object")
+        except (AttributeError, ImportError, LookupError, TypeError, ValueError,
+                pickle.UnpicklingError) as error:
+            raise SavedWorldError(
+                f"the simulated world saved in the database ({self.name!r}) cannot be "
+                f"loaded: {error}; it was saved by another version of the simulator. Go on "
+                "with a fresh database, or with --sim-snapshot-every 0 (a world in this "
+                "process only)") from error
         world.clock, world.registry, world.behaviour_source = clock, registry, behaviour_source
         advance_to = getattr(clock, "advance_to", None)
         if advance_to is not None:
