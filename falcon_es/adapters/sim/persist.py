@@ -53,13 +53,13 @@ CLOCK, REGISTRY, BEHAVIOUR = "ext:clock", "ext:registry", "ext:behaviour"
 CHUNK = 500
 
 
-def _is_object(value: object) -> bool:
-    """One row of its own: a simulator object, or a random stream (two objects may
-    share one, so it cannot be copied into each)."""
-    cls = type(value)
+def _is_object_type(cls: type) -> bool:
+    """Its instances get a row of their own: the simulator's classes (not its enums,
+    nor classes whose instances keep no ``__dict__``), and random streams (two objects
+    may share one, so it cannot be copied into each)."""
     return cls is random.Random or (cls.__module__.startswith(SIM_PACKAGE)
-                                    and hasattr(value, "__dict__")
-                                    and not isinstance(value, enum.Enum))
+                                    and not issubclass(cls, enum.Enum)
+                                    and "__slots__" not in vars(cls))
 
 
 def _is_frozen(value: object) -> bool:
@@ -156,6 +156,8 @@ class WorldStore:
         self._refs: dict[str, list[object]] = {}
         #: key -> the attribute values of a scalars-only object at the last save.
         self._prints: dict[str, tuple[object, ...]] = {}
+        #: Whether a type's instances are world objects (asked once per type).
+        self._object_types: dict[type, bool] = {}
         self._next_key = 1
         self._seq = 0
         self._snapshot_seq = 0
@@ -283,7 +285,10 @@ class WorldStore:
             external = externals.get(id(obj))
             if external is not None:
                 return external
-            if not _is_object(obj):
+            is_object = self._object_types.get(type(obj))
+            if is_object is None:
+                is_object = self._object_types[type(obj)] = _is_object_type(type(obj))
+            if not is_object:
                 return None
             entry = self._keys.get(id(obj))
             if entry is None:
