@@ -57,8 +57,8 @@ def scenario(sim: Sim, between: Callable[[Sim], None]) -> list[JobObservation]:
             c = sim.flex if i % 2 else sim.east
             pool = sim.world.pool(c.name, f"falcon-p{i}")
             name = f"job-{i}"
-            if (pool is not None and pool.ready and sim.world.job_state(c.name, name) is None
-                    and step < 20):
+            if (pool is not None and pool.status == "RUNNING"
+                    and sim.world.job_state(c.name, name) is None and step < 20):
                 sim.edge(c).submit_job(job(name, f"falcon-p{i}", task=f"t{i}",
                                            sim={"outcome": outcome, "duration_seconds": 90}))
         sim.at((sim.clock.now() - START).total_seconds() + 13 + step % 7)
