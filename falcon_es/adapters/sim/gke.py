@@ -31,7 +31,8 @@ from falcon_es.spec import SUPPLY_MODES
 from falcon_es.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, WorldCall, label_problem, seconds_after, suffix,
+    POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
+    suffix,
 )
 from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
 from falcon_es.adapters.sim.timeline import Timeline
@@ -217,12 +218,11 @@ class NodePoolService:
         if failure is not None:
             code, words = failure
             self._timeline.at(seconds_after(now, min(failure_after, latency)),
-                              lambda moment: self._fail_create(pool, operation, code, words, moment))
+                              self._fail_create, pool, operation, code, words)
         else:
             pool.holds_reservation = pool.reservation is not None
             self._timeline.at(seconds_after(now, latency),
-                              lambda moment: self._finish_create(pool, operation, stocked,
-                                                                 stockout_seconds, moment))
+                              self._finish_create, pool, operation, stocked, stockout_seconds)
         return operation.view()
 
     def get_operation(self, operation_id: str) -> Operation:
@@ -262,7 +262,7 @@ class NodePoolService:
             self._on_nodes_changed(pool, now, lost)
         latency = self.behaviour.delete_latency.draw(self._rng)
         self._timeline.at(seconds_after(now, latency),
-                          lambda moment: self._finish_delete(pool, operation, moment))
+                          self._finish_delete, pool, operation)
         return operation.view()
 
     # ------------------------------------------------------------ accounting
@@ -429,7 +429,7 @@ class NodePoolService:
         register = self.behaviour.node_register_delay[pool.supply_mode].draw(self._rng)
         ready_lag = self.behaviour.node_ready_lag.draw(self._rng)
         at = seconds_after(start, register)
-        self._timeline.at(at, lambda m: self._register_nodes(pool, m, ready_lag))
+        self._timeline.at(at, self._register_nodes, pool, ready_lag)
 
     # ------------------------------------------------------ cluster autoscaler
 
@@ -456,8 +456,7 @@ class NodePoolService:
                 if pool.stockout_ends_at is not None:
                     # The autoscaler tries again after its backoff; the first try
                     # after the stockout ends succeeds.
-                    self._timeline.at(pool.stockout_ends_at,
-                                      lambda m: self._on_nodes_changed(pool, m, []))
+                    self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
             return False
         pool.scaling_for = job
         pool.autoscaler_event = (TRIGGERED_SCALE_UP, (
@@ -467,6 +466,10 @@ class NodePoolService:
             f"(max: {pool.shape.hosts})}}]"))
         self._bring_nodes(pool, moment)
         return True
+
+    def _retry_scale_up(self, pool: SimPool, moment: dt.datetime) -> None:
+        """The autoscaler's first try after a stockout ends: nodes come."""
+        self._on_nodes_changed(pool, moment, [])
 
     def _stockout_words(self, pool: SimPool) -> str:
         """The autoscaler's FailedScaleUp on a pod whose pool's zone has no capacity."""
@@ -488,7 +491,7 @@ class NodePoolService:
             return
         pool.unneeded_since = since = moment
         self._timeline.at(seconds_after(moment, pool.scale_down_unneeded_seconds),
-                          lambda m: self._scale_down(pool, since, m))
+                          self._scale_down, pool, since)
 
     def _scale_down(self, pool: SimPool, since: dt.datetime, moment: dt.datetime) -> None:
         if (self.pools.get(pool.name) is not pool or pool.status != RUNNING
@@ -499,7 +502,7 @@ class NodePoolService:
         self.registered_nodes -= len(lost)
         self._on_nodes_changed(pool, moment, lost)
 
-    def _register_nodes(self, pool: SimPool, moment: dt.datetime, ready_lag: float) -> None:
+    def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
             return
         pool.stocked_out = False
@@ -511,7 +514,7 @@ class NodePoolService:
         ]
         self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
-        self._timeline.at(seconds_after(moment, ready_lag), lambda m: self._nodes_ready(pool, m))
+        self._timeline.at(seconds_after(moment, ready_lag), self._nodes_ready, pool)
 
     def _nodes_ready(self, pool: SimPool, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
@@ -561,13 +564,17 @@ class SimNodePools:
     the cluster's node-pool API (created on first use) and ``call`` runs a call at the
     world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService]) -> None:
+    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService],
+                 record: RecordCreate = no_record) -> None:
         self._call = call
         self._pools_of = pools_of
+        self._record = record
 
     def create(self, spec: NodePoolSpec) -> Operation:
         gke = self._pools_of(spec.cluster)
-        return self._call(lambda now: gke.create(spec, now))
+        operation = self._call(lambda now: gke.create(spec, now))
+        self._record(spec.cluster.name, "NodePool", spec.name)
+        return operation
 
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
         gke = self._pools_of(cluster)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import functools
 import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -56,7 +55,7 @@ from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, pa
 from falcon_es.adapters.sim.kube_objects import (
     FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimCreateFailure, SimJob, SimPod, SimService,
 )
-from falcon_es.adapters.sim.timeline import Timeline
+from falcon_es.adapters.sim.timeline import Method, Timeline
 
 COMPLETE_CONDITION, FAILED_CONDITION = "Complete", "Failed"
 
@@ -202,8 +201,8 @@ class KubeService:
         self.resource_version += 1
         return self.resource_version
 
-    def at(self, moment: dt.datetime, action: Callable[[dt.datetime], None]) -> None:
-        self._timeline.at(moment, action)
+    def at(self, moment: dt.datetime, method: Method, *args: object) -> None:
+        self._timeline.at(moment, method, *args)
 
     def stop(self, job: SimJob, moment: dt.datetime) -> None:
         """Delete a Job's live pods (a failed JobSet stops its other children)."""
@@ -333,7 +332,7 @@ class KubeService:
             pod.reason, pod.message = "ContainerCreating", None
             self._dirty[job.name] = job
             start = self.defaults.pod_start.draw(self._rng)
-            self._timeline.at(seconds_after(moment, start), functools.partial(self._start, job, pod))
+            self._timeline.at(seconds_after(moment, start), self._start, job, pod)
             if job.followers_held and pod.index == 0:
                 self.jobsets.leader_bound(job, pod.pool)
                 self._schedule_job(job, moment)
@@ -476,7 +475,7 @@ class KubeService:
             refused.last = moment
         self._dirty[job.name] = job
         delay = min(_SYNC_BACKOFF_CAP, _SYNC_BACKOFF_START * 2 ** min(refused.count - 1, 16))
-        self._timeline.at(seconds_after(moment, delay), lambda m: self._refuse_pods(job, m))
+        self._timeline.at(seconds_after(moment, delay), self._refuse_pods, job)
 
     def _start(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if not self._current(job, pod) or pod.phase != PENDING or pod.node is None:
@@ -488,13 +487,13 @@ class KubeService:
                            f'failed to pull and unpack image "{job.image}": failed to resolve '
                            f'reference "{job.image}": {job.image}: not found')
             self._timeline.at(seconds_after(moment, self.defaults.image_pull_backoff_seconds),
-                              lambda m: self._image_backoff(job, pod))
+                              self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
         self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
-                          lambda m: self._finish(job, pod, m))
+                          self._finish, job, pod)
 
-    def _image_backoff(self, job: SimJob, pod: SimPod) -> None:
+    def _image_backoff(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if self._current(job, pod) and pod.reason == "ErrImagePull":
             pod.reason, pod.message = "ImagePullBackOff", f'Back-off pulling image "{job.image}"'
             self._dirty[job.name] = job
@@ -541,7 +540,7 @@ class KubeService:
         else:
             delay = min(_BACKOFF_CAP, _BACKOFF_START * 2 ** (job.failed - 1))
             self._timeline.at(seconds_after(moment, delay),
-                              lambda m: self._replace(job, pod.index, m))
+                              self._replace, job, pod.index)
         self._reschedule(moment, freed)
 
     def _conclude(self, job: SimJob, condition: str, moment: dt.datetime) -> None:
@@ -552,7 +551,7 @@ class KubeService:
             self.jobsets.child_concluded(job, condition, moment)
         if job.ttl_after_finished is not None:
             self._timeline.at(seconds_after(moment, job.ttl_after_finished),
-                              lambda m: self._expire(job, m))
+                              self._expire, job)
 
     def _expire(self, job: SimJob, moment: dt.datetime) -> None:
         if self.jobs.get(job.name) is job:
