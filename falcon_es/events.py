@@ -141,10 +141,15 @@ class TaskPicked(Event):
 
     cluster_id: str
     topology: str
-    why: str  # only-waiting | fifo | round-robin
+    why: str  # only-waiting | fifo | round-robin | priority
     candidates: tuple[JsonDict, ...]  # the earliest actors' heads (at most 10)
     last_actor: str | None
     actors_waiting: int = 0  # how many actors had a candidate
+    #: The winner's base priority, the effective priority served, and every base
+    #: priority compared ({"priority", "effective", "waiting"}, highest first).
+    priority: int = 0
+    effective: int = 0
+    priorities: tuple[JsonDict, ...] = ()
 
 
 # Provisioning

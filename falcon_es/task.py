@@ -51,6 +51,8 @@ class TaskState:
     tpu_type: str = ""
     topology: str = ""
     submitted_at: dt.datetime | None = None
+    #: The priority the task is served by (the spec's; higher first).
+    priority: int = 0
     cluster_id: str | None = None
     cluster_name: str | None = None
     node_pool_name: str | None = None
@@ -247,6 +249,7 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                 fields.update(
                     spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
                     submitted_at=event.submitted_at,
+                    priority=int(event.spec.get("priority") or 0),
                 )
             return fields
         case ev.ClusterChosen():

@@ -10,7 +10,8 @@ Three handlers, run in this order after intake in every tick:
    serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
    clusters and their status (NoActiveCluster, appended again only when that changes).
 3. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
-   cluster picks one task (TaskPicked), all queues in the same tick.
+   cluster picks one task (TaskPicked, with the priorities it compared), all queues
+   in the same tick.
 
 Each decision event records the candidates and why the winner won, so
 ``falcon-es history ID`` explains a task's whole wait. The handlers update the
@@ -127,7 +128,7 @@ def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
         cluster = clusters.get(key[0])
         if cluster is None or cluster.status != ACTIVE:
             continue
-        while (decision := book.decide(key)) is not None:
+        while (decision := book.decide(key, tick.now)) is not None:
             state = tick.state(decision.winner.task_id)
             if not _is_waiting(state) or state.cluster_id != key[0]:
                 if state is None:
@@ -137,7 +138,8 @@ def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
             after = tick.emit(decision.winner.task_id, ev.TaskPicked(
                 cluster_id=key[0], topology=key[1], why=decision.why,
                 candidates=decision.candidates(), last_actor=decision.last_actor,
-                actors_waiting=decision.actors_waiting,
+                actors_waiting=decision.actors_waiting, priority=decision.winner.priority,
+                effective=decision.effective, priorities=decision.priorities(),
             ))
             book.served(key, decision.winner.actor)
             if after is not None:

@@ -184,6 +184,7 @@ class QueueView:
         self.job = job if job is not None else JobTable()
         self.clock = clock
         self.refresh_interval = dt.timedelta(seconds=refresh_seconds)
+        self._latest = dt.datetime.min  # the latest event folded (``now`` without a clock)
         self._written: dict[str, str] = {}  # task id -> position Message in the row
         #: Waiting tasks whose row does not hold their position (their own change wrote
         #: it, another writer did, or nobody knows what it holds): written at once.
@@ -217,6 +218,8 @@ class QueueView:
     def fold(self, changes: Iterable[Change], recorded: Sequence[RecordedEvent]) -> None:
         """Fold task changes (in log order) and the decisions they record."""
         book = self.book
+        if recorded:
+            self._latest = max(self._latest, recorded[-1].recorded_at)
         for change in changes:
             self._place(change.after)
         for record in recorded:
@@ -318,7 +321,7 @@ class QueueView:
         """When the next position write is due (a due source for the loop, which on a
         virtual clock jumps there): now for a row that needs its position at once, else
         the end of the interval of the queue that changed first."""
-        now = self._now()
+        now = self.now()
         if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
             return now
         book, moments = self.book, []
@@ -336,7 +339,7 @@ class QueueView:
         rows: list[tuple[str, str]] = []
         written = self._written
         for key in sorted(keys):
-            for task_id, message in positions(self.book.pick_order(key), self.lang):
+            for task_id, message in positions(self.book.pick_order(key, self.now()), self.lang):
                 if written.get(task_id) != message:
                     rows.append((task_id, message))
         at_once: dict[QueueKey, set[str]] = {}
@@ -345,13 +348,14 @@ class QueueView:
             if waits_in is not None and waits_in not in keys:
                 at_once.setdefault(waits_in, set()).add(task_id)
         for key in sorted(at_once):
-            rows.extend(positions_of(self.book.pick_order(key), at_once[key], self.lang))
+            rows.extend(positions_of(self.book.pick_order(key, self.now()), at_once[key], self.lang))
         return rows
 
     def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
         """Write, within the open transaction, the rows needed at once and the queues
         due (``every_queue``: every changed queue, due or not); kept once it commits."""
-        now = self._now()
+        now = self.now()
+        self.book.mark_aged(now)
         due = sorted(self.book.changed) if every_queue else self.due_queues(now)
         rows = self.pending_positions(due)
         write_positions(conn, rows, job=self.job)
@@ -365,7 +369,8 @@ class QueueView:
     def refresh_due(self, engine: Engine) -> int:
         """Write what is due in a transaction of its own: after a tick that appended
         nothing, once a queue's interval ran out or another writer moved a row."""
-        now = self._now()
+        now = self.now()
+        self.book.mark_aged(now)
         if not self._unwritten and not self.due_queues(now):
             return 0
         try:
@@ -403,14 +408,16 @@ class QueueView:
             return key
         return None
 
-    def _now(self) -> dt.datetime:
-        return self.clock.now() if self.clock is not None else dt.datetime.min
+    def now(self) -> dt.datetime:
+        """The clock's time; without a clock (a replay) the latest event's, which is
+        what aging and the expected starts are measured against."""
+        return self.clock.now() if self.clock is not None else self._latest
 
     def all_positions(self) -> list[tuple[str, str]]:
         """Every waiting task's position Message (what a rebuild writes)."""
         rows: list[tuple[str, str]] = []
         for key in self.book.waiting_queues():
-            rows.extend(positions(self.book.pick_order(key), self.lang))
+            rows.extend(positions(self.book.pick_order(key, self.now()), self.lang))
         return rows
 
 
@@ -437,7 +444,7 @@ def queue_rows(
                 "status": state.status if state else None,
                 "reason": state.reason if state else None,
             })
-        order = book.pick_order(key)
+        order = book.pick_order(key, view.now())
         waiting = [
             {"position": index + 1, "task_id": e.task_id, "actor": e.actor, "name": e.name,
              "submitted_at": e.submitted_at.isoformat(),

@@ -232,7 +232,7 @@ def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
 
 def _collect(queues: QueueView, key: QueueKey, wanted: set[str], held: dict[str, set[str]],
              lang: str) -> None:
-    for task_id, message in positions_of(queues.book.pick_order(key), wanted, lang):
+    for task_id, message in positions_of(queues.book.pick_order(key, queues.now()), wanted, lang):
         held[task_id].add(message)
 
 

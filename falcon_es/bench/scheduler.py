@@ -1,7 +1,8 @@
 """``falcon-es bench scheduler``: the scheduler at 1k, 10k and 100k waiting tasks.
 
 Each size runs in a scratch database (a temporary SQLite file, or a scratch database
-on a MySQL/MariaDB server) with 5 clusters x 4 topologies (20 queues) and 500 actors.
+on a MySQL/MariaDB server) with 5 clusters x 4 topologies (20 queues), 500 actors and
+tasks of every priority class (so a pick compares three bands).
 Setup goes through the real controller: job rows are inserted as the upper layer
 would, intake accepts them and the scheduling handlers queue them (and fill each
 queue's slot). Then, on that state:
@@ -60,6 +61,8 @@ SIZES = (1_000, 10_000, 100_000)
 CLUSTERS = 5
 TOPOLOGIES = ("2x2", "2x4", "4x4", "4x8")
 ACTORS = 500
+#: The priorities of the bench's tasks: every class, normal the most common.
+PRIORITIES = ("low", "normal", "normal", "normal", "high")
 TPU_TYPE = "v6e"
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
 ROUNDS = 5
@@ -233,7 +236,7 @@ def _insert_rows(app: App, size: int, rng: random.Random) -> None:
             "id": f"t{index:07d}-{rng.getrandbits(24):06x}", "name": f"job-{index}",
             "actor": actor, "status": chart.PENDING,
             "spec": {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": TPU_TYPE,
-                     "topology": topology},
+                     "topology": topology, "priority": rng.choice(PRIORITIES)},
             "created_at": START + dt.timedelta(milliseconds=index),
             "updated_at": START,
         })
@@ -273,7 +276,7 @@ def _measure_picks(app: App, rounds: int = ROUNDS, per_queue: int = 10) -> tuple
             for key in book.waiting_queues():
                 for _ in range(min(per_queue, book.waiting_count(key))):
                     t0 = time.perf_counter()
-                    decision = book.decide(key)
+                    decision = book.decide(key, view.now())
                     t1 = time.perf_counter()
                     assert decision is not None
                     state = app.tasks.get(decision.winner.task_id)
@@ -422,7 +425,7 @@ def _record_exact(view: QueueView, sample: set[str],
     for task_id in sample:
         by_queue.setdefault(view.waiting_in(task_id), set()).add(task_id)
     for key, wanted in by_queue.items():
-        for task_id, message in positions_of(view.book.pick_order(key), wanted, view.lang):
+        for task_id, message in positions_of(view.book.pick_order(key, view.now()), wanted, view.lang):
             exact[task_id].append((now, message))
 
 
@@ -464,8 +467,8 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
     for _ in range(REFRESH_ROUNDS):
         owner = object()
         book.begin(owner)
-        book.pick_order(key)  # as live: the previous refresh left the order computed
-        decision = book.decide(key)
+        book.pick_order(key, view.now())  # as live: the previous refresh left the order computed
+        decision = book.decide(key, view.now())
         assert decision is not None
         state = app.tasks.get(decision.winner.task_id)
         assert state is not None

@@ -1,0 +1,116 @@
+"""Priorities: the classes and range, aging on its grid, the spec field, the settings,
+and the pick that serves them (with the record of what it compared)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from falcon_es import events as ev
+from falcon_es.priority import PriorityError, PriorityPolicy, parse_classes
+from falcon_es.settings import Settings, SettingsError
+from falcon_es.spec import SpecError, SpecLimits, parse_spec
+from tests.test_scheduling_properties import World
+
+T0 = dt.datetime(2026, 11, 1, 9, 0, 0)  # on the 5-minute grid
+POLICY = PriorityPolicy()  # low -100, normal 0, high 100; 10 points per 300 s
+SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
+
+
+def test_classes_and_integers_resolve_within_the_range() -> None:
+    assert POLICY.resolve("high") == 100
+    assert POLICY.resolve("low") == -100
+    assert POLICY.resolve(7) == 7
+    for bad in (101, -101, "urgent", True, 1.5, None):
+        with pytest.raises(PriorityError):
+            POLICY.resolve(bad)
+
+
+def test_aging_counts_whole_intervals_of_one_grid_and_stops_at_the_highest_class() -> None:
+    assert POLICY.effective(0, T0, T0 + dt.timedelta(seconds=299)) == 0
+    assert POLICY.effective(0, T0, T0 + dt.timedelta(seconds=300)) == 10
+    # Submitted late in an interval: the grid's next boundary counts a whole one.
+    late = T0 + dt.timedelta(seconds=290)
+    assert POLICY.effective(0, late, late + dt.timedelta(seconds=10)) == 10
+    assert POLICY.effective(-100, T0, T0 + dt.timedelta(days=1)) == 100
+    assert POLICY.effective(100, T0, T0 + dt.timedelta(days=1)) == 100
+    assert PriorityPolicy(points=0).effective(-100, T0, T0 + dt.timedelta(days=1)) == -100
+    # The bound: at most this long until a task reaches the highest class.
+    assert POLICY.effective(-100, late, late + POLICY.time_to_top(-100)) == 100
+    assert POLICY.time_to_top(100) == dt.timedelta(0)
+
+
+def test_class_settings_parse_and_bad_ones_are_named() -> None:
+    assert parse_classes("bulk=-5, normal=0,urgent=20") == (
+        ("bulk", -5), ("normal", 0), ("urgent", 20))
+    for bad in ("bulk", "a=x", "a=1,a=2", "=3"):
+        with pytest.raises(PriorityError):
+            parse_classes(bad)
+    settings = Settings.from_env({"FALCON_PRIORITY_CLASSES": "bulk=-5,urgent=20",
+                                  "FALCON_AGING_POINTS": "0", "FALCON_AGING_INTERVAL": "60",
+                                  "FALCON_PREEMPT_CLUSTER_BUSY": "false"})
+    assert settings.priorities == PriorityPolicy((("bulk", -5), ("urgent", 20)), 0, 60)
+    assert settings.preempt_cluster_busy is False
+    for env, named in (({"FALCON_PRIORITY_CLASSES": "x"}, "FALCON_PRIORITY_CLASSES"),
+                       ({"FALCON_AGING_POINTS": "-1"}, "FALCON_AGING_POINTS"),
+                       ({"FALCON_AGING_INTERVAL": "0"}, "FALCON_AGING_INTERVAL"),
+                       ({"FALCON_PREEMPT_CLUSTER_BUSY": "maybe"}, "FALCON_PREEMPT_CLUSTER_BUSY")):
+        with pytest.raises(SettingsError, match=named):
+            Settings.from_env(env)
+
+
+def test_spec_priority_takes_a_class_or_an_integer_and_fails_the_task_otherwise() -> None:
+    assert parse_spec(SPEC).priority == 0
+    assert parse_spec({**SPEC, "priority": "high"}).priority == 100
+    assert parse_spec({**SPEC, "priority": "high"}).to_data()["priority"] == 100
+    assert parse_spec({**SPEC, "priority": -3}).priority == -3
+    limits = SpecLimits(priorities=PriorityPolicy((("bulk", -5), ("urgent", 20))))
+    assert parse_spec({**SPEC, "priority": "urgent"}, limits).priority == 20
+    with pytest.raises(SpecError) as raised:
+        parse_spec({**SPEC, "priority": 500})
+    assert (raised.value.reason, raised.value.field) == ("InvalidField", "priority")
+    assert "outside the range -100 to 100" in raised.value.detail
+    with pytest.raises(SpecError, match="high"):
+        parse_spec({**SPEC, "priority": "high"}, limits)
+
+
+def _picked_event(world: World, task_id: str) -> ev.TaskPicked:
+    state = world.tasks.get(task_id)
+    assert state is not None and isinstance(state.message_event, ev.TaskPicked)
+    return state.message_event
+
+
+def test_the_highest_priority_is_picked_first_and_the_pick_records_what_it_compared() -> None:
+    world = World(cluster_count=1, policy=PriorityPolicy(points=0))
+    low = world.arrive("ann", "2x2", -100)
+    normal = world.arrive("bob", "2x2", 0)
+    high = world.arrive("cid", "2x2", 100)
+    world.tick()  # all three arrive in one tick: the first pick compares them
+    assert world.picks[0].task_id == high
+    picked = _picked_event(world, high)
+    assert (picked.why, picked.priority, picked.effective) == ("priority", 100, 100)
+    assert picked.priorities == (
+        {"priority": 100, "effective": 100, "waiting": 1},
+        {"priority": 0, "effective": 0, "waiting": 1},
+        {"priority": -100, "effective": -100, "waiting": 1})
+    order = [e.task_id for e in world.view.book.pick_order(("c0", "2x2"), world.now)]
+    assert order == [normal, low]
+    assert world.conn.messages[normal].startswith("#1,")
+    assert world.conn.messages[low].startswith("#2, 1 ahead (bob: bob-job-2)")
+
+
+def test_an_aged_band_ties_with_the_highest_and_is_served_by_todays_rule() -> None:
+    world = World(cluster_count=1, policy=PriorityPolicy(points=100, interval_seconds=60))
+    first = world.arrive("ann", "2x2", 100)
+    world.tick()  # ann takes the slot
+    old = world.arrive("bob", "2x2", -100)
+    world.tick()
+    world.now += dt.timedelta(minutes=3)  # bob's low task has aged to 100
+    new = world.arrive("cid", "2x2", 100)
+    world.tick()
+    world.free(first, fail=False)
+    world.tick()
+    assert world.picks[-1].task_id == old  # tied at 100; the earlier submitted wins
+    assert _picked_event(world, old).why == "fifo"
+    assert world.view.book.pick_order(("c0", "2x2"), world.now)[0].task_id == new
