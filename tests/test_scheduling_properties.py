@@ -76,11 +76,12 @@ class Pick:
 class World:
     """The controller's scheduling half, committed in memory."""
 
-    def __init__(self, cluster_count: int = 2, policy: PriorityPolicy = PriorityPolicy()) -> None:
+    def __init__(self, cluster_count: int = 2, policy: PriorityPolicy = PriorityPolicy(),
+                 lang: str = "en") -> None:
         self.now = START
         self.tasks = TaskStates()
         self.policy = policy
-        self.view = QueueView(self.tasks, book=QueueBook(policy))
+        self.view = QueueView(self.tasks, lang, book=QueueBook(policy))
         self.index = LifecycleIndex(self.tasks)
         self.conn = RecordingConnection()
         self.clusters = [
@@ -118,6 +119,12 @@ class World:
         for stream_id, event in tick.emitted:
             if isinstance(event, ev.TaskPicked):
                 self._check_pick(tick, stream_id, event)
+        self._commit(tick)
+
+    def emit(self, task_id: str, event: ev.Event) -> None:
+        """Fold one event of a task, as a handler's tick would commit it."""
+        tick = Tick(self.tasks, self.now, "test")
+        tick.emit(task_id, event)
         self._commit(tick)
 
     def free(self, task_id: str, *, fail: bool) -> None:

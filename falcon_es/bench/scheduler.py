@@ -51,6 +51,7 @@ from falcon_es.bench.scratch import scratch_mysql_database
 from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.loop import Loop
+from falcon_es.projections.messages import position_part
 from falcon_es.projections.queues import QueueView, positions_of
 from falcon_es.runtime import Handler
 from falcon_es.settings import Settings
@@ -392,7 +393,10 @@ def _measure_steady(app: App, loop: Loop, clock: VirtualClock,
         sample = {t for t in sample if view.waiting_in(t) is not None}
         _record_exact(view, sample, exact, now)
         for task_id, message in _read_messages(app, sample).items():
-            age = _age(exact[task_id], message, now)
+            # The position is what must be at most one interval old (what follows it
+            # says why and until when, as of when the row was written).
+            age = _age(exact[task_id], position_part(message, view.lang) if message else message,
+                       now)
             max_age = max(max_age, age)
             before, changed_at = shown[task_id]
             if message != before:
