@@ -4,11 +4,16 @@ A queue's slot passes from task to task: a task takes it when picked and gives i
 when its pods run (or it ends). So the task at index i of a queue's pick order (0 is
 next) starts after the current holder gives the slot up and the i tasks ahead of it
 have each held it once: ``now + remaining(holder) + i * typical``, where ``typical`` is
-the median of the queue's last ``WINDOW`` slot holds and the holder's remaining time
+the mean of the queue's last ``WINDOW`` slot holds (what is summed is a number of
+holds, so the mean: the median of skewed holds told waits half as long as they were
+in ``falcon-es simulate``) and the holder's remaining time
 is ``typical`` minus what it has held so far (at least ``FLOOR`` of ``typical``: a
 holder past the usual is expected to end soon, not at once). A queue without a slot
 hold yet has no estimate. What a task waits on past its slot (a reservation's room
-freed by running tasks ending) is inside the slot holds it is measured from.
+freed by running tasks ending) is inside the slot holds it is measured from. The count
+assumes nobody else arrives: a newcomer of another actor that round-robin puts ahead,
+or one of higher priority, makes the real wait longer than the first estimate (the
+estimates at later refreshes see them).
 
 Memory is ``WINDOW`` durations per queue, whatever the history.
 """
@@ -56,7 +61,7 @@ class SlotTimes:
 
     def typical(self, key: Hashable) -> float | None:
         holds = self._holds.get(key)
-        return statistics.median(holds) if holds else None
+        return statistics.fmean(holds) if holds else None
 
     def estimate(self, key: Hashable, now: dt.datetime,
                  held_since: dt.datetime | None) -> Estimate | None:

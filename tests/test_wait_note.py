@@ -8,6 +8,7 @@ import datetime as dt
 
 from falcon_es import events as ev
 from falcon_es.eta import FLOOR, WINDOW, SlotTimes
+from falcon_es.simulate import EtaLog
 from tests.test_scheduling_properties import World
 
 KEY = ("c0", "2x2")
@@ -60,16 +61,32 @@ def test_a_holder_past_the_usual_hold_is_expected_to_end_soon_not_at_once() -> N
     times = SlotTimes()
     now = dt.datetime(2026, 11, 1, 10)
     assert times.estimate(KEY, now, None) is None
-    for seconds in (100.0, 600.0, 700.0):
+    for seconds in (200.0, 600.0, 700.0):
         times.record(KEY, seconds)
-    assert times.typical(KEY) == 600.0
+    assert times.typical(KEY) == 500.0, "the mean: the waits told are sums of holds"
     fresh = times.estimate(KEY, now, now - dt.timedelta(seconds=200))
-    assert fresh is not None and fresh.first == now + dt.timedelta(seconds=400)
+    assert fresh is not None and fresh.first == now + dt.timedelta(seconds=300)
     late = times.estimate(KEY, now, now - dt.timedelta(hours=2))
-    assert late is not None and late.first == now + dt.timedelta(seconds=600 * FLOOR)
-    assert late.start(2) == late.first + dt.timedelta(seconds=1200)
+    assert late is not None and late.first == now + dt.timedelta(seconds=500 * FLOOR)
+    assert late.start(2) == late.first + dt.timedelta(seconds=1000)
     free = times.estimate(KEY, now, None)
     assert free is not None and free.first == now
     for _ in range(WINDOW):
         times.record(KEY, 60.0)
     assert times.typical(KEY) == 60.0, "only the recent holds count"
+
+
+def test_simulate_measures_each_expected_start_against_the_pick() -> None:
+    log = EtaLog()
+    t0 = dt.datetime(2026, 1, 5, 9)
+    minutes = lambda m: t0 + dt.timedelta(minutes=m)  # noqa: E731
+    log.record("a", minutes(0), minutes(10))  # at submit: 10 min, picked after 20: 50%
+    log.record("a", minutes(10), minutes(20))  # then 10 more, picked after 10: 0%
+    log.record("a", minutes(10), minutes(18))  # the last rendering of a moment counts
+    log.record("b", minutes(0), minutes(0))  # told 'now', picked 30 s later: 50% of a minute
+    log.record("d", minutes(0), minutes(0))  # told 'now', picked then: 0%
+    log.record("c", minutes(0), minutes(5))  # never picked: not counted
+    report = log.report({"a": minutes(20), "b": t0 + dt.timedelta(seconds=30), "d": t0})
+    assert report["tasks_with_estimate"] == 3
+    assert report["at_submit"] == {"median": 0.5, "p90": 0.5, "count": 3}
+    assert report["at_every_refresh"] == {"median": 0.35, "p90": 0.5, "count": 4}
