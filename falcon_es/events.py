@@ -152,6 +152,18 @@ class TaskPicked(Event):
     priorities: tuple[JsonDict, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class SlotYielded(Event):
+    """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
+    full) and a waiting task of higher effective priority took its place; it waits in
+    its queue again."""
+
+    to_task: str
+    to_name: str
+    to_effective: int  # the effective priority served next
+    effective: int  # the yielding task's own
+
+
 # Provisioning
 
 
@@ -467,7 +479,7 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, SlotYielded, ReservationInsufficient, NodePoolReused,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,

@@ -254,6 +254,10 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             return fields
         case ev.ClusterChosen():
             return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+        case ev.SlotYielded():
+            # Back in the queue: a later pick starts its reservation checks afresh.
+            return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,
+                    "api_retries": {}}
         case ev.TaskRequeued():
             return {"cluster_id": None, "cluster_name": None}
         case ev.NodePoolReused():

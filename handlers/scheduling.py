@@ -1,6 +1,6 @@
 """Scheduling: where each accepted task queues and when it takes its queue's slot.
 
-Three handlers, run in this order after intake in every tick:
+Four handlers, run in this order after intake in every tick:
 
 1. ``requeue_from_inactive_clusters`` -- waiting tasks queued on a cluster that is now
    in maintenance or offline leave that queue (TaskRequeued); tasks acquiring or
@@ -9,7 +9,11 @@ Three handlers, run in this order after intake in every tick:
    or waiting for an active cluster) gets one (ClusterChosen), fails when no cluster
    serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
    clusters and their status (NoActiveCluster, appended again only when that changes).
-3. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
+3. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
+   reservation is full) gives the slot back when a waiting task of higher effective
+   priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
+   preempted: a pool being created, a Job dispatched or running keeps its slot.
+4. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
    cluster picks one task (TaskPicked, with the priorities it compared), all queues
    in the same tick.
 
@@ -119,6 +123,28 @@ def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskSta
 def _supply_mode(state: TaskState) -> str | None:
     mode = state.spec.get("supply_mode")
     return str(mode) if mode else None
+
+
+def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
+    if not ctx.settings.preempt_cluster_busy:
+        return
+    book = _book(tick, ctx)
+    policy = book.policy
+    for key in book.queue_keys():
+        holders = book.holders(key)
+        if not holders or not book.waiting_count(key):
+            continue
+        state = tick.state(holders[0])
+        if state is None or state.reason != chart.PendingReason.CLUSTER_BUSY:
+            continue
+        decision = book.decide(key, tick.now)
+        held = policy.effective(state.priority, state.submitted_at or tick.now, tick.now)
+        if decision is None or decision.effective <= held:
+            continue
+        after = tick.emit(state.task_id, ev.SlotYielded(
+            decision.winner.task_id, decision.winner.name, decision.effective, held))
+        if after is not None:
+            book.sync(after)
 
 
 def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:

@@ -115,6 +115,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "queued on {cluster_name} ({topology})",
     "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
     "TaskPicked": "provisioning on {topology}",
+    "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "ReservationInsufficient": (
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
@@ -181,6 +182,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
+    "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "ReservationInsufficient": (
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"

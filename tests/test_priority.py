@@ -114,3 +114,41 @@ def test_an_aged_band_ties_with_the_highest_and_is_served_by_todays_rule() -> No
     assert world.picks[-1].task_id == old  # tied at 100; the earlier submitted wins
     assert _picked_event(world, old).why == "fifo"
     assert world.view.book.pick_order(("c0", "2x2"), world.now)[0].task_id == new
+
+
+def _busy_holder(settings: Settings = Settings()) -> tuple[World, str]:
+    """A low-priority task holding the slot in ClusterBusy (its reservation full)."""
+    world = World(cluster_count=1, policy=PriorityPolicy(points=0), settings=settings)
+    low = world.arrive("ann", "2x2", -100)
+    world.tick()
+    world.emit(low, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    return world, low
+
+
+def test_a_cluster_busy_holder_yields_its_slot_to_a_higher_priority() -> None:
+    world, low = _busy_holder()
+    world.now += dt.timedelta(seconds=5)
+    same = world.arrive("bob", "2x2", -100)
+    world.tick()
+    assert world.tasks.get(low).reason == "ClusterBusy", "an equal priority does not preempt"
+    high = world.arrive("cid", "2x2", 100)
+    world.tick()
+    yielded = world.tasks.get(low)
+    assert (yielded.reason, yielded.cluster_id, yielded.retry_attempt) == ("Waiting", "c0", 0)
+    assert yielded.message_event == ev.SlotYielded(high, "cid-job-3", 100, -100)
+    assert world.picks[-1].task_id == high
+    assert [e.task_id for e in world.view.book.pick_order(("c0", "2x2"), world.now)] == [low, same]
+    assert world.conn.messages[low].startswith("#1, next in line; slot held by cid: cid-job-3")
+
+
+def test_no_preemption_when_the_setting_is_off_or_the_holder_got_further() -> None:
+    world, low = _busy_holder(Settings(preempt_cluster_busy=False))
+    world.arrive("cid", "2x2", 100)
+    world.tick()
+    assert world.tasks.get(low).reason == "ClusterBusy"
+    world = World(cluster_count=1, policy=PriorityPolicy(points=0))
+    provisioning = world.arrive("ann", "2x2", -100)
+    world.tick()
+    world.arrive("cid", "2x2", 100)
+    world.tick()
+    assert world.tasks.get(provisioning).reason == "Provisioning"

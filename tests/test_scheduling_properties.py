@@ -37,7 +37,7 @@ from falcon_es.projections.queues import QueueView
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 SCHEDULING = (scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,
-              scheduling.fill_free_slots)
+              scheduling.yield_busy_slots, scheduling.fill_free_slots)
 TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
 
@@ -77,8 +77,9 @@ class World:
     """The controller's scheduling half, committed in memory."""
 
     def __init__(self, cluster_count: int = 2, policy: PriorityPolicy = PriorityPolicy(),
-                 lang: str = "en") -> None:
+                 lang: str = "en", settings: Settings = Settings()) -> None:
         self.now = START
+        self.settings = settings
         self.tasks = TaskStates()
         self.policy = policy
         self.view = QueueView(self.tasks, lang, book=QueueBook(policy))
@@ -111,7 +112,7 @@ class World:
         self.arrivals.clear()
         # The scheduling handlers read the queue book, the clusters and the task states;
         # this model has no store, so there are no ports or executor to give them.
-        ctx = HandlerContext(Settings(), self.now, self.tasks, list(self.clusters), inbox=None,
+        ctx = HandlerContext(self.settings, self.now, self.tasks, list(self.clusters), inbox=None,
                              ports=None, queues=self.view.book, index=self.index,
                              executor=None)
         for handler in SCHEDULING:
