@@ -153,6 +153,21 @@ class TaskPicked(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class TaskMoved(Event):
+    """Re-placement: the waiting task moved to another active cluster of its TPU type
+    where the slot was free, since its own queue's slot holder had been stuck (in
+    ``holder_reason`` for ``held_seconds``)."""
+
+    from_cluster_id: str
+    from_cluster_name: str
+    to_cluster_id: str
+    to_cluster_name: str
+    holder_reason: str
+    held_seconds: int
+    moves: int  # this task's moves so far, this one included
+
+
+@dataclasses.dataclass(frozen=True)
 class SlotYielded(Event):
     """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
     full) and a waiting task of higher effective priority took its place; it waits in
@@ -479,7 +494,7 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, SlotYielded, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient, NodePoolReused,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,

@@ -233,6 +233,27 @@ def choose_cluster(
     return ClusterChoice(best_rows[0][0], why, candidates)
 
 
+#: A slot holder in one of these states that long makes its queue's waiting tasks
+#: candidates to move (the world, not the queue, is what holds them up).
+STUCK_REASONS = (chart.PendingReason.CLUSTER_BUSY, chart.PendingReason.WAITING_FOR_NODE)
+
+
+def move_target(tpu_type: str, topology: str, from_cluster: str, clusters: Sequence[Cluster],
+                book: QueueBook, supply_mode: str | None) -> Cluster | None:
+    """Where a waiting task of a stuck queue would start at once: another active
+    cluster of its TPU type (with a reservation when the task asks for one) whose queue
+    for its topology has nobody waiting and the slot free; the first by name."""
+    for cluster in sorted(clusters, key=lambda c: (c.name, c.id)):
+        if (cluster.id == from_cluster or cluster.tpu_type != tpu_type
+                or cluster.status != ACTIVE
+                or (supply_mode == RESERVATION and not cluster.default_reservation)):
+            continue
+        key = (cluster.id, topology)
+        if not book.holders(key) and not book.waiting_count(key):
+            return cluster
+    return None
+
+
 # --------------------------------------------------------------------- the queues
 
 Head = tuple[dt.datetime, str, str]  # (submitted_at, task_id, actor): an actor's earliest

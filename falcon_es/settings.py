@@ -98,6 +98,11 @@ class Settings:
     #: A slot holder that has not created a pool yet (ClusterBusy: its reservation is
     #: full) gives the slot up to a waiting task of higher effective priority.
     preempt_cluster_busy: bool = True
+    #: A waiting task moves to another active cluster of its TPU type whose slot is
+    #: free once its own queue's slot holder has been in ClusterBusy or WaitingForNode
+    #: this long; at most ``max_moves`` times.
+    replace_after_seconds: int = 900
+    max_moves: int = 3
 
     @property
     def spec_limits(self) -> SpecLimits:
@@ -160,6 +165,9 @@ class Settings:
             priorities=_priorities(env),
             preempt_cluster_busy=_flag(env, "FALCON_PREEMPT_CLUSTER_BUSY",
                                        cls.preempt_cluster_busy),
+            replace_after_seconds=_int(env, "FALCON_REPLACE_AFTER_SECONDS",
+                                       cls.replace_after_seconds),
+            max_moves=_count(env, "FALCON_MAX_MOVES", cls.max_moves),
         )
 
 

@@ -53,6 +53,8 @@ class TaskState:
     submitted_at: dt.datetime | None = None
     #: The priority the task is served by (the spec's; higher first).
     priority: int = 0
+    #: Times the task moved to another cluster while it waited (``TaskMoved``).
+    moves: int = 0
     cluster_id: str | None = None
     cluster_name: str | None = None
     node_pool_name: str | None = None
@@ -254,6 +256,9 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             return fields
         case ev.ClusterChosen():
             return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+        case ev.TaskMoved():
+            return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
+                    "moves": event.moves}
         case ev.SlotYielded():
             # Back in the queue: a later pick starts its reservation checks afresh.
             return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,

@@ -1,6 +1,6 @@
 """Scheduling: where each accepted task queues and when it takes its queue's slot.
 
-Four handlers, run in this order after intake in every tick:
+Five handlers, run in this order after intake in every tick:
 
 1. ``requeue_from_inactive_clusters`` -- waiting tasks queued on a cluster that is now
    in maintenance or offline leave that queue (TaskRequeued); tasks acquiring or
@@ -9,11 +9,16 @@ Four handlers, run in this order after intake in every tick:
    or waiting for an active cluster) gets one (ClusterChosen), fails when no cluster
    serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
    clusters and their status (NoActiveCluster, appended again only when that changes).
-3. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
+3. ``move_from_stuck_queues`` -- when a queue's slot holder has been in ClusterBusy or
+   WaitingForNode for ``FALCON_REPLACE_AFTER_SECONDS``, its next waiting task moves to
+   another active cluster of its TPU type (and supply mode) whose queue is empty with
+   the slot free (TaskMoved, naming both clusters and why), at most
+   ``FALCON_MAX_MOVES`` times per task; a task holding a slot never moves.
+4. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
    reservation is full) gives the slot back when a waiting task of higher effective
    priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
    preempted: a pool being created, a Job dispatched or running keeps its slot.
-4. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
+5. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
    cluster picks one task (TaskPicked, with the priorities it compared), all queues
    in the same tick.
 
@@ -37,8 +42,10 @@ from falcon_es.scheduling import (
     ClusterChoice,
     NoMatch,
     NoneActive,
+    STUCK_REASONS,
     QueueBook,
     choose_cluster,
+    move_target,
 )
 from falcon_es.task import TaskState
 
@@ -123,6 +130,35 @@ def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskSta
 def _supply_mode(state: TaskState) -> str | None:
     mode = state.spec.get("supply_mode")
     return str(mode) if mode else None
+
+
+def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    settings = ctx.settings
+    clusters = {c.id: c for c in ctx.clusters}
+    for key in book.waiting_queues():
+        holders = book.holders(key)
+        holder = tick.state(holders[0]) if holders else None
+        if holder is None or holder.reason not in STUCK_REASONS:
+            continue
+        held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
+        source = clusters.get(key[0])
+        if held < settings.replace_after_seconds or source is None:
+            continue
+        for entry in book.pick_order(key, tick.now):
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state) or state.moves >= settings.max_moves:
+                continue
+            target = move_target(state.tpu_type, state.topology, key[0], ctx.clusters, book,
+                                 _supply_mode(state))
+            if target is None:
+                break  # no free queue elsewhere: the others of this queue cannot move either
+            after = tick.emit(entry.task_id, ev.TaskMoved(
+                source.id, source.name, target.id, target.name, str(holder.reason), held,
+                state.moves + 1))
+            if after is not None:
+                book.sync(after)
+            break  # one per queue per tick: the target is no longer free
 
 
 def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:

@@ -115,6 +115,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "queued on {cluster_name} ({topology})",
     "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
     "TaskPicked": "provisioning on {topology}",
+    "TaskMoved": (
+        "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
+        "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "ReservationInsufficient": (
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
@@ -182,6 +185,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
+    "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "ReservationInsufficient": (
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"

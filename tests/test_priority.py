@@ -152,3 +152,71 @@ def test_no_preemption_when_the_setting_is_off_or_the_holder_got_further() -> No
     world.arrive("cid", "2x2", 100)
     world.tick()
     assert world.tasks.get(provisioning).reason == "Provisioning"
+
+
+def _stuck_queue() -> tuple[World, str, str]:
+    """c0's slot holder (ann's) in ClusterBusy with bob's task waiting behind it; c1
+    just became active, its queue empty."""
+    world = World(cluster_count=2, policy=PriorityPolicy(points=0),
+                  settings=Settings(replace_after_seconds=900))
+    world.set_status(1, "maintenance")
+    stuck = world.arrive("ann", "2x2")
+    world.tick()
+    mover = world.arrive("bob", "2x2")
+    world.tick()
+    world.emit(stuck, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    world.set_status(1, "active")
+    return world, stuck, mover
+
+
+def test_a_waiting_task_moves_off_a_stuck_queue_to_a_free_one() -> None:
+    world, stuck, mover = _stuck_queue()
+    world.now += dt.timedelta(seconds=899)
+    world.tick()
+    assert world.tasks.get(mover).cluster_id == "c0", "not stuck long enough yet"
+    world.now += dt.timedelta(seconds=1)
+    world.tick()
+    moved = world.tasks.get(mover)
+    assert moved.message_event is not None and moved.reason == "Provisioning"
+    assert (moved.cluster_id, moved.moves) == ("c1", 1)
+    assert world.picks[-1].task_id == mover and world.picks[-1].queue == ("c1", "2x2")
+    # Its new queue gets stuck too and the old one frees: a slot holder never moves.
+    world.emit(mover, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    world.free(stuck, fail=False)
+    world.now += dt.timedelta(seconds=1000)
+    world.tick()
+    assert world.tasks.get(mover).holds_slot and world.tasks.get(mover).cluster_id == "c1"
+
+
+def test_a_move_names_both_clusters_and_why() -> None:
+    world, _, mover = _stuck_queue()
+    world.now += dt.timedelta(seconds=1000)
+    world.tick()
+    assert [(t, e) for t, e in world.decided if isinstance(e, ev.TaskMoved)] == [
+        (mover, ev.TaskMoved("c0", "tpu-0", "c1", "tpu-1", "ClusterBusy", 1000, 1))]
+
+
+@pytest.mark.parametrize("max_moves", [1, 2])
+def test_moves_per_task_are_bounded(max_moves: int) -> None:
+    world = World(cluster_count=3, policy=PriorityPolicy(points=0),
+                  settings=Settings(replace_after_seconds=900, max_moves=max_moves))
+    world.set_status(1, "maintenance")
+    world.set_status(2, "maintenance")
+    stuck = world.arrive("ann", "2x2")
+    world.tick()
+    mover = world.arrive("bob", "2x2", -100)
+    world.tick()
+    world.emit(stuck, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    world.set_status(1, "active")
+    world.now += dt.timedelta(seconds=900)
+    world.tick()  # bob's task moves to c1, where it takes the slot
+    world.emit(mover, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    world.set_status(0, "maintenance")
+    high = world.arrive("cid", "2x2", 100)
+    world.tick()  # cid's task lands on c1 and bob's yields the slot to it
+    world.emit(high, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
+    assert (world.tasks.get(mover).reason, world.tasks.get(mover).moves) == ("Waiting", 1)
+    world.set_status(2, "active")
+    world.now += dt.timedelta(seconds=900)
+    world.tick()
+    assert world.tasks.get(mover).cluster_id == ("c1" if max_moves == 1 else "c2")

@@ -24,7 +24,8 @@ from falcon_es.handlers import intake, scheduling
 SCHEDULING = (
     intake.accept_new_rows, intake.notice_abort_requests,
     scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,
-    scheduling.yield_busy_slots, scheduling.fill_free_slots,
+    scheduling.move_from_stuck_queues, scheduling.yield_busy_slots,
+    scheduling.fill_free_slots,
 )
 
 

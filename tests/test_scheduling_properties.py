@@ -37,7 +37,8 @@ from falcon_es.projections.queues import QueueView
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 SCHEDULING = (scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,
-              scheduling.yield_busy_slots, scheduling.fill_free_slots)
+              scheduling.move_from_stuck_queues, scheduling.yield_busy_slots,
+              scheduling.fill_free_slots)
 TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
 
@@ -93,6 +94,7 @@ class World:
         self.serial = 0
         self.arrivals: list[tuple[str, str, int]] = []  # (actor, topology, priority)
         self.picks: list[Pick] = []
+        self.decided: list[tuple[str, ev.Event]] = []  # what the handlers emitted
         self.last_served: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ driving
@@ -117,6 +119,7 @@ class World:
                              executor=None)
         for handler in SCHEDULING:
             handler(tick, ctx)
+        self.decided.extend(tick.emitted)
         for stream_id, event in tick.emitted:
             if isinstance(event, ev.TaskPicked):
                 self._check_pick(tick, stream_id, event)
