@@ -9,8 +9,9 @@ then id) and a sorted list of the actors' heads.
 The rules (see README, 'Scheduling'):
 
 - Cluster choice: candidates are the active clusters of the task's TPU type. A cluster
-  holding an idle, retained pool of the task's topology wins; otherwise the one whose
-  (cluster, topology) queue is shortest; ties go to the cluster name, then its id.
+  holding an idle, retained pool of the task's topology wins; otherwise the one where
+  the fewest would be ahead of it (the slot holder and the waiting tasks of its
+  priority or higher); ties go to the cluster name, then its id.
 - One acquisition slot per queue. A task takes it when picked and keeps it until it is
   Running or terminal. A slot holder being aborted keeps the slot until the abort ends
   (its pool create or Job submit may still be in flight).
@@ -196,8 +197,8 @@ def choose_cluster(
     idle_pools: Collection[QueueKey],
     supply_mode: str | None = None,
 ) -> ClusterChoice | NoMatch | NoneActive:
-    """Pick the cluster for a task; ``depth(key)`` is the number of tasks queued or
-    acquiring in a (cluster, topology) queue; ``idle_pools`` holds the queues where an
+    """Pick the cluster for a task; ``depth(key)`` is the number of tasks that would be
+    ahead of it in a (cluster, topology) queue (``QueueBook.ahead``); ``idle_pools`` holds the queues where an
     idle, retained pool of that topology sits. A task that asks for the reservation
     supply mode goes only to clusters with a default reservation: elsewhere its pool
     could never be created. It waits while those are all inactive, and fails when its
@@ -552,6 +553,15 @@ class QueueBook:
     def depth(self, key: QueueKey) -> int:
         queue = self._queues.get(key)
         return queue.depth if queue else 0
+
+    def ahead(self, key: QueueKey, priority: int) -> int:
+        """How many a newcomer of ``priority`` would find ahead of it in the queue: the
+        slot holder and the waiting tasks of its priority or higher. O(b)."""
+        queue = self._queues.get(key)
+        if queue is None:
+            return 0
+        return len(queue.holders) + sum(band.count for base, band in queue.bands.items()
+                                        if base >= priority)
 
     def idle_pool_queues(self) -> frozenset[QueueKey]:
         return frozenset(self._idle_pools.values())

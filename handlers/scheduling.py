@@ -30,6 +30,7 @@ with the tick's append), so a decision sees the ones made before it in the same 
 
 from __future__ import annotations
 
+import functools
 from typing import TypeGuard
 
 from falcon_es import chart
@@ -105,8 +106,9 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
                 verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools,
                                          mode)
                 shared[mode] = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
-            choice = shared[mode] or choose_cluster(tpu_type, entry.topology, ctx.clusters,
-                                                    book.depth, idle_pools, mode)
+            choice = shared[mode] or choose_cluster(
+                tpu_type, entry.topology, ctx.clusters,
+                functools.partial(book.ahead, priority=state.priority), idle_pools, mode)
             event = _decision_event(choice, state)
             if event is None:
                 continue

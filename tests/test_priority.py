@@ -220,3 +220,24 @@ def test_moves_per_task_are_bounded(max_moves: int) -> None:
     world.now += dt.timedelta(seconds=900)
     world.tick()
     assert world.tasks.get(mover).cluster_id == ("c1" if max_moves == 1 else "c2")
+
+
+def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() -> None:
+    world = World(cluster_count=2, policy=PriorityPolicy(points=0))
+    world.set_status(1, "maintenance")
+    for actor in ("ann", "bob", "cid"):  # c0: a holder and two low tasks waiting
+        world.arrive(actor, "2x2", -100)
+    world.tick()
+    world.set_status(1, "active")
+    world.now += dt.timedelta(seconds=1)
+    world.arrive("dee", "2x2", 100)  # c1: dee's takes the slot
+    world.tick()
+    assert world.tasks.get(world.picks[-1].task_id).cluster_id == "c1"
+    high = world.arrive("fay", "2x2", 100)
+    world.tick()
+    # c0 holds three tasks and c1 one, but one would be ahead of it in each: the tie
+    # goes to the name (by queue length alone it went to c1).
+    assert world.tasks.get(high).cluster_id == "c0"
+    assert world.picks[-1].task_id != high
+    assert world.view.book.ahead(("c0", "2x2"), 100) == 2  # its holder and fay's
+    assert world.view.book.ahead(("c0", "2x2"), -100) == 4
