@@ -40,6 +40,7 @@ from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProje
 from falcon_es.projections.queues import QueueView
 from falcon_es.reservation_reads import ReservationReads
 from falcon_es.runtime import AfterCommit, Controller, Handler, Tick, TickReport
+from falcon_es.scheduling import QueueBook
 from falcon_es.service import Service
 from falcon_es.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.store import EventStore, InlineProjection, RecordedEvent
@@ -96,7 +97,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     clock = clock or WallClock()
     job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language, job=job, clock=clock,
+    queue_view = QueueView(tasks, settings.language, QueueBook(settings.priorities),
+                           job=job, clock=clock,
                            refresh_seconds=settings.position_refresh_seconds)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None

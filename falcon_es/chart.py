@@ -66,7 +66,9 @@ class TaskChart(StateChart):
         NoActiveCluster = waiting.to.itself()
         ClusterChosen = waiting.to.itself()
         TaskRequeued = waiting.to.itself()
+        TaskMoved = waiting.to.itself()
         TaskPicked = waiting.to(provisioning)
+        SlotYielded = cluster_busy.to(waiting)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()
         NodePoolReused = provisioning.to(dispatching) | cluster_busy.to(dispatching)
         NodePoolCreateRequested = (

@@ -141,10 +141,42 @@ class TaskPicked(Event):
 
     cluster_id: str
     topology: str
-    why: str  # only-waiting | fifo | round-robin
+    why: str  # only-waiting | fifo | round-robin | priority
     candidates: tuple[JsonDict, ...]  # the earliest actors' heads (at most 10)
     last_actor: str | None
     actors_waiting: int = 0  # how many actors had a candidate
+    #: The winner's base priority, the effective priority served, and every base
+    #: priority compared ({"priority", "effective", "waiting"}, highest first).
+    priority: int = 0
+    effective: int = 0
+    priorities: tuple[JsonDict, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskMoved(Event):
+    """Re-placement: the waiting task moved to another active cluster of its TPU type
+    where the slot was free, since its own queue's slot holder had been stuck (in
+    ``holder_reason`` for ``held_seconds``)."""
+
+    from_cluster_id: str
+    from_cluster_name: str
+    to_cluster_id: str
+    to_cluster_name: str
+    holder_reason: str
+    held_seconds: int
+    moves: int  # this task's moves so far, this one included
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotYielded(Event):
+    """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
+    full) and a waiting task of higher effective priority took its place; it waits in
+    its queue again."""
+
+    to_task: str
+    to_name: str
+    to_effective: int  # the effective priority served next
+    effective: int  # the yielding task's own
 
 
 # Provisioning
@@ -503,7 +535,7 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient, NodePoolReused,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,

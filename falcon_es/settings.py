@@ -9,7 +9,9 @@ from collections.abc import Mapping
 
 from falcon_es.db import DEFAULT_URL
 from falcon_es.job_mapping import JobMapping, JobMappingError
+from falcon_es.priority import DEFAULT_CLASSES, PriorityError, PriorityPolicy, parse_classes
 from falcon_es.retry import RetryConfigError, RetryPolicies
+from falcon_es.spec import SpecLimits
 from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 
 LANGUAGES = ("en", "zh")
@@ -100,6 +102,23 @@ class Settings:
     #: reservation-remaining gauge and ``falcon-es clusters`` (one read per reservation
     #: and topology per interval, whatever the errors).
     reservation_read_seconds: int = 60
+    #: Priority classes and aging (``FALCON_PRIORITY_CLASSES``, ``FALCON_AGING_POINTS``,
+    #: ``FALCON_AGING_INTERVAL``): see README, 'Scheduling'.
+    priorities: PriorityPolicy = PriorityPolicy()
+    #: A slot holder that has not created a pool yet (ClusterBusy: its reservation is
+    #: full) gives the slot up to a waiting task of higher effective priority.
+    preempt_cluster_busy: bool = True
+    #: A waiting task moves to another active cluster of its TPU type whose slot is
+    #: free once its own queue's slot holder has been in ClusterBusy or WaitingForNode
+    #: this long; at most ``max_moves`` times.
+    replace_after_seconds: int = 900
+    max_moves: int = 3
+
+    @property
+    def spec_limits(self) -> SpecLimits:
+        """What a task's spec is checked against."""
+        return SpecLimits(self.default_timeout_seconds, self.max_timeout_seconds,
+                          self.max_slices, self.priorities)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -157,7 +176,42 @@ class Settings:
             scale_down_flex_start_seconds=_int(
                 env, "FALCON_SCALE_DOWN_FLEX_START", cls.scale_down_flex_start_seconds),
             retry=_retry_policies(env),
+            priorities=_priorities(env),
+            preempt_cluster_busy=_flag(env, "FALCON_PREEMPT_CLUSTER_BUSY",
+                                       cls.preempt_cluster_busy),
+            replace_after_seconds=_int(env, "FALCON_REPLACE_AFTER_SECONDS",
+                                       cls.replace_after_seconds),
+            max_moves=_count(env, "FALCON_MAX_MOVES", cls.max_moves),
         )
+
+
+def _priorities(env: Mapping[str, str]) -> PriorityPolicy:
+    """The classes and the aging rule; a bad value is reported as every bad setting."""
+    raw = env.get("FALCON_PRIORITY_CLASSES", "").strip()
+    try:
+        classes = parse_classes(raw) if raw else DEFAULT_CLASSES
+    except PriorityError as error:
+        raise SettingsError(f"FALCON_PRIORITY_CLASSES={raw!r}: {error}") from None
+    points_raw = env.get("FALCON_AGING_POINTS", "").strip()
+    try:
+        points = int(points_raw) if points_raw else PriorityPolicy.points
+    except ValueError:
+        raise SettingsError(f"FALCON_AGING_POINTS={points_raw!r}: expected a whole number") from None
+    if points < 0:
+        raise SettingsError(f"FALCON_AGING_POINTS={points_raw!r}: must be 0 (no aging) or more")
+    return PriorityPolicy(classes, points,
+                          _int(env, "FALCON_AGING_INTERVAL", PriorityPolicy.interval_seconds))
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={env[name]!r}: expected true or false")
 
 
 def _job_mapping(env: Mapping[str, str]) -> JobMapping:

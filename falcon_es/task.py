@@ -53,6 +53,10 @@ class TaskState:
     tpu_type: str = ""
     topology: str = ""
     submitted_at: dt.datetime | None = None
+    #: The priority the task is served by (the spec's; higher first).
+    priority: int = 0
+    #: Times the task moved to another cluster while it waited (``TaskMoved``).
+    moves: int = 0
     cluster_id: str | None = None
     cluster_name: str | None = None
     node_pool_name: str | None = None
@@ -266,10 +270,18 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                 fields.update(
                     spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
                     submitted_at=event.submitted_at,
+                    priority=int(event.spec.get("priority") or 0),
                 )
             return fields
         case ev.ClusterChosen():
             return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+        case ev.TaskMoved():
+            return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
+                    "moves": event.moves}
+        case ev.SlotYielded():
+            # Back in the queue: a later pick starts its reservation checks afresh.
+            return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,
+                    "api_retries": {}}
         case ev.TaskRequeued():
             return {"cluster_id": None, "cluster_name": None}
         case ev.NodePoolReused():

@@ -6,6 +6,7 @@ Messages are never stored in events, only their arguments, so wording and langua
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -139,6 +140,10 @@ EN: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "queued on {cluster_name} ({topology})",
     "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
     "TaskPicked": "provisioning on {topology}",
+    "TaskMoved": (
+        "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
+        "to {to_cluster_name}"),
+    "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "ReservationInsufficient": (
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
@@ -198,6 +203,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "position": "#{position}, {ahead} ahead{names}",
     "position-first": "#1, next in line",
     "more": "{count} more",
+    "wait-holder": "slot held by {holder} ({reason} since {since})",
+    "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
+    "wait-expected": "expected start ~{at}",
 })
 
 ZH: Mapping[str, Template] = MappingProxyType({
@@ -215,6 +223,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
+    "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
+    "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "ReservationInsufficient": (
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
@@ -271,6 +281,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
     "position-first": "队列位置 #1，下一个",
     "more": "另外 {count} 个",
+    "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
+    "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
+    "wait-expected": "预计开始时间约 {at}",
 })
 
 CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
@@ -305,3 +318,25 @@ def position_message(
         named.append(render("more", {"count": len(ahead) - AHEAD_NAMED}, lang))
     names = f" ({', '.join(named)})" if named else ""
     return render("position", {"position": position, "ahead": len(ahead), "names": names}, lang)
+
+
+def clock_time(at: dt.datetime) -> str:
+    """A moment as a Message states it: absolute, so a Message written once stays true
+    however long it is not rewritten (``2026-11-01 09:12 UTC``)."""
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def position_part(message: str, lang: str = "en") -> str:
+    """The position a waiting task's Message starts with, without the wait note."""
+    return message.split(SEPARATOR[lang], 1)[0]
+
+
+def wait_reason(holder: str, reason: str, since: dt.datetime, reservation: Args | None,
+                lang: str = "en") -> str:
+    """Why a waiting task waits: who holds its queue's slot, in which state since when,
+    and, when that holder waits for a full reservation, the reservation's numbers."""
+    text = render("wait-holder", {"holder": holder, "reason": reason,
+                                  "since": clock_time(since)}, lang)
+    if reservation is not None:
+        text += SEPARATOR[lang] + render("wait-reservation", reservation, lang)
+    return text
