@@ -46,6 +46,8 @@ PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
+#: The autoscaler's GKE provider's failure words for a MIG resize refused for quota.
+GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
 
 
 @dataclasses.dataclass
@@ -479,7 +481,8 @@ class NodePoolService:
         if pool.quota_refused or (not self._quota_at_create(pool) and self._over_chip_limit(pool)):
             # The MIG resize is refused for quota before capacity is looked for. A
             # chip-limit refusal is retried when chips are freed (``_quota_freed``).
-            pool.autoscaler_event = (FAILED_SCALE_UP, self._failed_scale_up_words("GCE quota exceeded"))
+            pool.autoscaler_event = (FAILED_SCALE_UP,
+                                     self._failed_scale_up_words(GCE_QUOTA_EXCEEDED))
             return False
         stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
@@ -511,7 +514,7 @@ class NodePoolService:
         refused stays refused."""
         if self.behaviour.quota.tpu_chip_limit is None:
             return
-        quota_words = self._failed_scale_up_words("GCE quota exceeded")
+        quota_words = self._failed_scale_up_words(GCE_QUOTA_EXCEEDED)
         for pool in self.pools.values():
             if (pool.status == RUNNING and not pool.quota_refused
                     and pool.autoscaler_event == (FAILED_SCALE_UP, quota_words)):
