@@ -374,6 +374,14 @@ def test_flex_start_quota_at_scale_up_times_out_led_by_the_autoscalers_words(mak
     gcp = make("gcp", flex_cluster(quota=QuotaConfig(first_n=1)),
                flex_start_provisioning_timeout_seconds=3600, retain_waiting_pool=False)
     gcp.submit("t1")
+    assert isinstance(gcp, GcpHarness)
+    gcp.run(lambda: gcp.statuses().get("t1") == ("Pending", "WaitingForNode"))
+    server = gcp.cloud.kube["v6e-flex"]
+    events = [server.get("events", name) for name in server.names("events")]
+    (scale,) = [e for e in events if e["reason"] == "FailedScaleUp"]
+    assert (scale["type"], scale["source"]["component"], scale["involvedObject"]["kind"]) == (
+        "Warning", "cluster-autoscaler", "Pod")
+    assert "GCE quota exceeded" in scale["message"]
     gcp.run()
     assert gcp.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
                                  ("Pending", "WaitingForNode"), ("Failed", "NodePoolTimeout")]

@@ -460,6 +460,8 @@ def test_the_chip_limit_counts_an_autoscaled_pools_nodes_and_a_refusal_clears_wh
     over = sim.create(sim.flex, "falcon-c", "2x2x1", "on-demand")
     sim.at(301)
     assert sim.ports.node_pools.get_operation(sim.flex, over.id).error_code == QUOTA_EXCEEDED
+    # its failure freed no chip that helps: the autoscaler's retry is refused again
+    assert sim.world.cluster("flex").gke.pools["falcon-b"].autoscaler_event_count == 2
     sim.at(316)  # falcon-a's nodes Ready, t1 runs 320..420
     assert edge.node_counts("falcon-a").ready == 2
     assert edge.node_counts("falcon-b").registered == 0

@@ -95,6 +95,8 @@ class SimPool:
     #: The cluster autoscaler's latest event about this pool on the pods waiting for
     #: it: (reason, message), e.g. ("FailedScaleUp", "... GCE out of resources ...").
     autoscaler_event: tuple[str, str] | None = None
+    #: How many times in a row the autoscaler said it (a repeated event's count).
+    autoscaler_event_count: int = 0
     #: The Job whose pending pods a scale-up in flight is for (exclusive per pool).
     scaling_for: str | None = None
     #: Since when no pod has used the pool's nodes (None: in use, or no nodes).
@@ -475,32 +477,41 @@ class NodePoolService:
         if pool.scaling_for is not None:
             return pool.scaling_for == job
         if misfit is not None:
-            pool.autoscaler_event = (NOT_TRIGGER_SCALE_UP, "pod didn't trigger scale-up (it "
-                                     f"wouldn't fit if a new node is added): 1 {misfit}")
+            self._autoscaler_says(pool, NOT_TRIGGER_SCALE_UP, "pod didn't trigger scale-up (it "
+                                  f"wouldn't fit if a new node is added): 1 {misfit}")
             return False
         if pool.quota_refused or (not self._quota_at_create(pool) and self._over_chip_limit(pool)):
             # The MIG resize is refused for quota before capacity is looked for. A
             # chip-limit refusal is retried when chips are freed (``_quota_freed``).
-            pool.autoscaler_event = (FAILED_SCALE_UP,
-                                     self._failed_scale_up_words(GCE_QUOTA_EXCEEDED))
+            self._autoscaler_says(pool, FAILED_SCALE_UP,
+                                  self._failed_scale_up_words(GCE_QUOTA_EXCEEDED))
             return False
         stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
             if pool.autoscaler_event != stockout:
-                pool.autoscaler_event = stockout
+                self._autoscaler_says(pool, *stockout)
                 if pool.stockout_ends_at is not None:
                     # The autoscaler tries again after its backoff; the first try
                     # after the stockout ends succeeds.
                     self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
             return False
         pool.scaling_for = job
-        pool.autoscaler_event = (TRIGGERED_SCALE_UP, (
+        self._autoscaler_says(pool, TRIGGERED_SCALE_UP, (
             f"pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
             f"{self.identity.project}/zones/{self.identity.location}/instanceGroups/"
             f"gke-{self.identity.name[:12]}-{pool.name[:24]}-grp 0->{pool.shape.hosts} "
             f"(max: {pool.shape.hosts})}}]"))
         self._bring_nodes(pool, moment)
         return True
+
+    @staticmethod
+    def _autoscaler_says(pool: SimPool, reason: str, message: str) -> None:
+        """The autoscaler's event on the pool's pending pods: the same again counts up
+        (Kubernetes aggregates a repeated event), another starts over at 1."""
+        event = (reason, message)
+        pool.autoscaler_event_count = (pool.autoscaler_event_count + 1
+                                       if pool.autoscaler_event == event else 1)
+        pool.autoscaler_event = event
 
     def _retry_scale_up(self, pool: SimPool, moment: dt.datetime) -> None:
         """The autoscaler tries again for the pool's pending pods (a stockout ended, or
@@ -552,7 +563,7 @@ class NodePoolService:
                 or pool.unneeded_since != since):
             return
         lost, pool.nodes = pool.nodes, []
-        pool.unneeded_since, pool.autoscaler_event = None, None
+        pool.unneeded_since, pool.autoscaler_event, pool.autoscaler_event_count = None, None, 0
         self.registered_nodes -= len(lost)
         self._on_nodes_changed(pool, moment, lost)
         self._quota_freed(moment)
