@@ -33,7 +33,7 @@ from falcon_es.adapters.gcp import build_gcp_ports
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.sim import SimClusterConfig, SimConfig
-from falcon_es.adapters.sim.config import Span, StockoutConfig
+from falcon_es.adapters.sim.config import QuotaConfig, Span, StockoutConfig
 from falcon_es.adapters.sim.kube_api import DENIAL
 from falcon_es.bootstrap import open_app
 from falcon_es.clock import VirtualClock
@@ -364,6 +364,37 @@ def test_flex_start_stockout_that_resolves(make: Make) -> None:
            "registered (Ready=0)" in waiting[0]
     (pool,) = gcp.world.pools(include_deleted=True)
     assert (pool.supply_mode, pool.scale_down_unneeded_seconds) == ("flex-start", 6 * 3600)
+
+
+def test_flex_start_quota_at_scale_up_times_out_led_by_the_autoscalers_words(make: Make) -> None:
+    """The pool is created; its scale-ups fail for TPU quota. Through the real clients the
+    pod's FailedScaleUp event ("GCE quota exceeded") leads the wait and the timeout."""
+    # The gcp run alone: the two backends word the pod's symptom differently, and the
+    # timeout's Message carries it.
+    gcp = make("gcp", flex_cluster(quota=QuotaConfig(first_n=1)),
+               flex_start_provisioning_timeout_seconds=3600, retain_waiting_pool=False)
+    gcp.submit("t1")
+    assert isinstance(gcp, GcpHarness)
+    gcp.run(lambda: gcp.statuses().get("t1") == ("Pending", "WaitingForNode"))
+    server = gcp.cloud.kube["v6e-flex"]
+    events = [server.get("events", name) for name in server.names("events")]
+    (scale,) = [e for e in events if e["reason"] == "FailedScaleUp"]
+    assert (scale["type"], scale["source"]["component"], scale["involvedObject"]["kind"]) == (
+        "Warning", "cluster-autoscaler", "Pod")
+    assert "GCE quota exceeded" in scale["message"]
+    gcp.run()
+    assert gcp.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                                 ("Pending", "WaitingForNode"), ("Failed", "NodePoolTimeout")]
+    quota_words = ("cluster autoscaler FailedScaleUp: Node scale up in zones us-east5-b "
+                   "associated with this pod failed: GCE quota exceeded. Pod is at risk of "
+                   "not being scheduled.")
+    waiting = [m for m in gcp.messages["t1"] if "expected node(s) registered" in m]
+    assert waiting[0].startswith(quota_words)
+    message = gcp.row("t1")["message"]
+    assert message.startswith(quota_words)
+    assert message.endswith("node pool falcon-t1-2x2 not ready after 3600s; node pool "
+                            "falcon-t1-2x2 deleted")
+    assert gcp.live_pools() == []
 
 
 def test_pool_handover_to_the_next_task_of_its_topology(make: Make) -> None:

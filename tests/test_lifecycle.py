@@ -14,7 +14,7 @@ import pytest
 
 from falcon_es import manifests, naming
 from falcon_es.adapters.sim.config import (
-    DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
+    QUOTA_AT_CREATE, DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
 )
 from falcon_es.clock import VirtualClock
 from falcon_es.task_manifests import pool_labels
@@ -180,14 +180,63 @@ def test_reservation_capacity_freed_by_another_task_lets_the_busy_one_start(make
 
 
 def test_quota_error_fails_with_the_apis_words_and_the_error_pool_is_deleted(make: Make) -> None:
+    """A fixed-size pool makes its VMs at create: its create operation fails for quota."""
     h = make(flex_cluster(quota=QuotaConfig(first_n=1)))
-    h.submit("t1")
+    h.submit("t1", supply_mode="on-demand")
     h.run()
     assert h.history["t1"] == [("Pending", "Provisioning"), ("Failed", "NodePoolFailed")]
     message = h.row("t1")["message"]
     assert "Quota 'TPUS_PER_TPU_FAMILY' exceeded" in message
     assert message.endswith("node pool falcon-t1-2x2 deleted")
     assert h.live_pools() == []
+
+
+def test_flex_start_quota_checked_at_create_fails_like_a_fixed_size_pool(make: Make) -> None:
+    """Whether GKE checks the quota at a 0-node pool's create is not documented: under
+    that reading the flex-start task fails as an on-demand one does."""
+    h = make(flex_cluster(quota=QuotaConfig(first_n=1, autoscaled_at=QUOTA_AT_CREATE)))
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Failed", "NodePoolFailed")]
+    assert "Quota 'TPUS_PER_TPU_FAMILY' exceeded" in h.row("t1")["message"]
+    assert h.live_pools() == []
+
+
+FLEX_QUOTA_WORDS = ("cluster autoscaler FailedScaleUp: Node scale up in zones us-east5-b "
+                    "associated with this pod failed: GCE quota exceeded. Pod is at risk of "
+                    "not being scheduled.")
+
+
+def test_flex_start_quota_at_scale_up_waits_with_the_autoscalers_words_then_times_out(
+        make: Make, db_url: str) -> None:
+    """The default reading: the pool is created, its scale-ups fail for quota, and the
+    task waits for nodes with the autoscaler's quota words first, as for a stockout."""
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600,
+                        retain_waiting_pool=False)
+    h = make(flex_cluster(quota=QuotaConfig(first_n=1)), settings=settings)
+    h.submit("t1")
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode"), ("Failed", "NodePoolTimeout")]
+    waiting = [m for m in h.messages["t1"] if "expected node(s) registered" in m]
+    assert waiting[0].startswith(FLEX_QUOTA_WORDS)
+    message = h.row("t1")["message"]
+    assert message.startswith(FLEX_QUOTA_WORDS)
+    assert message.endswith("node pool falcon-t1-2x2 not ready after 3600s; node pool "
+                            "falcon-t1-2x2 deleted")
+    assert h.live_pools() == []
+
+
+def test_flex_start_quota_at_scale_up_keeps_the_pool_when_nobody_else_waits(
+        make: Make, db_url: str) -> None:
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600)
+    h = make(flex_cluster(quota=QuotaConfig(first_n=1)), settings=settings)
+    h.submit("t1")
+    h.run_for(3 * 3600)
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode")]
+    assert h.row("t1")["message"].startswith(FLEX_QUOTA_WORDS)
+    assert any("kept after 3600s without nodes" in m for m in h.messages["t1"])
 
 
 def test_stockout_waits_for_nodes_with_counts_then_runs(make: Make) -> None:

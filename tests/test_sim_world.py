@@ -216,6 +216,8 @@ def test_cluster_overrides_merge_over_defaults() -> None:
     ({"defaults": {"delete_latency_seconds": [9, 3]}}, "high is below low"),
     ({"delivery": {"duplicate_probability": 2}}, "delivery.duplicate_probability"),
     ({"jobs": {"outcome": "explode"}}, "jobs.outcome: 'explode'"),
+    ({"defaults": {"quota": {"autoscaled_at": "never"}}},
+     "defaults.quota.autoscaled_at: 'never'; expected one of scale-up, create"),
     ({"clusters": {"a": {"tpu_types": ["v9"]}}}, "clusters.a.tpu_types[0]"),
 ])
 def test_a_bad_config_names_the_place_and_the_problem(data: dict[str, Any], words: str) -> None:
@@ -385,9 +387,10 @@ def test_unknown_reservation_is_not_found_and_another_machine_type_offers_nothin
 
 
 def test_quota_errors_fail_the_operation_with_gke_words_and_leave_an_error_pool() -> None:
+    """A fixed-size pool makes its VMs at create: the quota bites its create operation."""
     sim = Sim(merged(BASE, {"defaults": {"quota": {"first_n": 1}}}))
-    first = sim.create(sim.flex, "falcon-q", "2x2x2", "flex-start")
-    second = sim.create(sim.flex, "falcon-r", "2x2x2", "flex-start")
+    first = sim.create(sim.flex, "falcon-q", "2x2x2", "on-demand")
+    second = sim.create(sim.flex, "falcon-r", "2x2x2", "on-demand")
     sim.at(15)
     failed = sim.ports.node_pools.get_operation(sim.flex, first.id)
     assert failed.done and failed.error_code == QUOTA_EXCEEDED
@@ -400,6 +403,74 @@ def test_quota_errors_fail_the_operation_with_gke_words_and_leave_an_error_pool(
     sim.at(300)
     assert sim.ports.node_pools.get_operation(sim.flex, second.id).error is None
     assert sim.ports.node_pools.get(sim.flex, "falcon-r").status == "RUNNING"
+
+
+QUOTA_WORDS = ("cluster autoscaler FailedScaleUp: Node scale up in zones us-central1-c "
+               "associated with this pod failed: GCE quota exceeded. Pod is at risk of not "
+               "being scheduled.")
+
+
+def test_an_autoscaled_pool_is_refused_for_quota_at_each_scale_up_not_at_create() -> None:
+    """A flex-start pool has no VMs at create: its create succeeds, and the quota rule's
+    refusal is the autoscaler's FailedScaleUp on the pending pods, for the pool's life."""
+    sim = Sim(merged(BASE, {"defaults": {"quota": {"first_n": 1}}}))
+    edge = sim.edge(sim.flex)
+    created = sim.create(sim.flex, "falcon-q", "2x2x2", "flex-start")
+    sim.at(300)
+    assert sim.ports.node_pools.get_operation(sim.flex, created.id).error is None
+    assert sim.ports.node_pools.get(sim.flex, "falcon-q").status == "RUNNING"
+    edge.submit_job(job("falcon-t1", "falcon-q", hosts=2))
+    sim.at(301)
+    diagnosis = edge.diagnose_pending("falcon-t1")
+    assert diagnosis is not None and diagnosis.startswith(QUOTA_WORDS)
+    assert diagnosis.index("GCE quota exceeded") < diagnosis.index("Unschedulable")
+    # another pool coming and going frees chips, but a refused pool stays refused
+    sim.create(sim.flex, "falcon-r", "2x2x1", "on-demand")
+    sim.at(500)
+    sim.ports.node_pools.delete(sim.flex, "falcon-r")
+    sim.at(3600)
+    assert edge.node_counts("falcon-q").registered == 0
+    assert edge.diagnose_pending("falcon-t1").startswith(QUOTA_WORDS)
+
+
+def test_an_autoscaled_pool_is_refused_at_create_when_gke_checks_quota_there() -> None:
+    """The other reading (GKE's docs do not say): the 0-node pool's create fails."""
+    sim = Sim(merged(BASE, {"defaults": {"quota": {"first_n": 1, "autoscaled_at": "create"}}}))
+    created = sim.create(sim.flex, "falcon-q", "2x2x2", "flex-start")
+    sim.at(15)
+    failed = sim.ports.node_pools.get_operation(sim.flex, created.id)
+    assert failed.done and failed.error_code == QUOTA_EXCEEDED
+    assert "Quota 'TPUS_PER_TPU_FAMILY' exceeded" in failed.error
+
+
+def test_the_chip_limit_counts_an_autoscaled_pools_nodes_and_a_refusal_clears_when_freed() -> None:
+    sim = Sim(merged(BASE, {"defaults": {"quota": {"tpu_chip_limit": 8,
+                                                   "failure_after_seconds": 1}}}))
+    edge = sim.edge(sim.flex)
+    sim.create(sim.flex, "falcon-a", "2x2x2", "flex-start", scale_down=600)  # 8 chips
+    sim.create(sim.flex, "falcon-b", "2x2x1", "flex-start")  # 4 chips
+    sim.at(300)  # both RUNNING with no nodes: no chips in use yet
+    assert sim.world.cluster("flex").gke.quota_chips_in_use() == 0
+    edge.submit_job(job("falcon-t1", "falcon-a", hosts=2,
+                        sim={"outcome": "succeed", "duration_seconds": 100}))
+    assert sim.world.cluster("flex").gke.quota_chips_in_use() == 8  # its scale-up is under way
+    edge.submit_job(job("falcon-t2", "falcon-b", hosts=1, task="t2"))
+    assert edge.diagnose_pending("falcon-t2").startswith(QUOTA_WORDS)
+    # a fixed-size pool counts against the same chips
+    over = sim.create(sim.flex, "falcon-c", "2x2x1", "on-demand")
+    sim.at(301)
+    assert sim.ports.node_pools.get_operation(sim.flex, over.id).error_code == QUOTA_EXCEEDED
+    # its failure freed no chip that helps: the autoscaler's retry is refused again
+    assert sim.world.cluster("flex").gke.pools["falcon-b"].autoscaler_event_count == 2
+    sim.at(316)  # falcon-a's nodes Ready, t1 runs 320..420
+    assert edge.node_counts("falcon-a").ready == 2
+    assert edge.node_counts("falcon-b").registered == 0
+    sim.at(1019)  # falcon-a unneeded since 420: scaled down at 1020
+    assert edge.node_counts("falcon-b").registered == 0
+    sim.at(1021)  # the chips are free: the autoscaler retries falcon-b's scale-up
+    assert "TriggeredScaleUp" in edge.diagnose_pending("falcon-t2")
+    sim.at(1021 + 15)
+    assert edge.node_counts("falcon-b").ready == 1
 
 
 def test_a_tpu_chip_limit_is_an_explicit_quota_rule_and_reservations_need_no_quota() -> None:

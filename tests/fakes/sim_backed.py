@@ -395,8 +395,9 @@ class SimKubeServer(FakeKubeServer):
         self._nodes: dict[str, bool] = {}
         #: The FailedCreate count reflected per Job (the world's ``SimJob.refused``).
         self._refusals: dict[str, int] = {}
-        #: The autoscaler event reflected per pod (the world's ``SimPool.autoscaler_event``).
-        self._autoscaled: dict[tuple[str, str], tuple[str, str]] = {}
+        #: The autoscaler event and its count reflected per pod (the world's
+        #: ``SimPool.autoscaler_event`` and ``autoscaler_event_count``).
+        self._autoscaled: dict[tuple[str, str], tuple[str, str, int]] = {}
         #: Per JobSet child reflected, the world's uid of that child: a JobSet restart
         #: recreates its children under the same names.
         self._child_uids: dict[str, str] = {}
@@ -609,18 +610,19 @@ class SimKubeServer(FakeKubeServer):
     def _reflect_autoscaler(self, ns: str, sim_job: SimJob, pools: NodePoolService) -> None:
         """The cluster autoscaler's latest event about the Job's pool, on each of its
         unscheduled pods, as the autoscaler records it (source cluster-autoscaler;
-        FailedScaleUp a Warning, TriggeredScaleUp and NotTriggerScaleUp Normal)."""
+        FailedScaleUp a Warning, TriggeredScaleUp and NotTriggerScaleUp Normal; a
+        repeat the world counted counts up the pod's same event)."""
         pool = pools.pools.get(sim_job.pool or "")
-        event = pool.autoscaler_event if pool is not None else None
-        if event is None:
+        if pool is None or pool.autoscaler_event is None:
             return
+        reason, message = pool.autoscaler_event
+        said = (reason, message, pool.autoscaler_event_count)
         for sim_pod in sim_job.pods:
             key = (sim_job.name, sim_pod.name)
             if sim_pod.node is not None or sim_pod.phase != "Pending" or \
-                    self._autoscaled.get(key) == event:
+                    self._autoscaled.get(key) == said:
                 continue
-            self._autoscaled[key] = event
-            reason, message = event
+            self._autoscaled[key] = said
             self.record_event("Pod", sim_pod.name, reason, message, namespace=ns,
                               event_type="Warning" if reason == "FailedScaleUp" else "Normal",
                               source="cluster-autoscaler")

@@ -36,6 +36,9 @@ from falcon_es.spec import SIM_OUTCOMES, SUPPLY_MODES
 from falcon_es.tpu import TPU_TYPES
 
 RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
+#: When the TPU quota bites an autoscaled pool: when the autoscaler adds its VMs (an
+#: autoscaled pool with 0 nodes creates none at create), or already at its create.
+QUOTA_AT_SCALE_UP, QUOTA_AT_CREATE = "scale-up", "create"
 DEFAULT_CONFIG_RESOURCE = "default_config.json"
 #: VMs of a registered cluster's default reservation that the config does not size: a
 #: modest real reservation (sixteen single-host slices, or four v6e 4x4 ones).
@@ -100,10 +103,18 @@ class StockoutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class QuotaConfig:
-    """Creates whose operation fails with TPUS_PER_TPU_FAMILY quota words.
+    """Pools refused for TPU quota: a fixed-size pool's create operation fails with
+    TPUS_PER_TPU_FAMILY quota words; an autoscaled pool's scale-ups fail with the
+    cluster autoscaler's "GCE quota exceeded" (``autoscaled_at`` "scale-up", the
+    default), or its create fails as a fixed-size pool's does (``autoscaled_at``
+    "create": whether GKE checks quota at the create of a 0-node pool is not
+    documented, so both readings can be played).
 
-    ``tpu_chip_limit`` is the explicit rule: chips of live pools in ``supply_modes`` on
-    the cluster may not exceed it (reservation pools need no quota, as on GKE).
+    ``probability`` / ``first_n`` pick the pools refused (an autoscaled pool so picked
+    fails every scale-up). ``tpu_chip_limit`` is the explicit rule: chips in use in
+    ``supply_modes`` on the cluster may not exceed it -- a fixed-size pool's from its
+    create, an autoscaled pool's while it has or is adding nodes (reservation pools
+    need no quota, as on GKE).
     """
 
     supply_modes: tuple[str, ...] = (ON_DEMAND, FLEX_START)
@@ -111,6 +122,7 @@ class QuotaConfig:
     first_n: int = 0
     tpu_chip_limit: int | None = None
     failure_after: Span = Span(20.0, 60.0)
+    autoscaled_at: str = QUOTA_AT_SCALE_UP
 
     @property
     def rule(self) -> FaultRule:
@@ -456,8 +468,14 @@ class _Parser:
 
     def quota(self, data: Any, where: str, base: QuotaConfig) -> QuotaConfig:
         data = self.obj(data, where, {"supply_modes", "probability", "first_n",
-                                      "tpu_chip_limit", "failure_after_seconds"})
+                                      "tpu_chip_limit", "failure_after_seconds",
+                                      "autoscaled_at"})
         limit = data.get("tpu_chip_limit", base.tpu_chip_limit)
+        readings = (QUOTA_AT_SCALE_UP, QUOTA_AT_CREATE)
+        autoscaled_at = data.get("autoscaled_at", base.autoscaled_at)
+        if autoscaled_at not in readings:
+            raise self.fail(f"{where}.autoscaled_at",
+                            f"{autoscaled_at!r}; expected one of {', '.join(readings)}")
         return QuotaConfig(
             supply_modes=self.modes(data.get("supply_modes", list(base.supply_modes)),
                                     f"{where}.supply_modes"),
@@ -467,6 +485,7 @@ class _Parser:
             tpu_chip_limit=None if limit is None else self.integer(limit, f"{where}.tpu_chip_limit"),
             failure_after=(self.span(data["failure_after_seconds"], f"{where}.failure_after_seconds")
                            if "failure_after_seconds" in data else base.failure_after),
+            autoscaled_at=autoscaled_at,
         )
 
     def jobs(self, data: Any, where: str) -> JobDefaults:

@@ -7,8 +7,11 @@ after a delay -- or, in a stockout, not for a while or never. An autoscaled pool
 (flex-start: autoscaling 0..N, 0 initial nodes) gets nodes only as the cluster
 autoscaler does: for Pending pods that need them (``scale_up``, asked by the Kubernetes
 side), answering with the autoscaler's pod events (TriggeredScaleUp, or FailedScaleUp in
-the stockout's words, and NotTriggerScaleUp while it backs off), and it removes the
-nodes again once they have been unneeded for the pool's scale-down-unneeded time.
+the stockout's or the quota's words, and NotTriggerScaleUp while it backs off), and it
+removes the nodes again once they have been unneeded for the pool's scale-down-unneeded
+time. TPU quota bites when VMs are made: at a fixed-size pool's create (its operation
+fails), at an autoscaled pool's scale-up (its create succeeds with no VMs) unless the
+config says GKE checks it at create (``QuotaConfig.autoscaled_at``).
 Multi-host slices are atomic: all nodes arrive together. A failed
 create leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made
 from a SPECIFIC reservation hold their VMs of it from create until deleted.
@@ -34,13 +37,17 @@ from falcon_es.adapters.sim.common import (
     POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
     suffix,
 )
-from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
+from falcon_es.adapters.sim.config import (
+    FLEX_START, QUOTA_AT_CREATE, RESERVATION, ReservationConfig,
+)
 from falcon_es.adapters.sim.timeline import Timeline
 
 PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", "ERROR"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
+#: The autoscaler's GKE provider's failure words for a MIG resize refused for quota.
+GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
 
 
 @dataclasses.dataclass
@@ -88,10 +95,14 @@ class SimPool:
     #: The cluster autoscaler's latest event about this pool on the pods waiting for
     #: it: (reason, message), e.g. ("FailedScaleUp", "... GCE out of resources ...").
     autoscaler_event: tuple[str, str] | None = None
+    #: How many times in a row the autoscaler said it (a repeated event's count).
+    autoscaler_event_count: int = 0
     #: The Job whose pending pods a scale-up in flight is for (exclusive per pool).
     scaling_for: str | None = None
     #: Since when no pod has used the pool's nodes (None: in use, or no nodes).
     unneeded_since: dt.datetime | None = None
+    #: An autoscaled pool the quota rule refused: each scale-up fails for quota.
+    quota_refused: bool = False
     _node_labels: Mapping[str, str] | None = None
 
     @property
@@ -213,6 +224,8 @@ class NodePoolService:
             scale_down_unneeded_seconds=spec.scale_down_unneeded_seconds, created_at=now,
             visible_at=seconds_after(now, visible_after), create_operation=operation.id,
         )
+        if not self._quota_at_create(pool):
+            pool.quota_refused, quota_hit = quota_hit, False
         failure = self._create_failure(pool, quota_hit)
         self.pools[pool.name] = pool
         if failure is not None:
@@ -260,6 +273,7 @@ class NodePoolService:
         self.registered_nodes -= len(lost)
         if lost:
             self._on_nodes_changed(pool, now, lost)
+        self._quota_freed(now)
         latency = self.behaviour.delete_latency.draw(self._rng)
         self._timeline.at(seconds_after(now, latency),
                           self._finish_delete, pool, operation)
@@ -289,9 +303,25 @@ class NodePoolService:
         return _unused(reservation, shape, existing)
 
     def quota_chips_in_use(self) -> int:
+        """TPU chips counted against the quota: a pool whose quota is checked at create
+        holds its chips from then until its delete starts; an autoscaled pool otherwise
+        holds them only while it has nodes or is adding them (its VMs exist)."""
         modes = self.behaviour.quota.supply_modes
         return sum(p.shape.chips for p in self.pools.values()
-                   if p.supply_mode in modes and p.status in (PROVISIONING, RUNNING))
+                   if p.supply_mode in modes and p.status in (PROVISIONING, RUNNING)
+                   and (self._quota_at_create(p) or p.nodes or p.scaling_for is not None))
+
+    def _quota_at_create(self, pool: SimPool) -> bool:
+        """Whether GKE checks the pool's TPU quota at its create: a fixed-size pool makes
+        its VMs then; an autoscaled pool (0 nodes) makes none, unless the config plays
+        the reading where GKE checks it anyway."""
+        return not pool.autoscaled or self.behaviour.quota.autoscaled_at == QUOTA_AT_CREATE
+
+    def _over_chip_limit(self, pool: SimPool) -> bool:
+        """The pool's slice would take the cluster's chips in use past ``tpu_chip_limit``."""
+        limit = self.behaviour.quota.tpu_chip_limit
+        return (limit is not None and pool.supply_mode in self.behaviour.quota.supply_modes
+                and self.quota_chips_in_use() + pool.shape.chips > limit)
 
     def snapshot(self, pool: SimPool) -> PoolSnapshot:
         return PoolSnapshot(
@@ -364,8 +394,7 @@ class NodePoolService:
 
     def _create_failure(self, pool: SimPool, quota_hit: bool) -> tuple[str, str] | None:
         limit = self.behaviour.quota.tpu_chip_limit
-        over_limit = (limit is not None and pool.supply_mode in self.behaviour.quota.supply_modes
-                      and self.quota_chips_in_use() + pool.shape.chips > limit)
+        over_limit = self._quota_at_create(pool) and self._over_chip_limit(pool)
         location = self.identity.location
         region = location.rsplit("-", 1)[0] if location.count("-") >= 2 else location
         if quota_hit or over_limit:
@@ -403,6 +432,7 @@ class NodePoolService:
             pool.status, pool.status_message = ERROR, words
         else:
             self._remove(pool, moment)
+        self._quota_freed(moment)
 
     def _finish_create(self, pool: SimPool, operation: SimOperation, stocked: bool,
                        stockout_seconds: float | None, moment: dt.datetime) -> None:
@@ -447,19 +477,26 @@ class NodePoolService:
         if pool.scaling_for is not None:
             return pool.scaling_for == job
         if misfit is not None:
-            pool.autoscaler_event = (NOT_TRIGGER_SCALE_UP, "pod didn't trigger scale-up (it "
-                                     f"wouldn't fit if a new node is added): 1 {misfit}")
+            self._autoscaler_says(pool, NOT_TRIGGER_SCALE_UP, "pod didn't trigger scale-up (it "
+                                  f"wouldn't fit if a new node is added): 1 {misfit}")
             return False
+        if pool.quota_refused or (not self._quota_at_create(pool) and self._over_chip_limit(pool)):
+            # The MIG resize is refused for quota before capacity is looked for. A
+            # chip-limit refusal is retried when chips are freed (``_quota_freed``).
+            self._autoscaler_says(pool, FAILED_SCALE_UP,
+                                  self._failed_scale_up_words(GCE_QUOTA_EXCEEDED))
+            return False
+        stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
-            if pool.autoscaler_event is None or pool.autoscaler_event[0] != FAILED_SCALE_UP:
-                pool.autoscaler_event = (FAILED_SCALE_UP, self._stockout_words(pool))
+            if pool.autoscaler_event != stockout:
+                self._autoscaler_says(pool, *stockout)
                 if pool.stockout_ends_at is not None:
                     # The autoscaler tries again after its backoff; the first try
                     # after the stockout ends succeeds.
                     self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
             return False
         pool.scaling_for = job
-        pool.autoscaler_event = (TRIGGERED_SCALE_UP, (
+        self._autoscaler_says(pool, TRIGGERED_SCALE_UP, (
             f"pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
             f"{self.identity.project}/zones/{self.identity.location}/instanceGroups/"
             f"gke-{self.identity.name[:12]}-{pool.name[:24]}-grp 0->{pool.shape.hosts} "
@@ -467,16 +504,44 @@ class NodePoolService:
         self._bring_nodes(pool, moment)
         return True
 
+    @staticmethod
+    def _autoscaler_says(pool: SimPool, reason: str, message: str) -> None:
+        """The autoscaler's event on the pool's pending pods: the same again counts up
+        (Kubernetes aggregates a repeated event), another starts over at 1."""
+        event = (reason, message)
+        pool.autoscaler_event_count = (pool.autoscaler_event_count + 1
+                                       if pool.autoscaler_event == event else 1)
+        pool.autoscaler_event = event
+
     def _retry_scale_up(self, pool: SimPool, moment: dt.datetime) -> None:
-        """The autoscaler's first try after a stockout ends: nodes come."""
-        self._on_nodes_changed(pool, moment, [])
+        """The autoscaler tries again for the pool's pending pods (a stockout ended, or
+        quota chips were freed)."""
+        if self.pools.get(pool.name) is pool:
+            self._on_nodes_changed(pool, moment, [])
+
+    def _quota_freed(self, moment: dt.datetime) -> None:
+        """TPU chips were freed (a pool deleted or failed, nodes scaled down): the
+        autoscaler retries the scale-ups the chip limit refused. A pool the quota rule
+        refused stays refused."""
+        if self.behaviour.quota.tpu_chip_limit is None:
+            return
+        quota_words = self._failed_scale_up_words(GCE_QUOTA_EXCEEDED)
+        for pool in self.pools.values():
+            if (pool.status == RUNNING and not pool.quota_refused
+                    and pool.autoscaler_event == (FAILED_SCALE_UP, quota_words)):
+                self._timeline.at(moment, self._retry_scale_up, pool)
 
     def _stockout_words(self, pool: SimPool) -> str:
         """The autoscaler's FailedScaleUp on a pod whose pool's zone has no capacity."""
+        return self._failed_scale_up_words(
+            f"GCE out of resources ({pool.shape.hosts} x {pool.shape.machine_type}, "
+            f"{pool.supply_mode})")
+
+    def _failed_scale_up_words(self, failure: str) -> str:
+        """The autoscaler's FailedScaleUp message on a pending pod, in its GKE provider's
+        template ("GCE quota exceeded", "GCE out of resources", ...)."""
         return (f"Node scale up in zones {self.identity.location} associated with this pod "
-                f"failed: GCE out of resources ({pool.shape.hosts} x "
-                f"{pool.shape.machine_type}, {pool.supply_mode}). Pod is at risk of not "
-                "being scheduled.")
+                f"failed: {failure}. Pod is at risk of not being scheduled.")
 
     def node_use_changed(self, name: str, moment: dt.datetime) -> None:
         """A pod bound to or left one of the pool's nodes: an autoscaled pool whose nodes
@@ -498,9 +563,10 @@ class NodePoolService:
                 or pool.unneeded_since != since):
             return
         lost, pool.nodes = pool.nodes, []
-        pool.unneeded_since, pool.autoscaler_event = None, None
+        pool.unneeded_since, pool.autoscaler_event, pool.autoscaler_event_count = None, None, 0
         self.registered_nodes -= len(lost)
         self._on_nodes_changed(pool, moment, lost)
+        self._quota_freed(moment)
 
     def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
