@@ -69,6 +69,8 @@ class TaskChart(StateChart):
         TaskPicked = waiting.to(provisioning)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()
         NodePoolReused = provisioning.to(dispatching) | cluster_busy.to(dispatching)
+        # A multi-slice task took a retained pool: it provisions the rest.
+        NodePoolTaken = provisioning.to.itself() | cluster_busy.to(provisioning)
         NodePoolCreateRequested = (
             provisioning.to.itself() | cluster_busy.to(provisioning)
         )

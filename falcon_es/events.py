@@ -166,6 +166,17 @@ class NodePoolReused(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePoolTaken(Event):
+    """A multi-slice task took a pool retained by an ended task for one of its slices.
+    Unlike ``NodePoolReused`` it keeps the task in Provisioning: the task creates the
+    slices it could not take (or, having taken them all, is ready at once)."""
+
+    pool_name: str
+    from_task: str
+    supply_mode: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NodePoolCreateRequested(Event):
     """Intent: create the pool. Re-issued after a crash until an outcome follows."""
 
@@ -503,7 +514,7 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused, NodePoolTaken,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,

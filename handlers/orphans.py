@@ -11,8 +11,9 @@ when the log knows no task holding it, or its last holder's delete already "succ
 - GKE is already deleting it (STOPPING);
 - its creator asked for it less than the create-visibility grace ago.
 
-A multi-slice task's pools (``naming.pool_group``) are held, retained or deleted as
-one with the first of them, the name the log records.
+Each pool of a multi-slice task is held on its own: one of them retained for a waiting
+task is spared while the others are deleted, and a pool another task took over is
+that task's.
 
 An orphan is recorded as ``OrphanPoolFound`` (an intent) in the stream
 ``orphans:<cluster id>``; the effect executor deletes the pool and the outcome is
@@ -57,10 +58,9 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
         for pool in sorted(pools, key=lambda p: p.name):
             if (cluster.id, pool.name) in already or not _is_ours(pool):
                 continue
-            holder_id = _holder(tick, ctx, cluster.id, pool.name)
-            first = naming.group_first(pool.name)
-            if holder_id is not None and not _orphaned(tick, ctx, holder_id,
-                                                       index.created_at((cluster.id, first))):
+            holder_id = index.holder((cluster.id, pool.name))
+            if holder_id is not None and not _orphaned(tick, ctx, holder_id, pool.name,
+                                                       index.created_at((cluster.id, pool.name))):
                 continue
             if pool.status == "STOPPING":
                 continue
@@ -68,28 +68,23 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
             tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
 
 
-def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str | None:
-    """The task holding a pool: a multi-slice task's pools are held through the first
-    of its group, and only the pools its group counts."""
-    first = naming.group_first(name)
-    holder_id = ctx.index.holder((cluster_id, first))
-    if holder_id is None or first == name:
-        return holder_id
-    holder = tick.state(holder_id)
-    return holder_id if holder is not None and name in holder.node_pools else None
-
-
 def _is_ours(pool: NodePoolInfo) -> bool:
     return (naming.is_falcon_pool(pool.name)
             and pool.labels.get(POOL_MANAGED_BY) == MANAGED_BY_VALUE)
 
 
-def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str,
+def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str, pool: str,
               created_at: dt.datetime | None) -> bool:
     holder = tick.state(holder_id)
     if holder is None:
         return True
-    if not holder.is_terminal or holder.pool_disposition in OWNED_BY_DEPROVISION:
+    if not holder.is_terminal or pool in holder.pools_retained:
+        return False
+    if pool in holder.pools_deleting or holder.pool_disposition is None:
+        owned = holder.pool_disposition in OWNED_BY_DEPROVISION
+    else:
+        owned = False  # retained once, then deleted with other pools: not this one
+    if owned:
         return False
     if created_at is not None:
         age = (ctx.now - created_at).total_seconds()

@@ -285,11 +285,16 @@ def render(key: str, args: Args, lang: str = "en") -> str:
 
 
 def task_message(state: TaskState, lang: str = "en") -> str | None:
-    """The Message of a task: its latest statement, then the latest pool note."""
+    """The Message of a task: its latest statement, then the fate of each pool it
+    handed over (a multi-slice task's pools may go to several tasks), then the latest
+    pool note."""
     parts = []
     if state.message_key:
         parts.append(render(state.message_key, state.message_args, lang))
-    if state.note_key:
+    for pool, taker in state.pools_retained.items():
+        parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
+    if state.note_key and not (state.note_key == "NodePoolRetained"
+                               and state.note_args.get("pool_name") in state.pools_retained):
         parts.append(render(state.note_key, state.note_args, lang))
     return SEPARATOR[lang].join(parts) or None
 

@@ -36,7 +36,6 @@ from sqlalchemy.engine import Connection, Engine
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.clock import Clock
-from falcon_es.intents import PoolDisposition
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
@@ -44,8 +43,8 @@ from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
 from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
 
-#: Events that take a retained pool out of the idle set.
-_POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)
+#: Events that take a retained pool out of the idle set (as do its deletes).
+_POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
 
 
 def _formatter(key: str, lang: str) -> Callable[..., str]:
@@ -229,7 +228,10 @@ class QueueView:
                 state = self.tasks.get(record.stream_id)
                 if state is not None and state.cluster_id is not None:
                     book.pool_retained(event.pool_name, (state.cluster_id, state.topology))
-            elif isinstance(event, _POOL_GONE):
+            elif isinstance(event, (ev.NodePoolDeleteRequested, ev.NodePoolDeleted)):
+                for pool in (event.pool_name, *event.slice_pools):
+                    book.pool_gone(pool)
+            elif isinstance(event, _POOL_TAKEN):
                 book.pool_gone(event.pool_name)
 
     def resync(self, states: Iterable[TaskState]) -> None:
@@ -274,9 +276,9 @@ class QueueView:
         book = self.book
         for state in states:
             self._place(state)
-            if (state.is_terminal and state.pool_disposition == PoolDisposition.RETAINED
-                    and state.cluster_id is not None and state.node_pool_name is not None):
-                book.pool_retained(state.node_pool_name, (state.cluster_id, state.topology))
+            if state.is_terminal and state.cluster_id is not None:
+                for pool in state.pools_retained:
+                    book.pool_retained(pool, (state.cluster_id, state.topology))
         for key, actor in served.items():
             book.served(key, actor)
         book.commit()

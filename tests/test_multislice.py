@@ -130,7 +130,10 @@ def test_without_partial_create_the_same_task_waits_holding_nothing(
     assert h.live_pools() == ["falcon-a-4x4"]
     h.run()
     assert h.statuses()["ms"] == ("Succeeded", None)
-    assert _create_requests(h) == [(0, 0)]
+    # a's pool, retained for ms when a ended, serves one slice; ms creates the other.
+    assert _create_requests(h) == [(1, 0)]
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
+                                      "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
 
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
@@ -196,3 +199,91 @@ def test_the_orphan_sweep_spares_the_pools_of_a_running_multi_slice_task(make: M
     h.run_for(1200)  # several sweeps
     assert h.statuses()["t1"] == ("Running", None)
     assert sorted(h.live_pools()) == POOLS
+
+
+# ----------------------------------------------------------------- hand-over, per pool
+
+
+def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
+        make: Make) -> None:
+    """The reservation holds two 4x4 slices, both the two-slice task's: the two
+    single-slice tasks behind it wait, and when it ends each of its pools is handed to
+    one of them, which start on it without creating a pool."""
+    h = make(reserved_cluster(count=8))
+    submit(h, "ms", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
+    h.clock.advance(1)
+    h.submit("s2", topology="4x4", sim={"duration_seconds": 60})
+    h.run()
+    assert {t: h.statuses()[t] for t in ("ms", "s1", "s2")} == {
+        t: ("Succeeded", None) for t in ("ms", "s1", "s2")}
+    assert h.row("ms")["message"] == (
+        "succeeded (8 pod(s)); node pool falcon-ms-4x4 handed over to s1; "
+        "node pool falcon-ms-4x4-s1 handed over to s2")
+    reused = {t: [(e.event.pool_name, e.event.from_task) for e in h.app.store.read_stream(t)
+                  if isinstance(e.event, ev.NodePoolReused)] for t in ("s1", "s2")}
+    assert reused == {"s1": [("falcon-ms-4x4", "ms")], "s2": [("falcon-ms-4x4-s1", "ms")]}
+    assert "NodePoolCreateRequested" not in h.events("s1") + h.events("s2")
+    assert h.row("s1")["message"] == "succeeded (4 pod(s)); node pool falcon-ms-4x4 deleted"
+    assert h.row("s2")["message"] == "succeeded (4 pod(s)); node pool falcon-ms-4x4-s1 deleted"
+    assert sorted(p.name for p in h.world.pools(include_deleted=True)) == [
+        "falcon-ms-4x4", "falcon-ms-4x4-s1"]
+    assert h.live_pools() == []
+
+
+def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
+        make: Make, db_url: str) -> None:
+    """"a" holds one of the reservation's two 4x4 slices; the two-slice task waits in
+    ClusterBusy, takes a's pool when a ends (it stays Provisioning) and creates only its
+    second slice, then runs its JobSet on both."""
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms"))
+    assert h.statuses()["ms"] == ("Pending", "Provisioning")
+    h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    taken = [e.event for e in h.app.store.read_stream("ms")
+             if isinstance(e.event, ev.NodePoolTaken)]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert _create_requests(h) == [(1, 0)]
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4-s1"]
+    kube = h.world.cluster("v6e-res").kube
+    assert {job.pool for job in kube.jobs.values()} == {"falcon-a-4x4", "falcon-ms-4x4-s1"}
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert h.live_pools() == []
+
+
+@pytest.mark.parametrize("phase", ["Provisioning", "Running"])
+def test_abort_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
+        make: Make, db_url: str, phase: str) -> None:
+    """Aborted while its own slice's create is in flight (the abort waits for it) or
+    while running: both pools go, the taken one and the created one, named in the
+    Message."""
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    if phase == "Provisioning":
+        h.run(until=lambda: "NodePoolCreateStarted" in h.events("ms"))
+    else:
+        h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    h.abort("ms")
+    h.run()
+    assert h.statuses()["ms"] == ("Aborted", None)
+    assert h.row("ms")["message"] == (f"aborted while Pending/{phase}; " if phase != "Running"
+                                      else "aborted while Running; ") + (
+        "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
+    assert h.live_pools() == []
+
+
+def test_a_timeout_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
+        make: Make, db_url: str) -> None:
+    h = make(reserved_cluster(count=8), settings=Settings(db_url=db_url))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h.run()
+    assert h.statuses()["ms"] == ("Failed", "Timeout")
+    assert h.row("ms")["message"] == ("timed out after 1200s; Job deleted; "
+                                      "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
+    assert [e.event.from_task for e in h.app.store.read_stream("ms")
+            if isinstance(e.event, ev.NodePoolTaken)] == ["a"]
+    assert h.live_pools() == []
+

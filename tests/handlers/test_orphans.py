@@ -125,3 +125,22 @@ def test_every_pool_of_a_deleted_group_listed_again_is_an_orphan_after_the_grace
     assert bench.run() == [
         (f"orphans:{cluster.id}", ev.OrphanPoolFound(cluster.id, name, "t1"))
         for name in ("falcon-t1-4x4", "falcon-t1-4x4-s1")]
+
+
+def test_a_retained_pool_of_a_group_is_spared_and_its_deleted_sibling_swept(
+        make_bench: HandlerBenches) -> None:
+    """A two-slice task handed one pool over and deleted the other: the retained one is
+    deprovisioning's while its taker waits; the other, its delete recorded but still
+    listed, is an orphan once the create grace passed."""
+    bench = make_bench(orphans.sweep_orphans, reserved_cluster(),
+                       create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
+    cluster = bench.cluster()
+    bench.bring("ms", "succeeded", slices=2)
+    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2-s1", "waiting"),
+                ev.NodePoolDeleteRequested("falcon-ms-2x2"), ev.NodePoolDeleted("falcon-ms-2x2"))
+    bench.bring("waiting", "waiting")
+
+    bench.advance(300)
+    assert bench.run() == [(f"orphans:{cluster.id}",
+                            ev.OrphanPoolFound(cluster.id, "falcon-ms-2x2", "ms"))]
