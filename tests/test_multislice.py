@@ -4,13 +4,18 @@ JobSet's restarts and failure, abort, timeout and the orphan sweep with N pools.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from falcon_es import events as ev
+from falcon_es import task
 from falcon_es.adapters.sim.config import Span, StockoutConfig
 from falcon_es.clock import VirtualClock
+from falcon_es.projections import replay
+from falcon_es.projections.messages import task_message as project_message
+from falcon_es.projections.node_pools import pool_samples
 from falcon_es.settings import Settings
 from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
@@ -230,6 +235,7 @@ def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
     assert sorted(p.name for p in h.world.pools(include_deleted=True)) == [
         "falcon-ms-4x4", "falcon-ms-4x4-s1"]
     assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
 
 def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
@@ -251,6 +257,7 @@ def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
     h.run()
     assert h.statuses()["ms"] == ("Succeeded", None)
     assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
 
 @pytest.mark.parametrize("phase", ["Provisioning", "Running"])
@@ -286,4 +293,33 @@ def test_a_timeout_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
     assert [e.event.from_task for e in h.app.store.read_stream("ms")
             if isinstance(e.event, ev.NodePoolTaken)] == ["a"]
     assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
+
+
+def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> None:
+    """An ended two-slice task that took one pool of "a", handed one pool over and
+    deleted the other: each pool is listed with the task answering for it now."""
+    at = dt.datetime(2026, 11, 1, 9)
+    spec = {"slices": 2}
+    ms = task.fold("ms", [(e, at) for e in (
+        ev.TaskAccepted("ms", "user-a", spec, "v6e", "4x4", at),
+        ev.ClusterChosen("c-1", "v6e-res", "4x4", "only-candidate", ()),
+        ev.TaskPicked("c-1", "4x4", "only-waiting", (), None),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
+        ev.NodePoolCreateRequested("falcon-ms-4x4", "reservation", "ct6e-standard-4t", 4,
+                                   "v6e-res-r", 60, slices=2, first_slice=1),
+        ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
+        ev.NodePoolReady("falcon-a-4x4", 8),
+        ev.JobSubmitRequested("falcon-ms", "falcon-a-4x4"),
+        ev.JobSubmitted("falcon-ms", "uid-ms"),
+        ev.JobSucceeded(8, 2),
+        ev.NodePoolRetained("falcon-ms-4x4-s1", "w"),
+        ev.NodePoolDeleteRequested("falcon-a-4x4"),
+    )])
+    assert ms.node_pools == ("falcon-a-4x4", "falcon-ms-4x4-s1")
+    assert project_message(ms) == ("succeeded (8 pod(s)); node pool falcon-ms-4x4-s1 handed "
+                                   "over to w; deleting node pool falcon-a-4x4")
+    samples = pool_samples(task.TaskStates([ms]), {})
+    assert {(s.name, s.state, s.owner_task) for s in samples} == {
+        ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
