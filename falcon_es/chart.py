@@ -131,6 +131,10 @@ class TaskChart(StateChart):
         succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
         | aborted.to.itself()
     )
+    NodePoolHandedOver = (
+        succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
+        | aborted.to.itself()
+    )
     NodePoolDeleteRequested = (
         succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
         | aborted.to.itself()

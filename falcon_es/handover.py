@@ -57,5 +57,4 @@ def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:
 
 def needs_disposal(state: TaskState) -> bool:
     """The task holds pools whose fate (hand over or delete) is not decided yet."""
-    return (state.pool_disposition is None and not state.pools_retained
-            and bool(state.held_pools))
+    return state.pool_disposition is None and bool(state.held_pools)

@@ -195,7 +195,7 @@ class LifecycleIndex:
         self._leave_groups(task_id)
         self._track_pool(state)
         # Retained pools a later task took belong to it now.
-        waiting = frozenset(p for p in state.pools_retained
+        waiting = frozenset(p for p in state.retained_idle
                             if (task_id, p) not in self._superseded)
         groups = self._groups_of(state, waiting)
         for group in groups:
@@ -335,6 +335,8 @@ class LifecycleIndex:
         created = state.pool_requested_at
         taken = set(state.taken_pools)
         for pool in state.held_pools:
+            if pool in state.pools_handed_over:
+                continue  # the task that took it holds it (if it is still known)
             key = (state.cluster_id, pool)
             if created is not None and pool not in taken:
                 known = self._created_at.get(key)

@@ -68,7 +68,7 @@ def holds_something(state: TaskState, *, handed_on: Collection[str]) -> bool:
         return True
     if state.pool_disposition in _POOL_OPEN:
         return True
-    return any(pool not in handed_on for pool in state.pools_retained)
+    return any(pool not in handed_on for pool in state.retained_idle)
 
 
 def verdict(state: TaskState, *, handed_on: Collection[str], now: dt.datetime,

@@ -24,7 +24,7 @@ _NOTE_EVENTS = (
     ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended,
 )
 #: Events that change no field shown to users besides the log itself.
-_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
+_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
 #: The outcomes that end each retried step (``ApiCallRetrying.step``, the effect
 #: executor's intent kinds): once one is folded, a note saying the step is being
 #: retried is stale and the note it replaced comes back.
@@ -89,14 +89,17 @@ class TaskState:
     #: while a partial create waits for the rest.
     slices_requested: int = 0
     pool_from_task: str | None = None  # the task that handed its pool over to this one
-    retained_for: str | None = None  # the task this task's pool was last handed over to
     #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in slice
     #: order before the pools it creates, and the task each came from.
     taken_pools: tuple[str, ...] = ()
     taken_from: tuple[str, ...] = ()
     #: The task's pools retained for a waiting task once it ended: pool -> that task
-    #: (``NodePoolRetained``; a pool leaves when its delete is asked for).
+    #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
+    #: leaves when its delete is asked for.
     pools_retained: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Those of them another task took, as the task's own stream says
+    #: (``NodePoolHandedOver``).
+    pools_handed_over: tuple[str, ...] = ()
     #: The pools of the task's last delete request (``NodePoolDeleteRequested``).
     pools_deleting: tuple[str, ...] = ()
     retry_kind: str | None = None  # the event type of the step being retried
@@ -176,6 +179,11 @@ class TaskState:
         if self.pool_intent in (None, "not-created"):
             return self.taken_pools
         return self.node_pools
+
+    @property
+    def retained_idle(self) -> tuple[str, ...]:
+        """The task's retained pools no task took, as far as its own stream says."""
+        return tuple(p for p in self.pools_retained if p not in self.pools_handed_over)
 
     @property
     def took(self) -> tuple[tuple[str, str], ...]:
@@ -376,8 +384,10 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             # disposition follows the delete, and ``pools_retained`` the rest.
             kept = state.pool_disposition in (None, "retained")
             return {"pool_disposition": "retained" if kept else state.pool_disposition,
-                    "retained_for": event.for_task,
                     "pools_retained": {**state.pools_retained, event.pool_name: event.for_task}}
+        case ev.NodePoolHandedOver():
+            return {"pools_retained": {**state.pools_retained, event.pool_name: event.to_task},
+                    "pools_handed_over": (*state.pools_handed_over, event.pool_name)}
         case ev.NodePoolDeleteFailed():
             return {"pool_disposition": "delete-failed", "retry_kind": event.type_name,
                     "retry_attempt": event.attempt, "retry_at": at}

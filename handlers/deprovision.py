@@ -177,7 +177,7 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
             if pool_settled(holder, clusters.get(holder.cluster_id or ""), ctx):
                 decider.dispose(holder)
             continue
-        for pool in sorted(holder.pools_retained):
+        for pool in sorted(holder.retained_idle):
             if index.is_holder(holder, pool, handed_over):
                 decider.check_retained(holder, pool)
                 holder = tick.state(holder.task_id) or holder

@@ -58,7 +58,7 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
         for pool in sorted(pools, key=lambda p: p.name):
             if (cluster.id, pool.name) in already or not _is_ours(pool):
                 continue
-            holder_id = index.holder((cluster.id, pool.name))
+            holder_id = _holder(tick, ctx, cluster.id, pool.name)
             if holder_id is not None and not _orphaned(tick, ctx, holder_id, pool.name,
                                                        index.created_at((cluster.id, pool.name))):
                 continue
@@ -66,6 +66,16 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
                 continue
             owner = holder_id or pool.labels.get(POOL_TASK_LABEL)
             tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
+
+
+def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str | None:
+    """The task holding a pool: the index's (as of the last commit), or the task it
+    was handed over to in this tick, as its holder's own stream already says."""
+    holder_id = ctx.index.holder((cluster_id, name))
+    holder = tick.state(holder_id) if holder_id is not None else None
+    if holder is not None and name in holder.pools_handed_over:
+        return holder.pools_retained.get(name, holder_id)
+    return holder_id
 
 
 def _is_ours(pool: NodePoolInfo) -> bool:
@@ -78,7 +88,7 @@ def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str, pool: str,
     holder = tick.state(holder_id)
     if holder is None:
         return True
-    if not holder.is_terminal or pool in holder.pools_retained:
+    if not holder.is_terminal or pool in holder.retained_idle:
         return False
     if pool in holder.pools_deleting or holder.pool_disposition is None:
         owned = holder.pool_disposition in OWNED_BY_DEPROVISION

@@ -116,6 +116,7 @@ class _Provisioner:
             if verdict:
                 self.tick.emit(state.task_id, ev.NodePoolReused(
                     pool, holder.task_id, holder.supply_mode or supply_mode_for(state, cluster)))
+                self._handed_over(holder, pool, state)
             return True
         return False
 
@@ -136,6 +137,7 @@ class _Provisioner:
                 return  # wait for it rather than create a pool in its place
             state = self.tick.emit(state.task_id, ev.NodePoolTaken(
                 pool, holder.task_id, supply_mode)) or state
+            self._handed_over(holder, pool, state)
         if len(state.taken_pools) < state.slices:
             self.acquire(state, cluster)
         elif state.taken_pools:
@@ -144,6 +146,11 @@ class _Provisioner:
             hosts = slice_shape(state.tpu_type, state.topology).hosts
             self.tick.emit(state.task_id, ev.NodePoolReady(
                 state.taken_pools[0], hosts * len(state.taken_pools)))
+
+    def _handed_over(self, holder: TaskState, pool: str, taker: TaskState) -> None:
+        """The holder of several pools records that one of them is the taker's now."""
+        if len(holder.held_pools) > 1:
+            self.tick.emit(holder.task_id, ev.NodePoolHandedOver(pool, taker.task_id))
 
     def _idle_pool_usable(self, holder: TaskState, pool: str, cluster: Cluster) -> bool | None:
         """Whether an idle pool can be taken now: True; False: not yet (being repaired,
@@ -169,7 +176,7 @@ class _Provisioner:
         idle = []
         for holder_id, pool in index.retained((cluster.id, state.topology)):
             holder = self.tick.state(holder_id)
-            if (holder is None or not holder.is_terminal or pool not in holder.pools_retained
+            if (holder is None or not holder.is_terminal or pool not in holder.retained_idle
                     or (cluster.id, pool) in self.taken
                     or not index.is_holder(holder, pool, self.handed_over)):
                 continue

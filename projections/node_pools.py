@@ -25,7 +25,7 @@ CREATING, ACTIVE, IDLE_RETAINED, DELETING, DELETED = (
 
 def pool_state(holder: TaskState, pool: str) -> str:
     """What became of the pool, as its holder's events tell."""
-    if pool in holder.pools_retained:
+    if pool in holder.retained_idle:
         return IDLE_RETAINED
     disposition = holder.pool_disposition
     if disposition is not None and holder.pools_deleting and pool not in holder.pools_deleting:

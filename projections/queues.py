@@ -277,7 +277,7 @@ class QueueView:
         for state in states:
             self._place(state)
             if state.is_terminal and state.cluster_id is not None:
-                for pool in state.pools_retained:
+                for pool in state.retained_idle:
                     book.pool_retained(pool, (state.cluster_id, state.topology))
         for key, actor in served.items():
             book.served(key, actor)

@@ -238,6 +238,30 @@ def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
     assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
 
+def test_a_restart_between_the_two_hand_overs_leaves_each_pool_to_one_task(
+        make: Make) -> None:
+    """The controller restarts once s1 has taken one pool and the other still waits for
+    s2: the holder's own stream says which pool it no longer answers for, so the new
+    controller hands the other to s2 and neither deletes nor re-homes the first."""
+    h = make(reserved_cluster(count=8))
+    submit(h, "ms", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
+    h.clock.advance(1)
+    h.submit("s2", topology="4x4", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolReused" in h.events("s1"))
+    assert h.events("ms")[-1] == "NodePoolHandedOver"
+    assert "NodePoolReused" not in h.events("s2")
+    h.restart()
+    h.run()
+    assert {t: h.statuses()[t] for t in ("ms", "s1", "s2")} == {
+        t: ("Succeeded", None) for t in ("ms", "s1", "s2")}
+    assert h.events("ms").count("NodePoolHandedOver") == 2
+    assert "NodePoolDeleteRequested" not in h.events("ms")
+    assert h.events("ms").count("NodePoolRetained") == 2  # never re-homed
+    assert h.live_pools() == []
+
+
 def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
         make: Make, db_url: str) -> None:
     """"a" holds one of the reservation's two 4x4 slices; the two-slice task waits in
@@ -323,3 +347,27 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
     samples = pool_samples(task.TaskStates([ms]), {})
     assert {(s.name, s.state, s.owner_task) for s in samples} == {
         ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
+
+
+def test_abort_while_waiting_for_room_with_a_taken_pool_gives_that_pool_up(
+        make: Make) -> None:
+    """The two-slice task took a's pool but b holds the reservation's other slice: it
+    waits in ClusterBusy holding the taken pool. Aborted, it deletes that pool (no task
+    waits for it) and created nothing."""
+    h = make(reserved_cluster(count=8))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 300})
+    h.clock.advance(1)
+    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms")
+          and h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    h.abort("ms")
+    h.run(until=lambda: h.statuses()["ms"] == ("Aborted", None)
+          and "deleted" in (h.row("ms")["message"] or ""))
+    assert h.row("ms")["message"] == ("aborted while Pending/ClusterBusy; "
+                                      "node pool falcon-a-4x4 deleted")
+    assert "NodePoolCreateRequested" not in h.events("ms")
+    assert h.live_pools() == ["falcon-b-4x4"]

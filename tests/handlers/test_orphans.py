@@ -8,7 +8,9 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from falcon_es import events as ev
-from falcon_es.handlers import orphans
+from falcon_es.context import HandlerContext
+from falcon_es.handlers import orphans, provisioning
+from falcon_es.runtime import Tick
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
 
 pytestmark = SQLITE_ONLY
@@ -144,3 +146,30 @@ def test_a_retained_pool_of_a_group_is_spared_and_its_deleted_sibling_swept(
     bench.advance(300)
     assert bench.run() == [(f"orphans:{cluster.id}",
                             ev.OrphanPoolFound(cluster.id, "falcon-ms-2x2", "ms"))]
+
+
+
+def provision_then_sweep(tick: Tick, ctx: HandlerContext) -> None:
+    """The two handlers in the order a tick runs them: a hand-over, then a sweep."""
+    provisioning.provision(tick, ctx)
+    orphans.sweep_orphans(tick, ctx)
+
+
+def test_a_pool_of_a_group_handed_over_in_this_tick_is_its_takers(
+        make_bench: HandlerBenches) -> None:
+    """The sweep reads holders as of the last commit: a pool the holder's stream says
+    it handed over in this very tick is the taker's, and the taker runs on it."""
+    bench = make_bench(provision_then_sweep, reserved_cluster(),
+                       create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
+    bench.bring("ms", "succeeded", slices=2)
+    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2", "s1"),
+                ev.NodePoolRetained("falcon-ms-2x2-s1", "s2"))
+    bench.bring("s1", "picked")
+    bench.bring("s2", "waiting")
+    bench.advance(300)
+
+    assert bench.run() == [
+        ("s1", ev.NodePoolReused("falcon-ms-2x2", "ms", "reservation")),
+        ("ms", ev.NodePoolHandedOver("falcon-ms-2x2", "s1")),
+    ]
