@@ -209,17 +209,24 @@ def test_the_orphan_sweep_spares_the_pools_of_a_running_multi_slice_task(make: M
 # ----------------------------------------------------------------- hand-over, per pool
 
 
-def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
-        make: Make) -> None:
-    """The reservation holds two 4x4 slices, both the two-slice task's: the two
-    single-slice tasks behind it wait, and when it ends each of its pools is handed to
-    one of them, which start on it without creating a pool."""
+def _two_waiting_behind_two_slices(make: Make) -> Harness:
+    """The reservation's two 4x4 slices run the two-slice task "ms"; the single-slice
+    tasks "s1" and "s2" wait behind it."""
     h = make(reserved_cluster(count=8))
     submit(h, "ms", sim={"duration_seconds": 600})
     h.clock.advance(1)
     h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
     h.clock.advance(1)
     h.submit("s2", topology="4x4", sim={"duration_seconds": 60})
+    return h
+
+
+def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
+        make: Make) -> None:
+    """The reservation holds two 4x4 slices, both the two-slice task's: the two
+    single-slice tasks behind it wait, and when it ends each of its pools is handed to
+    one of them, which start on it without creating a pool."""
+    h = _two_waiting_behind_two_slices(make)
     h.run()
     assert {t: h.statuses()[t] for t in ("ms", "s1", "s2")} == {
         t: ("Succeeded", None) for t in ("ms", "s1", "s2")}
@@ -243,12 +250,7 @@ def test_a_restart_between_the_two_hand_overs_leaves_each_pool_to_one_task(
     """The controller restarts once s1 has taken one pool and the other still waits for
     s2: the holder's own stream says which pool it no longer answers for, so the new
     controller hands the other to s2 and neither deletes nor re-homes the first."""
-    h = make(reserved_cluster(count=8))
-    submit(h, "ms", sim={"duration_seconds": 600})
-    h.clock.advance(1)
-    h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
-    h.clock.advance(1)
-    h.submit("s2", topology="4x4", sim={"duration_seconds": 60})
+    h = _two_waiting_behind_two_slices(make)
     h.run(until=lambda: "NodePoolReused" in h.events("s1"))
     assert h.events("ms")[-1] == "NodePoolHandedOver"
     assert "NodePoolReused" not in h.events("s2")
