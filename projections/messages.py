@@ -145,6 +145,7 @@ EN: Mapping[str, Template] = MappingProxyType({
         "retry {attempt}"
     ),
     "NodePoolReused": "reusing node pool {pool_name}",
+    "NodePoolTaken": "took node pool {pool_name} of {from_task} for one slice",
     "NodePoolCreateRequested": (
         "creating node pool {pool_name} ({supply_mode}, {node_count} x {machine_type})"
     ),
@@ -188,6 +189,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "abort ignored: the task had already {status}",
     "TaskAborted": "aborted while {phase}",
     "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
+    "NodePoolHandedOver": "node pool {pool_name} handed over to {to_task}",
     "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
                                       "deleting node pools {pools}"),
     "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
@@ -221,6 +223,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "第 {attempt} 次重试"
     ),
     "NodePoolReused": "复用节点池 {pool_name}",
+    "NodePoolTaken": "已接管 {from_task} 的节点池 {pool_name} 作为一个切片",
     "NodePoolCreateRequested": (
         "正在创建节点池 {pool_name}（{supply_mode}，{node_count} x {machine_type}）"
     ),
@@ -262,6 +265,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "忽略中止：任务已 {status}",
     "TaskAborted": "已在 {phase} 阶段中止",
     "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
+    "NodePoolHandedOver": "节点池 {pool_name} 已移交给 {to_task}",
     "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
     "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
     "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
