@@ -375,9 +375,9 @@ class EffectExecutor:
 
     def _delete_group(self, intent: Intent, cluster: Cluster, now: dt.datetime,
                       state: TaskState) -> None:
-        """Delete the pools of one request (a multi-slice task's): each look asks for the delete of every
-        pool still there that GKE is not deleting yet, and the group is deleted once
-        none is left (looked at every ``operation_poll_seconds``)."""
+        """Delete the pools of one request (of a multi-slice task): each look asks for
+        the delete of every pool still there that GKE is not deleting yet, and the
+        request is done once none is left (looked at every ``operation_poll_seconds``)."""
         pools = self.ports.node_pools
         left = 0
         try:

@@ -5,8 +5,8 @@ responsible for it.
 A pool passes from task to task (``NodePoolReused.from_task``,
 ``NodePoolTaken.from_task``); the task holding it is the last one it was handed to
 (``LifecycleIndex``), and that task's bookkeeping says what became of the pool (of a
-multi-slice task, of each of its pools). Pools found by the orphan sweep belong to no task and are not
-in this view (they are deleted as soon as they are found).
+multi-slice task, of each of its pools). Pools found by the orphan sweep belong to no
+task and are not in this view (they are deleted as soon as they are found).
 """
 
 from __future__ import annotations
