@@ -71,6 +71,8 @@ class TaskChart(StateChart):
         SlotYielded = cluster_busy.to(waiting)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()
         NodePoolReused = provisioning.to(dispatching) | cluster_busy.to(dispatching)
+        # A multi-slice task took a retained pool: it provisions the rest.
+        NodePoolTaken = provisioning.to.itself() | cluster_busy.to(provisioning)
         NodePoolCreateRequested = (
             provisioning.to.itself() | cluster_busy.to(provisioning)
         )
@@ -128,6 +130,10 @@ class TaskChart(StateChart):
     JobSubmitCancelled = aborting.to.itself()
 
     NodePoolRetained = (
+        succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
+        | aborted.to.itself()
+    )
+    NodePoolHandedOver = (
         succeeded.to.itself() | failed.to.itself() | aborting.to.itself()
         | aborted.to.itself()
     )

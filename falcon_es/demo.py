@@ -166,7 +166,8 @@ def _summary(svc: service.Service, ticks: int, wall: float, db_path: Path) -> di
     virtual = svc.loop.clock.now() - DEMO_START
     return {
         "tasks": len(rows), "outcomes": dict(sorted(outcomes.items())),
-        "pools_created": events["NodePoolCreateRequested"], "pools_reused": events["NodePoolReused"],
+        "pools_created": events["NodePoolCreateRequested"],
+        "pools_reused": events["NodePoolReused"] + events["NodePoolTaken"],
         "pools_deleted": events["NodePoolDeleted"], "events": sum(events.values()),
         "ticks": ticks, "virtual_seconds": int(virtual.total_seconds()),
         "wall_seconds": round(wall, 2), "database": str(db_path),

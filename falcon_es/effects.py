@@ -253,7 +253,7 @@ class EffectExecutor:
                 self.ports.edges.for_cluster(cluster).delete_job(intent.name,
                                                                  workload_kind(state))
                 self._queue(intent, ev.JobDeleted(intent.name), now)
-            elif intent.kind == IntentKind.POOL_DELETE and state.slices > 1:
+            elif intent.kind == IntentKind.POOL_DELETE and len(state.pools_deleting) > 1:
                 self._delete_group(intent, cluster, now, state)
             elif intent.kind == IntentKind.POOL_DELETE:
                 self._delete_pool(intent, cluster, now, state)
@@ -375,13 +375,13 @@ class EffectExecutor:
 
     def _delete_group(self, intent: Intent, cluster: Cluster, now: dt.datetime,
                       state: TaskState) -> None:
-        """Delete a multi-slice task's pools: each look asks for the delete of every
-        pool still there that GKE is not deleting yet, and the group is deleted once
-        none is left (looked at every ``operation_poll_seconds``)."""
+        """Delete the pools of one request (of a multi-slice task): each look asks for
+        the delete of every pool still there that GKE is not deleting yet, and the
+        request is done once none is left (looked at every ``operation_poll_seconds``)."""
         pools = self.ports.node_pools
         left = 0
         try:
-            for name in state.node_pools:
+            for name in state.pools_deleting:
                 try:
                     if pools.get(cluster, name).status != "STOPPING":
                         pools.delete(cluster, name)
@@ -463,7 +463,7 @@ class EffectExecutor:
             self._queue(intent, ev.OrphanPoolDeleted(intent.cluster_id, intent.name), now)
         else:
             state = self.tasks.get(intent.stream_id)
-            others = state.node_pools[1:] if state is not None else ()
+            others = state.pools_deleting[1:] if state is not None else ()
             self._queue(intent, ev.NodePoolDeleted(intent.name, others), now)
 
     def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,

@@ -198,6 +198,17 @@ class NodePoolReused(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePoolTaken(Event):
+    """A multi-slice task took a pool retained by an ended task for one of its slices.
+    Unlike ``NodePoolReused`` it keeps the task in Provisioning: the task creates the
+    slices it could not take (or, having taken them all, is ready at once)."""
+
+    pool_name: str
+    from_task: str
+    supply_mode: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NodePoolCreateRequested(Event):
     """Intent: create the pool. Re-issued after a crash until an outcome follows."""
 
@@ -424,6 +435,19 @@ class NodePoolRetained(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePoolHandedOver(Event):
+    """A task took this ended task's retained pool (its ``NodePoolReused`` or
+    ``NodePoolTaken`` names this task). Recorded only for a holder of more than one
+    pool (a multi-slice task): it may stay in memory for its other pools after the
+    taker has left it, and its own stream then says this pool is no longer its
+    business, so a restarted controller, which does not fold the taker, knows it too.
+    A holder of one pool leaves memory with the taker's commit and needs no such word."""
+
+    pool_name: str
+    to_task: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NodePoolDeleteRequested(Event):
     pool_name: str
     #: A multi-slice task's other pools, deleted with ``pool_name`` (in slice order),
@@ -535,12 +559,14 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient,
+    NodePoolReused, NodePoolTaken,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
-    NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
+    NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
+    NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
     PodsRefused, NodesAwaited, NodeWaitExtended,
 )

@@ -2,7 +2,9 @@
 waiting task may take a retained pool.
 
 A pool outlives its task when a task of the same (cluster, topology) queue waits: it is
-retained for that task instead of deleted, and its nodes are already up. These rules
+retained for that task instead of deleted, and its nodes are already up. Each pool is
+decided alone: a multi-slice task's N pools may go to N different waiting tasks, and a
+multi-slice task takes retained pools for as many of its slices as it can. These rules
 are read by the lifecycle index (who are the takers of each queue), by the
 deprovisioning and abort handlers (what to decide) and by the node-pool view (what
 became of each pool); they live in the core so all of them read the same rules.
@@ -14,7 +16,6 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from falcon_es import chart
-from falcon_es.intents import PoolIntent
 
 if TYPE_CHECKING:
     from falcon_es.task import TaskState
@@ -26,12 +27,20 @@ TAKER_REASONS = frozenset({chart.PendingReason.WAITING, chart.PendingReason.PROV
 _PENDING_PREFIX = f"{chart.PENDING}."
 
 
+def pools_wanted(state: TaskState) -> int:
+    """How many more retained pools the task could take: one per slice not yet taken
+    (a task that asked for a create takes none: it is provisioning its own)."""
+    if state.pool_intent is not None:
+        return 0
+    return state.slices - len(state.taken_pools)
+
+
 def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
-    """A task that could start on a retained pool of this (cluster, topology) queue."""
+    """A task that could start (or, multi-slice, go on) on a retained pool of this
+    (cluster, topology) queue."""
     return (
         state is not None
-        and state.slices == 1  # a multi-slice task creates its pools (see provisioning)
-        and state.pool_intent is None
+        and pools_wanted(state) > 0
         and state.cluster_id == cluster_id
         and state.topology == topology
         and state.state.startswith(_PENDING_PREFIX)
@@ -47,7 +56,5 @@ def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:
 
 
 def needs_disposal(state: TaskState) -> bool:
-    """The task holds a pool whose fate (hand over or delete) is not decided yet."""
-    return (state.node_pool_name is not None
-            and state.pool_intent not in (None, PoolIntent.NOT_CREATED)
-            and state.pool_disposition is None)
+    """The task holds pools whose fate (hand over or delete) is not decided yet."""
+    return state.pool_disposition is None and bool(state.held_pools)

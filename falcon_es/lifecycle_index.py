@@ -25,6 +25,9 @@ from falcon_es.store import RecordedEvent
 from falcon_es.task import TaskState, TaskStates
 
 PoolKey = tuple[str, str]  # (cluster id, pool name)
+#: One pool of one task: (task id, pool name). A multi-slice task answers for each of
+#: its pools on its own (retained for one task, handed on, deleted).
+HeldPool = tuple[str, str]
 #: A task's next deadline or retry (the timeouts handler knows them, the core does not).
 WakeOf = Callable[[TaskState], dt.datetime | None]
 
@@ -61,13 +64,17 @@ class LifecycleIndex:
         #: The same takers by ``taker_rank``: the first of a queue that is not promised
         #: yet is usually the one, where a scan of every waiting task cost O(queue).
         self._taker_order: dict[QueueKey, SortedList] = {}
-        self._retained: dict[QueueKey, set[str]] = {}
-        self._member: dict[str, tuple[tuple[Group, ...], QueueKey | None, QueueKey | None]] = {}
+        self._retained: dict[QueueKey, set[HeldPool]] = {}
+        #: Each indexed task's groups, the queue it could take a pool of, and its
+        #: retained pools no task has taken yet (with their queue).
+        self._member: dict[str, tuple[tuple[Group, ...], QueueKey | None,
+                                      QueueKey | None, frozenset[str]]] = {}
         self._ranks: dict[str, tuple[bool, dt.datetime, str]] = {}
         self._intents: dict[str, tuple[Intent, ...]] = {}
         self._holders: dict[PoolKey, str] = {}
         self._created_at: dict[PoolKey, dt.datetime] = {}
-        self._superseded: set[str] = set()
+        #: Pools taken over by a later task: their earlier holder answers for them no more.
+        self._superseded: set[HeldPool] = set()
         #: ``falcon-task`` label -> task id, for the ids that are not valid label values
         #: themselves (informers report the label).
         self._by_label: dict[str, str] = {}
@@ -79,12 +86,14 @@ class LifecycleIndex:
         #: tried) is spent, and the poll is the next moment.
         self._next_poll: dict[str, tuple[int, dt.datetime, dt.datetime]] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
-        #: Retained pools and the task each is promised to (holder -> taker, and taker
-        #: -> holders), and the holders whose taker could take the pool as of the last
-        #: commit: those need no look from deprovisioning until one of the two changes.
-        self._promised_to: dict[str, str] = {}
-        self._promised_by: dict[str, set[str]] = {}
-        self._kept: set[str] = set()
+        #: Retained pools and the task each is promised to (held pool -> taker, and
+        #: taker -> held pools), and the pools whose taker could take them as of the
+        #: last commit: those need no look from deprovisioning until one of the two
+        #: changes. ``_only_retained``: ended tasks whose only duty is such pools.
+        self._promised_to: dict[HeldPool, str] = {}
+        self._promised_by: dict[str, set[HeldPool]] = {}
+        self._kept: set[HeldPool] = set()
+        self._only_retained: set[str] = set()
         #: Reservation VMs asked for by creates in flight, per (cluster id, reservation):
         #: Compute's inUseCount counts VMs that exist, so a create not yet up is not in
         #: it, and two queues sharing a reservation would both see room.
@@ -105,6 +114,7 @@ class LifecycleIndex:
             index.clear()
         self._wakes.clear()
         self._kept.clear()
+        self._only_retained.clear()
         self._superseded.clear()
         for state in self.tasks.all():
             self.update(state)
@@ -141,12 +151,13 @@ class LifecycleIndex:
             self._intents.pop(task_id, None)
             self._next_poll.pop(task_id, None)
             self._set_wake(task_id, None)
-            self._drop_promise(task_id)
-            self._superseded.discard(task_id)
-            if state.pool_from_task and self.tasks.get(state.pool_from_task) is None:
-                self._superseded.discard(state.pool_from_task)
-            if state.cluster_id and state.node_pool_name:
-                key = (state.cluster_id, state.node_pool_name)
+            for pool in {*state.node_pools, *state.pools_retained}:
+                self._superseded.discard((task_id, pool))
+            for pool, from_task in state.took:
+                if self.tasks.get(from_task) is None:
+                    self._superseded.discard((from_task, pool))
+            for pool in state.node_pools if state.cluster_id else ():
+                key = (state.cluster_id or "", pool)
                 holder = self._holders.get(key)
                 if holder == task_id:
                     del self._holders[key]
@@ -156,28 +167,37 @@ class LifecycleIndex:
             if self._by_label.get(label) == task_id:
                 del self._by_label[label]
 
-    def handed_on(self, task_id: str) -> bool:
-        """Another task took this task's pool over (``NodePoolReused.from_task``)."""
-        return task_id in self._superseded
+    def handed_on(self, task_id: str) -> frozenset[str]:
+        """The task's pools another task took over (``NodePoolReused.from_task``,
+        ``NodePoolTaken.from_task``)."""
+        state = self.tasks.get(task_id)
+        if state is None:
+            return frozenset()
+        return frozenset(p for p in {*state.node_pools, *state.pools_retained}
+                         if (task_id, p) in self._superseded)
 
     def _leave_groups(self, task_id: str) -> None:
         previous = self._member.pop(task_id, None)
+        self._only_retained.discard(task_id)
         if previous is not None:
-            groups, taker, retained = previous
+            groups, taker, retained, pools = previous
+            self._drop_promises(task_id, pools)
             for group in groups:
                 self._groups[group].discard(task_id)
             if taker is not None:
                 self._takers[taker].discard(task_id)
                 self._taker_order[taker].discard(self._ranks.pop(task_id))
             if retained is not None:
-                self._retained[retained].discard(task_id)
+                self._retained[retained].difference_update((task_id, p) for p in pools)
 
     def update(self, state: TaskState) -> None:
         task_id = state.task_id
         self._leave_groups(task_id)
         self._track_pool(state)
-        handed_on = task_id in self._superseded  # its pool belongs to a later task now
-        groups = () if handed_on else self._groups_of(state)
+        # Retained pools a later task took belong to it now.
+        waiting = frozenset(p for p in state.retained_idle
+                            if (task_id, p) not in self._superseded)
+        groups = self._groups_of(state, waiting)
         for group in groups:
             self._groups[group].add(task_id)
         taker = retained = None
@@ -186,17 +206,20 @@ class LifecycleIndex:
             self._takers.setdefault(taker, set()).add(task_id)
             rank = self._ranks[task_id] = taker_rank(state)
             self._taker_order.setdefault(taker, SortedList()).add(rank)
-        if (state.cluster_id and state.pool_disposition == PoolDisposition.RETAINED
-                and state.is_terminal
-                and not handed_on):
-            retained = (state.cluster_id, state.topology)
-            self._retained.setdefault(retained, set()).add(task_id)
-        self._member[task_id] = (groups, taker, retained)
-        self._track_promise(state, retained is not None)
-        for holder_id in self._promised_by.get(task_id, ()):
-            holder = self.tasks.get(holder_id)
+        if not (state.cluster_id and state.is_terminal):
+            waiting = frozenset()
+        if waiting:
+            retained = (state.cluster_id or "", state.topology)
+            self._retained.setdefault(retained, set()).update((task_id, p) for p in waiting)
+            if not (needs_disposal(state)
+                    or state.pool_disposition == PoolDisposition.DELETE_FAILED):
+                self._only_retained.add(task_id)
+        self._member[task_id] = (groups, taker, retained, waiting)
+        self._track_promises(state, waiting)
+        for held in self._promised_by.get(task_id, ()):
+            holder = self.tasks.get(held[0])
             if holder is not None:
-                self._judge_promise(holder)
+                self._judge_promise(holder, held[1])
         self._track_reservation(state)
         intents = task_intents(state)
         if intents:
@@ -243,28 +266,34 @@ class LifecycleIndex:
         hosts = self._reserving.get((cluster_id, reservation), {})
         return sum(n for task_id, n in hosts.items() if task_id != besides)
 
-    def _track_promise(self, state: TaskState, holds_retained: bool) -> None:
-        self._drop_promise(state.task_id)
-        if holds_retained and state.retained_for:
-            self._promised_to[state.task_id] = state.retained_for
-            self._promised_by.setdefault(state.retained_for, set()).add(state.task_id)
-            self._judge_promise(state)
+    def _track_promises(self, state: TaskState, waiting: frozenset[str]) -> None:
+        for pool in waiting:
+            held = (state.task_id, pool)
+            taker_id = state.pools_retained[pool]
+            self._promised_to[held] = taker_id
+            self._promised_by.setdefault(taker_id, set()).add(held)
+            self._judge_promise(state, pool)
 
-    def _drop_promise(self, holder_id: str) -> None:
-        self._kept.discard(holder_id)
-        taker_id = self._promised_to.pop(holder_id, None)
-        if taker_id is not None:
-            holders = self._promised_by[taker_id]
-            holders.discard(holder_id)
-            if not holders:
-                del self._promised_by[taker_id]
+    def _drop_promises(self, holder_id: str, pools: Iterable[str]) -> None:
+        """Forget the promises of these pools of the holder."""
+        for pool in pools:
+            held = (holder_id, pool)
+            self._kept.discard(held)
+            taker_id = self._promised_to.pop(held, None)
+            if taker_id is not None:
+                holders = self._promised_by[taker_id]
+                holders.discard(held)
+                if not holders:
+                    del self._promised_by[taker_id]
 
-    def _judge_promise(self, holder: TaskState) -> None:
-        taker = self.tasks.get(holder.retained_for) if holder.retained_for else None
+    def _judge_promise(self, holder: TaskState, pool: str) -> None:
+        taker_id = holder.pools_retained.get(pool)
+        taker = self.tasks.get(taker_id) if taker_id else None
+        held = (holder.task_id, pool)
         if holder.cluster_id and can_take_pool(taker, holder.cluster_id, holder.topology):
-            self._kept.add(holder.task_id)
+            self._kept.add(held)
         else:
-            self._kept.discard(holder.task_id)
+            self._kept.discard(held)
 
     def _set_wake(self, task_id: str, moment: dt.datetime | None) -> None:
         previous = self._wake_at.get(task_id)
@@ -277,7 +306,7 @@ class LifecycleIndex:
             self._wake_at[task_id] = moment
             self._wakes.add((moment, task_id))
 
-    def _groups_of(self, state: TaskState) -> tuple[Group, ...]:
+    def _groups_of(self, state: TaskState, waiting: frozenset[str]) -> tuple[Group, ...]:
         status, _, reason = state.state.partition(".")
         if status == chart.PENDING:
             if reason in chart.ACQUIRING_REASONS:
@@ -287,45 +316,55 @@ class LifecycleIndex:
             return (Group.RUNNING,)
         if status == chart.ABORTING:
             return (Group.ABORTING,)
-        if status in chart.TERMINAL_STATUSES and state.node_pool_name and (
-                needs_disposal(state)
-                or state.pool_disposition in (PoolDisposition.RETAINED,
-                                              PoolDisposition.DELETE_FAILED)):
+        if status in chart.TERMINAL_STATUSES and (
+                needs_disposal(state) or waiting
+                or state.pool_disposition == PoolDisposition.DELETE_FAILED):
             return (Group.POOL_WATCH,)
         return ()
 
     def _track_pool(self, state: TaskState) -> None:
         """The holder of a pool is the task that last took it: its creator, then each
-        task it was handed over to (``NodePoolReused.from_task`` names the previous one)."""
-        if not (state.node_pool_name and state.cluster_id
-                and state.pool_intent not in (None, PoolIntent.NOT_CREATED)):
+        task it was handed over to (``NodePoolReused.from_task`` and
+        ``NodePoolTaken.from_task`` name the previous one)."""
+        if not state.cluster_id:
             return
-        key = (state.cluster_id, state.node_pool_name)
-        if state.pool_from_task and state.pool_from_task not in self._superseded:
-            self._superseded.add(state.pool_from_task)
-            self._forget_pool_duties(state.pool_from_task)
-        if state.pool_requested_at is not None:
-            known = self._created_at.get(key)
-            if known is None or state.pool_requested_at < known:
-                self._created_at[key] = state.pool_requested_at
-        if state.task_id in self._superseded:
-            return
-        current = self._holders.get(key)
-        if current is None or current in self._superseded or current == state.task_id:
-            self._holders[key] = state.task_id
+        for pool, from_task in state.took:
+            if (from_task, pool) not in self._superseded:
+                self._superseded.add((from_task, pool))
+                self._forget_pool_duty(from_task, pool)
+        created = state.pool_requested_at
+        taken = set(state.taken_pools)
+        for pool in state.held_pools:
+            if pool in state.pools_handed_over:
+                continue  # the task that took it holds it (if it is still known)
+            key = (state.cluster_id, pool)
+            if created is not None and pool not in taken:
+                known = self._created_at.get(key)
+                if known is None or created < known:
+                    self._created_at[key] = created
+            if (state.task_id, pool) in self._superseded:
+                continue
+            current = self._holders.get(key)
+            if (current is None or (current, pool) in self._superseded
+                    or current == state.task_id):
+                self._holders[key] = state.task_id
 
-    def _forget_pool_duties(self, task_id: str) -> None:
-        """The task handed its pool on: nothing about that pool is its business now."""
+    def _forget_pool_duty(self, task_id: str, pool: str) -> None:
+        """The task handed this pool on: nothing about it is its business now (the
+        task leaves the pool watch once no other pool of it needs a look)."""
         member = self._member.get(task_id)
         if member is None:
             return
-        groups, taker, retained = member
-        self._groups[Group.POOL_WATCH].discard(task_id)
+        groups, taker, retained, waiting = member
+        self._drop_promises(task_id, (pool,))
         if retained is not None:
-            self._retained[retained].discard(task_id)
-        self._drop_promise(task_id)
-        self._member[task_id] = (tuple(g for g in groups if g != Group.POOL_WATCH), taker,
-                                 None)
+            self._retained[retained].discard((task_id, pool))
+        waiting = waiting - {pool}
+        if not waiting and task_id in self._only_retained:
+            self._only_retained.discard(task_id)
+            self._groups[Group.POOL_WATCH].discard(task_id)
+            groups = tuple(g for g in groups if g != Group.POOL_WATCH)
+        self._member[task_id] = (groups, taker, retained if waiting else None, waiting)
 
     # ------------------------------------------------------------------ reading
     def ids(self, *groups: Group) -> set[str]:
@@ -339,19 +378,22 @@ class LifecycleIndex:
         of a retained pool whose taker could still take it at the last commit, unless
         that taker is among ``changed`` (states a tick has moved since)."""
         watch = self._groups[Group.POOL_WATCH]
-        found = watch - self._kept
+        found = {task_id for task_id in watch
+                 if task_id not in self._only_retained
+                 or any((task_id, p) not in self._kept for p in self._member[task_id][3])}
         for task_id in changed:
-            found.update(h for h in self._promised_by.get(task_id, ()) if h in watch)
+            found.update(h for h, _ in self._promised_by.get(task_id, ()) if h in watch)
         return found
 
-    def is_holder(self, state: TaskState, handed_over: set[str]) -> bool:
-        """Still responsible for its pool: no task took it over, in an earlier tick (the
-        index knows) or in this one (``handed_over``, from ``Tick.handed_over_now``)."""
-        if state.cluster_id is None or state.node_pool_name is None:
+    def is_holder(self, state: TaskState, pool: str, handed_over: set[HeldPool]) -> bool:
+        """Still responsible for this pool of its own: no task took it over, in an
+        earlier tick (the index knows) or in this one (``handed_over``, from
+        ``Tick.handed_over_now``)."""
+        if state.cluster_id is None:
             return False
-        if self.holder((state.cluster_id, state.node_pool_name)) not in (None, state.task_id):
+        if self.holder((state.cluster_id, pool)) not in (None, state.task_id):
             return False
-        return state.task_id not in handed_over
+        return (state.task_id, pool) not in handed_over
 
     def takers(self, key: QueueKey) -> set[str]:
         return set(self._takers.get(key, ()))
@@ -360,7 +402,8 @@ class LifecycleIndex:
         """This queue's takers as of the last commit, best ``taker_rank`` first."""
         return (rank[2] for rank in self._taker_order.get(key, ()))
 
-    def retained(self, key: QueueKey) -> set[str]:
+    def retained(self, key: QueueKey) -> set[HeldPool]:
+        """The queue's retained pools no task has taken yet, with their holders."""
         return set(self._retained.get(key, ()))
 
     def holder(self, key: PoolKey) -> str | None:

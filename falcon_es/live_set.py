@@ -60,23 +60,25 @@ class Verdict(enum.Enum):
     RETIRED = "retired"  # holds nothing: leaves memory and the table
 
 
-def holds_something(state: TaskState, *, handed_on: bool) -> bool:
+def holds_something(state: TaskState, *, handed_on: Collection[str]) -> bool:
     """The task still needs the controller: it has not ended, an intent of it is open,
     or it answers for a pool (fate undecided, being deleted, or retained for another
-    task and not taken yet). ``handed_on``: another task took its pool over."""
+    task and not taken yet). ``handed_on``: its pools another task took over."""
     if not state.is_terminal or task_intents(state) or needs_disposal(state):
         return True
     if state.pool_disposition in _POOL_OPEN:
         return True
-    return state.pool_disposition == PoolDisposition.RETAINED and not handed_on
+    return any(pool not in handed_on for pool in state.retained_idle)
 
 
-def verdict(state: TaskState, *, handed_on: bool, now: dt.datetime,
+def verdict(state: TaskState, *, handed_on: Collection[str], now: dt.datetime,
             grace: dt.timedelta) -> tuple[Verdict, dt.datetime | None]:
-    """Whether the task stays, and until when a task that holds nothing lingers."""
+    """Whether the task stays, and until when a task that holds nothing lingers (a
+    pool it created may still show up: unless another task took each of them)."""
     if holds_something(state, handed_on=handed_on):
         return Verdict.LIVE, None
-    if state.pool_requested_at is not None and not handed_on:
+    created = state.node_pools[len(state.taken_pools):]
+    if state.pool_requested_at is not None and not all(p in handed_on for p in created):
         until = state.pool_requested_at + grace
         if until > now:
             return Verdict.LINGERS, until
@@ -186,12 +188,12 @@ class LiveSet:
         now = recorded[-1].recorded_at
         plan = _Plan()
         judged: dict[str, TaskState] = {}
-        handed: set[str] = set()
+        handed: dict[str, set[str]] = {}
         for change in self.tasks.changes():
             after = change.after
             judged[after.task_id] = after
-            if after.pool_from_task and after.pool_from_task != change.before.pool_from_task:
-                handed.add(after.pool_from_task)
+            for pool, from_task in set(after.took) - set(change.before.took):
+                handed.setdefault(from_task, set()).add(pool)
         due = [task_id for _, task_id in self._lingering.irange_key(max_key=now)]
         for task_id in (*handed, *due):
             state = self.tasks.get(task_id)
@@ -201,7 +203,7 @@ class LiveSet:
             if task_id in self._recalled:
                 plan.evicted.add(task_id)
                 continue
-            self._judge(plan, state, task_id in handed, now)
+            self._judge(plan, state, handed.get(task_id, ()), now)
         self._plan_served(plan, recorded)
         self._plan_orphans(plan, recorded)
         _write(conn, plan, self._orphans)
@@ -236,13 +238,17 @@ class LiveSet:
         self._served.clear()
         plan = _Plan()
         states = list(states)
-        handed = {s.pool_from_task for s in states if s.pool_from_task}
+        handed: dict[str, set[str]] = {}
         for state in states:
-            self._judge(plan, state, state.task_id in handed, state.updated_at or _EARLIEST)
-        for task_id in handed:
+            for pool, from_task in state.took:
+                handed.setdefault(from_task, set()).add(pool)
+        for state in states:
+            self._judge(plan, state, handed.get(state.task_id, ()),
+                        state.updated_at or _EARLIEST)
+        for task_id, pools in handed.items():
             holder = self.tasks.get(task_id)
             if holder is not None and task_id not in plan.evicted:
-                self._judge(plan, holder, True, _EARLIEST)
+                self._judge(plan, holder, pools, _EARLIEST)
         self._rows -= plan.deleted
         self._rows |= plan.inserted
         for task_id, until in plan.lingering.items():
@@ -282,10 +288,10 @@ class LiveSet:
             raise RuntimeError("the live set reads the log only once attached to a store")
         return self.store
 
-    def _judge(self, plan: _Plan, state: TaskState, handed_now: bool,
+    def _judge(self, plan: _Plan, state: TaskState, handed_now: Collection[str],
                now: dt.datetime) -> None:
         task_id = state.task_id
-        handed_on = handed_now or self.index.handed_on(task_id)
+        handed_on = {*handed_now, *self.index.handed_on(task_id)}
         found, until = verdict(state, handed_on=handed_on, now=now, grace=self.grace)
         plan.lingering[task_id] = until
         if found == Verdict.RETIRED:
@@ -389,8 +395,9 @@ class _FromLog:
         self.live: dict[str, int] = {}
         self.served: dict[QueueKey, str] = {}
         self.orphans: dict[str, dict[OrphanKey, int]] = {}
-        #: Holders whose pool a task took over while they were still being folded.
-        self.handed: set[str] = set()
+        #: Holders whose pool a task took over while they were still being folded (a
+        #: log from before the live set holds no multi-slice hand-over: one pool each).
+        self.handed: dict[str, set[str]] = {}
 
     def watched(self, stream_id: str, version: int, event: ev.Event,
                 state: TaskState | None) -> None:
@@ -400,15 +407,14 @@ class _FromLog:
             # The holder's last event (NodePoolRetained) usually came before: it was
             # judged live then, and is not; otherwise it is judged when it ends.
             if self.live.pop(event.from_task, None) is None:
-                self.handed.add(event.from_task)
+                self.handed.setdefault(event.from_task, set()).add(event.pool_name)
         elif isinstance(event, (ev.OrphanPoolFound, ev.OrphanPoolDeleted)):
             self.orphans[stream_id] = _open_orphans(
                 self.orphans.get(stream_id, {}),
                 (RecordedEvent(0, stream_id, version, event, {}, self.now),))
 
     def finished(self, state: TaskState) -> None:
-        handed_on = state.task_id in self.handed
-        self.handed.discard(state.task_id)
+        handed_on = self.handed.pop(state.task_id, set())
         found, _ = verdict(state, handed_on=handed_on, now=self.now, grace=self.grace)
         if found != Verdict.RETIRED:
             self.live[state.task_id] = 1

@@ -83,9 +83,9 @@ class Tick:
         states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
         return states
 
-    def handed_over_now(self) -> set[str]:
-        """Tasks whose pool another task took over earlier in this tick."""
-        return {s.pool_from_task for s in self._overlay.values() if s.pool_from_task}
+    def handed_over_now(self) -> set[tuple[str, str]]:
+        """(task id, pool) of the pools another task took over earlier in this tick."""
+        return {(from_task, pool) for s in self._overlay.values() for pool, from_task in s.took}
 
     def appends(self) -> list[StreamAppend]:
         out = []

@@ -244,8 +244,8 @@ def _report(records: Iterator[RecordedEvent], end: dt.datetime) -> dict[str, Any
             created += 1
             pool_start.setdefault(event.pool_name, (record.recorded_at, event.supply_mode,  # type: ignore[attr-defined]
                                                     event.node_count))  # type: ignore[attr-defined]
-        elif kind == "NodePoolReused":
-            reused += 1
+        elif kind in ("NodePoolReused", "NodePoolTaken"):
+            reused += 1  # a pool taken over, by a single-slice task or for one slice
         elif kind in ("NodePoolDeleted", "OrphanPoolDeleted"):
             pool_end[event.pool_name] = record.recorded_at  # type: ignore[attr-defined]
         if kind in ("JobSucceeded", "JobFailed", "TaskTimedOut", "TaskAborted", "TaskRejected",

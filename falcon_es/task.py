@@ -24,7 +24,7 @@ _NOTE_EVENTS = (
     ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended,
 )
 #: Events that change no field shown to users besides the log itself.
-_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
+_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
 #: The outcomes that end each retried step (``ApiCallRetrying.step``, the effect
 #: executor's intent kinds): once one is folded, a note saying the step is being
 #: retried is stale and the note it replaced comes back.
@@ -93,7 +93,19 @@ class TaskState:
     #: while a partial create waits for the rest.
     slices_requested: int = 0
     pool_from_task: str | None = None  # the task that handed its pool over to this one
-    retained_for: str | None = None  # the task this task's pool was handed over to
+    #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in slice
+    #: order before the pools it creates, and the task each came from.
+    taken_pools: tuple[str, ...] = ()
+    taken_from: tuple[str, ...] = ()
+    #: The task's pools retained for a waiting task once it ended: pool -> that task
+    #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
+    #: leaves when its delete is asked for.
+    pools_retained: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Those of them another task took, as the task's own stream says
+    #: (``NodePoolHandedOver``).
+    pools_handed_over: tuple[str, ...] = ()
+    #: The pools of the task's last delete request (``NodePoolDeleteRequested``).
+    pools_deleting: tuple[str, ...] = ()
     retry_kind: str | None = None  # the event type of the step being retried
     retry_attempt: int = 0
     retry_at: dt.datetime | None = None
@@ -151,11 +163,38 @@ class TaskState:
 
     @property
     def node_pools(self) -> tuple[str, ...]:
-        """Every pool the task holds or asked for: ``node_pool_name`` and, for a
-        multi-slice task, the pools named after it."""
+        """Every pool the task holds or asked for, in slice order: the pools it took,
+        then those it creates (``node_pool_name`` and, for a multi-slice task, the pools
+        named after it; slices taken leave their names of the group unused)."""
         if self.node_pool_name is None:
             return ()
-        return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
+        if not self.taken_pools:
+            return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
+        own = self.pool_request.get("pool_name")
+        if not own:
+            return self.taken_pools
+        return self.taken_pools + naming.pool_group(
+            str(own), self.slices_requested)[len(self.taken_pools):]
+
+    @property
+    def held_pools(self) -> tuple[str, ...]:
+        """The pools whose fate the task decides when it ends: those it took and those
+        its create may have made (none when GKE refused the create outright)."""
+        if self.pool_intent in (None, "not-created"):
+            return self.taken_pools
+        return self.node_pools
+
+    @property
+    def retained_idle(self) -> tuple[str, ...]:
+        """The task's retained pools no task took, as far as its own stream says."""
+        return tuple(p for p in self.pools_retained if p not in self.pools_handed_over)
+
+    @property
+    def took(self) -> tuple[tuple[str, str], ...]:
+        """(pool, task it came from) of every pool the task took over."""
+        if self.pool_from_task and self.node_pool_name and not self.taken_pools:
+            return ((self.node_pool_name, self.pool_from_task),)
+        return tuple(zip(self.taken_pools, self.taken_from, strict=True))
 
     @property
     def is_terminal(self) -> bool:
@@ -287,8 +326,15 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolReused():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
                     "pool_intent": "ready", "pool_from_task": event.from_task}
+        case ev.NodePoolTaken():
+            return {"node_pool_name": state.node_pool_name or event.pool_name,
+                    "supply_mode": event.supply_mode,
+                    "taken_pools": (*state.taken_pools, event.pool_name),
+                    "taken_from": (*state.taken_from, event.from_task),
+                    "slices_requested": state.slices_requested + 1}
         case ev.NodePoolCreateRequested():
-            return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
+            return {"node_pool_name": (state.node_pool_name if state.taken_pools
+                                       else event.pool_name), "supply_mode": event.supply_mode,
                     "pool_intent": "create-requested", "pool_requested_at": at,
                     "pool_operation": None, "pool_request": event.to_data(),
                     "slices_requested": event.upto or event.slices}
@@ -346,12 +392,22 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.TaskAborted():
             return {"aborted_at": at}
         case ev.NodePoolRetained():
-            return {"pool_disposition": "retained", "retained_for": event.for_task}
+            # A multi-slice task may delete some pools and retain others: the
+            # disposition follows the delete, and ``pools_retained`` the rest.
+            kept = state.pool_disposition in (None, "retained")
+            return {"pool_disposition": "retained" if kept else state.pool_disposition,
+                    "pools_retained": {**state.pools_retained, event.pool_name: event.for_task}}
+        case ev.NodePoolHandedOver():
+            return {"pools_retained": {**state.pools_retained, event.pool_name: event.to_task},
+                    "pools_handed_over": (*state.pools_handed_over, event.pool_name)}
         case ev.NodePoolDeleteFailed():
             return {"pool_disposition": "delete-failed", "retry_kind": event.type_name,
                     "retry_attempt": event.attempt, "retry_at": at}
         case ev.NodePoolDeleteRequested():
-            return {"pool_disposition": "delete-requested"}
+            deleting = (event.pool_name, *event.slice_pools)
+            return {"pool_disposition": "delete-requested", "pools_deleting": deleting,
+                    "pools_retained": {p: t for p, t in state.pools_retained.items()
+                                       if p not in deleting}}
         case ev.ApiCallRetrying():
             due = at + dt.timedelta(seconds=event.retry_in_seconds)
             return {"api_retries": {**state.api_retries, event.step: (event.attempt, due)}}

@@ -11,8 +11,9 @@ when the log knows no task holding it, or its last holder's delete already "succ
 - GKE is already deleting it (STOPPING);
 - its creator asked for it less than the create-visibility grace ago.
 
-A multi-slice task's pools (``naming.pool_group``) are held, retained or deleted as
-one with the first of them, the name the log records.
+Each pool of a multi-slice task is held on its own: one of them retained for a waiting
+task is spared while the others are deleted, and a pool another task took over is
+that task's.
 
 An orphan is recorded as ``OrphanPoolFound`` (an intent) in the stream
 ``orphans:<cluster id>``; the effect executor deletes the pool and the outcome is
@@ -58,9 +59,8 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
             if (cluster.id, pool.name) in already or not _is_ours(pool):
                 continue
             holder_id = _holder(tick, ctx, cluster.id, pool.name)
-            first = naming.group_first(pool.name)
-            if holder_id is not None and not _orphaned(tick, ctx, holder_id,
-                                                       index.created_at((cluster.id, first))):
+            if holder_id is not None and not _orphaned(tick, ctx, holder_id, pool.name,
+                                                       index.created_at((cluster.id, pool.name))):
                 continue
             if pool.status == "STOPPING":
                 continue
@@ -69,14 +69,13 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
 
 
 def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str | None:
-    """The task holding a pool: a multi-slice task's pools are held through the first
-    of its group, and only the pools its group counts."""
-    first = naming.group_first(name)
-    holder_id = ctx.index.holder((cluster_id, first))
-    if holder_id is None or first == name:
-        return holder_id
-    holder = tick.state(holder_id)
-    return holder_id if holder is not None and name in holder.node_pools else None
+    """The task holding a pool: the index's (as of the last commit), or the task it
+    was handed over to in this tick, as its holder's own stream already says."""
+    holder_id = ctx.index.holder((cluster_id, name))
+    holder = tick.state(holder_id) if holder_id is not None else None
+    if holder is not None and name in holder.pools_handed_over:
+        return holder.pools_retained.get(name, holder_id)
+    return holder_id
 
 
 def _is_ours(pool: NodePoolInfo) -> bool:
@@ -84,12 +83,18 @@ def _is_ours(pool: NodePoolInfo) -> bool:
             and pool.labels.get(POOL_MANAGED_BY) == MANAGED_BY_VALUE)
 
 
-def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str,
+def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str, pool: str,
               created_at: dt.datetime | None) -> bool:
     holder = tick.state(holder_id)
     if holder is None:
         return True
-    if not holder.is_terminal or holder.pool_disposition in OWNED_BY_DEPROVISION:
+    if not holder.is_terminal or pool in holder.retained_idle:
+        return False
+    if pool in holder.pools_deleting or holder.pool_disposition is None:
+        owned = holder.pool_disposition in OWNED_BY_DEPROVISION
+    else:
+        owned = False  # retained once, then deleted with other pools: not this one
+    if owned:
         return False
     if created_at is not None:
         age = (ctx.now - created_at).total_seconds()

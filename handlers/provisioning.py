@@ -4,7 +4,10 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
 
 1. Reuse: an idle pool of the same topology retained on the task's cluster (the one
    handed over to this task first, else any idle one of its queue) -> NodePoolReused.
-   A multi-slice task (``slices`` N > 1) creates its N pools and reuses none.
+   A multi-slice task (``slices`` N > 1) takes idle pools of its queue and supply mode
+   first, one per slice (NodePoolTaken each, the task stays in Provisioning), and
+   creates the rest as below (slices taken leave their names of the task's group
+   unused); having taken all N it is ready at once (NodePoolReady).
 2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
    default (reservation when the cluster has a default reservation, else flex-start).
    Reservation: remaining slices ((count - inUseCount - creates in flight) / hosts per
@@ -39,7 +42,7 @@ import logging
 from falcon_es import chart, naming
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
-from falcon_es.intents import RESERVATION_CHECK, PoolDisposition, PoolIntent
+from falcon_es.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.lifecycle_index import Group
 from falcon_es.ports import NOT_FOUND, Operation, PortError
 from falcon_es.registry import Cluster
@@ -95,48 +98,90 @@ class _Provisioner:
                       state.task_id, state.cluster_id)
             return
         if state.pool_intent is None:
-            if state.slices > 1 or not self.reuse(state, cluster):
+            if state.slices > 1:
+                self.take(state, cluster)
+            elif not self.reuse(state, cluster):
                 self.acquire(state, cluster)
         elif state.pool_intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
 
     # ------------------------------------------------------------------- reuse
     def reuse(self, state: TaskState, cluster: Cluster) -> bool:
-        for holder in self._idle_pools(state, cluster):
-            pool = holder.node_pool_name or ""
-            try:
-                info = self.ports.node_pools.get(cluster, pool)
-            except PortError as error:
-                if error.code != NOT_FOUND:
-                    log.warning("idle pool %s on %s: %s", pool, cluster.name, error)
-                    return True  # look again next tick rather than create a second pool
-                info = None
-            self.taken.add((cluster.id, pool))
-            if info is None or info.status == "ERROR":
-                # Gone or broken while idle: let its last holder delete it.
-                self.tick.emit(holder.task_id, ev.NodePoolDeleteRequested(pool))
+        """Start the task on an idle pool of its queue: True when it did, or when it
+        waits for one (a pool being repaired, a look that failed)."""
+        for holder, pool in self._idle_pools(state, cluster):
+            verdict = self._idle_pool_usable(holder, pool, cluster)
+            if verdict is None:
                 continue
-            if info.status != "RUNNING":
-                return True  # being repaired or upgraded: wait for it
-            self.tick.emit(state.task_id, ev.NodePoolReused(
-                pool, holder.task_id, holder.supply_mode or supply_mode_for(state, cluster)))
+            if verdict:
+                self.tick.emit(state.task_id, ev.NodePoolReused(
+                    pool, holder.task_id, holder.supply_mode or supply_mode_for(state, cluster)))
+                self._handed_over(holder, pool, state)
             return True
         return False
 
-    def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[TaskState]:
-        """Ended tasks holding a retained pool of this queue: the one kept for this
-        task first."""
+    def take(self, state: TaskState, cluster: Cluster) -> None:
+        """A multi-slice task takes idle pools of its queue and supply mode for the
+        slices it has no pool for, then creates the rest (or, with every slice taken,
+        is ready)."""
+        supply_mode = supply_mode_for(state, cluster)
+        for holder, pool in self._idle_pools(state, cluster):
+            if len(state.taken_pools) >= state.slices:
+                break
+            if (holder.supply_mode or supply_mode) != supply_mode:
+                continue  # one supply mode per group: the task's pools scale alike
+            verdict = self._idle_pool_usable(holder, pool, cluster)
+            if verdict is None:
+                continue
+            if not verdict:
+                return  # wait for it rather than create a pool in its place
+            state = self.tick.emit(state.task_id, ev.NodePoolTaken(
+                pool, holder.task_id, supply_mode)) or state
+            self._handed_over(holder, pool, state)
+        if len(state.taken_pools) < state.slices:
+            self.acquire(state, cluster)
+        elif state.taken_pools:
+            # Every slice on a pool that was running its earlier task's work: as a reused
+            # pool, ready at once.
+            hosts = slice_shape(state.tpu_type, state.topology).hosts
+            self.tick.emit(state.task_id, ev.NodePoolReady(
+                state.taken_pools[0], hosts * len(state.taken_pools)))
+
+    def _handed_over(self, holder: TaskState, pool: str, taker: TaskState) -> None:
+        """The holder of several pools records that one of them is the taker's now."""
+        if len(holder.held_pools) > 1:
+            self.tick.emit(holder.task_id, ev.NodePoolHandedOver(pool, taker.task_id))
+
+    def _idle_pool_usable(self, holder: TaskState, pool: str, cluster: Cluster) -> bool | None:
+        """Whether an idle pool can be taken now: True; False: not yet (being repaired,
+        a look that failed); None: never (gone or broken: its holder deletes it)."""
+        try:
+            info = self.ports.node_pools.get(cluster, pool)
+        except PortError as error:
+            if error.code != NOT_FOUND:
+                log.warning("idle pool %s on %s: %s", pool, cluster.name, error)
+                return False  # look again next tick rather than create a second pool
+            info = None
+        self.taken.add((cluster.id, pool))
+        if info is None or info.status == "ERROR":
+            # Gone or broken while idle: let its last holder delete it.
+            self.tick.emit(holder.task_id, ev.NodePoolDeleteRequested(pool))
+            return None
+        return info.status == "RUNNING"
+
+    def _idle_pools(self, state: TaskState, cluster: Cluster) -> list[tuple[TaskState, str]]:
+        """Retained pools of this queue and the ended task holding each: those kept for
+        this task first."""
         index = self.ctx.index
         idle = []
-        for holder_id in index.retained((cluster.id, state.topology)):
+        for holder_id, pool in index.retained((cluster.id, state.topology)):
             holder = self.tick.state(holder_id)
-            if (holder is None or not holder.is_terminal or holder.node_pool_name is None
-                    or holder.pool_disposition != PoolDisposition.RETAINED
-                    or (cluster.id, holder.node_pool_name) in self.taken
-                    or not index.is_holder(holder, self.handed_over)):
+            if (holder is None or not holder.is_terminal or pool not in holder.retained_idle
+                    or (cluster.id, pool) in self.taken
+                    or not index.is_holder(holder, pool, self.handed_over)):
                 continue
-            idle.append(holder)
-        idle.sort(key=lambda h: (h.retained_for != state.task_id, h.node_pool_name or ""))
+            idle.append((holder, pool))
+        idle.sort(key=lambda held: (held[0].pools_retained[held[1]] != state.task_id, held[1]))
         return idle
 
     # ----------------------------------------------------------------- acquire

@@ -150,6 +150,7 @@ EN: Mapping[str, Template] = MappingProxyType({
         "retry {attempt}"
     ),
     "NodePoolReused": "reusing node pool {pool_name}",
+    "NodePoolTaken": "took node pool {pool_name} of {from_task} for one slice",
     "NodePoolCreateRequested": (
         "creating node pool {pool_name} ({supply_mode}, {node_count} x {machine_type})"
     ),
@@ -193,6 +194,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "abort ignored: the task had already {status}",
     "TaskAborted": "aborted while {phase}",
     "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
+    "NodePoolHandedOver": "node pool {pool_name} handed over to {to_task}",
     "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
                                       "deleting node pools {pools}"),
     "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
@@ -231,6 +233,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "第 {attempt} 次重试"
     ),
     "NodePoolReused": "复用节点池 {pool_name}",
+    "NodePoolTaken": "已接管 {from_task} 的节点池 {pool_name} 作为一个切片",
     "NodePoolCreateRequested": (
         "正在创建节点池 {pool_name}（{supply_mode}，{node_count} x {machine_type}）"
     ),
@@ -272,6 +275,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "忽略中止：任务已 {status}",
     "TaskAborted": "已在 {phase} 阶段中止",
     "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
+    "NodePoolHandedOver": "节点池 {pool_name} 已移交给 {to_task}",
     "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
     "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
     "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
@@ -298,11 +302,16 @@ def render(key: str, args: Args, lang: str = "en") -> str:
 
 
 def task_message(state: TaskState, lang: str = "en") -> str | None:
-    """The Message of a task: its latest statement, then the latest pool note."""
+    """The Message of a task: its latest statement, then the fate of each pool it
+    handed over (a multi-slice task's pools may go to several tasks), then the latest
+    pool note."""
     parts = []
     if state.message_key:
         parts.append(render(state.message_key, state.message_args, lang))
-    if state.note_key:
+    for pool, taker in state.pools_retained.items():
+        parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
+    if state.note_key and not (state.note_key == "NodePoolRetained"
+                               and state.note_args.get("pool_name") in state.pools_retained):
         parts.append(render(state.note_key, state.note_args, lang))
     return SEPARATOR[lang].join(parts) or None
 

@@ -2,10 +2,11 @@
 folded from the task states -- its cluster, topology, supply mode, state and the task
 responsible for it.
 
-A pool passes from task to task (``NodePoolReused.from_task``); the task holding it is
-the last one it was handed to (``LifecycleIndex``), and that task's bookkeeping says
-what became of the pool. Pools found by the orphan sweep belong to no task and are not
-in this view (they are deleted as soon as they are found).
+A pool passes from task to task (``NodePoolReused.from_task``,
+``NodePoolTaken.from_task``); the task holding it is the last one it was handed to
+(``LifecycleIndex``), and that task's bookkeeping says what became of the pool (of a
+multi-slice task, of each of its pools). Pools found by the orphan sweep belong to no
+task and are not in this view (they are deleted as soon as they are found).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ CREATING, ACTIVE, IDLE_RETAINED, DELETING, DELETED = (
     "creating", "active", "idle-retained", "deleting", "deleted")
 
 
-def pool_state(holder: TaskState) -> str:
+def pool_state(holder: TaskState, pool: str) -> str:
     """What became of the pool, as its holder's events tell."""
+    if pool in holder.retained_idle:
+        return IDLE_RETAINED
     disposition = holder.pool_disposition
+    if disposition is not None and holder.pools_deleting and pool not in holder.pools_deleting:
+        return DELETED  # deleted by an earlier request of the task
     if disposition == PoolDisposition.DELETED:
         return DELETED
     if (disposition in (PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED)
@@ -50,7 +55,7 @@ def pool_samples(tasks: TaskStates, clusters: Mapping[str, Cluster]) -> list[Poo
         samples.append(PoolSample(
             cluster=cluster.name if cluster is not None else cluster_id, name=name,
             topology=holder.topology, supply_mode=holder.supply_mode or "",
-            state=pool_state(holder), owner_task=holder_id,
+            state=pool_state(holder, name), owner_task=holder_id,
             created_at=index.created_at((cluster_id, name)),
         ))
     return samples

@@ -38,7 +38,6 @@ from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.clock import Clock
 from falcon_es.eta import Estimate, SlotTimes
-from falcon_es.intents import PoolDisposition
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
@@ -54,8 +53,8 @@ from falcon_es.projections.messages import (
     wait_reason,
 )
 
-#: Events that take a retained pool out of the idle set.
-_POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)
+#: Events that take a retained pool out of the idle set (as do its deletes).
+_POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
 
 
 def _formatter(key: str, lang: str) -> Callable[..., str]:
@@ -280,7 +279,10 @@ class QueueView:
                 state = self.tasks.get(record.stream_id)
                 if state is not None and state.cluster_id is not None:
                     book.pool_retained(event.pool_name, (state.cluster_id, state.topology))
-            elif isinstance(event, _POOL_GONE):
+            elif isinstance(event, (ev.NodePoolDeleteRequested, ev.NodePoolDeleted)):
+                for pool in (event.pool_name, *event.slice_pools):
+                    book.pool_gone(pool)
+            elif isinstance(event, _POOL_TAKEN):
                 book.pool_gone(event.pool_name)
 
     def resync(self, states: Iterable[TaskState]) -> None:
@@ -369,9 +371,9 @@ class QueueView:
         book = self.book
         for state in states:
             self._place(state)
-            if (state.is_terminal and state.pool_disposition == PoolDisposition.RETAINED
-                    and state.cluster_id is not None and state.node_pool_name is not None):
-                book.pool_retained(state.node_pool_name, (state.cluster_id, state.topology))
+            if state.is_terminal and state.cluster_id is not None:
+                for pool in state.retained_idle:
+                    book.pool_retained(pool, (state.cluster_id, state.topology))
         for key, actor in served.items():
             book.served(key, actor)
         book.commit()

@@ -10,6 +10,10 @@ each commit (before its effects), and before and after each state-changing call 
 GKE, Kubernetes or Pub/Sub. A new controller (new App, same database, same simulated
 world) takes over, and the test shows every task still ends as in the crash-free run,
 with no pool or Job created twice and no pool left behind.
+
+A multi-slice lifecycle does the same for hand-overs of single pools: a two-slice task
+takes the pool a single-slice task leaves and creates its second slice; when it ends,
+one of its pools goes to the single-slice task waiting behind it, the other is deleted.
 """
 
 from __future__ import annotations
@@ -28,21 +32,33 @@ from tests.conftest import migrate
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 CLUSTER = reserved_cluster(count=1)
+#: Two 4x4 slices: the multi-slice lifecycle's reservation.
+MULTISLICE_CLUSTER = reserved_cluster(count=8)
 MAX_STEPS = 3000
 
 
-def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False) -> Harness:
+def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False,
+              multislice: bool = False) -> Harness:
     """Run the scenario to the end, restarting the controller after every crash.
 
     ``chain``: after each restart, arm the next crash point (cycling through the four
     kinds) two ticks later, so one run dies many times at every kind of point.
+    ``multislice``: the multi-slice lifecycle instead.
     """
-    h = Harness(db_url, VirtualClock(START), sim_config(CLUSTER), Settings(db_url=db_url),
+    cluster = MULTISLICE_CLUSTER if multislice else CLUSTER
+    h = Harness(db_url, VirtualClock(START), sim_config(cluster), Settings(db_url=db_url),
                 plan=plan)
-    h.add_cluster(CLUSTER)
-    h.submit("a", sim={"duration_seconds": 120})
-    h.clock.advance(1)
-    h.submit("b", sim={"duration_seconds": 3000})
+    h.add_cluster(cluster)
+    if multislice:
+        h.submit("a", topology="4x4", sim={"duration_seconds": 120})
+        h.clock.advance(1)
+        h.submit("ms", topology="4x4", slices=2, sim={"duration_seconds": 300})
+        h.clock.advance(1)
+        h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
+    else:
+        h.submit("a", sim={"duration_seconds": 120})
+        h.clock.advance(1)
+        h.submit("b", sim={"duration_seconds": 3000})
     aborted = False
     ticks_since_restart = 0
     kinds = collections.deque(["handler", "commit", "before", "after"])
@@ -66,12 +82,20 @@ def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False) -> Harness:
 
 
 def _arm(plan: CrashPlan, kind: str) -> None:
+    """Crash at the next step of ``kind``."""
+    seen = {"handler": plan.handlers_seen, "commit": plan.commits_seen}.get(
+        kind, plan.effects_seen)
+    _arm_at(plan, kind, seen + 1)
+
+
+def _arm_at(plan: CrashPlan, kind: str, point: int) -> None:
+    """Crash at step ``point`` of ``kind`` (counted from the run's start)."""
     if kind == "handler":
-        plan.handler_at = plan.handlers_seen + 1
+        plan.handler_at = point
     elif kind == "commit":
-        plan.commit_at = plan.commits_seen + 1
+        plan.commit_at = point
     else:
-        plan.effect_at, plan.effect_when = plan.effects_seen + 1, kind
+        plan.effect_at, plan.effect_when = point, kind
 
 
 def outcome(h: Harness) -> dict[str, tuple[str, str | None]]:
@@ -134,20 +158,23 @@ def test_the_scenario_covers_every_kind_of_step(reference: CrashPlan) -> None:
 @pytest.mark.parametrize("kind", ["handler", "commit", "before", "after"])
 def test_a_crash_at_any_step_changes_no_outcome(kind: str, reference: CrashPlan,
                                                 template: Path, tmp_path: Path) -> None:
+    _crash_at_each_point(kind, reference, template, tmp_path, multislice=False)
+
+
+def _crash_at_each_point(kind: str, reference: CrashPlan, template: Path, tmp_path: Path,
+                         *, multislice: bool) -> None:
+    """One run per step of ``kind`` the reference run took, crashing there."""
     total = {"handler": reference.handlers_seen, "commit": reference.commits_seen,
              "before": reference.effects_seen, "after": reference.effects_seen}[kind]
+    expected = MULTISLICE_EXPECTED if multislice else EXPECTED
     for point in range(1, total + 1):
         plan = CrashPlan()
-        if kind == "handler":
-            plan.handler_at = point
-        elif kind == "commit":
-            plan.commit_at = point
-        else:
-            plan.effect_at, plan.effect_when = point, kind
-        h = lifecycle(_copy(template, tmp_path / f"{kind}-{point}"), plan)
+        _arm_at(plan, kind, point)
+        h = lifecycle(_copy(template, tmp_path / f"{kind}-{point}"), plan,
+                      multislice=multislice)
         try:
             assert h.restarts == 1, f"{kind} {point}: the crash did not happen"
-            assert_clean_end(h, EXPECTED)
+            assert_clean_end(h, expected)
         finally:
             h.close()
 
@@ -159,5 +186,38 @@ def test_many_crashes_in_one_lifecycle(db_url: str) -> None:
         assert h.restarts == len(h.plan.crashes) >= 8
         assert set(h.plan.crashes) == {"handler", "commit", "before", "after"}
         assert_clean_end(h, EXPECTED)
+    finally:
+        h.close()
+
+
+MULTISLICE_EXPECTED = {"a": ("Succeeded", None), "ms": ("Succeeded", None),
+                       "s1": ("Succeeded", None)}
+
+
+@pytest.fixture(scope="module")
+def multislice_reference(template: Path, tmp_path_factory: pytest.TempPathFactory) -> CrashPlan:
+    """The crash-free multi-slice run: each hand-over happened, of one pool each."""
+    plan = CrashPlan()
+    h = lifecycle(_copy(template, tmp_path_factory.mktemp("multislice")), plan, multislice=True)
+    assert_clean_end(h, MULTISLICE_EXPECTED)
+    assert "NodePoolTaken" in h.events("ms") and "NodePoolReused" in h.events("s1")
+    assert "NodePoolCreateRequested" not in h.events("s1")
+    h.close()
+    return plan
+
+
+@pytest.mark.parametrize("kind", ["handler", "commit", "before", "after"])
+def test_a_crash_at_any_step_of_a_multi_slice_hand_over_changes_no_outcome(
+        kind: str, multislice_reference: CrashPlan, template: Path, tmp_path: Path) -> None:
+    """A crash anywhere -- while a hand-over is decided, made durable, or the pools
+    around it created and deleted -- leaves each pool to exactly one task."""
+    _crash_at_each_point(kind, multislice_reference, template, tmp_path, multislice=True)
+
+
+def test_many_crashes_in_one_multi_slice_lifecycle(db_url: str) -> None:
+    h = lifecycle(db_url, CrashPlan(), chain=True, multislice=True)
+    try:
+        assert h.restarts == len(h.plan.crashes) >= 8
+        assert_clean_end(h, MULTISLICE_EXPECTED)
     finally:
         h.close()

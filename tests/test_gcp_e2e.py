@@ -482,3 +482,27 @@ def test_an_aborted_multi_slice_task_deletes_its_jobset_and_every_pool(make: Mak
     kube = gcp.cloud.kube["v6e-res"]
     assert kube.names("jobsets") == [] and kube.names("jobs") == [] and kube.names("pods") == []
     assert gcp.live_pools() == []
+
+
+def test_multi_slice_pools_are_handed_over_one_by_one_on_both_backends(make: Make) -> None:
+    """A two-slice task takes the pool "a" leaves and creates its second slice; when it
+    ends, its two pools go to the two single-slice tasks waiting behind it."""
+    def scenario(h: Harness) -> None:
+        h.submit("a", topology="4x4", sim={"duration_seconds": 120})
+        h.clock.advance(1)
+        h.submit("ms", topology="4x4", slices=2, sim={"duration_seconds": 300})
+        h.clock.advance(1)
+        for name in ("s1", "s2"):
+            h.submit(name, topology="4x4", sim={"duration_seconds": 60})
+            h.clock.advance(1)
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=8),), scenario)
+    assert gcp.row("ms")["message"] == (
+        "succeeded (8 pod(s)); node pool falcon-a-4x4 handed over to s1; "
+        "node pool falcon-ms-4x4-s1 handed over to s2")
+    assert {t: gcp.statuses()[t] for t in ("a", "ms", "s1", "s2")} == {
+        t: ("Succeeded", None) for t in ("a", "ms", "s1", "s2")}
+    assert sorted(p.name for p in gcp.world.pools(include_deleted=True)) == [
+        "falcon-a-4x4", "falcon-ms-4x4-s1"]
+    assert gcp.live_pools() == []

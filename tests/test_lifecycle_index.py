@@ -1,11 +1,12 @@
-"""The lifecycle index's retained-pool takers: who is offered a retained pool first."""
+"""The lifecycle index's retained-pool takers (who is offered a retained pool first) and
+its holders of retained pools, per pool."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 
-from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.lifecycle_index import Group, LifecycleIndex
 from falcon_es.task import TaskState, TaskStates
 
 T0 = dt.datetime(2026, 11, 1, 9)
@@ -32,3 +33,43 @@ def test_takers_come_slot_holders_first_then_in_submit_order_and_follow_changes(
     index.update(dataclasses.replace(states[1], state="Running"))
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["late"]
     assert list(index.takers_in_order(("c-1", "4x4"))) == ["other-queue"]
+
+
+def ended_two_slice(**changes: object) -> TaskState:
+    """An ended two-slice task that retained both its pools, for "s1" and "s2"."""
+    return dataclasses.replace(
+        TaskState("ms"), state="Succeeded", cluster_id="c-1", topology="2x2",
+        spec={"slices": 2}, node_pool_name="falcon-ms-2x2", pool_intent="ready",
+        slices_requested=2, pool_disposition="retained",
+        pools_retained={"falcon-ms-2x2": "s1", "falcon-ms-2x2-s1": "s2"}, **changes)
+
+
+def test_each_retained_pool_of_a_group_is_held_and_handed_on_alone() -> None:
+    """s1 took one pool: the other is still the holder's and retained, in the index
+    the taker's state built and in one rebuilt from the holder alone (a restart after
+    s1 left memory), where the holder's own NodePoolHandedOver says so."""
+    taker = dataclasses.replace(
+        waiting("s1", 1), state="Running", node_pool_name="falcon-ms-2x2",
+        pool_intent="ready", pool_from_task="ms")
+    index = LifecycleIndex(TaskStates([ended_two_slice(), taker, waiting("s2", 2)]))
+    index.rebuild()
+    assert index.retained(("c-1", "2x2")) == {("ms", "falcon-ms-2x2-s1")}
+    assert index.holder(("c-1", "falcon-ms-2x2")) == "s1"
+    assert index.holder(("c-1", "falcon-ms-2x2-s1")) == "ms"
+    assert index.handed_on("ms") == {"falcon-ms-2x2"}
+    assert index.ids(Group.POOL_WATCH) == {"ms"}
+    assert index.pool_watch() == set()  # s2 can still take the other one: nothing to do
+
+    alone = ended_two_slice(pools_handed_over=("falcon-ms-2x2",))
+    index = LifecycleIndex(TaskStates([alone, waiting("s2", 2)]))
+    index.rebuild()
+    assert index.retained(("c-1", "2x2")) == {("ms", "falcon-ms-2x2-s1")}
+    assert index.holder(("c-1", "falcon-ms-2x2")) is None
+    assert index.pool_watch() == set()
+
+    index.update(dataclasses.replace(waiting("s2", 2), state="Pending.Provisioning",
+                                     node_pool_name="falcon-ms-2x2-s1", pool_intent="ready",
+                                     pool_from_task="ms"))
+    assert index.retained(("c-1", "2x2")) == set()
+    assert index.holder(("c-1", "falcon-ms-2x2-s1")) == "s2"
+    assert index.ids(Group.POOL_WATCH) == set()  # the holder answers for nothing now

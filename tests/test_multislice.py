@@ -4,13 +4,18 @@ JobSet's restarts and failure, abort, timeout and the orphan sweep with N pools.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from falcon_es import events as ev
+from falcon_es import task
 from falcon_es.adapters.sim.config import Span, StockoutConfig
 from falcon_es.clock import VirtualClock
+from falcon_es.projections import replay
+from falcon_es.projections.messages import task_message as project_message
+from falcon_es.projections.node_pools import pool_samples
 from falcon_es.settings import Settings
 from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
@@ -130,7 +135,10 @@ def test_without_partial_create_the_same_task_waits_holding_nothing(
     assert h.live_pools() == ["falcon-a-4x4"]
     h.run()
     assert h.statuses()["ms"] == ("Succeeded", None)
-    assert _create_requests(h) == [(0, 0)]
+    # a's pool, retained for ms when a ended, serves one slice; ms creates the other.
+    assert _create_requests(h) == [(1, 0)]
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
+                                      "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
 
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
@@ -196,3 +204,172 @@ def test_the_orphan_sweep_spares_the_pools_of_a_running_multi_slice_task(make: M
     h.run_for(1200)  # several sweeps
     assert h.statuses()["t1"] == ("Running", None)
     assert sorted(h.live_pools()) == POOLS
+
+
+# ----------------------------------------------------------------- hand-over, per pool
+
+
+def _two_waiting_behind_two_slices(make: Make) -> Harness:
+    """The reservation's two 4x4 slices run the two-slice task "ms"; the single-slice
+    tasks "s1" and "s2" wait behind it."""
+    h = make(reserved_cluster(count=8))
+    submit(h, "ms", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    h.submit("s1", topology="4x4", sim={"duration_seconds": 60})
+    h.clock.advance(1)
+    h.submit("s2", topology="4x4", sim={"duration_seconds": 60})
+    return h
+
+
+def test_each_pool_of_an_ended_multi_slice_task_goes_to_its_own_waiting_task(
+        make: Make) -> None:
+    """The reservation holds two 4x4 slices, both the two-slice task's: the two
+    single-slice tasks behind it wait, and when it ends each of its pools is handed to
+    one of them, which start on it without creating a pool."""
+    h = _two_waiting_behind_two_slices(make)
+    h.run()
+    assert {t: h.statuses()[t] for t in ("ms", "s1", "s2")} == {
+        t: ("Succeeded", None) for t in ("ms", "s1", "s2")}
+    assert h.row("ms")["message"] == (
+        "succeeded (8 pod(s)); node pool falcon-ms-4x4 handed over to s1; "
+        "node pool falcon-ms-4x4-s1 handed over to s2")
+    reused = {t: [(e.event.pool_name, e.event.from_task) for e in h.app.store.read_stream(t)
+                  if isinstance(e.event, ev.NodePoolReused)] for t in ("s1", "s2")}
+    assert reused == {"s1": [("falcon-ms-4x4", "ms")], "s2": [("falcon-ms-4x4-s1", "ms")]}
+    assert "NodePoolCreateRequested" not in h.events("s1") + h.events("s2")
+    assert h.row("s1")["message"] == "succeeded (4 pod(s)); node pool falcon-ms-4x4 deleted"
+    assert h.row("s2")["message"] == "succeeded (4 pod(s)); node pool falcon-ms-4x4-s1 deleted"
+    assert sorted(p.name for p in h.world.pools(include_deleted=True)) == [
+        "falcon-ms-4x4", "falcon-ms-4x4-s1"]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+def test_a_restart_between_the_two_hand_overs_leaves_each_pool_to_one_task(
+        make: Make) -> None:
+    """The controller restarts once s1 has taken one pool and the other still waits for
+    s2: the holder's own stream says which pool it no longer answers for, so the new
+    controller hands the other to s2 and neither deletes nor re-homes the first."""
+    h = _two_waiting_behind_two_slices(make)
+    h.run(until=lambda: "NodePoolReused" in h.events("s1"))
+    assert h.events("ms")[-1] == "NodePoolHandedOver"
+    assert "NodePoolReused" not in h.events("s2")
+    h.restart()
+    h.run()
+    assert {t: h.statuses()[t] for t in ("ms", "s1", "s2")} == {
+        t: ("Succeeded", None) for t in ("ms", "s1", "s2")}
+    assert h.events("ms").count("NodePoolHandedOver") == 2
+    assert "NodePoolDeleteRequested" not in h.events("ms")
+    assert h.events("ms").count("NodePoolRetained") == 2  # never re-homed
+    assert h.live_pools() == []
+
+
+def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
+        make: Make, db_url: str) -> None:
+    """"a" holds one of the reservation's two 4x4 slices; the two-slice task waits in
+    ClusterBusy, takes a's pool when a ends (it stays Provisioning) and creates only its
+    second slice, then runs its JobSet on both."""
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms"))
+    assert h.statuses()["ms"] == ("Pending", "Provisioning")
+    h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    taken = [e.event for e in h.app.store.read_stream("ms")
+             if isinstance(e.event, ev.NodePoolTaken)]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert _create_requests(h) == [(1, 0)]
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4-s1"]
+    kube = h.world.cluster("v6e-res").kube
+    assert {job.pool for job in kube.jobs.values()} == {"falcon-a-4x4", "falcon-ms-4x4-s1"}
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+@pytest.mark.parametrize("phase", ["Provisioning", "Running"])
+def test_abort_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
+        make: Make, db_url: str, phase: str) -> None:
+    """Aborted while its own slice's create is in flight (the abort waits for it) or
+    while running: both pools go, the taken one and the created one, named in the
+    Message."""
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    if phase == "Provisioning":
+        h.run(until=lambda: "NodePoolCreateStarted" in h.events("ms"))
+    else:
+        h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    h.abort("ms")
+    h.run()
+    assert h.statuses()["ms"] == ("Aborted", None)
+    assert h.row("ms")["message"] == (f"aborted while Pending/{phase}; " if phase != "Running"
+                                      else "aborted while Running; ") + (
+        "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
+    assert h.live_pools() == []
+
+
+def test_a_timeout_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
+        make: Make, db_url: str) -> None:
+    h = make(reserved_cluster(count=8), settings=Settings(db_url=db_url))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h.run()
+    assert h.statuses()["ms"] == ("Failed", "Timeout")
+    assert h.row("ms")["message"] == ("timed out after 1200s; Job deleted; "
+                                      "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
+    assert [e.event.from_task for e in h.app.store.read_stream("ms")
+            if isinstance(e.event, ev.NodePoolTaken)] == ["a"]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+
+def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> None:
+    """An ended two-slice task that took one pool of "a", handed one pool over and
+    deleted the other: each pool is listed with the task answering for it now."""
+    at = dt.datetime(2026, 11, 1, 9)
+    spec = {"slices": 2}
+    ms = task.fold("ms", [(e, at) for e in (
+        ev.TaskAccepted("ms", "user-a", spec, "v6e", "4x4", at),
+        ev.ClusterChosen("c-1", "v6e-res", "4x4", "only-candidate", ()),
+        ev.TaskPicked("c-1", "4x4", "only-waiting", (), None),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
+        ev.NodePoolCreateRequested("falcon-ms-4x4", "reservation", "ct6e-standard-4t", 4,
+                                   "v6e-res-r", 60, slices=2, first_slice=1),
+        ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
+        ev.NodePoolReady("falcon-a-4x4", 8),
+        ev.JobSubmitRequested("falcon-ms", "falcon-a-4x4"),
+        ev.JobSubmitted("falcon-ms", "uid-ms"),
+        ev.JobSucceeded(8, 2),
+        ev.NodePoolRetained("falcon-ms-4x4-s1", "w"),
+        ev.NodePoolDeleteRequested("falcon-a-4x4"),
+    )])
+    assert ms.node_pools == ("falcon-a-4x4", "falcon-ms-4x4-s1")
+    assert project_message(ms) == ("succeeded (8 pod(s)); node pool falcon-ms-4x4-s1 handed "
+                                   "over to w; deleting node pool falcon-a-4x4")
+    samples = pool_samples(task.TaskStates([ms]), {})
+    assert {(s.name, s.state, s.owner_task) for s in samples} == {
+        ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
+
+
+def test_abort_while_waiting_for_room_with_a_taken_pool_gives_that_pool_up(
+        make: Make) -> None:
+    """The two-slice task took a's pool but b holds the reservation's other slice: it
+    waits in ClusterBusy holding the taken pool. Aborted, it deletes that pool (no task
+    waits for it) and created nothing."""
+    h = make(reserved_cluster(count=8))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 300})
+    h.clock.advance(1)
+    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms")
+          and h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    h.abort("ms")
+    h.run(until=lambda: h.statuses()["ms"] == ("Aborted", None)
+          and "deleted" in (h.row("ms")["message"] or ""))
+    assert h.row("ms")["message"] == ("aborted while Pending/ClusterBusy; "
+                                      "node pool falcon-a-4x4 deleted")
+    assert "NodePoolCreateRequested" not in h.events("ms")
+    assert h.live_pools() == ["falcon-b-4x4"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from falcon_es import events as ev
-from falcon_es.handlers import orphans
+from falcon_es.context import HandlerContext
+from falcon_es.handlers import orphans, provisioning
+from falcon_es.runtime import Tick
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
 
 pytestmark = SQLITE_ONLY
@@ -125,3 +127,49 @@ def test_every_pool_of_a_deleted_group_listed_again_is_an_orphan_after_the_grace
     assert bench.run() == [
         (f"orphans:{cluster.id}", ev.OrphanPoolFound(cluster.id, name, "t1"))
         for name in ("falcon-t1-4x4", "falcon-t1-4x4-s1")]
+
+
+def test_a_retained_pool_of_a_group_is_spared_and_its_deleted_sibling_swept(
+        make_bench: HandlerBenches) -> None:
+    """A two-slice task handed one pool over and deleted the other: the retained one is
+    deprovisioning's while its taker waits; the other, its delete recorded but still
+    listed, is an orphan once the create grace passed."""
+    bench = make_bench(orphans.sweep_orphans, reserved_cluster(),
+                       create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
+    cluster = bench.cluster()
+    bench.bring("ms", "succeeded", slices=2)
+    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2-s1", "waiting"),
+                ev.NodePoolDeleteRequested("falcon-ms-2x2"), ev.NodePoolDeleted("falcon-ms-2x2"))
+    bench.bring("waiting", "waiting")
+
+    bench.advance(300)
+    assert bench.run() == [(f"orphans:{cluster.id}",
+                            ev.OrphanPoolFound(cluster.id, "falcon-ms-2x2", "ms"))]
+
+
+
+def provision_then_sweep(tick: Tick, ctx: HandlerContext) -> None:
+    """The two handlers in the order a tick runs them: a hand-over, then a sweep."""
+    provisioning.provision(tick, ctx)
+    orphans.sweep_orphans(tick, ctx)
+
+
+def test_a_pool_of_a_group_handed_over_in_this_tick_is_its_takers(
+        make_bench: HandlerBenches) -> None:
+    """The sweep reads holders as of the last commit: a pool the holder's stream says
+    it handed over in this very tick is the taker's, and the taker runs on it."""
+    bench = make_bench(provision_then_sweep, reserved_cluster(),
+                       create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
+    bench.bring("ms", "succeeded", slices=2)
+    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2", "s1"),
+                ev.NodePoolRetained("falcon-ms-2x2-s1", "s2"))
+    bench.bring("s1", "picked")
+    bench.bring("s2", "waiting")
+    bench.advance(300)
+
+    assert bench.run() == [
+        ("s1", ev.NodePoolReused("falcon-ms-2x2", "ms", "reservation")),
+        ("ms", ev.NodePoolHandedOver("falcon-ms-2x2", "s1")),
+    ]
