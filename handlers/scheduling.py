@@ -175,6 +175,10 @@ def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
         state = tick.state(holders[0])
         if state is None or state.reason != chart.PendingReason.CLUSTER_BUSY:
             continue
+        if state.held_pools:
+            # Pools taken over or created in part: yielding would send them back to
+            # Waiting with the task, holding capacity no one could use.
+            continue
         decision = book.decide(key, tick.now)
         held = policy.effective(state.priority, state.submitted_at or tick.now, tick.now)
         if decision is None or decision.effective <= held:

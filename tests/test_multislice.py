@@ -373,3 +373,20 @@ def test_abort_while_waiting_for_room_with_a_taken_pool_gives_that_pool_up(
                                       "node pool falcon-a-4x4 deleted")
     assert "NodePoolCreateRequested" not in h.events("ms")
     assert h.live_pools() == ["falcon-b-4x4"]
+
+
+def test_a_busy_holder_with_a_taken_pool_keeps_its_slot_from_a_higher_priority_task(
+        make: Make) -> None:
+    """Preemption takes the slot only from a ClusterBusy holder that holds nothing: one
+    waiting for room with a taken pool would carry that pool back to Waiting."""
+    h = make(reserved_cluster(count=8))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 300})
+    h.clock.advance(1)
+    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms")
+          and h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    h.submit("urgent", topology="4x4", priority="high", sim={"duration_seconds": 60})
+    h.run(until=lambda: h.statuses()["ms"] == ("Succeeded", None))
+    assert "SlotYielded" not in h.events("ms")
