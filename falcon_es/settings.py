@@ -203,23 +203,14 @@ def _priorities(env: Mapping[str, str]) -> PriorityPolicy:
                           _int(env, "FALCON_AGING_INTERVAL", PriorityPolicy.interval_seconds))
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{name}={env[name]!r}: expected true or false")
-
-
 def _job_mapping(env: Mapping[str, str]) -> JobMapping:
     """The job table's names, a bad value reported as every other bad setting is."""
     try:
-        return JobMapping.from_env(env)
+        mapping = JobMapping.from_env(env)
     except JobMappingError as error:
         raise SettingsError(str(error)) from None
+    return dataclasses.replace(
+        mapping, priority_requests=_flag(env, "FALCON_JOB_PRIORITY_REQUESTS", False))
 
 
 def _retry_policies(env: Mapping[str, str]) -> RetryPolicies:
