@@ -24,14 +24,19 @@ from tests.support.bench import HandlerBench, HandlerBenches, reserved_cluster
 MAPPING = JobMapping(table="job_prio", priority_requests=True)
 
 
-@pytest.fixture
-def bench(make_bench: HandlerBenches) -> Iterator[HandlerBench]:
-    engine = sa.create_engine(make_bench.db_url)
+def empty_priority_table(db_url: str) -> None:
+    """The job table with the priority columns, created once per database, empty."""
+    engine = sa.create_engine(db_url)
     job = JobTable(MAPPING)
     db.create_job_table(engine, job)
     with engine.begin() as conn:
         conn.execute(job.table.delete())
     engine.dispose()
+
+
+@pytest.fixture
+def bench(make_bench: HandlerBenches) -> Iterator[HandlerBench]:
+    empty_priority_table(make_bench.db_url)
     yield make_bench(intake.notice_priority_requests, reserved_cluster(),
                      job_mapping=MAPPING, position_refresh_seconds=0)
 
@@ -107,3 +112,29 @@ def test_only_requests_since_the_latest_less_the_margin_are_read_again(
     ask(bench, "t2", 20)
     ((task, changed),) = bench.run()
     assert task == "t2" and isinstance(changed, ev.PriorityChanged)
+
+
+def test_the_same_ticks_pick_serves_the_new_priority(make_bench: HandlerBenches) -> None:
+    """The request is folded before the scheduling handlers run, so a free slot is
+    given by the new order in the same tick."""
+    from falcon_es.context import HandlerContext
+    from falcon_es.handlers import scheduling
+    from falcon_es.runtime import Tick
+
+    def requests_then_picks(tick: Tick, ctx: HandlerContext) -> None:
+        intake.notice_priority_requests(tick, ctx)
+        scheduling.fill_free_slots(tick, ctx)
+
+    empty_priority_table(make_bench.db_url)
+    bench = make_bench(requests_then_picks, reserved_cluster(), job_mapping=MAPPING)
+    bench.bring("early", "waiting", actor="user-a")
+    bench.clock.advance(1)
+    bench.bring("late", "waiting", actor="user-b")
+    ask(bench, "late", "100")
+
+    emitted = bench.run()
+
+    assert [(task, type(event)) for task, event in emitted] == [
+        ("late", ev.PriorityChanged), ("late", ev.TaskPicked)]
+    picked = emitted[1][1]
+    assert isinstance(picked, ev.TaskPicked) and picked.why == "priority"
