@@ -43,8 +43,9 @@ STRAY_SCAN_SECONDS = 60.0
 STRAY_MARGIN = dt.timedelta(minutes=10)
 #: What the first scan of a process looks at for rows never taken in.
 STRAY_FIRST_WINDOW = dt.timedelta(days=1)
-#: Priority requests are read again this far behind the latest one seen: the upper
-#: layer's update may commit a while after the time it wrote.
+#: Priority requests are read again this far behind the latest one seen, every
+#: ``STRAY_SCAN_SECONDS``: the upper layer's update may commit a while after the time it
+#: wrote (the other ticks read only those after the latest).
 PRIORITY_MARGIN = dt.timedelta(minutes=10)
 #: How far back the first look of a process goes for priority requests; a request the
 #: log has applied already changes nothing when read again.
@@ -102,8 +103,8 @@ class PriorityRow:
 
 class Inbox(Protocol):
     """What the intake handlers read: new rows (oldest first), the new rows that cannot
-    become tasks as they stand, abort requests, and priority change requests not seen
-    before (none when the table has no priority columns)."""
+    become tasks as they stand, abort requests, and recent priority change requests
+    (none when the table has no priority columns)."""
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]: ...
 
@@ -166,7 +167,8 @@ def _priority_requests(job: JobTable) -> sa.Select[Any]:
     return (sa.select(c.id, sa.type_coerce(c.priority, sa.types.NullType),
                       sa.type_coerce(c.priority_requested_at, sa.types.NullType),
                       sa.type_coerce(c.priority_requested_by, sa.types.NullType))
-            .where(c.priority_requested_at > sa.bindparam("since", type_=c.priority_requested_at.type))
+            .where(c.priority_requested_at
+                   > sa.bindparam("since", type_=c.priority_requested_at.type))
             .order_by(c.priority_requested_at, c.id))
 
 
@@ -237,6 +239,7 @@ class JobInbox:
         #: The latest priority request time read, and the refused requests of the
         #: window it starts (logged once each; the dict holds that window only).
         self._priority_mark: dt.datetime | None = None
+        self._priority_rescan: dt.datetime | None = None
         self._priority_refused: dict[tuple[str, dt.datetime], None] = {}
         self._priority_query = _priority_requests(job) if job.mapping.priority_requests else None
 
@@ -255,19 +258,25 @@ class JobInbox:
         return self.poll().abort_rows()
 
     def priority_rows(self) -> list[PriorityRow]:
-        """The priority requests made since the latest one read less
-        ``PRIORITY_MARGIN``: one index range on ``priority_requested_at``, however large
-        the table. A request is read again while inside the margin (applying it twice
-        changes nothing), so a tick whose append failed loses none."""
+        """The priority requests made after the latest one read (and, every
+        ``STRAY_SCAN_SECONDS``, after it less ``PRIORITY_MARGIN``, for updates that
+        commit late): one index range on ``priority_requested_at``, however large the
+        table. A request read again changes nothing once applied; one whose tick's
+        append failed is read again at the next rescan. The latest is never taken past
+        the clock, so a request dated in the future cannot hide the ones after it."""
         if self._priority_query is None:
             return []
         mark = self._priority_mark
+        now = self.clock.now() if self.clock is not None else None
+        rescan = now is None or self._priority_rescan is None or now >= self._priority_rescan
         if mark is not None:
-            since = mark - PRIORITY_MARGIN
-        elif self.clock is not None:
-            since = self.clock.now() - PRIORITY_FIRST_WINDOW
+            since = mark - PRIORITY_MARGIN if rescan else mark
+        elif now is not None:
+            since = now - PRIORITY_FIRST_WINDOW
         else:
             since = dt.datetime(1970, 1, 1)
+        if rescan and now is not None:
+            self._priority_rescan = now + dt.timedelta(seconds=STRAY_SCAN_SECONDS)
         with self.reader.connect() as conn:
             rows = conn.execute(self._priority_query, {"since": since}).all()
         found: list[PriorityRow] = []
@@ -280,6 +289,7 @@ class JobInbox:
             found.append(PriorityRow(task_id, _priority_value(priority), when,
                                      _text(requested_by) or "upper-layer"))
         if mark is not None:
+            mark = min(mark, now) if now is not None else mark
             self._priority_mark = mark
             floor = mark - PRIORITY_MARGIN
             self._priority_refused = {k: None for k in self._priority_refused if k[1] >= floor}

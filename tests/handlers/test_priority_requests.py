@@ -138,3 +138,28 @@ def test_the_same_ticks_pick_serves_the_new_priority(make_bench: HandlerBenches)
         ("late", ev.PriorityChanged), ("late", ev.TaskPicked)]
     picked = emitted[1][1]
     assert isinstance(picked, ev.TaskPicked) and picked.why == "priority"
+
+
+def test_a_request_that_commits_late_is_read_at_the_next_rescan(bench: HandlerBench) -> None:
+    """Each tick reads the requests after the latest one read; every minute it looks
+    ten minutes further back, for an update that committed after a later one."""
+    bench.bring("t1", "waiting")
+    bench.bring("t2", "waiting")
+    ask(bench, "t1", 10)
+    assert [task for task, _ in bench.run()] == ["t1"]
+    bench.clock.advance(5)
+    ask(bench, "t2", 20, at=bench.clock.now() - dt.timedelta(minutes=2))
+    assert bench.run() == []
+    bench.clock.advance(60)
+    ((task, changed),) = bench.run()
+    assert task == "t2" and isinstance(changed, ev.PriorityChanged) and changed.new == 20
+
+
+def test_a_request_dated_in_the_future_hides_none_after_it(bench: HandlerBench) -> None:
+    bench.bring("t1", "waiting")
+    bench.bring("t2", "waiting")
+    ask(bench, "t1", 10, at=bench.clock.now() + dt.timedelta(days=1))
+    assert [task for task, _ in bench.run()] == ["t1"]
+    bench.clock.advance(1)
+    ask(bench, "t2", 20)
+    assert [task for task, _ in bench.run()] == ["t2"]
