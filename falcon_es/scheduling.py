@@ -285,8 +285,8 @@ def judge_priority_request(task_id: str, state: TaskState | None, requested: obj
     except ValueError as error:
         return PriorityRefused(f"priority {error}")
     if state is None:
-        return PriorityRefused(f"Falcon-ES has no live task {task_id} (it has ended, or was "
-                               "never taken in); only a waiting task's priority can change")
+        return PriorityRefused(f"Falcon-ES has no task {task_id} (not taken in yet, or its "
+                               "row is not a task); only a waiting task's priority can change")
     if new == state.priority:
         return None
     where = state.status if state.reason is None else f"{state.status}/{state.reason}"

@@ -76,8 +76,14 @@ def notice_priority_requests(tick: Tick, ctx: HandlerContext) -> None:
     the upper layer or ``falcon-es task set-priority``): a waiting task's base priority
     changes (PriorityChanged, with who asked); any other request is refused and logged
     once with why. Runs before the scheduling handlers, which bring the queue book up
-    to date with it, so the same tick's picks and positions already follow it."""
-    for row in ctx.inbox.priority_rows():
+    to date with it, so the same tick's picks and positions already follow it. A
+    request of a task that left memory (it ended) brings it back for this tick, so a
+    request applied before it ended is told from one that came too late."""
+    rows = ctx.inbox.priority_rows()
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    if unknown:
+        ctx.retired.recall(unknown)
+    for row in rows:
         verdict = judge_priority_request(row.id, tick.state(row.id), row.priority,
                                          ctx.settings.priorities)
         if isinstance(verdict, PriorityChange):

@@ -259,6 +259,6 @@ def test_a_priority_request_applies_to_a_waiting_task_only_and_says_why_not() ->
     assert isinstance(refused, PriorityRefused)
     assert "is Pending/Provisioning, no longer waiting" in refused.why
     refused = judge_priority_request("t", None, 5, POLICY)
-    assert isinstance(refused, PriorityRefused) and "no live task t" in refused.why
+    assert isinstance(refused, PriorityRefused) and "has no task t" in refused.why
     refused = judge_priority_request("t", waiting, 101, POLICY)
     assert isinstance(refused, PriorityRefused) and "outside the range" in refused.why
