@@ -67,6 +67,7 @@ class TaskChart(StateChart):
         ClusterChosen = waiting.to.itself()
         TaskRequeued = waiting.to.itself()
         TaskMoved = waiting.to.itself()
+        PriorityChanged = waiting.to.itself()
         TaskPicked = waiting.to(provisioning)
         SlotYielded = cluster_busy.to(waiting)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.job_mapping import JobMapping
 from falcon_es.tables import (
-    JOB_COLUMN_KINDS, STREAM_ID_LENGTH, WANTED_INDEXES, JobTable, WantedIndex,
+    STREAM_ID_LENGTH, JobTable, WantedIndex,
 )
 
 DEFAULT_URL = "sqlite:///falcon.db"
@@ -208,7 +208,7 @@ def check_job_table(engine: Engine, job: JobTable) -> list[ColumnProblem]:
     columns = {c["name"].lower(): c
                for c in inspector.get_columns(mapping.table, schema=mapping.schema)}
     problems: list[ColumnProblem] = []
-    for name, kind in JOB_COLUMN_KINDS.items():
+    for name, kind in job.column_kinds.items():
         theirs = mapping.column(name)
         column = columns.get(theirs.lower())
         if column is None:
@@ -251,8 +251,9 @@ class IndexAdvice:
 
 
 def index_advice(engine: Engine, job: JobTable) -> list[IndexAdvice]:
-    """Each of ``WANTED_INDEXES`` with what serves it: an index, unique constraint or
-    primary key whose leading columns are the wanted ones. Never adds any."""
+    """Each index the table's queries want (``JobTable.wanted_indexes``) with what
+    serves it: an index, unique constraint or primary key whose leading columns are
+    the wanted ones. Never adds any."""
     mapping = job.mapping
     inspector = sa.inspect(engine)
     existing: list[tuple[str, tuple[str, ...]]] = []
@@ -265,7 +266,7 @@ def index_advice(engine: Engine, job: JobTable) -> list[IndexAdvice]:
         names = tuple(c for c in index["column_names"] if c is not None)
         existing.append((str(index["name"]), names))
     advice = []
-    for wanted in WANTED_INDEXES:
+    for wanted in job.wanted_indexes:
         columns = tuple(mapping.column(c) for c in wanted.columns)
         lowered = tuple(c.lower() for c in columns)
         served = next((name for name, cols in existing

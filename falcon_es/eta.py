@@ -6,16 +6,20 @@ next) starts after the current holder gives the slot up and the i tasks ahead of
 have each held it once: ``now + remaining(holder) + i * typical``, where ``typical`` is
 the mean of the queue's last ``WINDOW`` slot holds (what is summed is a number of
 holds, so the mean: the median of skewed holds told waits half as long as they were
-in ``falcon-es simulate``) and the holder's remaining time
-is ``typical`` minus what it has held so far (at least ``FLOOR`` of ``typical``: a
-holder past the usual is expected to end soon, not at once). A queue without a slot
-hold yet has no estimate. What a task waits on past its slot (a reservation's room
+in ``falcon-es simulate``). The holder's remaining time depends on its state: a holder
+Dispatching is seconds from running, one in ClusterBusy may wait for a reservation's
+room for an hour. So each hold also records, for every state it passed through, the
+time from entering that state to giving the slot up, and the remaining time of a holder
+is the queue's mean of those for its current state minus what it has spent in that
+state (at least ``FLOOR`` of that mean: a holder past the usual is expected to end
+soon, not at once); with no such record yet, the same from the whole hold. A queue
+without a slot hold yet has no estimate. What a task waits on past its slot (a reservation's room
 freed by running tasks ending) is inside the slot holds it is measured from. The count
 assumes nobody else arrives: a newcomer of another actor that round-robin puts ahead,
 or one of higher priority, makes the real wait longer than the first estimate (the
 estimates at later refreshes see them).
 
-Memory is ``WINDOW`` durations per queue, whatever the history.
+Memory is ``WINDOW`` durations per queue and per holder state, whatever the history.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import dataclasses
 import datetime as dt
 import statistics
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 #: Slot holds remembered per queue: recent enough to follow a change of the world
 #: (a reservation filling up, a stockout), enough for a stable median.
@@ -52,27 +57,46 @@ class SlotTimes:
 
     def __init__(self) -> None:
         self._holds: dict[Hashable, deque[float]] = {}
+        #: (queue, holder state) -> seconds from entering that state to the hold's end.
+        self._rest: dict[tuple[Hashable, str], deque[float]] = {}
 
-    def record(self, key: Hashable, seconds: float) -> None:
-        holds = self._holds.get(key)
-        if holds is None:
-            holds = self._holds[key] = deque(maxlen=WINDOW)
-        holds.append(max(0.0, seconds))
+    def record(self, key: Hashable, seconds: float,
+               phases: Sequence[tuple[str, float]] = ()) -> None:
+        """One hold that ended: its length, and for each state the holder passed
+        through, the seconds from entering it to the end."""
+        _append(self._holds, key, seconds)
+        for phase, rest in phases:
+            _append(self._rest, (key, phase), rest)
 
     def typical(self, key: Hashable) -> float | None:
         holds = self._holds.get(key)
         return statistics.fmean(holds) if holds else None
 
-    def estimate(self, key: Hashable, now: dt.datetime,
-                 held_since: dt.datetime | None) -> Estimate | None:
+    def estimate(self, key: Hashable, now: dt.datetime, held_since: dt.datetime | None,
+                 phase: tuple[str, dt.datetime] | None = None) -> Estimate | None:
         """The queue's expected starts; ``held_since`` is when the current holder took
-        the slot (None: the slot is free, the next pick is this tick)."""
+        the slot (None: the slot is free, the next pick is this tick), ``phase`` its
+        state and since when."""
         typical = self.typical(key)
         if typical is None:
             return None
         step = dt.timedelta(seconds=typical)
         if held_since is None:
             return Estimate(now, now, step)
-        held = (now - held_since).total_seconds()
-        remaining = max(typical - held, FLOOR * typical)
+        usual, since = typical, held_since
+        rests = self._rest.get((key, phase[0])) if phase is not None else None
+        if phase is not None and rests:
+            usual, since = statistics.fmean(rests), phase[1]
+        spent = (now - since).total_seconds()
+        remaining = max(usual - spent, FLOOR * usual)
         return Estimate(now, now + dt.timedelta(seconds=remaining), step)
+
+
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def _append(windows: dict[_Key, deque[float]], key: _Key, seconds: float) -> None:
+    window = windows.get(key)
+    if window is None:
+        window = windows[key] = deque(maxlen=WINDOW)
+    window.append(max(0.0, seconds))

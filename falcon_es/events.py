@@ -168,6 +168,17 @@ class TaskMoved(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class PriorityChanged(Event):
+    """The upper layer changed a waiting task's base priority (``task set-priority``
+    or the job table's ``priority`` column); the queue order follows at once."""
+
+    old: int
+    new: int
+    requester: str  # who asked (the request's ``priority_requested_by``)
+    requested_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
 class SlotYielded(Event):
     """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
     full) and a waiting task of higher effective priority took its place; it waits in
@@ -559,8 +570,8 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient,
-    NodePoolReused, NodePoolTaken,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, PriorityChanged,
+    ReservationInsufficient, NodePoolReused, NodePoolTaken,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,

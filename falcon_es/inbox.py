@@ -43,6 +43,13 @@ STRAY_SCAN_SECONDS = 60.0
 STRAY_MARGIN = dt.timedelta(minutes=10)
 #: What the first scan of a process looks at for rows never taken in.
 STRAY_FIRST_WINDOW = dt.timedelta(days=1)
+#: Priority requests are read again this far behind the latest one seen, every
+#: ``STRAY_SCAN_SECONDS``: the upper layer's update may commit a while after the time it
+#: wrote (the other ticks read only those after the latest).
+PRIORITY_MARGIN = dt.timedelta(minutes=10)
+#: How far back the first look of a process goes for priority requests; a request the
+#: log has applied already changes nothing when read again.
+PRIORITY_FIRST_WINDOW = dt.timedelta(days=1)
 #: Ids per ``IN (...)`` when asking the log which rows it knows.
 _IDS_PER_QUERY = 500
 
@@ -83,15 +90,31 @@ class AbortRow:
     aborting_at: dt.datetime | None
 
 
+@dataclasses.dataclass(frozen=True)
+class PriorityRow:
+    """A request for a task's priority to change (the optional priority columns):
+    ``priority`` as stored, a whole number or a class name (the handler resolves it)."""
+
+    id: str
+    priority: int | str | None
+    requested_at: dt.datetime
+    requested_by: str
+
+
 class Inbox(Protocol):
     """What the intake handlers read: new rows (oldest first), the new rows that cannot
-    become tasks as they stand, and abort requests."""
+    become tasks as they stand, abort requests, and recent priority change requests
+    (none when the table has no priority columns)."""
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]: ...
 
     def bad_rows(self) -> list[BadRow]: ...
 
     def abort_rows(self) -> list[AbortRow]: ...
+
+    def priority_rows(self) -> list[PriorityRow]: ...
+
+    def priority_refused(self, row: PriorityRow, why: str) -> None: ...
 
 
 #: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
@@ -135,6 +158,35 @@ def _statements(job: JobTable) -> _Statements:
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
     return _Statements(new_rows, poll, _strays(job))
+
+
+def _priority_requests(job: JobTable) -> sa.Select[Any]:
+    """The priority requests made after ``since``, oldest first; the columns as the
+    driver gives them (``_text``, ``as_timestamp`` check them)."""
+    c = job.c
+    return (sa.select(c.id, sa.type_coerce(c.priority, sa.types.NullType),
+                      sa.type_coerce(c.priority_requested_at, sa.types.NullType),
+                      sa.type_coerce(c.priority_requested_by, sa.types.NullType))
+            .where(c.priority_requested_at
+                   > sa.bindparam("since", type_=c.priority_requested_at.type))
+            .order_by(c.priority_requested_at, c.id))
+
+
+def _priority_value(raw: object) -> int | str | None:
+    """A stored priority: a whole number (also as digits in a text column), a class
+    name, or None; anything else as its text, for the refusal to show."""
+    if isinstance(raw, bool) or raw is None:
+        return None if raw is None else str(raw)
+    if isinstance(raw, int):
+        return raw
+    text = _text(raw)
+    if text is None:
+        return str(raw)
+    stripped = text.strip()
+    try:
+        return int(stripped)
+    except ValueError:
+        return stripped
 
 
 def _strays(job: JobTable) -> sa.CompoundSelect:
@@ -184,6 +236,12 @@ class JobInbox:
         #: Rows of the last scan's window the log knows: not asked about again while
         #: they stay in the window (the set holds that window's rows only).
         self._known: set[str] = set()
+        #: The latest priority request time read, and the refused requests of the
+        #: window it starts (logged once each; the dict holds that window only).
+        self._priority_mark: dt.datetime | None = None
+        self._priority_rescan: dt.datetime | None = None
+        self._priority_refused: dict[tuple[str, dt.datetime], None] = {}
+        self._priority_query = _priority_requests(job) if job.mapping.priority_requests else None
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         sql, names, fixed = self._driver_sql("new_rows", self._statements.new_rows)
@@ -198,6 +256,53 @@ class JobInbox:
 
     def abort_rows(self) -> list[AbortRow]:
         return self.poll().abort_rows()
+
+    def priority_rows(self) -> list[PriorityRow]:
+        """The priority requests made after the latest one read (and, every
+        ``STRAY_SCAN_SECONDS``, after it less ``PRIORITY_MARGIN``, for updates that
+        commit late): one index range on ``priority_requested_at``, however large the
+        table. A request read again changes nothing once applied; one whose tick's
+        append failed is read again at the next rescan. The latest is never taken past
+        the clock, so a request dated in the future cannot hide the ones after it."""
+        if self._priority_query is None:
+            return []
+        mark = self._priority_mark
+        now = self.clock.now() if self.clock is not None else None
+        rescan = now is None or self._priority_rescan is None or now >= self._priority_rescan
+        if mark is not None:
+            since = mark - PRIORITY_MARGIN if rescan else mark
+        elif now is not None:
+            since = now - PRIORITY_FIRST_WINDOW
+        else:
+            since = dt.datetime(1970, 1, 1)
+        if rescan and now is not None:
+            self._priority_rescan = now + dt.timedelta(seconds=STRAY_SCAN_SECONDS)
+        with self.reader.connect() as conn:
+            rows = conn.execute(self._priority_query, {"since": since}).all()
+        found: list[PriorityRow] = []
+        for row_id, priority, requested_at, requested_by in rows:
+            when = as_timestamp(requested_at)
+            task_id = _text(row_id)
+            if when is None or task_id is None:
+                continue
+            mark = when if mark is None or when > mark else mark
+            found.append(PriorityRow(task_id, _priority_value(priority), when,
+                                     _text(requested_by) or "upper-layer"))
+        if mark is not None:
+            mark = min(mark, now) if now is not None else mark
+            self._priority_mark = mark
+            floor = mark - PRIORITY_MARGIN
+            self._priority_refused = {k: None for k in self._priority_refused if k[1] >= floor}
+        return found
+
+    def priority_refused(self, row: PriorityRow, why: str) -> None:
+        """Log a refused request once (it is read again while inside the margin)."""
+        key = (row.id, row.requested_at)
+        if key in self._priority_refused:
+            return
+        self._priority_refused[key] = None
+        log.warning("priority request of %s for task %s (%s) refused: %s", row.requested_by,
+                    row.id, row.priority, why, extra={"task_id": row.id[:STREAM_ID_LENGTH]})
 
     def poll(self, limit: int = 1000) -> InboxPoll:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls
@@ -225,7 +330,7 @@ class JobInbox:
                 bad.append(taken)
         if self.clock is not None:
             self._scan_strays(self.clock.now())
-        return InboxPoll(self, limit, new, bad, aborts)
+        return InboxPoll(self, limit, new, bad, aborts, self.priority_rows())
 
     def _driver_sql(self, key: str, statement: sa.Select[Any] | sa.CompoundSelect,
                     ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
@@ -381,12 +486,13 @@ class InboxPoll:
     than a full poll holds, it reads them from the inbox."""
 
     def __init__(self, inbox: JobInbox, limit: int, new: list[NewRow], bad: list[BadRow],
-                 aborts: list[AbortRow]) -> None:
+                 aborts: list[AbortRow], priorities: list[PriorityRow] | None = None) -> None:
         self.inbox = inbox
         self.limit = limit
         self._new = new
         self._bad = bad
         self._aborts = aborts
+        self._priorities = priorities or []
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         if limit > self.limit and len(self._new) + len(self._bad) >= self.limit:
@@ -398,3 +504,9 @@ class InboxPoll:
 
     def abort_rows(self) -> list[AbortRow]:
         return list(self._aborts)
+
+    def priority_rows(self) -> list[PriorityRow]:
+        return list(self._priorities)
+
+    def priority_refused(self, row: PriorityRow, why: str) -> None:
+        self.inbox.priority_refused(row, why)

@@ -26,6 +26,11 @@ JOB_COLUMNS = (
     "updated_at", "aborting_at", "aborted_at", "cluster_id", "node_pool_name", "job_uid",
     "dispatched_at", "finished_at",
 )
+#: Columns the upper layer may add to ask for a waiting task's priority to change
+#: (``FALCON_JOB_PRIORITY_REQUESTS=true``): the priority wanted, when it was asked (the
+#: inbox reads the rows asked since its last look, by an index on this column) and who
+#: asked. Falcon-ES only reads them.
+PRIORITY_COLUMNS = ("priority", "priority_requested_at", "priority_requested_by")
 #: A name Falcon-ES will put into SQL: what MySQL accepts unquoted (letters, digits,
 #: ``_`` and ``$``, not starting with a digit), at most 64 characters as MySQL allows.
 _IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]{0,63}")
@@ -45,6 +50,9 @@ class JobMapping:
     table: str = DEFAULT_TABLE
     schema: str | None = None
     renamed: tuple[tuple[str, str], ...] = ()
+    #: Whether the table has the ``PRIORITY_COLUMNS`` (priority change requests;
+    #: ``FALCON_JOB_PRIORITY_REQUESTS``, read with the other settings).
+    priority_requests: bool = False
 
     def column(self, name: str) -> str:
         """The table's name for one of Falcon-ES's columns."""
@@ -56,7 +64,12 @@ class JobMapping:
     @property
     def columns(self) -> Mapping[str, str]:
         """Falcon-ES name -> the table's name, for every column Falcon-ES uses."""
-        return MappingProxyType({name: self.column(name) for name in JOB_COLUMNS})
+        return MappingProxyType({name: self.column(name) for name in self.used})
+
+    @property
+    def used(self) -> tuple[str, ...]:
+        """Falcon-ES's names of the columns it uses in this table."""
+        return (*JOB_COLUMNS, *PRIORITY_COLUMNS) if self.priority_requests else JOB_COLUMNS
 
     @property
     def qualified(self) -> str:
@@ -101,10 +114,10 @@ def _columns(raw: str) -> tuple[tuple[str, str], ...]:
             raise JobMappingError(
                 f"{COLUMNS_VARIABLE}={raw!r}: expected falcon_name=table_name pairs "
                 f"separated by commas, found {pair!r}")
-        if falcon not in JOB_COLUMNS:
+        if falcon not in (*JOB_COLUMNS, *PRIORITY_COLUMNS):
             raise JobMappingError(
                 f"{COLUMNS_VARIABLE}={raw!r}: {falcon!r} is not a column Falcon-ES uses; "
-                f"expected one of {', '.join(JOB_COLUMNS)}")
+                f"expected one of {', '.join((*JOB_COLUMNS, *PRIORITY_COLUMNS))}")
         if falcon in renamed:
             raise JobMappingError(f"{COLUMNS_VARIABLE}={raw!r}: {falcon!r} is mapped twice")
         if not _IDENTIFIER.fullmatch(theirs):
@@ -115,12 +128,13 @@ def _columns(raw: str) -> tuple[tuple[str, str], ...]:
     # MySQL compares column names without regard to case, so two columns whose names
     # differ only in case would be one column there.
     owners: dict[str, str] = {}
-    for falcon in JOB_COLUMNS:
+    for falcon in (*JOB_COLUMNS, *PRIORITY_COLUMNS):
         theirs = renamed.get(falcon, falcon).lower()
         if theirs in owners:
             raise JobMappingError(
                 f"{COLUMNS_VARIABLE}={raw!r}: {owners[theirs]} and {falcon} would both be "
                 f"column {renamed.get(falcon, falcon)!r}")
         owners[theirs] = falcon
-    return tuple((falcon, renamed[falcon]) for falcon in JOB_COLUMNS if falcon in renamed
+    return tuple((falcon, renamed[falcon]) for falcon in (*JOB_COLUMNS, *PRIORITY_COLUMNS)
+                 if falcon in renamed
                  and renamed[falcon] != falcon)

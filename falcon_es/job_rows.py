@@ -95,6 +95,37 @@ def request_abort(engine: Engine, task_id: str, now: dt.datetime, *,
     return row.status
 
 
+def request_priority(engine: Engine, task_id: str, priority: int, requester: str,
+                     now: dt.datetime, *, job: JobTable) -> None:
+    """Ask for a waiting task's priority to change, as the upper layer does: write the
+    priority wanted, when and by whom into the row's priority columns (the controller
+    reads them at its next tick). Refused when the table has no such columns or the
+    row is not waiting (``priority`` is checked against the range by the caller)."""
+    if not job.mapping.priority_requests:
+        raise JobRowError(
+            f"the job table {job.mapping.qualified} takes no priority requests: add the "
+            "columns priority, priority_requested_at and priority_requested_by (falcon-es "
+            "db check shows them) and set FALCON_JOB_PRIORITY_REQUESTS=true")
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(job.c.status.label("status"), job.c.reason.label("reason"))
+            .where(job.c.id == task_id).with_for_update()
+        ).first()
+        if row is None:
+            raise JobRowError(f"task {task_id!r} does not exist")
+        if row.status != statuses.PENDING or row.reason != statuses.PendingReason.WAITING:
+            shown = row.status if row.reason is None else f"{row.status}/{row.reason}"
+            detail = ("not taken in yet; give the priority in its spec" if row.status ==
+                      statuses.PENDING and row.reason is None else
+                      "it has ended" if row.status in TERMINAL else "no longer waiting")
+            raise JobRowError(f"task {task_id} is {shown} ({detail}); only a waiting task's "
+                              "priority can change")
+        conn.execute(job.table.update().where(job.c.id == task_id).values(
+            priority=priority, priority_requested_at=now, priority_requested_by=requester,
+            updated_at=now,
+        ))
+
+
 #: The upper layer's own columns, read as the driver gives them: it may have stored
 #: what is not JSON or not a time there, and reading a row must not fail because of it.
 _AS_STORED = frozenset({"name", "actor", "spec", "created_at", "aborting_at"})

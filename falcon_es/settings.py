@@ -206,9 +206,11 @@ def _priorities(env: Mapping[str, str]) -> PriorityPolicy:
 def _job_mapping(env: Mapping[str, str]) -> JobMapping:
     """The job table's names, a bad value reported as every other bad setting is."""
     try:
-        return JobMapping.from_env(env)
+        mapping = JobMapping.from_env(env)
     except JobMappingError as error:
         raise SettingsError(str(error)) from None
+    return dataclasses.replace(
+        mapping, priority_requests=_flag(env, "FALCON_JOB_PRIORITY_REQUESTS", False))
 
 
 def _retry_policies(env: Mapping[str, str]) -> RetryPolicies:

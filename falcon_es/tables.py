@@ -16,7 +16,7 @@ from types import MappingProxyType
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from falcon_es.job_mapping import JOB_COLUMNS, JobMapping
+from falcon_es.job_mapping import JOB_COLUMNS, PRIORITY_COLUMNS, JobMapping
 
 metadata = sa.MetaData()
 
@@ -133,6 +133,11 @@ JOB_COLUMN_KINDS: Mapping[str, type[sa.types.TypeEngine]] = MappingProxyType({
     "aborted_at": sa.DateTime, "cluster_id": sa.String, "node_pool_name": sa.String,
     "job_uid": sa.String, "dispatched_at": sa.DateTime, "finished_at": sa.DateTime,
 })
+#: The same for the optional priority request columns (``PRIORITY_COLUMNS``).
+PRIORITY_COLUMN_KINDS: Mapping[str, type[sa.types.TypeEngine]] = MappingProxyType({
+    "priority": sa.Integer, "priority_requested_at": sa.DateTime,
+    "priority_requested_by": sa.String,
+})
 
 #: Falcon-ES's definition of each job column (type, nullable), used where Falcon-ES
 #: creates the table itself and to type the values it binds.
@@ -153,6 +158,11 @@ _JOB_DEFINITION: Mapping[str, tuple[sa.types.TypeEngine, bool]] = MappingProxyTy
     "job_uid": (sa.String(64), True),
     "dispatched_at": (Timestamp, True),
     "finished_at": (Timestamp, True),
+})
+_PRIORITY_DEFINITION: Mapping[str, tuple[sa.types.TypeEngine, bool]] = MappingProxyType({
+    "priority": (sa.Integer(), True),
+    "priority_requested_at": (Timestamp, True),
+    "priority_requested_by": (sa.String(128), True),
 })
 
 
@@ -177,6 +187,11 @@ WANTED_INDEXES: tuple[WantedIndex, ...] = (
     WantedIndex(("created_at",), "the scan of recent rows Falcon-ES never took in "
                                  "(created_at >= ?); task list order"),
 )
+#: Wanted when the table has the priority request columns.
+PRIORITY_INDEXES: tuple[WantedIndex, ...] = (
+    WantedIndex(("priority_requested_at",), "the poll of every tick for priority change "
+                                            "requests (priority_requested_at > ?)"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,17 +215,33 @@ class JobTable:
 
     def __init__(self, mapping: JobMapping = JobMapping()) -> None:
         self.mapping = mapping
+        definition = dict(_JOB_DEFINITION)
+        if mapping.priority_requests:
+            definition.update(_PRIORITY_DEFINITION)
         columns = [
             sa.Column(mapping.column(name), kind, key=name, nullable=nullable,
                       primary_key=name == "id")
-            for name, (kind, nullable) in _JOB_DEFINITION.items()
+            for name, (kind, nullable) in definition.items()
         ]
         self.table = sa.Table(mapping.table, sa.MetaData(), *columns, schema=mapping.schema)
-        for wanted in WANTED_INDEXES:
+        for wanted in self.wanted_indexes:
             if wanted.columns != ("id",):
                 sa.Index(self.index_name(wanted), *(self.table.c[c] for c in wanted.columns))
         self.c = self.table.c
         self._sql: dict[str, JobSql] = {}
+
+    @property
+    def wanted_indexes(self) -> tuple[WantedIndex, ...]:
+        """The indexes Falcon-ES's queries want on this table."""
+        return (*WANTED_INDEXES, *PRIORITY_INDEXES) if self.mapping.priority_requests \
+            else WANTED_INDEXES
+
+    @property
+    def column_kinds(self) -> Mapping[str, type[sa.types.TypeEngine]]:
+        """Every column Falcon-ES uses here and the type family it must have."""
+        if not self.mapping.priority_requests:
+            return JOB_COLUMN_KINDS
+        return MappingProxyType({**JOB_COLUMN_KINDS, **PRIORITY_COLUMN_KINDS})
 
     def index_name(self, wanted: WantedIndex) -> str:
         """``ix_<table>_<columns>`` in the table's names (``ix_job_status_reason`` by

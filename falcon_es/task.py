@@ -317,6 +317,8 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.TaskMoved():
             return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
                     "moves": event.moves}
+        case ev.PriorityChanged():
+            return {"priority": event.new}
         case ev.SlotYielded():
             # Back in the queue: a later pick starts its reservation checks afresh.
             return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,

@@ -17,6 +17,7 @@ from falcon_es.runtime import Handler
 HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,
     intake.notice_abort_requests,
+    intake.notice_priority_requests,
     # Task lifecycle: outcomes of effects and the edge observations are inputs too;
     # then each phase's decisions.
     outcomes.record_outcomes,

@@ -1,5 +1,5 @@
-"""Intake: new ``job`` rows enter the log (accepted or rejected); abort requests the
-upper layer wrote are folded into the log."""
+"""Intake: new ``job`` rows enter the log (accepted or rejected); abort requests and
+priority change requests the upper layer wrote are folded into the log."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.runtime import Tick
+from falcon_es.scheduling import PriorityChange, PriorityRefused, judge_priority_request
 from falcon_es.spec import INVALID_ID, SpecError, parse_spec
 
 INTAKE_BATCH = 5000
@@ -68,3 +69,26 @@ def notice_abort_requests(tick: Tick, ctx: HandlerContext) -> None:
         phase = "New" if state is None or state.status == chart.NEW else (
             f"{state.status}/{state.reason}" if state.reason else state.status)
         tick.emit(row.id, ev.AbortRequested(row.aborting_at, phase), actor="upper-layer")
+
+
+def notice_priority_requests(tick: Tick, ctx: HandlerContext) -> None:
+    """Priority requests from the job table's optional priority columns (written by
+    the upper layer or ``falcon-es task set-priority``): a waiting task's base priority
+    changes (PriorityChanged, with who asked); any other request is refused and logged
+    once with why. Runs before the scheduling handlers, which bring the queue book up
+    to date with it, so the same tick's picks and positions already follow it. A
+    request of a task that left memory (it ended) brings it back for this tick, so a
+    request applied before it ended is told from one that came too late."""
+    rows = ctx.inbox.priority_rows()
+    unknown = [row.id for row in rows if tick.state(row.id) is None]
+    if unknown:
+        ctx.retired.recall(unknown)
+    for row in rows:
+        verdict = judge_priority_request(row.id, tick.state(row.id), row.priority,
+                                         ctx.settings.priorities)
+        if isinstance(verdict, PriorityChange):
+            tick.emit(row.id, ev.PriorityChanged(verdict.old, verdict.new, row.requested_by,
+                                                 row.requested_at),
+                      actor=f"upper-layer:{row.requested_by}")
+        elif isinstance(verdict, PriorityRefused):
+            ctx.inbox.priority_refused(row, verdict.why)

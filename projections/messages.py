@@ -144,6 +144,7 @@ EN: Mapping[str, Template] = MappingProxyType({
         "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
+    "PriorityChanged": "priority changed from {old} to {new} by {requester}",
     "ReservationInsufficient": (
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
@@ -227,6 +228,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskPicked": "正在 {topology} 上准备资源",
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
+    "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
     "ReservationInsufficient": (
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"

@@ -229,6 +229,9 @@ class QueueView:
         #: (queue, when it took the slot, its state then).
         self.slot_times = SlotTimes()
         self._holding: dict[str, tuple[QueueKey, dt.datetime, str]] = {}
+        #: When each current holder entered each state of its hold, in order (a few
+        #: per holder): the expected remaining time of a holder depends on its state.
+        self._phases: dict[str, list[tuple[str, dt.datetime]]] = {}
         #: Told (task id, when, expected start) for every position rendered to be
         #: written, when set: ``falcon-es simulate`` measures the estimates with it.
         self.predictions: Callable[[str, dt.datetime, dt.datetime], None] | None = None
@@ -317,14 +320,18 @@ class QueueView:
             key: QueueKey = place[1]
             if holding is None or holding[2] != state.state:
                 self._holding[task_id] = (key, holding[1] if holding else at, state.state)
+                self._phases.setdefault(task_id, []).append((state.state, at))
                 self.book.changed.add(key)
             return
         if holding is None:
             return
         del self._holding[task_id]
+        phases = self._phases.pop(task_id, [])
         self.book.changed.add(holding[0])
         if state.status != chart.PENDING:  # not given back to the queue
-            self.slot_times.record(holding[0], (at - holding[1]).total_seconds())
+            self.slot_times.record(holding[0], (at - holding[1]).total_seconds(),
+                                   [(phase, (at - entered).total_seconds())
+                                    for phase, entered in phases])
 
     def wait(self, key: QueueKey, now: dt.datetime) -> Wait:
         """What the queue's waiting tasks wait on at ``now``."""
@@ -333,12 +340,14 @@ class QueueView:
         if state is None:
             return Wait(None, self.slot_times.estimate(key, now, None))
         holding = self._holding.get(state.task_id)
+        phases = self._phases.get(state.task_id)
         since = state.phase_started_at or now
         reservation = (state.message_args if state.message_key == "ReservationInsufficient"
                        else None)
         reason = wait_reason(f"{state.actor}: {state.name}", state.reason or state.status,
                              since, reservation, self.lang)
-        return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since))
+        return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since,
+                                                     phases[-1] if phases else None))
 
     def _rendered(self, key: QueueKey, now: dt.datetime) -> tuple[list[Entry], Wait]:
         """The queue's order and wait, told to ``predictions`` when it is set."""

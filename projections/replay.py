@@ -34,7 +34,8 @@ from falcon_es import chart, db
 from falcon_es import events as ev
 from falcon_es.inbox import as_timestamp
 from falcon_es.log_fold import batched, final_states
-from falcon_es.scheduling import Placement, QueueKey
+from falcon_es.priority import PriorityPolicy
+from falcon_es.scheduling import Placement, QueueBook, QueueKey
 from falcon_es.store import EventStore, RecordedEvent
 from falcon_es.tables import JobTable
 from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
@@ -61,11 +62,13 @@ def fold_log(store: EventStore, until: int | None = None) -> TaskStates:
     return TaskStates(latest.values())
 
 
-def fold_views(store: EventStore, lang: str = "en", until: int | None = None) -> tuple[TaskStates, QueueView]:
+def fold_views(store: EventStore, lang: str = "en", until: int | None = None, *,
+               policy: PriorityPolicy = PriorityPolicy()) -> tuple[TaskStates, QueueView]:
     """Task states and the queue view as of ``until``, in one pass over the log (the
-    queues need the log's order: who was served last, who held a slot)."""
+    queues need the log's order: who was served last, who held a slot). ``policy`` is
+    the configured one (``Settings.priorities``): the pick order depends on it."""
     states = TaskStates()
-    queues = QueueView(states, lang)
+    queues = QueueView(states, lang, QueueBook(policy))
     queues.load(store.read_batches(0, batch_size=5000, until=until))
     return states, queues
 
@@ -101,7 +104,8 @@ class _Unended:
     """What the queues need of a streamed fold: the tasks that have not ended (they
     are the queues' members) and who each queue served last."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: PriorityPolicy) -> None:
+        self.policy = policy
         self.states: list[TaskState] = []
         self.served: dict[QueueKey, str] = {}
 
@@ -111,24 +115,25 @@ class _Unended:
             self.served[(event.cluster_id, event.topology)] = state.actor
 
     def view(self, lang: str) -> QueueView:
-        view = QueueView(TaskStates(self.states), lang)
+        view = QueueView(TaskStates(self.states), lang, QueueBook(self.policy))
         view.load_live(self.states, self.served)
         return view
 
 
 def rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str,
                      until: int | None = None, *, job: JobTable,
-                     refused: list[RecordedEvent] | None = None) -> int:
+                     refused: list[RecordedEvent] | None = None,
+                     policy: PriorityPolicy = PriorityPolicy()) -> int:
     """``rebuild`` of the whole log as of ``until`` (default: the head now), each task's
     row written once its last event is folded, then the waiting tasks' positions."""
-    return _rebuild_streamed(conn, store, lang, until, job, refused)[0]
+    return _rebuild_streamed(conn, store, lang, until, job, refused, policy)[0]
 
 
 def _rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str, until: int | None,
                       job: JobTable, refused: list[RecordedEvent] | None,
-                      ) -> tuple[int, QueueView]:
+                      policy: PriorityPolicy) -> tuple[int, QueueView]:
     """The rows written, and the queues of the tasks that had not ended."""
-    unended = _Unended()
+    unended = _Unended(policy)
     written = 0
     states = final_states(store.reader.connect, until=until, watch=("TaskPicked",),
                           on_watched=unended.picked)
@@ -154,12 +159,13 @@ class Difference:
 
 
 def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None = None,
-           *, job: JobTable, refresh_seconds: float = 0.0) -> list[Difference]:
+           *, job: JobTable, refresh_seconds: float = 0.0,
+           policy: PriorityPolicy = PriorityPolicy()) -> list[Difference]:
     """Rebuild into a scratch SQLite database (a job table of Falcon-ES's own names
     there) and diff it against the live job table (``job``, the settings' mapping),
     streaming: the log as of its head now, the rows a chunk at a time.
     ``refresh_seconds`` is the live controller's position refresh interval (0: every
-    position must be the one at the end of the log)."""
+    position must be the one at the end of the log). ``policy``: the configured one."""
     until = store.head()
     refused = refused_rows(store)
     scratch_job = JobTable()
@@ -169,14 +175,15 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
             scratch_job.table.create(scratch)
             _copy_upper_layer_rows(live, job, scratch, scratch_job)
             with scratch.begin() as conn:
-                _, waiting = _rebuild_streamed(conn, store, lang, until, scratch_job, refused)
+                _, waiting = _rebuild_streamed(conn, store, lang, until, scratch_job, refused,
+                                               policy)
             differences = list(_diff(live, job, scratch, scratch_job))
         finally:
             scratch.dispose()
     differences = _without_wait_notes(differences, waiting, lang)
     if refresh_seconds > 0:
         differences = _without_recent_positions(differences, store, lang, waiting,
-                                                dt.timedelta(seconds=refresh_seconds))
+                                                dt.timedelta(seconds=refresh_seconds), policy)
     return sorted(differences, key=lambda d: d.task_id)
 
 
@@ -192,21 +199,23 @@ def _without_wait_notes(differences: list[Difference], waiting: QueueView,
 
 
 def _without_recent_positions(differences: list[Difference], store: EventStore, lang: str,
-                              waiting: QueueView, interval: dt.timedelta) -> list[Difference]:
+                              waiting: QueueView, interval: dt.timedelta,
+                              policy: PriorityPolicy) -> list[Difference]:
     """Drop the Message differences of tasks waiting at the end of the log whose live
     Message is a position they held within the last ``interval`` of the log."""
     lagging = {d.task_id for d in differences if d.column == "message"
                and isinstance(d.live, str) and waiting.waiting_in(d.task_id) is not None}
     if not lagging:
         return differences
-    held = recent_positions(store, lang, interval, lagging)
+    held = recent_positions(store, lang, interval, lagging, policy=policy)
     return [d for d in differences
             if not (d.column == "message" and isinstance(d.live, str)
                     and position_part(d.live, lang) in held.get(d.task_id, ()))]
 
 
 def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
-                     task_ids: set[str]) -> dict[str, set[str]]:
+                     task_ids: set[str], *,
+                     policy: PriorityPolicy = PriorityPolicy()) -> dict[str, set[str]]:
     """Every position (without its wait note) each of ``task_ids`` had after any event recorded within
     ``interval`` of the log's last event, and just before the first of them. Folded one
     event at a time, so the state after every append is among them; only the queues an
@@ -216,7 +225,7 @@ def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
     if last is None:
         return {}
     start = store.seq_at(last.recorded_at - interval)
-    _, queues = fold_views(store, lang, until=start)
+    _, queues = fold_views(store, lang, until=start, policy=policy)
     book = queues.book
     held: dict[str, set[str]] = {task_id: set() for task_id in task_ids}
     where = {task_id: queues.waiting_in(task_id) for task_id in task_ids}

@@ -511,3 +511,49 @@ def test_bench_cli_bad_input() -> None:
     one_line_failure(cli(None, "bench", "cli", "--server", "mysql+pymysql://root@127.0.0.1:1"),
                      EXIT_DATABASE, "mysql+pymysql://root@127.0.0.1:1: cannot create a scratch")
 
+
+
+# ------------------------------------------------------------------ priority requests
+
+PRIORITY_ENV = {"FALCON_JOB_TABLE": "job_prio", "FALCON_JOB_PRIORITY_REQUESTS": "true"}
+
+
+def test_task_set_priority_writes_the_request_and_refuses_what_cannot_apply(db_url: str) -> None:
+    """The CLI asks as the upper layer does (the row's priority columns, read by the
+    controller's inbox), never appending to the log itself."""
+    assert ok(cli(db_url, "db", "upgrade", "--create-job-table", env=PRIORITY_ENV))
+    prio = JobTable(Settings.from_env(PRIORITY_ENV).job_mapping)
+    engine = db.make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(prio.table.delete())
+    checked = ok(cli(db_url, "db", "check", env=PRIORITY_ENV))
+    assert checked.splitlines()[0] == "job_prio: all 19 columns present with usable types"
+    assert "present  (priority_requested_at) as ix_job_prio_priority_requested_at" in checked
+    task = ok(cli(db_url, "task", "submit", "--actor", "user-a", "--name", "train",
+                  "--tpu-type", "v6e", "--topology", "2x2",
+                  "--image", "us-docker.pkg.dev/p/r/train:1", env=PRIORITY_ENV)).strip()
+    one_line_failure(cli(db_url, "task", "set-priority", task, "50", env=PRIORITY_ENV),
+                     EXIT_BAD_INPUT, f"task {task} is Pending (not taken in yet")
+    app = open_app(Settings(db_url=db_url, job_mapping=prio.mapping), VirtualClock())
+    try:
+        build_service(app.settings, app=app, handlers=(intake.accept_new_rows,)).controller.tick()
+    finally:
+        app.close()
+    assert ok(cli(db_url, "task", "set-priority", task, "high", "--requester", "ops-bob",
+                  env=PRIORITY_ENV)).startswith(f"{task}: priority 100 requested by ops-bob")
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(prio.c.priority, prio.c.priority_requested_by)
+                           .where(prio.c.id == task)).one()
+    assert tuple(row) == (100, "ops-bob")
+    one_line_failure(cli(db_url, "task", "set-priority", task, "500", env=PRIORITY_ENV),
+                     EXIT_BAD_INPUT, "priority 500 is outside the range -100 to 100")
+    one_line_failure(cli(db_url, "task", "set-priority", task, "urgent", env=PRIORITY_ENV),
+                     EXIT_BAD_INPUT, "priority 'urgent'; expected a whole number from -100")
+    one_line_failure(cli(db_url, "task", "set-priority", task, "5"), EXIT_BAD_INPUT,
+                     "the job table job takes no priority requests")
+    with engine.begin() as conn:
+        conn.execute(prio.table.update().where(prio.c.id == task).values(status="Running",
+                                                                         reason=None))
+    engine.dispose()
+    one_line_failure(cli(db_url, "task", "set-priority", task, "5", env=PRIORITY_ENV),
+                     EXIT_BAD_INPUT, f"task {task} is Running (no longer waiting)")

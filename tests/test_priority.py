@@ -241,3 +241,24 @@ def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() 
     assert world.picks[-1].task_id != high
     assert world.view.book.ahead(("c0", "2x2"), 100) == 2  # its holder and fay's
     assert world.view.book.ahead(("c0", "2x2"), -100) == 4
+
+
+def test_a_priority_request_applies_to_a_waiting_task_only_and_says_why_not() -> None:
+    from falcon_es.scheduling import PriorityChange, PriorityRefused, judge_priority_request
+    from falcon_es.task import fold
+
+    accepted = ev.TaskAccepted("t", "user-a", {"priority": 0}, "v6e", "2x2", T0)
+    chosen = ev.ClusterChosen("c-1", "gke-a", "2x2", "only-candidate", ())
+    waiting = fold("t", [(accepted, T0), (chosen, T0)])
+    picked = fold("t", [(accepted, T0), (chosen, T0),
+                        (ev.TaskPicked("c-1", "2x2", "only-waiting", (), None), T0)])
+    assert judge_priority_request("t", waiting, "high", POLICY) == PriorityChange(0, 100)
+    assert judge_priority_request("t", waiting, 0, POLICY) is None  # nothing to record
+    assert judge_priority_request("t", picked, 0, POLICY) is None  # applied before, read again
+    refused = judge_priority_request("t", picked, 5, POLICY)
+    assert isinstance(refused, PriorityRefused)
+    assert "is Pending/Provisioning, no longer waiting" in refused.why
+    refused = judge_priority_request("t", None, 5, POLICY)
+    assert isinstance(refused, PriorityRefused) and "has no task t" in refused.why
+    refused = judge_priority_request("t", waiting, 101, POLICY)
+    assert isinstance(refused, PriorityRefused) and "outside the range" in refused.why

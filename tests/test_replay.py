@@ -267,3 +267,29 @@ def test_replay_without_a_mode_says_what_to_choose(db_url: str) -> None:
     result = cli(db_url, "replay")
     assert result.exit_code == 2
     assert result.stderr.strip() == "falcon-es: replay: choose --verify, --rebuild or --until SEQ|ISO-TIME"
+
+
+def test_replay_orders_the_queues_by_the_configured_aging_rule(app: App, clock: VirtualClock,
+                                                               db_url: str) -> None:
+    """A low-priority task waiting two hours has aged past a newcomer of normal
+    priority under the default rule (10 points per 5 minutes), and not with aging off
+    (FALCON_AGING_POINTS=0): ``replay --until`` shows the configured order."""
+    chosen = ev.ClusterChosen("c-1", "gke-a", "2x2", "only-candidate", ())
+    for task_id, priority in (("old-low", -100), ("new-normal", 0)):
+        submit(app, task_id)
+        accepted = ev.TaskAccepted(task_id, "user-a", {**SPEC, "priority": priority}, "v6e",
+                                   "2x2", clock.now())
+        drive(app, clock, task_id, (accepted, chosen))
+        clock.advance(7200)
+    head = str(app.store.head())
+
+    def order(env: dict[str, str]) -> list[str]:
+        result = CliRunner(env=env).invoke(main, ["--db", db_url, "replay", "--until", head,
+                                                  "--json"])
+        assert result.exit_code == 0, result.output
+        rows = sorted((r for r in json.loads(result.stdout) if r["reason"] == "Waiting"),
+                      key=lambda r: r["message"])
+        return [r["id"] for r in rows]
+
+    assert order({}) == ["old-low", "new-normal"]
+    assert order({"FALCON_AGING_POINTS": "0"}) == ["new-normal", "old-low"]

@@ -208,6 +208,42 @@ def test_tasks_and_aborts_in_plain_sql_run_to_their_end_and_the_table_keeps_its_
     assert upper.definition("job") == before
 
 
+def test_a_priority_change_in_plain_sql_reorders_the_queue(
+        mariadb_url: str, upper: UpperLayer, caplog: pytest.LogCaptureFixture) -> None:
+    """The upper layer adds the optional request columns to its table (its own
+    ``priority`` column is the one Falcon-ES reads) and asks with one UPDATE: the
+    controller records PriorityChanged with who asked, and serves the task next."""
+    from falcon_es import events as ev
+
+    upper.execute(UPPER_JOB)
+    upper.execute("ALTER TABLE job ADD COLUMN priority_requested_at DATETIME(6) NULL, "
+                  "ADD COLUMN priority_requested_by VARCHAR(64) NULL, "
+                  "ADD INDEX ix_job_priority_requested_at (priority_requested_at)")
+    clock = VirtualClock(dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
+    for task in ("train-1", "train-2", "train-3"):
+        upper.execute("INSERT INTO job (id, name, actor, spec) VALUES (%s, %s, %s, %s)",
+                      task, task, "user-a", TASK_SPEC)
+    running = controller(mariadb_url, clock, JobMapping(priority_requests=True))
+    try:
+        running.run(lambda: statuses(upper)["train-1"][1] not in (None, "Waiting"))
+        upper.execute("UPDATE job SET priority = 100, priority_requested_at = "
+                      "UTC_TIMESTAMP(6), priority_requested_by = 'ops-alice' WHERE id = %s",
+                      "train-3")
+        running.run()
+        records = list(running.app.store.read_after(0))
+        picks = [r.stream_id for r in records if isinstance(r.event, ev.TaskPicked)]
+        assert picks == ["train-1", "train-3", "train-2"]
+        (changed,) = [r.event for r in records if isinstance(r.event, ev.PriorityChanged)]
+        assert (changed.old, changed.new, changed.requester) == (0, 100, "ops-alice")
+        assert set(statuses(upper).values()) == {("Succeeded", None)}
+        # Read again after train-3 ended (the minute's look back): applied, not refused.
+        assert not [r for r in caplog.records if "refused" in r.getMessage()]
+        assert replay.verify(running.app.engine, running.app.store, "en",
+                             job=running.app.job) == []
+    finally:
+        running.close()
+
+
 #: The same table as another upper layer named it: other table and column names.
 RENAMED_JOB = """
 CREATE TABLE upper_tasks (

@@ -90,3 +90,23 @@ def test_simulate_measures_each_expected_start_against_the_pick() -> None:
     assert report["tasks_with_estimate"] == 3
     assert report["at_submit"] == {"median": 0.5, "p90": 0.5, "count": 3}
     assert report["at_every_refresh"] == {"median": 0.35, "p90": 0.5, "count": 4}
+
+
+def test_a_holders_remaining_time_follows_its_state() -> None:
+    """A holder Dispatching is seconds from running, one in ClusterBusy may wait long
+    for room: each state's remaining time is measured on its own."""
+    times = SlotTimes()
+    now = dt.datetime(2026, 11, 1, 10)
+    for _ in range(3):  # 20 min holds: 18 of them in ClusterBusy, the last 30 s Dispatching
+        times.record(KEY, 1200.0, [("Pending.Provisioning", 1200.0),
+                                   ("Pending.ClusterBusy", 1140.0),
+                                   ("Pending.Dispatching", 30.0)])
+    held = now - dt.timedelta(minutes=19)
+    dispatching = times.estimate(KEY, now, held, ("Pending.Dispatching", now))
+    assert dispatching is not None and dispatching.first == now + dt.timedelta(seconds=30)
+    busy = times.estimate(KEY, now, held, ("Pending.ClusterBusy", now - dt.timedelta(minutes=4)))
+    assert busy is not None and busy.first == now + dt.timedelta(seconds=1140 - 240)
+    unknown = times.estimate(KEY, now, held, ("Pending.WaitingForNode", now))
+    # No record of that state: the whole hold (past the usual: a quarter of it).
+    assert unknown is not None and unknown.first == now + dt.timedelta(seconds=1200 * FLOOR)
+    assert dispatching.step == dt.timedelta(minutes=20)

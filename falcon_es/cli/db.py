@@ -83,7 +83,7 @@ def db_check(ctx: click.Context, table: str | None) -> None:
         click.echo(db.job_table_ddl(job, app.engine.dialect))
         sys.exit(EXIT_PROBLEM)
     if not problems:
-        click.echo(f"{name}: all {len(db.JOB_COLUMN_KINDS)} columns present with usable types")
+        click.echo(f"{name}: all {len(job.column_kinds)} columns present with usable types")
     for problem in problems:
         click.echo(str(problem), err=True)
     note = db.id_length_note(app.engine, job)

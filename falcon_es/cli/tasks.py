@@ -1,5 +1,7 @@
 """``falcon-es task``: act as the upper layer does on its job table (submit a Pending
-row, list and show rows, request an abort), to try Falcon-ES without that layer."""
+row, list and show rows, request an abort or a priority change), to try Falcon-ES
+without that layer. Requests go through the job table, as the upper layer's do: the
+controller is the log's single writer and its inbox picks them up."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_a
 
 @click.group("task")
 def task_group() -> None:
-    """Act as the upper layer: submit, list, show and abort tasks."""
+    """Act as the upper layer: submit, list, show and abort tasks, change a waiting
+    task's priority."""
 
 
 #: What a task takes besides its spec, in a spec file and as options.
@@ -219,3 +222,30 @@ def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
     before = job_rows.request_abort(engine_of(ctx), task_id, utcnow(), job=job_of(ctx))
     click.echo(f"{task_id}: Aborting (was {before})")
+
+
+@task_group.command("set-priority")
+@click.argument("task_id")
+@click.argument("priority")
+@click.option("--requester", default=None,
+              help="Who asks (recorded in the PriorityChanged event; default: the OS user).")
+@click.pass_context
+@friendly
+def task_set_priority(ctx: click.Context, task_id: str, priority: str,
+                      requester: str | None) -> None:
+    """Change a waiting task's priority: a whole number within the configured range or
+    a class name (FALCON_PRIORITY_CLASSES). Written to the job table's priority columns
+    as the upper layer does; the controller applies it at its next tick."""
+    import getpass
+
+    from falcon_es.priority import PriorityError
+
+    policy = settings_of(ctx).priorities
+    try:
+        value = policy.resolve(int(priority) if priority.lstrip("+-").isdigit() else priority)
+    except PriorityError as error:
+        raise Failure(f"priority {error}") from error
+    who = requester or getpass.getuser()
+    job_rows.request_priority(engine_of(ctx), task_id, value, who, utcnow(), job=job_of(ctx))
+    click.echo(f"{task_id}: priority {value} requested by {who} (the controller applies it "
+               "at its next tick)")
