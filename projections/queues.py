@@ -27,6 +27,7 @@ set to ``Aborting`` is never touched (``WHERE status = 'Pending'``).
 from __future__ import annotations
 
 import datetime as dt
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,14 @@ from falcon_es.store import RecordedEvent
 from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
 from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
+
+#: About how long one slice of the refresh interval lasts: at most one slice of each
+#: changed queue's rows is rendered and compared per slice period, so the rewrite of a
+#: long queue is spread evenly over the interval instead of landing on one tick.
+SLICE_SECONDS = 0.5
+#: Where slice periods are counted from (any fixed moment: it only has to be the same
+#: for every controller, so a successor refreshes each row at the same moments).
+SLICE_EPOCH = dt.datetime(2000, 1, 1)
 
 #: Events that take a retained pool out of the idle set.
 _POOL_GONE = (ev.NodePoolReused, ev.NodePoolDeleteRequested, ev.NodePoolDeleted)
@@ -188,12 +197,22 @@ class QueueView:
         #: Waiting tasks whose row does not hold their position (their own change wrote
         #: it, another writer did, or nobody knows what it holds): written at once.
         self._unwritten: set[str] = set()
-        #: When each queue's rows were last all brought up to date.
-        self._refreshed_at: dict[QueueKey, dt.datetime] = {}
+        #: The interval cut in slices of about ``SLICE_SECONDS``; each waiting row
+        #: belongs to one and is refreshed when its slice's moment comes.
+        interval_us = self.refresh_interval // dt.timedelta(microseconds=1)
+        self.slices = max(1, round(interval_us / (SLICE_SECONDS * 1e6)))
+        self._slice_length = dt.timedelta(microseconds=max(1, interval_us // self.slices))
+        self._slice_of: dict[str, int] = {}
+        #: Queues whose order changed within the last interval (the slice period of
+        #: their last change), and the slices their rows occupy.
+        self._dirty: dict[QueueKey, int] = {}
+        self._occupied: dict[QueueKey, set[int]] = {}
+        #: The moment of the last sweep (None: the next one takes every slice).
+        self._swept_to: dt.datetime | None = None
         # What the refresh in the open transaction wrote, kept once it commits.
         self._staged: dict[str, str] = {}
         self._staged_unwritten: set[str] = set()
-        self._refreshed: set[QueueKey] = set()
+        self._changed_now: set[QueueKey] = set()
         self._staged_at: dt.datetime | None = None
         #: Rows written by the last refresh, and by every committed one (for the
         #: benchmark and tests).
@@ -251,6 +270,7 @@ class QueueView:
             self._unwritten.add(state.task_id)
         else:  # a row that left its queue has its own Message, not a position
             self._unwritten.discard(state.task_id)
+            self._slice_of.pop(state.task_id, None)
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
@@ -285,88 +305,144 @@ class QueueView:
     # ------------------------------------------------------------ positions
     def read_written(self, engine: Engine) -> None:
         """At start, after ``load``: take what the job table holds for the waiting tasks
-        as written, and have every waiting queue refreshed at the first tick. The
-        previous controller may have left a queue up to one interval behind (or stopped
-        before its refresh), and only the rows whose text differs get written."""
+        as written, and have every waiting queue swept whole at the first refresh. The
+        previous controller may have left rows up to one interval behind (or stopped
+        before their slice came), and only the rows whose text differs get written."""
         book = self.book
         queues = book.waiting_queues()
         if not queues:
             return
         with engine.connect() as conn:
             held = {str(row.id): row.message for row in conn.execute(waiting_messages(self.job))}
+        self._swept_to = None
         for key in queues:
             book.changed.add(key)
-            self._refreshed_at.pop(key, None)
             for entry in book.waiting(key):
                 message = held.get(entry.task_id)
                 self._unwritten.discard(entry.task_id)
                 if message is not None:
                     self._written[entry.task_id] = message
 
-    def due_queues(self, now: dt.datetime) -> list[QueueKey]:
-        """Changed queues whose interval has run out (or that have nobody waiting left
-        to write, so they are merely forgotten)."""
-        book, interval, refreshed = self.book, self.refresh_interval, self._refreshed_at
-        due = []
-        for key in book.changed:
-            last = refreshed.get(key)
-            if last is None or now - last >= interval or not book.waiting_count(key):
-                due.append(key)
-        return sorted(due)
+    def _counter(self, moment: dt.datetime) -> int:
+        """The number of the slice period ``moment`` falls in, counted from ``SLICE_EPOCH``
+        (the slice of a period is the number modulo ``slices``)."""
+        return (moment - SLICE_EPOCH) // self._slice_length
+
+    def slice_of(self, task_id: str) -> int:
+        """The task's slice: fixed for its whole wait (CRC-32 of its id, so a restarted
+        controller refreshes each row at the same moments of the interval)."""
+        found = self._slice_of.get(task_id)
+        if found is None:
+            found = zlib.crc32(task_id.encode("utf-8")) % self.slices
+            self._slice_of[task_id] = found
+        return found
+
+    def due_slices(self, now: dt.datetime) -> dict[QueueKey, frozenset[int] | None]:
+        """Per queue that changed within the last interval, the slices to refresh now
+        (None: every slice). A queue that was already changing gets the slices whose
+        moment came since the last sweep; one that changes now after a quiet spell only
+        the slice of this moment (its rows of earlier moments were exact then, and each
+        gets the new order at its own moment within the interval). Every slice at the
+        first sweep, after a whole interval without one, or with no interval."""
+        book = self.book
+        keys = sorted(set(self._dirty) | book.changed)
+        if self._swept_to is None or not self.refresh_interval:
+            return dict.fromkeys(keys)
+        first, last = self._counter(self._swept_to) + 1, self._counter(now)
+        every = last - first + 1 >= self.slices
+        since = None if every else frozenset(n % self.slices for n in range(first, last + 1))
+        fresh = frozenset({last % self.slices} if last >= first else ())
+        return {key: since if key in self._dirty else fresh for key in keys}
 
     def next_refresh(self) -> dt.datetime | None:
         """When the next position write is due (a due source for the loop, which on a
-        virtual clock jumps there): now for a row that needs its position at once, else
-        the end of the interval of the queue that changed first."""
+        virtual clock jumps there): now for a row that needs its position at once or a
+        queue that changed outside an append; else the start of the next slice holding
+        a row of a queue that changed within the last interval."""
         now = self._now()
         if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
             return now
-        book, moments = self.book, []
-        for key in book.changed:
-            if book.waiting_count(key):
-                last = self._refreshed_at.get(key)
-                moments.append(now if last is None else last + self.refresh_interval)
-        return min(moments, default=None)
+        book = self.book
+        if any(book.waiting_count(key) for key in book.changed):
+            return now
+        occupied: set[int] = set()
+        for key in self._dirty:
+            occupied |= self._occupied.get(key, set())
+        if not occupied or self._swept_to is None:
+            return None
+        after = self._counter(self._swept_to) + 1
+        step = next(n for n in range(self.slices) if (after + n) % self.slices in occupied)
+        return SLICE_EPOCH + self._slice_length * (after + step)
 
-    def pending_positions(self, queues: Iterable[QueueKey] | None = None) -> list[tuple[str, str]]:
-        """Rows to write now: in ``queues`` (default: every queue whose order changed)
-        those whose position Message differs from what the job table holds, plus the
-        rows of waiting tasks elsewhere that need theirs at once."""
-        keys = set(self.book.changed if queues is None else queues)
+    def pending_positions(self, due: Mapping[QueueKey, Collection[int] | None] | None = None,
+                          ) -> list[tuple[str, str]]:
+        """Rows to write now: in each queue of ``due`` (default: every queue that
+        changed within the last interval, every slice) the rows of its due slices
+        (None: all) whose position Message differs from what the job table holds, plus
+        the rows of waiting tasks elsewhere that need theirs at once."""
+        if due is None:
+            due = dict.fromkeys(set(self._dirty) | self.book.changed)
         rows: list[tuple[str, str]] = []
         written = self._written
-        for key in sorted(keys):
-            for task_id, message in positions(self.book.pick_order(key), self.lang):
-                if written.get(task_id) != message:
-                    rows.append((task_id, message))
+        for key in sorted(due):
+            order = self.book.pick_order(key)
+            slices = due[key]
+            if slices is None:
+                self._occupied[key] = {self.slice_of(e.task_id) for e in order}
+                rows.extend(row for row in positions(order, self.lang)
+                            if written.get(row[0]) != row[1])
+                continue
+            rows.extend(self._sliced(key, order, slices))
         at_once: dict[QueueKey, set[str]] = {}
         for task_id in self._unwritten:
             waits_in = self.waiting_in(task_id)
-            if waits_in is not None and waits_in not in keys:
+            if waits_in is not None and waits_in not in due:
                 at_once.setdefault(waits_in, set()).add(task_id)
         for key in sorted(at_once):
             rows.extend(positions_of(self.book.pick_order(key), at_once[key], self.lang))
         return rows
 
+    def _sliced(self, key: QueueKey, order: Sequence[Entry],
+                due: Collection[int]) -> list[tuple[str, str]]:
+        """The rows of one queue's ``due`` slices whose text changed and those needed at
+        once (rendering those only), noting which slices the queue's rows occupy (``next_refresh``)."""
+        rows: list[tuple[str, str]] = []
+        if not order:
+            self._occupied.pop(key, None)
+            return rows
+        render = _renderer(order, self.lang)
+        written, slice_of, unwritten = self._written, self.slice_of, self._unwritten
+        occupied = set()
+        for index, entry in enumerate(order):
+            part = slice_of(entry.task_id)
+            occupied.add(part)
+            if part in due or entry.task_id in unwritten:
+                message = render(index)
+                if written.get(entry.task_id) != message:
+                    rows.append((entry.task_id, message))
+        self._occupied[key] = occupied
+        return rows
+
     def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
-        """Write, within the open transaction, the rows needed at once and the queues
-        due (``every_queue``: every changed queue, due or not); kept once it commits."""
+        """Write, within the open transaction, the rows needed at once and the rows of
+        the slices due (``every_queue``: every slice of every queue that changed within
+        the interval); kept once it commits."""
         now = self._now()
-        due = sorted(self.book.changed) if every_queue else self.due_queues(now)
-        rows = self.pending_positions(due)
+        rows = self.pending_positions(None if every_queue else self.due_slices(now))
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
-        self._refreshed.update(due)
+        self._changed_now = set(self.book.changed)
         self._staged_at = now
         self.last_refresh_rows = len(rows)
         return len(rows)
 
     def refresh_due(self, engine: Engine) -> int:
         """Write what is due in a transaction of its own: after a tick that appended
-        nothing, once a queue's interval ran out or another writer moved a row."""
-        now = self._now()
-        if not self._unwritten and not self.due_queues(now):
+        nothing, once a slice's moment came or another writer moved a row."""
+        if not self._unwritten and not self.book.changed and all(
+                slices is not None and not slices
+                for slices in self.due_slices(self._now()).values()):
             return 0
         try:
             with engine.begin() as conn:
@@ -381,18 +457,26 @@ class QueueView:
         self.rows_written += len(self._staged)
         self._written.update(self._staged)
         self._unwritten -= self._staged_unwritten
-        self.book.changed -= self._refreshed
-        for key in self._refreshed:
-            if self.book.waiting_count(key) and self._staged_at is not None:
-                self._refreshed_at[key] = self._staged_at
-            else:
-                self._refreshed_at.pop(key, None)
+        at = self._staged_at
+        if at is not None:
+            self.book.changed -= self._changed_now
+            counter = self._counter(at)
+            for key in self._changed_now:
+                self._dirty[key] = counter
+            self._swept_to = at
+            if not self.refresh_interval:  # every change was written whole
+                self._dirty.clear()
+            # A queue is clean once every slice's moment came after its last change.
+            for key in [k for k, since in self._dirty.items()
+                        if counter - since >= self.slices or not self.book.waiting_count(k)]:
+                del self._dirty[key]
+                self._occupied.pop(key, None)
         self._drop_staged()
 
     def _drop_staged(self) -> None:
         self._staged = {}
         self._staged_unwritten = set()
-        self._refreshed = set()
+        self._changed_now = set()
         self._staged_at = None
 
     def waiting_in(self, task_id: str) -> QueueKey | None:
