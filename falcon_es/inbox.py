@@ -151,9 +151,12 @@ def _strays(job: JobTable) -> sa.CompoundSelect:
             *(sa.and_(c.status > low, c.status < high)
               for low, high in itertools.pairwise(ordered))]
     written = [s for s in ROW_STATUSES if s != statuses.ABORTING]
+    # The status test goes through COALESCE so that no index serves it: SQLite's planner
+    # (no statistics) otherwise prefers the (status, reason) index, where IN matches
+    # nearly every row of a long history, to the created_at range of a day's rows.
     recent = sa.select(*columns, recent_rows).where(
         c.created_at >= sa.bindparam("since", type_=c.created_at.type),
-        c.status.in_(written),
+        sa.func.coalesce(c.status, "").in_(written),
         sa.or_(c.status != statuses.PENDING, c.reason.is_not(None)),
     )
     return sa.union_all(*(sa.select(*columns, unknown).where(gap) for gap in gaps), recent)

@@ -11,17 +11,22 @@ decided) and writes, in bulk (``write_positions``), two kinds of position Messag
   (it just joined a queue, came back to one, or an event of its own replaced its
   Message): the job-table projection has just put the event's Message there, so the
   row must get its position with the same commit, computed from the exact order;
-- at most once per ``refresh_seconds`` per queue, every row of a queue whose pick order
-  changed, and of those only the rows whose text differs from what was written. A
-  queue that changes after a quiet interval is written at once; one that changes
-  again within the interval is written when the interval ends (``next_refresh`` tells
-  the loop when, ``refresh_due`` writes in its own transaction when no append comes).
+- in slices, the rows of every queue whose pick order changed within the last
+  ``refresh_seconds``: each waiting task belongs to one slice of the interval (the
+  CRC-32 of its id modulo ``slices``, about ``SLICE_SECONDS`` each) and its row is
+  rendered, compared and written (only when its text differs from what was written)
+  when its slice's moment comes, once per interval. ``next_refresh`` tells the loop
+  the next moment a slice holding such a row is due; ``refresh_due`` writes it in its
+  own transaction when no append comes.
 
 A pick shifts every position behind it, so without the interval every pick rewrote
-the whole queue; with it a queue is rewritten at most once per interval however
-often it is picked, and no position Message is more than one interval behind the
-order. The exact order is always in the book (``queue_rows``). A row the upper layer
-set to ``Aborting`` is never touched (``WHERE status = 'Pending'``).
+the whole queue; with one rewrite per interval a queue of 100,000 rows was still
+rewritten whole by one tick. In slices, a changed queue is rewritten over the
+interval, a slice per tick, and a row changes at most once per interval: at its own
+moment, which comes within one interval of any change, so no position Message is
+more than one interval behind the order. The exact order is always in the book
+(``queue_rows``). A row the upper layer set to ``Aborting`` is never touched
+(``WHERE status = 'Pending'``).
 """
 
 from __future__ import annotations
