@@ -24,6 +24,7 @@ from falcon_es import db, statuses
 from falcon_es.clock import Clock
 from falcon_es.spec import INVALID_COLUMN, INVALID_ID
 from falcon_es.tables import STREAM_ID_LENGTH, JobTable, task_events
+from falcon_es.timestamps import as_timestamp
 
 log = logging.getLogger("falcon_es.inbox")
 
@@ -349,26 +350,6 @@ def _text(value: Any) -> str | None:
         except UnicodeDecodeError:
             return None
     return None
-
-
-def as_timestamp(value: Any) -> dt.datetime | None:
-    """A DATETIME as the driver returns it: text on SQLite (SQLAlchemy's storage
-    format, which ``fromisoformat`` reads; so does a text column holding ISO times), a
-    datetime from PyMySQL. A time with a zone becomes naive UTC, as Falcon-ES keeps
-    times; None for what is not a time at all (for the caller to refuse)."""
-    if type(value) is dt.datetime:
-        return value if value.tzinfo is None else _naive_utc(value)
-    if isinstance(value, str):
-        try:
-            parsed = dt.datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo is None else _naive_utc(parsed)
-    return None
-
-
-def _naive_utc(value: dt.datetime) -> dt.datetime:
-    return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
 
 def _shown(value: Any) -> str:

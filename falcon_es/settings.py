@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from falcon_es.db import DEFAULT_URL
+from falcon_es.db_urls import DEFAULT_URL
 from falcon_es.job_mapping import JobMapping, JobMappingError
 from falcon_es.retry import RetryConfigError, RetryPolicies
 from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC

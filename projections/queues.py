@@ -212,6 +212,8 @@ class QueueView:
         #: their last change), and the slices their rows occupy.
         self._dirty: dict[QueueKey, int] = {}
         self._occupied: dict[QueueKey, set[int]] = {}
+        #: Per queue: the pick order last sliced and its indexes by slice.
+        self._buckets: dict[QueueKey, tuple[list[Entry], dict[int, list[int]]]] = {}
         #: The moment of the last sweep (None: the next one takes every slice).
         self._swept_to: dt.datetime | None = None
         # What the refresh in the open transaction wrote, kept once it commits.
@@ -407,26 +409,48 @@ class QueueView:
             rows.extend(positions_of(self.book.pick_order(key), at_once[key], self.lang))
         return rows
 
-    def _sliced(self, key: QueueKey, order: Sequence[Entry],
+    def _sliced(self, key: QueueKey, order: list[Entry],
                 due: Collection[int]) -> list[tuple[str, str]]:
         """The rows of one queue's ``due`` slices whose text changed and those needed at
-        once (rendering those only), noting which slices the queue's rows occupy (``next_refresh``)."""
+        once (rendering those only), noting which slices the queue's rows occupy
+        (``next_refresh``)."""
         rows: list[tuple[str, str]] = []
         if not order:
             self._occupied.pop(key, None)
+            self._buckets.pop(key, None)
             return rows
+        buckets, skip = self._buckets_of(key, order)
         render = _renderer(order, self.lang)
-        written, slice_of, unwritten = self._written, self.slice_of, self._unwritten
-        occupied = set()
-        for index, entry in enumerate(order):
-            part = slice_of(entry.task_id)
-            occupied.add(part)
-            if part in due or entry.task_id in unwritten:
-                message = render(index)
-                if written.get(entry.task_id) != message:
-                    rows.append((entry.task_id, message))
-        self._occupied[key] = occupied
+        written = self._written
+        wanted = {i + skip for i, e in enumerate(order) if e.task_id in self._unwritten} \
+            if self._unwritten else set()
+        for part in due:
+            wanted.update(i for i in buckets.get(part, ()) if i >= skip)
+        for index in sorted(wanted):
+            entry, message = order[index - skip], render(index - skip)
+            if written.get(entry.task_id) != message:
+                rows.append((entry.task_id, message))
+        self._occupied[key] = {part for part, at in buckets.items() if at[-1] >= skip}
         return rows
+
+    def _buckets_of(self, key: QueueKey, order: list[Entry]) -> tuple[dict[int, list[int]], int]:
+        """The queue's indexes by slice, and how many tasks have left the head of the
+        order they index since: a pick takes the first task and leaves the rest in order,
+        so the buckets of a queue picked from are reused (a list comparison, done in C)
+        and built again, a Python pass over the queue, only when the order changed
+        otherwise."""
+        cached = self._buckets.get(key)
+        if cached is not None:
+            before, buckets = cached
+            skip = len(before) - len(order)
+            if skip >= 0 and before[skip:] == order:
+                return buckets, skip
+        slice_of = self.slice_of
+        buckets = {}
+        for index, entry in enumerate(order):
+            buckets.setdefault(slice_of(entry.task_id), []).append(index)
+        self._buckets[key] = (order, buckets)
+        return buckets, 0
 
     def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
         """Write, within the open transaction, the rows needed at once and the rows of
@@ -476,6 +500,7 @@ class QueueView:
                         if counter - since >= self.slices or not self.book.waiting_count(k)]:
                 del self._dirty[key]
                 self._occupied.pop(key, None)
+                self._buckets.pop(key, None)
         self._drop_staged()
 
     def _drop_staged(self) -> None:

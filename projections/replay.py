@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
 from falcon_es import events as ev
-from falcon_es.inbox import as_timestamp
+from falcon_es.timestamps import as_timestamp
 from falcon_es.log_fold import batched, final_states
 from falcon_es.scheduling import Placement, QueueKey
 from falcon_es.store import EventStore, RecordedEvent
