@@ -53,7 +53,7 @@ from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_m
 #: About how long one slice of the refresh interval lasts: at most one slice of each
 #: changed queue's rows is rendered and compared per slice period, so the rewrite of a
 #: long queue is spread evenly over the interval instead of landing on one tick.
-SLICE_SECONDS = 0.5
+SLICE_SECONDS = 0.1
 #: Where slice periods are counted from (any fixed moment: it only has to be the same
 #: for every controller, so a successor refreshes each row at the same moments).
 SLICE_EPOCH = dt.datetime(2000, 1, 1)
