@@ -39,7 +39,8 @@ from falcon_es.ports import Ports
 from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
 from falcon_es.projections.queues import QueueView
 from falcon_es.reservation_reads import ReservationReads
-from falcon_es.runtime import AfterCommit, Controller, Handler, TickReport
+from falcon_es.runtime import AfterCommit, Controller, Handler, Tick, TickReport
+from falcon_es.scheduling import QueueBook
 from falcon_es.service import Service
 from falcon_es.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.store import EventStore, InlineProjection, RecordedEvent
@@ -48,6 +49,7 @@ from falcon_es.task import TaskStates
 
 if TYPE_CHECKING:
     from falcon_es.adapters.sim import SimConfig, SimWorld
+    from falcon_es.adapters.sim.persist import WorldStore
     from falcon_es.observability.metrics import Metrics
 
 log = logging.getLogger("falcon_es.bootstrap")
@@ -95,7 +97,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     clock = clock or WallClock()
     job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language, job=job, clock=clock,
+    queue_view = QueueView(tasks, settings.language, QueueBook(settings.priorities),
+                           job=job, clock=clock,
                            refresh_seconds=settings.position_refresh_seconds)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
@@ -149,6 +152,29 @@ def sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | N
     loaded = config if isinstance(config, SimConfig) else load_sim_config(config)
     return SimWorld(clock, loaded, seed=seed, behaviour_source=behaviour_from_tasks(app.tasks),
                     registry=app.cluster_cache.clusters)
+
+
+def saved_sim_world(clock: Clock, config: str | Path | SimConfig | None, seed: int | None,
+                    app: App, store: WorldStore) -> SimWorld:
+    """The world ``store`` saved in ``app``'s database, on ``clock`` (moved up to the
+    world's moment), else a new one (``sim_world``) saved there from now on."""
+    from falcon_es.adapters.sim import behaviour_from_tasks
+    from falcon_es.adapters.sim.persist import SavedWorldError
+
+    try:
+        world = store.load(clock, behaviour_source=behaviour_from_tasks(app.tasks),
+                           registry=app.cluster_cache.clusters)
+    except SavedWorldError as error:
+        raise BackendError(str(error)) from error
+    if world is None:
+        world = sim_world(clock, config, seed, app)
+        store.attach(world)
+        _note_unregistered(app, world)
+    else:
+        log.info("going on in the simulated world saved in the database (its clock at %s, "
+                 "%d cluster(s) simulated); --sim-config and --seed apply to a new world only",
+                 world.now().isoformat(sep=" "), len(world.simulated()))
+    return world
 
 
 def staging_ports(settings: Settings, world: SimWorld,
@@ -231,6 +257,7 @@ def build_service(
     tick_seconds: float = 1.0,
     on_tick: Callable[[TickReport], None] | None = None, ports: Ports | None = None,
     metrics: Metrics | None = None, world: SimWorld | None = None,
+    sim_snapshot_every: int = 0,
     leadership: Leadership | None = None, follow_log: bool = False,
     handlers: Sequence[Handler] = HANDLERS, app: App | None = None,
     before_effects: Sequence[AfterCommit] = (), script: Script | None = None,
@@ -239,7 +266,10 @@ def build_service(
     """A controller, ready to run. ``world`` reuses a simulated world (several
     controllers, or several leadership terms, on one world); ``ports`` are the ports to
     run on instead of the backend's own (the gcp clients built once for every term, or
-    a test's fault-injecting wrapper of the sim's); ``leadership`` fences the loop and
+    a test's fault-injecting wrapper of the sim's); ``sim_snapshot_every`` > 0 keeps
+    the simulated world in the database (loaded from there when ``world`` is None),
+    saved in each commit and compacted every that many saves;
+    ``leadership`` fences the loop and
     every commit with a lease; ``app`` is an app opened already (one whose registry was
     set up first: demo, simulate, bench, a test); ``before_effects`` run after each commit ahead of the effect
     executor (a test's crash points); ``script`` is the upper layer of a run that ends
@@ -251,8 +281,14 @@ def build_service(
             WallClock() if realtime or backend == "gcp" else VirtualClock(utcnow()))
     if app is None:
         app = open_app(settings, clock, metrics=metrics, follow_log=follow_log)
+    world_store: WorldStore | None = None
     if backend == "sim":
-        if world is None:
+        if world is None and sim_snapshot_every > 0:
+            from falcon_es.adapters.sim.persist import WorldStore
+
+            world_store = WorldStore(app.engine, compact_every=sim_snapshot_every)
+            world = saved_sim_world(clock, sim_config, seed, app, world_store)
+        elif world is None:
             world = sim_world(clock, sim_config, seed, app)
             _note_unregistered(app, world)
         # The status handler pulls settings.edge_events_subscription on either backend:
@@ -278,7 +314,7 @@ def build_service(
     executor = EffectExecutor(app.store, app.tasks, settings, ports, app.index,
                               orphans_from=app.live.orphan_start)
     controller = _controller(app, ports, executor, handlers, before_effects=before_effects,
-                             metrics=metrics, leadership=leadership)
+                             metrics=metrics, leadership=leadership, world_store=world_store)
     loop = _loop(app, ports, executor, controller, world, clock, leadership=leadership,
                  on_tick=on_tick, tick_seconds=tick_seconds, script=script,
                  resolution=resolution)
@@ -288,7 +324,8 @@ def build_service(
 
 def _controller(app: App, ports: Ports, executor: EffectExecutor,
                 handlers: Sequence[Handler], *, before_effects: Sequence[AfterCommit],
-                metrics: Metrics | None, leadership: Leadership | None) -> Controller:
+                metrics: Metrics | None, leadership: Leadership | None,
+                world_store: WorldStore | None = None) -> Controller:
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
                      ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
@@ -312,7 +349,15 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
                                        refresh_positions]
     if metrics is not None:
         after_commit.append(metrics.edge_observations_folded)
-    before_commit = (leadership_fence(leadership),) if leadership is not None else ()
+    before_commit: list[Handler] = [leadership_fence(leadership)] if leadership is not None else []
+    if world_store is not None:
+        store = world_store
+
+        def save_world(tick: Tick, ctx: HandlerContext) -> None:
+            # The world as it stands, written with the tick's events or not at all.
+            tick.write(store.save)
+
+        before_commit.append(save_world)
     return Controller(app.store, app.tasks, handlers, make_context,
                       after_commit=after_commit, before_commit=before_commit,
                       reloaded=(app.queue_view.resync, app.index.resync, app.live.resync),

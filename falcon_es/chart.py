@@ -66,7 +66,9 @@ class TaskChart(StateChart):
         NoActiveCluster = waiting.to.itself()
         ClusterChosen = waiting.to.itself()
         TaskRequeued = waiting.to.itself()
+        TaskMoved = waiting.to.itself()
         TaskPicked = waiting.to(provisioning)
+        SlotYielded = cluster_busy.to(waiting)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()
         NodePoolReused = provisioning.to(dispatching) | cluster_busy.to(dispatching)
         NodePoolCreateRequested = (
@@ -78,8 +80,13 @@ class TaskChart(StateChart):
         NodePoolReady = provisioning.to(dispatching) | waiting_for_node.to(dispatching)
         JobSubmitRequested = dispatching.to.itself()
         JobSubmitted = dispatching.to.itself()
-        PodsPending = dispatching.to.itself()
-        PodsRefused = dispatching.to.itself()
+        # An autoscaled pool's workload is submitted first: its pods then wait for the
+        # nodes the autoscaler brings (WaitingForNode); pending for another cause, or
+        # refused, they are Dispatching's again.
+        NodesAwaited = dispatching.to(waiting_for_node) | waiting_for_node.to.itself()
+        NodeWaitExtended = waiting_for_node.to.itself()
+        PodsPending = dispatching.to.itself() | waiting_for_node.to(dispatching)
+        PodsRefused = dispatching.to.itself() | waiting_for_node.to(dispatching)
 
     running = State("Running")
     succeeded = State("Succeeded")
@@ -99,9 +106,12 @@ class TaskChart(StateChart):
     )
     NodePoolTimedOut = pending.provisioning.to(failed) | pending.waiting_for_node.to(failed)
     JobSubmitFailed = pending.dispatching.to(failed) | aborting.to.itself()
-    PodsRunning = pending.dispatching.to(running) | running.to.itself()
-    JobSucceeded = pending.dispatching.to(succeeded) | running.to(succeeded)
-    JobFailed = pending.dispatching.to(failed) | running.to(failed)
+    PodsRunning = (pending.dispatching.to(running) | pending.waiting_for_node.to(running)
+                   | running.to.itself())
+    JobSucceeded = (pending.dispatching.to(succeeded) | pending.waiting_for_node.to(succeeded)
+                    | running.to(succeeded))
+    JobFailed = (pending.dispatching.to(failed) | pending.waiting_for_node.to(failed)
+                 | running.to(failed))
     TaskTimedOut = pending.dispatching.to(failed) | running.to(failed)
     JobDeleteRequested = (
         running.to.itself() | failed.to.itself() | aborting.to.itself()

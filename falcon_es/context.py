@@ -49,4 +49,4 @@ class HandlerContext:
 
     @property
     def spec_limits(self) -> SpecLimits:
-        return SpecLimits(self.settings.default_timeout_seconds, self.settings.max_timeout_seconds, self.settings.max_slices)
+        return self.settings.spec_limits

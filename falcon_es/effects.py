@@ -263,11 +263,14 @@ class EffectExecutor:
     def _create_pool(self, intent: Intent, state: TaskState, cluster: Cluster,
                      now: dt.datetime) -> None:
         """Create the task's pool (a multi-slice task's pools, one after another: a
-        re-issued create adopts those an earlier attempt made)."""
+        re-issued create adopts those an earlier attempt made; a partial create's
+        request names the slices it creates)."""
         request = state.pool_request
         supply_mode = str(request.get("supply_mode") or state.supply_mode or "")
         operations: list[str] = []
-        for name in naming.pool_group(intent.name, int(request.get("slices") or 1)):
+        group = naming.pool_group(intent.name, int(request.get("slices") or 1))
+        for name in group[int(request.get("first_slice") or 0):
+                          int(request.get("upto") or 0) or len(group)]:
             spec = NodePoolSpec(
                 cluster=cluster,
                 name=name,
@@ -459,7 +462,9 @@ class EffectExecutor:
         if intent.kind == IntentKind.ORPHAN_DELETE:
             self._queue(intent, ev.OrphanPoolDeleted(intent.cluster_id, intent.name), now)
         else:
-            self._queue(intent, ev.NodePoolDeleted(intent.name), now)
+            state = self.tasks.get(intent.stream_id)
+            others = state.node_pools[1:] if state is not None else ()
+            self._queue(intent, ev.NodePoolDeleted(intent.name, others), now)
 
     def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,
                        error: PortError) -> None:

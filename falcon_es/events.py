@@ -141,10 +141,42 @@ class TaskPicked(Event):
 
     cluster_id: str
     topology: str
-    why: str  # only-waiting | fifo | round-robin
+    why: str  # only-waiting | fifo | round-robin | priority
     candidates: tuple[JsonDict, ...]  # the earliest actors' heads (at most 10)
     last_actor: str | None
     actors_waiting: int = 0  # how many actors had a candidate
+    #: The winner's base priority, the effective priority served, and every base
+    #: priority compared ({"priority", "effective", "waiting"}, highest first).
+    priority: int = 0
+    effective: int = 0
+    priorities: tuple[JsonDict, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskMoved(Event):
+    """Re-placement: the waiting task moved to another active cluster of its TPU type
+    where the slot was free, since its own queue's slot holder had been stuck (in
+    ``holder_reason`` for ``held_seconds``)."""
+
+    from_cluster_id: str
+    from_cluster_name: str
+    to_cluster_id: str
+    to_cluster_name: str
+    holder_reason: str
+    held_seconds: int
+    moves: int  # this task's moves so far, this one included
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotYielded(Event):
+    """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
+    full) and a waiting task of higher effective priority took its place; it waits in
+    its queue again."""
+
+    to_task: str
+    to_name: str
+    to_effective: int  # the effective priority served next
+    effective: int  # the yielding task's own
 
 
 # Provisioning
@@ -178,6 +210,11 @@ class NodePoolCreateRequested(Event):
     #: Pools of this request: a multi-slice task's N, ``pool_name`` the first of them
     #: and the others named after it (``naming.pool_group``).
     slices: int = 1
+    #: A partial create (``FALCON_MULTISLICE_PARTIAL_CREATE``): this request creates the
+    #: group's slices ``first_slice`` .. ``upto`` - 1 (``upto`` 0: up to the last); the
+    #: slices before ``first_slice`` were created by earlier requests of the task.
+    first_slice: int = 0
+    upto: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +236,39 @@ class NodePoolNotVisible(Event):
 
 @dataclasses.dataclass(frozen=True)
 class NodesNotReady(Event):
+    """A fixed-size pool's control plane is RUNNING but not all its nodes are Ready."""
+
     pool_name: str
     ready: int
     total: int
     attempt: int
+    #: Nodes registered with Kubernetes (None in events recorded before it was kept).
+    registered: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodesAwaited(Event):
+    """An autoscaled (flex-start) pool's workload is submitted and its pods wait for
+    the cluster autoscaler to bring nodes: the pool's counts and the autoscaler's (or
+    the scheduler's) words, which lead the Message as the root cause."""
+
+    pool_name: str
+    expected: int
+    registered: int
+    ready: int
+    control_plane: str
+    cause: str
+    resource_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeWaitExtended(Event):
+    """The wait for nodes reached its deadline and the pool is kept (single-tenant
+    retention: no task of another topology waits on the cluster): GKE keeps trying
+    until a node is Ready or the task is aborted; looked at again later."""
+
+    pool_name: str
+    waited_seconds: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +289,8 @@ class NodePoolTimedOut(Event):
     failure_reason: ClassVar[str | None] = "NodePoolTimeout"
     pool_name: str
     waited_seconds: int
+    #: What the wait showed last (the autoscaler's words, the node counts): the cause.
+    cause: str = ""
 
 
 # Dispatch and status
@@ -358,11 +426,16 @@ class NodePoolRetained(Event):
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleteRequested(Event):
     pool_name: str
+    #: A multi-slice task's other pools, deleted with ``pool_name`` (in slice order),
+    #: so the event, and the Message rendered from it, names every pool.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class NodePoolDeleted(Event):
     pool_name: str
+    #: As in ``NodePoolDeleteRequested``: every other pool of the group is gone too.
+    slice_pools: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,14 +535,14 @@ class RowRefused(Event):
 
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, ReservationInsufficient, NodePoolReused,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, ReservationInsufficient, NodePoolReused,
     NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
     NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
     JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
     JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
     NodePoolRetained, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused,
+    PodsRefused, NodesAwaited, NodeWaitExtended,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,

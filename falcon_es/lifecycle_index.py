@@ -221,14 +221,20 @@ class LifecycleIndex:
             hosts.pop(task_id, None)
             if not hosts:
                 del self._reserving[previous]
-        reservation = state.pool_request.get("reservation")
+        request = state.pool_request
+        reservation = request.get("reservation")
         if (reservation and state.cluster_id
                 and state.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
-                and state.pool_disposition != PoolDisposition.DELETED):
+                and state.pool_disposition != PoolDisposition.DELETED
+                # A partial create waiting for the rest: its creates are done, its VMs
+                # are in inUseCount.
+                and state.reason != chart.PendingReason.CLUSTER_BUSY):
             key = (state.cluster_id, str(reservation))
+            slices = int(request.get("slices") or 1)
+            creating = (int(request.get("upto") or 0) or slices) - int(
+                request.get("first_slice") or 0)
             self._reserving.setdefault(key, {})[task_id] = int(
-                state.pool_request.get("node_count") or 0) * int(
-                state.pool_request.get("slices") or 1)
+                request.get("node_count") or 0) * creating
             self._reserves[task_id] = key
 
     def reserving(self, cluster_id: str, reservation: str, *, besides: str = "") -> int:

@@ -9,8 +9,9 @@ then id) and a sorted list of the actors' heads.
 The rules (see README, 'Scheduling'):
 
 - Cluster choice: candidates are the active clusters of the task's TPU type. A cluster
-  holding an idle, retained pool of the task's topology wins; otherwise the one whose
-  (cluster, topology) queue is shortest; ties go to the cluster name, then its id.
+  holding an idle, retained pool of the task's topology wins; otherwise the one where
+  the fewest would be ahead of it (the slot holder and the waiting tasks of its
+  priority or higher); ties go to the cluster name, then its id.
 - One acquisition slot per queue. A task takes it when picked and keeps it until it is
   Running or terminal. A slot holder being aborted keeps the slot until the abort ends
   (its pool create or Job submit may still be in flight).
@@ -32,12 +33,13 @@ import dataclasses
 import enum
 import datetime as dt
 import heapq
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from sortedcontainers import SortedList
 
 from falcon_es import chart
+from falcon_es.priority import PriorityPolicy
 from falcon_es.registry import Cluster
 from falcon_es.spec import RESERVATION
 from falcon_es.task import TaskState
@@ -59,6 +61,7 @@ WHY_TIE_BREAK = "tie-break"
 WHY_ONLY_WAITING = "only-waiting"
 WHY_FIFO = "fifo"
 WHY_ROUND_ROBIN = "round-robin"
+WHY_PRIORITY = "priority"
 
 
 
@@ -85,12 +88,13 @@ class Entry:
     tpu_type: str
     topology: str
     order: Order  # (submitted_at, task_id), kept so the hot paths build no tuples
+    priority: int = 0  # the base priority (aging is worked out when picking)
 
     @classmethod
     def of(cls, state: TaskState) -> Entry:
         submitted = state.submitted_at or _EPOCH
         return cls(state.task_id, state.actor, state.name, submitted, state.tpu_type,
-                   state.topology, (submitted, state.task_id))
+                   state.topology, (submitted, state.task_id), state.priority)
 
 
 Place = tuple[str, Any]  # (kind, QueueKey or TPU type)
@@ -138,8 +142,12 @@ class PickDecision:
     why: str
     actors_waiting: int
     last_actor: str | None
-    heads: tuple[tuple[dt.datetime, str, str], ...]  # the earliest heads, at most 10
+    heads: tuple[Head, ...]  # the earliest heads of the bands served, at most 10
     names: tuple[str, ...]
+    #: The effective priority served and every band compared: (base, effective,
+    #: waiting) per base priority waiting in the queue, highest base first.
+    effective: int = 0
+    bands: tuple[tuple[int, int, int], ...] = ()
 
     def candidates(self) -> tuple[dict[str, Any], ...]:
         skip = self.actors_waiting > 1
@@ -149,6 +157,11 @@ class PickDecision:
              **({"skipped": "served last"} if skip and actor == self.last_actor else {})}
             for (submitted, task_id, actor), name in zip(self.heads, self.names)
         )
+
+    def priorities(self) -> tuple[dict[str, int], ...]:
+        """The bands compared, for the TaskPicked record."""
+        return tuple({"priority": base, "effective": level, "waiting": count}
+                     for base, level, count in self.bands)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +197,8 @@ def choose_cluster(
     idle_pools: Collection[QueueKey],
     supply_mode: str | None = None,
 ) -> ClusterChoice | NoMatch | NoneActive:
-    """Pick the cluster for a task; ``depth(key)`` is the number of tasks queued or
-    acquiring in a (cluster, topology) queue; ``idle_pools`` holds the queues where an
+    """Pick the cluster for a task; ``depth(key)`` is the number of tasks that would be
+    ahead of it in a (cluster, topology) queue (``QueueBook.ahead``); ``idle_pools`` holds the queues where an
     idle, retained pool of that topology sits. A task that asks for the reservation
     supply mode goes only to clusters with a default reservation: elsewhere its pool
     could never be created. It waits while those are all inactive, and fails when its
@@ -221,29 +234,45 @@ def choose_cluster(
     return ClusterChoice(best_rows[0][0], why, candidates)
 
 
+#: A slot holder in one of these states that long makes its queue's waiting tasks
+#: candidates to move (the world, not the queue, is what holds them up).
+STUCK_REASONS = (chart.PendingReason.CLUSTER_BUSY, chart.PendingReason.WAITING_FOR_NODE)
+
+
+def move_target(tpu_type: str, topology: str, from_cluster: str, clusters: Sequence[Cluster],
+                book: QueueBook, supply_mode: str | None) -> Cluster | None:
+    """Where a waiting task of a stuck queue would start at once: another active
+    cluster of its TPU type (with a reservation when the task asks for one) whose queue
+    for its topology has nobody waiting and the slot free; the first by name."""
+    for cluster in sorted(clusters, key=lambda c: (c.name, c.id)):
+        if (cluster.id == from_cluster or cluster.tpu_type != tpu_type
+                or cluster.status != ACTIVE
+                or (supply_mode == RESERVATION and not cluster.default_reservation)):
+            continue
+        key = (cluster.id, topology)
+        if not book.holders(key) and not book.waiting_count(key):
+            return cluster
+    return None
+
+
 # --------------------------------------------------------------------- the queues
 
+Head = tuple[dt.datetime, str, str]  # (submitted_at, task_id, actor): an actor's earliest
 
-class _Queue:
-    """One (cluster, topology) queue: per-actor FIFOs, their heads, the slot, running."""
 
-    __slots__ = ("fifo", "heads", "holders", "key", "last_actor", "order", "running",
-                 "waiting")
+class _Band:
+    """The waiting tasks of one base priority in one queue: per-actor FIFOs and the
+    sorted list of their heads (today's rule works on these)."""
 
-    def __init__(self, key: QueueKey) -> None:
-        self.key = key
+    __slots__ = ("count", "fifo", "heads")
+
+    def __init__(self) -> None:
         self.fifo: dict[str, SortedList] = {}  # actor -> SortedList[Order]
-        self.heads: SortedList = SortedList()  # (submitted_at, task_id, actor)
-        self.waiting: dict[str, Entry] = {}
-        self.holders: set[str] = set()
-        self.running: set[str] = set()
-        self.last_actor: str | None = None
-        #: The simulated pick order, cached: (entries, offset of the next one, the
-        #: actor served last that the entries from the offset assume).
-        self.order: tuple[list[Entry], int, str | None] | None = None
+        self.heads: SortedList = SortedList()  # Head
+        self.count = 0
 
     def add(self, entry: Entry) -> None:
-        self.order = None
+        self.count += 1
         fifo = self.fifo.get(entry.actor)
         order = entry.order
         if fifo is None:
@@ -252,19 +281,16 @@ class _Queue:
             self.heads.remove((*fifo[0], entry.actor))
         else:
             fifo.add(order)
-            self.waiting[entry.task_id] = entry
             return
         fifo.add(order)
         self.heads.add((*order, entry.actor))
-        self.waiting[entry.task_id] = entry
 
     def remove(self, entry: Entry) -> None:
-        self._advance_order(entry)
+        self.count -= 1
         fifo = self.fifo[entry.actor]
         order = entry.order
         was_head = fifo[0] == order
         fifo.remove(order)
-        del self.waiting[entry.task_id]
         if not was_head:
             return
         self.heads.remove((*order, entry.actor))
@@ -273,26 +299,72 @@ class _Queue:
         else:
             del self.fifo[entry.actor]
 
+
+class _Queue:
+    """One (cluster, topology) queue: its waiting tasks banded by base priority, the
+    slot, the running count."""
+
+    __slots__ = ("bands", "holders", "key", "last_actor", "order", "running", "waiting")
+
+    def __init__(self, key: QueueKey) -> None:
+        self.key = key
+        self.bands: dict[int, _Band] = {}  # base priority -> its tasks
+        self.waiting: dict[str, Entry] = {}
+        self.holders: set[str] = set()
+        self.running: set[str] = set()
+        self.last_actor: str | None = None
+        #: The simulated pick order, cached: (entries, offset of the next one, the
+        #: actor served last that the entries from the offset assume, the aging
+        #: interval it was computed in; None while one band makes aging irrelevant).
+        self.order: tuple[list[Entry], int, str | None, int | None] | None = None
+
+    def add(self, entry: Entry) -> None:
+        self.order = None
+        band = self.bands.get(entry.priority)
+        if band is None:
+            band = self.bands[entry.priority] = _Band()
+        band.add(entry)
+        self.waiting[entry.task_id] = entry
+
+    def remove(self, entry: Entry) -> None:
+        self._advance_order(entry)
+        band = self.bands[entry.priority]
+        band.remove(entry)
+        if not band.fifo:
+            del self.bands[entry.priority]
+        del self.waiting[entry.task_id]
+
     def _advance_order(self, entry: Entry) -> None:
         """Removing the task the simulation takes next leaves exactly the state after
         that pick (same waiting tasks, that task's actor served last), so the rest of
         the cached order stays valid; any other removal invalidates it."""
         cached = self.order
         if cached is not None:
-            entries, offset, _ = cached
+            entries, offset, _, epoch = cached
             if offset < len(entries) and entries[offset] is entry:
-                self.order = (entries, offset + 1, entry.actor)
+                self.order = (entries, offset + 1, entry.actor, epoch)
                 return
         self.order = None
 
-    def pick_order(self) -> list[Entry]:
+    def pick_order(self, policy: PriorityPolicy, now: dt.datetime) -> list[Entry]:
+        epoch = policy.epoch(now) if len(self.bands) > 1 else None
         cached = self.order
-        if cached is not None and cached[2] == self.last_actor:
-            entries, offset, _ = cached
+        if cached is not None and cached[2] == self.last_actor and cached[3] == epoch:
+            entries, offset, _, _ = cached
             return entries[offset:]
-        entries = list(_simulate(self))
-        self.order = (entries, 0, self.last_actor)
+        entries = list(_simulate(self, policy, now))
+        self.order = (entries, 0, self.last_actor, epoch)
         return entries[:]
+
+    def tied(self, policy: PriorityPolicy, now: dt.datetime) -> tuple[int, list[int]]:
+        """The highest effective priority among the bands (a band ages as its earliest
+        task) and the bands that have it, highest base first."""
+        bands = self.bands
+        if len(bands) == 1:
+            (base,) = bands
+            return policy.effective(base, bands[base].heads[0][0], now), [base]
+        return _highest((base, policy.effective(base, bands[base].heads[0][0], now))
+                        for base in sorted(bands, reverse=True))
 
     @property
     def depth(self) -> int:
@@ -300,6 +372,29 @@ class _Queue:
 
     def is_empty(self) -> bool:
         return not (self.waiting or self.holders or self.running) and self.last_actor is None
+
+
+def _highest(levels: Iterable[tuple[int, int]]) -> tuple[int, list[int]]:
+    """Of (base, effective) pairs, the highest effective and the bases that have it."""
+    best = 0
+    tied: list[int] = []
+    for base, level in levels:
+        if not tied or level > best:
+            best, tied = level, [base]
+        elif level == best:
+            tied.append(base)
+    return best, tied
+
+
+def _choose(candidates: Sequence[Head], last: str | None) -> tuple[Head, bool]:
+    """Today's rule on the candidates (sorted earliest first): the earliest, unless its
+    actor was served last and another actor has one. Returns (winner, skipped)."""
+    first = candidates[0]
+    if first[2] == last:
+        for head in candidates[1:]:
+            if head[2] != last:
+                return head, True
+    return first, False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +411,8 @@ class QueueSnapshot:
 class QueueBook:
     """Every live task's place in the queues, with an undo journal per tick."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: PriorityPolicy = PriorityPolicy()) -> None:
+        self.policy = policy
         self._where: dict[str, tuple[Place, Entry]] = {}
         self._queues: dict[QueueKey, _Queue] = {}
         self._unplaced: dict[str, dict[str, Entry]] = {}
@@ -366,10 +462,25 @@ class QueueBook:
                 self._move(state.task_id, None)
             return
         if current is not None and current[0] == target:
+            if current[1].priority == state.priority:
+                return
+            entry = dataclasses.replace(current[1], priority=state.priority)
+            self._journal(state.task_id, current)
+            self._move(state.task_id, None)
+            self._move(state.task_id, (target, entry))
             return
         entry = current[1] if current is not None else Entry.of(state)
         self._journal(state.task_id, current)
         self._move(state.task_id, (target, entry))
+
+    def mark_aged(self, now: dt.datetime) -> None:
+        """Mark changed the queues whose order aging may have changed: those with more
+        than one base priority whose order was computed in an earlier interval."""
+        epoch = self.policy.epoch(now)
+        for key, queue in self._queues.items():
+            cached = queue.order
+            if len(queue.bands) > 1 and (cached is None or cached[3] != epoch):
+                self.changed.add(key)
 
     def served(self, key: QueueKey, actor: str) -> None:
         queue = self._queue(key)
@@ -443,6 +554,15 @@ class QueueBook:
         queue = self._queues.get(key)
         return queue.depth if queue else 0
 
+    def ahead(self, key: QueueKey, priority: int) -> int:
+        """How many a newcomer of ``priority`` would find ahead of it in the queue: the
+        slot holder and the waiting tasks of its priority or higher. O(b)."""
+        queue = self._queues.get(key)
+        if queue is None:
+            return 0
+        return len(queue.holders) + sum(band.count for base, band in queue.bands.items()
+                                        if base >= priority)
+
     def idle_pool_queues(self) -> frozenset[QueueKey]:
         return frozenset(self._idle_pools.values())
 
@@ -486,59 +606,97 @@ class QueueBook:
         return sum(len(q.waiting) for q in self._queues.values())
 
     # ---------------------------------------------------------------- the rule
-    def decide(self, key: QueueKey) -> PickDecision | None:
-        """Who gets this queue's slot now: O(log n), no mutation."""
+    def decide(self, key: QueueKey, now: dt.datetime) -> PickDecision | None:
+        """Who gets this queue's slot at ``now``: the band (base priority) whose
+        earliest task has the highest effective priority, and within it (or across
+        the bands tied with it) today's rule. O(b log n) for b bands, no mutation."""
         queue = self._queues.get(key)
-        if queue is None or not queue.heads:
+        if queue is None or not queue.waiting:
             return None
-        heads = queue.heads
-        first = heads[0]
-        if len(heads) > 1 and first[2] == queue.last_actor:
-            chosen, why = heads[1], WHY_ROUND_ROBIN
+        level, tied = queue.tied(self.policy, now)
+        bands = queue.bands
+        if len(tied) == 1:
+            heads = bands[tied[0]].heads
+            recorded = tuple(heads.islice(0, CANDIDATES_RECORDED))
+            actors = len(heads)
         else:
-            chosen = first
+            recorded = tuple(sorted(h for b in tied
+                                    for h in bands[b].heads.islice(0, CANDIDATES_RECORDED))
+                             )[:CANDIDATES_RECORDED]
+            actors = len({h[2] for b in tied for h in bands[b].heads})
+        # The earliest head of another actor than the last served is a band's first
+        # or second (one head per actor in a band).
+        chosen, skipped = _choose(recorded[:2] if len(tied) == 1 else sorted(
+            h for b in tied for h in bands[b].heads.islice(0, 2)), queue.last_actor)
+        if skipped:
+            why = WHY_ROUND_ROBIN
+        elif len(tied) < len(bands):
+            why = WHY_PRIORITY
+        else:
             why = WHY_ONLY_WAITING if len(queue.waiting) == 1 else WHY_FIFO
         waiting = queue.waiting
-        recorded = tuple(heads.islice(0, CANDIDATES_RECORDED))
-        return PickDecision(key, waiting[chosen[1]], why, len(heads), queue.last_actor,
-                            recorded, tuple(waiting[h[1]].name for h in recorded))
+        compared = tuple(
+            (base, self.policy.effective(base, bands[base].heads[0][0], now), bands[base].count)
+            for base in sorted(bands, reverse=True))
+        return PickDecision(key, waiting[chosen[1]], why, actors, queue.last_actor,
+                            recorded, tuple(waiting[h[1]].name for h in recorded),
+                            level, compared)
 
-    def pick_order(self, key: QueueKey) -> list[Entry]:
-        """The waiting tasks in the order the pick rule would take them if nothing
-        else arrived: O(n log a) for n tasks of a actors, and a list copy after a pick
-        (a pick takes the order's first task, the rest stays valid)."""
+    def pick_order(self, key: QueueKey, now: dt.datetime) -> list[Entry]:
+        """The waiting tasks in the order the pick rule would take them at ``now`` if
+        nothing else arrived: O(n (b + log a)) for n tasks of a actors in b bands, and a
+        list copy after a pick (a pick takes the order's first task, the rest stays
+        valid until the aging grid's next interval)."""
         queue = self._queues.get(key)
         if queue is None:
             return []
-        return queue.pick_order()
+        return queue.pick_order(self.policy, now)
 
-    def snapshot(self, key: QueueKey) -> QueueSnapshot:
-        return QueueSnapshot(key, self.holders(key), tuple(self.pick_order(key)),
+    def snapshot(self, key: QueueKey, now: dt.datetime) -> QueueSnapshot:
+        return QueueSnapshot(key, self.holders(key), tuple(self.pick_order(key, now)),
                              self.running(key), self.last_actor(key))
 
-    def check(self) -> None:
+    def check(self, now: dt.datetime) -> None:
         """Raise AssertionError if an internal invariant is broken (tests use it)."""
         for key, queue in self._queues.items():
             assert len(queue.holders) <= 1, f"queue {key} has holders {queue.holders}"
-            assert len(queue.heads) == len(queue.fifo), f"queue {key}: heads and FIFOs differ"
-            assert sum(len(f) for f in queue.fifo.values()) == len(queue.waiting)
-            for actor, fifo in queue.fifo.items():
-                assert (*fifo[0], actor) in queue.heads
-            fresh = list(_simulate(queue))
-            assert queue.pick_order() == fresh, f"queue {key}: cached pick order is stale"
+            count = 0
+            for base, band in queue.bands.items():
+                assert band.fifo, f"queue {key}: band {base} is empty"
+                assert len(band.heads) == len(band.fifo), f"queue {key}: heads and FIFOs differ"
+                for actor, fifo in band.fifo.items():
+                    assert (*fifo[0], actor) in band.heads
+                    assert all(queue.waiting[o[1]].priority == base for o in fifo)
+                    count += len(fifo)
+                assert band.count == sum(len(f) for f in band.fifo.values())
+            assert count == len(queue.waiting)
+            fresh = list(_simulate(queue, self.policy, now))
+            assert queue.pick_order(self.policy, now) == fresh, (
+                f"queue {key}: cached pick order is stale")
 
 
-def _simulate(queue: _Queue) -> Iterator[Entry]:
-    """Run the pick rule forward on a heap of the actors' heads. The heads list is
-    already sorted (a valid heap); an actor's FIFO is copied to a list only when the
-    simulation reaches its second task, so the whole run is O(n log a)."""
-    heap = [((submitted, task_id), actor, 0) for submitted, task_id, actor in queue.heads]
-    fifos = queue.fifo
-    copies: dict[str, list[Order]] = {}
+_Lane = list[tuple[Order, str, int]]  # a band's heap of (order, actor, index in FIFO)
+
+
+def _simulate(queue: _Queue, policy: PriorityPolicy, now: dt.datetime) -> Iterator[Entry]:
+    """Run the pick rule forward at ``now`` (effective priorities as they stand then).
+    One band is the rule of old on a heap of the actors' heads, O(n log a); with more,
+    each step first finds the bands whose earliest task has the highest effective
+    priority, O(n (b + log a)). An actor's FIFO is copied to a list only when the
+    simulation reaches its second task."""
     waiting = queue.waiting
     last = queue.last_actor
+    lanes: dict[int, _Lane] = {
+        base: [((submitted, task_id), actor, 0) for submitted, task_id, actor in band.heads]
+        for base, band in queue.bands.items()}
+    copies: dict[tuple[int, str], list[Order]] = {}
     pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    while heap:
+    single = len(lanes) == 1
+    while lanes:
+        if single:
+            (base, heap), = lanes.items()
+        else:
+            base, heap = _served_lane(lanes, policy, now, last)
         if heap[0][1] == last and len(heap) > 1:
             skipped = pop(heap)
             order, actor, index = replace(heap, skipped)
@@ -547,9 +705,36 @@ def _simulate(queue: _Queue) -> Iterator[Entry]:
         yield waiting[order[1]]
         last = actor
         index += 1
-        fifo = fifos[actor]
+        fifo = queue.bands[base].fifo[actor]
         if index < len(fifo):
-            copy = copies.get(actor)
+            copy = copies.get((base, actor))
             if copy is None:
-                copy = copies[actor] = list(fifo)
+                copy = copies[(base, actor)] = list(fifo)
             push(heap, (copy[index], actor, index))
+        if not heap:
+            del lanes[base]
+
+
+def _served_lane(lanes: dict[int, _Lane], policy: PriorityPolicy, now: dt.datetime,
+                 last: str | None) -> tuple[int, _Lane]:
+    """The band the next pick serves: of those whose earliest task has the highest
+    effective priority, the one holding today's rule's winner among their heads."""
+    _, tied = _highest((base, policy.effective(base, heap[0][0][0], now))
+                       for base, heap in lanes.items())
+    if len(tied) == 1:
+        return tied[0], lanes[tied[0]]
+    # Each lane's earliest head, and its second when the earliest is the last actor's
+    # (the second smallest of a heap is one of its first three entries).
+    heads: list[tuple[Order, str, int]] = []
+    for base in tied:
+        heap = lanes[base]
+        heads.append((heap[0][0], heap[0][1], base))
+        if heap[0][1] == last and len(heap) > 1:
+            second = min(heap[1:3])
+            heads.append((second[0], second[1], base))
+    heads.sort()
+    chosen, _ = _choose([(o[0], o[1], a) for o, a, _ in heads], last)
+    for order, actor, base in heads:
+        if order[1] == chosen[1]:
+            return base, lanes[base]
+    raise AssertionError("the chosen head is in no lane")

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 
 from falcon_es.db_urls import DEFAULT_URL
 from falcon_es.job_mapping import JobMapping, JobMappingError
+from falcon_es.priority import DEFAULT_CLASSES, PriorityError, PriorityPolicy, parse_classes
 from falcon_es.retry import RetryConfigError, RetryPolicies
+from falcon_es.spec import SpecLimits
 from falcon_es.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 
 LANGUAGES = ("en", "zh")
@@ -42,6 +44,12 @@ class Settings:
     max_timeout_seconds: int = 7 * 24 * 3600
     #: The most slices one task may ask for (``FALCON_MAX_SLICES``).
     max_slices: int = 4
+    #: A multi-slice task on a reservation with room for some of its slices creates
+    #: those and holds them while it waits for the rest (``FALCON_MULTISLICE_PARTIAL_CREATE``).
+    #: Off: nothing is created until every slice fits, so a waiting task holds no slice
+    #: another task could run on, and two tasks each holding part of what both need
+    #: can never wait on each other.
+    multislice_partial_create: bool = False
     controller_id: str = "falcon-controller"
     # Task lifecycle: where Jobs run, how long steps may take, how often to retry.
     job_namespace: str = "falcon-jobs"
@@ -65,6 +73,10 @@ class Settings:
     #: JobSubmitFailed; a refusal that clears within it costs nothing.
     failed_create_grace_seconds: int = 600
     flex_start_provisioning_timeout_seconds: int = 4 * 3600
+    #: Single-tenant retention: when a task's wait for nodes reaches its deadline and no
+    #: task of another topology waits on its cluster, keep the pool (GKE keeps trying)
+    #: until a node is Ready or the task is aborted, instead of failing NodePoolTimeout.
+    retain_waiting_pool: bool = True
     #: Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
     #: waiting on the world through the log). ``FALCON_RETRY_<API>_<FIELD>``.
     retry: RetryPolicies = dataclasses.field(default_factory=RetryPolicies)
@@ -90,6 +102,23 @@ class Settings:
     #: reservation-remaining gauge and ``falcon-es clusters`` (one read per reservation
     #: and topology per interval, whatever the errors).
     reservation_read_seconds: int = 60
+    #: Priority classes and aging (``FALCON_PRIORITY_CLASSES``, ``FALCON_AGING_POINTS``,
+    #: ``FALCON_AGING_INTERVAL``): see README, 'Scheduling'.
+    priorities: PriorityPolicy = PriorityPolicy()
+    #: A slot holder that has not created a pool yet (ClusterBusy: its reservation is
+    #: full) gives the slot up to a waiting task of higher effective priority.
+    preempt_cluster_busy: bool = True
+    #: A waiting task moves to another active cluster of its TPU type whose slot is
+    #: free once its own queue's slot holder has been in ClusterBusy or WaitingForNode
+    #: this long; at most ``max_moves`` times.
+    replace_after_seconds: int = 900
+    max_moves: int = 3
+
+    @property
+    def spec_limits(self) -> SpecLimits:
+        """What a task's spec is checked against."""
+        return SpecLimits(self.default_timeout_seconds, self.max_timeout_seconds,
+                          self.max_slices, self.priorities)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -106,6 +135,8 @@ class Settings:
             default_timeout_seconds=_int(env, "FALCON_DEFAULT_TIMEOUT", cls.default_timeout_seconds),
             max_timeout_seconds=_int(env, "FALCON_MAX_TIMEOUT", cls.max_timeout_seconds),
             max_slices=_count(env, "FALCON_MAX_SLICES", cls.max_slices),
+            multislice_partial_create=_flag(env, "FALCON_MULTISLICE_PARTIAL_CREATE",
+                                            cls.multislice_partial_create),
             controller_id=env.get("FALCON_CONTROLLER_ID") or env.get("HOSTNAME")
             or cls.controller_id,
             job_namespace=env.get("FALCON_JOB_NAMESPACE") or cls.job_namespace,
@@ -138,12 +169,38 @@ class Settings:
             flex_start_provisioning_timeout_seconds=_int(
                 env, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
                 cls.flex_start_provisioning_timeout_seconds),
+            retain_waiting_pool=_flag(env, "FALCON_RETAIN_WAITING_POOL",
+                                      cls.retain_waiting_pool),
             scale_down_reservation_seconds=_int(
                 env, "FALCON_SCALE_DOWN_RESERVATION", cls.scale_down_reservation_seconds),
             scale_down_flex_start_seconds=_int(
                 env, "FALCON_SCALE_DOWN_FLEX_START", cls.scale_down_flex_start_seconds),
             retry=_retry_policies(env),
+            priorities=_priorities(env),
+            preempt_cluster_busy=_flag(env, "FALCON_PREEMPT_CLUSTER_BUSY",
+                                       cls.preempt_cluster_busy),
+            replace_after_seconds=_int(env, "FALCON_REPLACE_AFTER_SECONDS",
+                                       cls.replace_after_seconds),
+            max_moves=_count(env, "FALCON_MAX_MOVES", cls.max_moves),
         )
+
+
+def _priorities(env: Mapping[str, str]) -> PriorityPolicy:
+    """The classes and the aging rule; a bad value is reported as every bad setting."""
+    raw = env.get("FALCON_PRIORITY_CLASSES", "").strip()
+    try:
+        classes = parse_classes(raw) if raw else DEFAULT_CLASSES
+    except PriorityError as error:
+        raise SettingsError(f"FALCON_PRIORITY_CLASSES={raw!r}: {error}") from None
+    points_raw = env.get("FALCON_AGING_POINTS", "").strip()
+    try:
+        points = int(points_raw) if points_raw else PriorityPolicy.points
+    except ValueError:
+        raise SettingsError(f"FALCON_AGING_POINTS={points_raw!r}: expected a whole number") from None
+    if points < 0:
+        raise SettingsError(f"FALCON_AGING_POINTS={points_raw!r}: must be 0 (no aging) or more")
+    return PriorityPolicy(classes, points,
+                          _int(env, "FALCON_AGING_INTERVAL", PriorityPolicy.interval_seconds))
 
 
 def _job_mapping(env: Mapping[str, str]) -> JobMapping:
@@ -173,6 +230,20 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise SettingsError(f"{name}={raw!r}: must be positive")
     return value
+
+
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A yes/no setting: true/false (also 1/0, yes/no, on/off, any case)."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise SettingsError(f"{name}={raw!r}: expected true or false")
+    return value in _TRUE
 
 
 def _count(env: Mapping[str, str], name: str, default: int) -> int:

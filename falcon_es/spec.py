@@ -14,10 +14,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from falcon_es.priority import PriorityError, PriorityPolicy
 from falcon_es.tpu import TPU_TYPES, TopologyError, slice_shape
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
+
+
+def autoscaled(supply_mode: str | None) -> bool:
+    """A flex-start pool is created with autoscaling 0..N and no nodes: the cluster
+    autoscaler adds nodes only for Pending pods that need them, so its workload is
+    submitted as soon as the control plane is RUNNING. Reservation and on-demand pools
+    are fixed-size: their nodes come with the create, and the workload follows them."""
+    return supply_mode == FLEX_START
+
+
 #: Reasons of rows failed before their spec is read: a column of the row holds what
 #: Falcon-ES cannot use; the row's id does not fit the log.
 INVALID_COLUMN = "InvalidColumn"
@@ -34,7 +45,7 @@ FORBIDDEN_FIELDS = frozenset({
 })
 KNOWN_FIELDS = frozenset({
     "image", "command", "args", "env", "tpu_type", "topology", "supply_mode",
-    "timeout_seconds", "display_name", "sim", "slices", "max_restarts",
+    "timeout_seconds", "display_name", "sim", "slices", "max_restarts", "priority",
 })
 MAX_STRING = 4096
 MAX_LIST = 256
@@ -67,6 +78,8 @@ class SpecLimits:
     max_timeout_seconds: int = 7 * 24 * 3600
     #: The most slices (node pools, one JobSet child Job each) one task may ask for.
     max_slices: int = 1
+    #: The priority classes and range a spec's ``priority`` is read against.
+    priorities: PriorityPolicy = PriorityPolicy()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +106,8 @@ class TaskSpec:
     slices: int = 1
     #: Whole-JobSet restarts (``failurePolicy.maxRestarts``) of a multi-slice task.
     max_restarts: int = 0
+    #: Higher is served first (a class name in the spec is stored as its value).
+    priority: int = 0
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -162,11 +177,16 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
     if display_name is not None:
         display_name = _string(data, "display_name", max_length=255)
     slices, max_restarts = _slices(data, limits)
+    try:
+        priority = limits.priorities.resolve(data.get("priority", 0))
+    except PriorityError as error:
+        raise SpecError("InvalidField", "priority", _short(str(error), 300)) from None
     return TaskSpec(
         image=image, tpu_type=tpu_type, topology=topology,
         command=_strings(data, "command"), args=_strings(data, "args"), env=_env(data),
         supply_mode=supply_mode, timeout_seconds=timeout, display_name=display_name,
         sim=_sim(data.get("sim")), slices=slices, max_restarts=max_restarts,
+        priority=priority,
     )
 
 

@@ -80,6 +80,37 @@ last_served = sa.Table(
     sa.Column("actor", sa.String(128), nullable=False),
 )
 
+#: The sim backend's world kept beside the log (``falcon_es.adapters.sim.persist``):
+#: one row per named world (``seq`` counts its saves, ``snapshot_seq`` is the save the
+#: objects table holds, ``moment`` the world's clock at the last save), the compacted
+#: snapshot of its objects, and the objects changed by each save since (``blob`` NULL:
+#: the object is gone). Written in the controller's commit transaction.
+sim_worlds = sa.Table(
+    "sim_worlds", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("snapshot_seq", sa.BigInteger, nullable=False),
+    sa.Column("moment", Timestamp, nullable=False),
+    sa.Column("objects", sa.Integer, nullable=False),
+)
+#: A pickled world object; LONGBLOB on MySQL/MariaDB (a BLOB stops at 64 KiB).
+Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+sim_world_objects = sa.Table(
+    "sim_world_objects", metadata,
+    sa.Column("world", sa.String(64), primary_key=True),
+    sa.Column("key", sa.String(32), primary_key=True),
+    sa.Column("kind", sa.String(255), nullable=False),
+    sa.Column("blob", Blob, nullable=False),
+)
+sim_world_changes = sa.Table(
+    "sim_world_changes", metadata,
+    sa.Column("world", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("key", sa.String(32), primary_key=True),
+    sa.Column("kind", sa.String(255), nullable=False),
+    sa.Column("blob", Blob, nullable=True),
+)
+
 clusters = sa.Table(
     "clusters", metadata,
     sa.Column("id", sa.String(36), primary_key=True),

@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 from falcon_es import chart, naming
 from falcon_es import events as ev
 
-#: Events that describe a pool after the task ended: they add a note to the Message
-#: and leave the main message (the task's result) alone.
+#: Events that describe a pool after the task ended (or, NodeWaitExtended, that its
+#: wait for nodes goes on): they add a note to the Message and leave the main message
+#: (the task's result, the wait's cause) alone.
 _NOTE_EVENTS = (
     ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
-    ev.NodePoolDeleteFailed, ev.AbortIgnored,
+    ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended,
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested)
@@ -35,6 +36,7 @@ STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
     "reservation-check": frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
                                     "NodePoolFailed"}),
 })
+_WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
@@ -51,6 +53,10 @@ class TaskState:
     tpu_type: str = ""
     topology: str = ""
     submitted_at: dt.datetime | None = None
+    #: The priority the task is served by (the spec's; higher first).
+    priority: int = 0
+    #: Times the task moved to another cluster while it waited (``TaskMoved``).
+    moves: int = 0
     cluster_id: str | None = None
     cluster_name: str | None = None
     node_pool_name: str | None = None
@@ -80,8 +86,12 @@ class TaskState:
     pool_requested_at: dt.datetime | None = None
     pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
     pool_operation: str | None = None  # the GKE create operation ("" when adopted)
-    #: The create operations of a multi-slice task's other pools (slices 1..N-1).
+    #: The create operations of a multi-slice task's other pools (slices 1..N-1; of a
+    #: partial create's continuation, its pools after the first).
     slice_operations: tuple[str, ...] = ()
+    #: How many slices' pools have been asked for (0: none yet); fewer than ``slices``
+    #: while a partial create waits for the rest.
+    slices_requested: int = 0
     pool_from_task: str | None = None  # the task that handed its pool over to this one
     retained_for: str | None = None  # the task this task's pool was handed over to
     retry_kind: str | None = None  # the event type of the step being retried
@@ -97,6 +107,11 @@ class TaskState:
     #: When the Job controller's current run of pod-create refusals was first folded
     #: (``PodsRefused``, not transient): the grace before JobSubmitFailed counts from it.
     refused_since: dt.datetime | None = None
+    #: When the pods of a submitted workload began waiting for an autoscaled pool's
+    #: nodes (``NodesAwaited``), and when that wait was last extended
+    #: (``NodeWaitExtended``): the node deadline counts from them.
+    awaiting_nodes_since: dt.datetime | None = None
+    wait_extended_at: dt.datetime | None = None
     abort_phase: str | None = None
 
     @property
@@ -140,7 +155,7 @@ class TaskState:
         multi-slice task, the pools named after it."""
         if self.node_pool_name is None:
             return ()
-        return naming.pool_group(self.node_pool_name, self.slices)
+        return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
 
     @property
     def is_terminal(self) -> bool:
@@ -183,6 +198,14 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     elif not isinstance(event, _SILENT_EVENTS):
         fields["message_event"] = event
     fields.update(_fields_from(event, state, recorded_at))
+    if current == _WAITING_FOR_NODE and target != current:
+        # The nodes came (or the wait ended otherwise): the Job's own timeout counts
+        # from here, not from a submit that preceded hours of waiting for capacity.
+        fields["awaiting_nodes_since"] = fields["wait_extended_at"] = None
+        if type(fields["note_event"]) is ev.NodeWaitExtended:
+            fields["note_event"] = None
+        if state.job_uid is not None and status in (chart.PENDING, chart.RUNNING):
+            fields["dispatched_at"] = recorded_at
     return _built(fields)
 
 
@@ -247,10 +270,18 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                 fields.update(
                     spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
                     submitted_at=event.submitted_at,
+                    priority=int(event.spec.get("priority") or 0),
                 )
             return fields
         case ev.ClusterChosen():
             return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+        case ev.TaskMoved():
+            return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
+                    "moves": event.moves}
+        case ev.SlotYielded():
+            # Back in the queue: a later pick starts its reservation checks afresh.
+            return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,
+                    "api_retries": {}}
         case ev.TaskRequeued():
             return {"cluster_id": None, "cluster_name": None}
         case ev.NodePoolReused():
@@ -259,7 +290,8 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolCreateRequested():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
                     "pool_intent": "create-requested", "pool_requested_at": at,
-                    "pool_operation": None, "pool_request": event.to_data()}
+                    "pool_operation": None, "pool_request": event.to_data(),
+                    "slices_requested": event.upto or event.slices}
         case ev.NodePoolCreateStarted():
             return {"pool_intent": "create-started", "pool_operation": event.operation,
                     "slice_operations": event.slice_operations}
@@ -282,6 +314,12 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.PodsPending():
             return {"pending_diagnosis": event.diagnosis, "refused_since": None,
                     "last_resource_version": event.resource_version}
+        case ev.NodesAwaited():
+            return {"awaiting_nodes_since": state.awaiting_nodes_since or at,
+                    "pending_diagnosis": event.cause, "refused_since": None,
+                    "last_resource_version": event.resource_version}
+        case ev.NodeWaitExtended():
+            return {"wait_extended_at": at}
         case ev.PodsRefused():
             since = None if event.transient else (state.refused_since or at)
             return {"pending_diagnosis": event.message, "refused_since": since,

@@ -23,6 +23,8 @@ HANDLERS: tuple[Handler, ...] = (
     status.fold_observations,
     scheduling.requeue_from_inactive_clusters,
     scheduling.choose_clusters,
+    scheduling.move_from_stuck_queues,
+    scheduling.yield_busy_slots,
     scheduling.fill_free_slots,
     abort.advance_aborts,
     timeouts.enforce_deadlines,

@@ -97,7 +97,7 @@ class PoolDecider:
             self.promised.add(taker.task_id)
             self.tick.emit(state.task_id, ev.NodePoolRetained(pool, taker.task_id))
         else:
-            self.tick.emit(state.task_id, ev.NodePoolDeleteRequested(pool))
+            self.tick.emit(state.task_id, delete_requested(state))
 
     def check_retained(self, holder: TaskState) -> None:
         """A retained pool stays promised while its taker can still take it."""
@@ -114,7 +114,13 @@ class PoolDecider:
             self.tick.emit(holder.task_id, ev.NodePoolRetained(holder.node_pool_name,
                                                                other.task_id))
         else:
-            self.tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name))
+            self.tick.emit(holder.task_id, delete_requested(holder))
+
+
+def delete_requested(state: TaskState) -> ev.NodePoolDeleteRequested:
+    """The delete of the task's pool, naming every pool of a multi-slice group."""
+    first, *others = state.node_pools
+    return ev.NodePoolDeleteRequested(first, tuple(others))
 
 
 def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext) -> bool:
@@ -151,7 +157,7 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
         elif holder.pool_disposition == PoolDisposition.DELETE_FAILED:
             due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings)
             if due is None or ctx.now >= due:
-                tick.emit(holder.task_id, ev.NodePoolDeleteRequested(holder.node_pool_name or ""))
+                tick.emit(holder.task_id, delete_requested(holder))
 
 
 def _ended_with_pools(states: Iterable[TaskState]) -> list[TaskState]:

@@ -11,15 +11,21 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
    slice) against the N slices the task needs; too few -> ReservationInsufficient
    (Pending/ClusterBusy with both numbers), tried again after a backoff and never
    silently replaced by another supply mode. No pool is created until all N fit, so a
-   waiting multi-slice task holds no slices.
+   waiting multi-slice task holds no slices -- unless ``multislice_partial_create``
+   (``FALCON_MULTISLICE_PARTIAL_CREATE``) is on: then the slices that fit are created
+   at once and held, and once their creates are done the rest is asked for the same
+   way (ClusterBusy, with the slices still needed, while none fits).
 3. NodePoolCreateRequested (an intent; the effect executor creates the pool with its
    deterministic name; N pools named after the first for N slices) ->
    NodePoolCreateStarted(operations) -> follow the operations:
    failed -> NodePoolFailed with the API's words; done -> look at the pool: a 404
    within the create-visibility grace -> NodePoolNotVisible (look again later); ERROR
-   -> NodePoolFailed; RUNNING with fewer Ready nodes than the slice has ->
-   NodesNotReady (Pending/WaitingForNode with the counts, retried with backoff);
-   every node Ready -> NodePoolReady (Dispatching).
+   -> NodePoolFailed; an autoscaled (flex-start) pool RUNNING -> NodePoolReady at once
+   (Dispatching: its nodes come only for the workload's pending pods, and the status
+   handler shows the wait for them as WaitingForNode); a fixed-size pool RUNNING with
+   fewer Ready nodes than the slice has -> NodesNotReady (Pending/WaitingForNode with
+   the registered and Ready counts, retried with backoff); every node Ready ->
+   NodePoolReady (Dispatching).
 
 The deadline (NodePoolTimedOut) is enforced by ``handlers.timeouts``. The pool's
 scale-down-unneeded time follows the supply mode actually used.
@@ -42,7 +48,7 @@ from falcon_es.retry import (
 )
 from falcon_es.runtime import Tick
 from falcon_es.settings import Settings
-from falcon_es.spec import FLEX_START, ON_DEMAND, RESERVATION
+from falcon_es.spec import FLEX_START, ON_DEMAND, RESERVATION, autoscaled
 from falcon_es.task import TaskState
 from falcon_es.tpu import slice_shape
 
@@ -146,6 +152,7 @@ class _Provisioner:
         shape = slice_shape(state.tpu_type, state.topology)
         pool = naming.pool_name(state.task_id, state.topology)
         reservation = None
+        upto = 0  # every slice still to create
         if supply_mode == RESERVATION:
             reservation = cluster.default_reservation
             if not reservation:
@@ -153,18 +160,22 @@ class _Provisioner:
                     pool, f"supply mode reservation was asked for, but cluster {cluster.name} "
                           "has no reservation"))
                 return
-            if not self._reserve(state, cluster, reservation, pool):
+            granted = self._reserve(state, cluster, reservation, pool)
+            if not granted:
                 return
+            if state.slices_requested + granted < state.slices:
+                upto = state.slices_requested + granted
         self.tick.emit(state.task_id, ev.NodePoolCreateRequested(
             pool_name=pool, supply_mode=supply_mode, machine_type=shape.machine_type,
             node_count=shape.hosts, reservation=reservation,
             scale_down_unneeded_seconds=scale_down_seconds(supply_mode, self.ctx.settings),
-            slices=state.slices,
+            slices=state.slices, first_slice=state.slices_requested, upto=upto,
         ))
 
-    def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> bool:
-        """True when the reservation has every slice this task needs (less what creates
-        granted earlier in this tick will take)."""
+    def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> int:
+        """The slices the reservation grants this task now (less what creates granted
+        earlier in this tick will take): every slice it still needs, or none; with
+        ``multislice_partial_create``, as many as fit."""
         shape = slice_shape(state.tpu_type, state.topology)
         try:
             remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
@@ -181,14 +192,16 @@ class _Provisioner:
         in_flight = granted + self.ctx.index.reserving(cluster.id, reservation,
                                                        besides=state.task_id)
         remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
-        needed = state.slices
+        needed = state.slices - state.slices_requested
         if remaining < needed:
-            self.tick.emit(state.task_id, ev.ReservationInsufficient(
-                reservation, max(remaining, 0), needed,
-                next_attempt(state, "ReservationInsufficient")))
-            return False
+            if not (self.ctx.settings.multislice_partial_create and remaining > 0):
+                self.tick.emit(state.task_id, ev.ReservationInsufficient(
+                    reservation, max(remaining, 0), needed,
+                    next_attempt(state, "ReservationInsufficient")))
+                return 0
+            needed = remaining  # a part now, the rest once it fits
         self.granted_hosts[key] = granted + needed * shape.hosts
-        return True
+        return needed
 
     def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
         """Compute did not answer the capacity read: record the attempt (the Message
@@ -205,6 +218,10 @@ class _Provisioner:
     # ------------------------------------------------------------------ follow
     def follow(self, state: TaskState, cluster: Cluster) -> None:
         pool = state.node_pool_name or ""
+        if state.reason == chart.PendingReason.CLUSTER_BUSY:
+            # A partial create holding its first slices, waiting for room for the rest.
+            self.acquire(state, cluster)
+            return
         if state.retry_kind in _POLL_KINDS:
             # Looking again after a 404 or unready nodes: the create operation had
             # finished without error before either was recorded, and a finished
@@ -222,7 +239,7 @@ class _Provisioner:
             if operation.error:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, operation.error))
                 return
-        ready = 0
+        ready = registered = 0
         for name in state.node_pools:
             try:
                 info = self.ports.node_pools.get(cluster, name)
@@ -240,18 +257,28 @@ class _Provisioner:
             if info.status != "RUNNING":
                 self._look_again_later(state)  # still provisioning, or being repaired
                 return
+            if autoscaled(state.supply_mode):
+                continue  # its nodes come for the workload's pods: no need to count
             try:
-                ready += self.ports.edges.for_cluster(cluster).node_counts(name).ready
+                counts = self.ports.edges.for_cluster(cluster).node_counts(name)
             except PortError as error:
                 log.warning("nodes of pool %s on %s: %s", name, cluster.name, error)
                 self._look_again_later(state)
                 return
-        total = slice_shape(state.tpu_type, state.topology).hosts * state.slices
-        if ready >= total:
+            ready += counts.ready
+            registered += counts.registered
+        total = slice_shape(state.tpu_type, state.topology).hosts * len(state.node_pools)
+        partial = state.slices_requested < state.slices
+        if ready >= total and partial:
+            # The part created is up (its VMs count in inUseCount now): ask for the rest.
+            self.acquire(state, cluster)
+        elif ready >= total or autoscaled(state.supply_mode):
             self.tick.emit(state.task_id, ev.NodePoolReady(pool, ready))
+        elif partial:
+            self._look_again_later(state)  # no WaitingForNode before every slice is asked for
         else:
             self.tick.emit(state.task_id, ev.NodesNotReady(
-                pool, ready, total, next_attempt(state, "NodesNotReady")))
+                pool, ready, total, next_attempt(state, "NodesNotReady"), registered))
 
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll

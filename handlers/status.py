@@ -24,6 +24,10 @@ What an observation means:
   deleted (its pods would otherwise wait forever);
 - the Job's Complete condition -> JobSucceeded;
 - every pod running -> PodsRunning "n/n active" (Running; the queue's slot frees);
+- pods pending on an autoscaled (flex-start) pool short of Ready nodes -> NodesAwaited
+  (Pending/WaitingForNode): the pool's expected, registered and Ready node counts,
+  led by the edge cluster's diagnosis (the cluster autoscaler's words: a stockout, a
+  quota); once the nodes are there, pods still pending are PodsPending again;
 - pods pending -> PodsPending with the edge cluster's upstream diagnosis (no pod
   capacity, a missing node pool, the TPU taint...) rather than the symptom, so the
   Message says what to fix;
@@ -37,8 +41,8 @@ What an observation means:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-
 import logging
 from collections.abc import Callable, Sequence
 
@@ -48,14 +52,19 @@ from falcon_es.context import HandlerContext
 from falcon_es.ports import JOBSET_KIND, JobObservation, PodObservation, PortError
 from falcon_es.runtime import Tick
 from falcon_es.store import RecordedEvent
+from falcon_es.spec import autoscaled
 from falcon_es.task import TaskState
+from falcon_es.tpu import slice_shape
 
 log = logging.getLogger("falcon_es.handlers.status")
 
 PULL_BATCH = 1000
 #: Pulls per tick at most, so one tick never starves the rest of the loop.
 MAX_PULLS = 20
-OBSERVED = frozenset({"Pending.Dispatching", chart.RUNNING})
+WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
+#: States in which a task's Job is observed: WaitingForNode only once its workload is
+#: submitted (an autoscaled pool's pods waiting for nodes).
+OBSERVED = frozenset({"Pending.Dispatching", WAITING_FOR_NODE, chart.RUNNING})
 #: Waiting reasons of a container that will never start by itself.
 IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 OOM_EXIT_CODE = 137
@@ -99,7 +108,8 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
     for message_id, observation in received:
         state = tick.state(task_id)
         cluster = observation.cluster_name
-        if state is not None and state.state in OBSERVED and state.job_uid is None:
+        if (state is not None and state.state in OBSERVED and state.job_uid is None
+                and state.state != WAITING_FOR_NODE):
             ctx.edge_outcomes.append((cluster, "held"))
             continue  # the submit's outcome is not folded yet: let it come back
         if (state is None or state.state not in OBSERVED
@@ -158,6 +168,15 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     if total > 0 and running + observation.succeeded >= total:
         return [ev.PodsRunning(running, total, version, restarts)]
     refusal = observation.refusal
+    if (refusal is None or refusal.transient) and any(
+            p.phase == "Pending" for p in observation.pods):
+        awaited = _nodes_awaited(ctx, state, observation)
+        if awaited is not None:
+            shown = state.message_event
+            if isinstance(shown, ev.NodesAwaited) and dataclasses.replace(
+                    shown, resource_version=version) == awaited:
+                return []
+            return [awaited]
     if refusal is not None and refusal.transient and observation.kind == JOBSET_KIND and any(
             p.phase == "Pending" for p in observation.pods):
         # Followers refused while their leader waits: the leader's cause leads.
@@ -178,9 +197,39 @@ def _events_for(ctx: HandlerContext, state: TaskState,
         diagnosis = _diagnose(ctx, state, observation)
         shown = state.message_event
         refused_before = isinstance(shown, ev.PodsPending) and bool(shown.followers_refused)
-        if diagnosis != state.pending_diagnosis or refused_before:
+        if (diagnosis != state.pending_diagnosis or refused_before
+                or state.state == WAITING_FOR_NODE):
             return [ev.PodsPending(diagnosis, version)]
     return []
+
+
+def _nodes_awaited(ctx: HandlerContext, state: TaskState,
+                   observation: JobObservation) -> ev.NodesAwaited | None:
+    """Pods pending on an autoscaled pool that has fewer Ready nodes than the slices
+    need: the wait for nodes (WaitingForNode), with the pool's registered and Ready
+    counts and the edge cluster's diagnosis (the autoscaler's words first) as its
+    cause; None when the pool is not autoscaled or its nodes are all there (then the
+    pods wait for something else). The control plane was RUNNING when the workload was
+    submitted; a pool broken since shows in the diagnosis."""
+    cluster = next((c for c in ctx.clusters if c.id == state.cluster_id), None)
+    if cluster is None or not autoscaled(state.supply_mode) or not state.node_pools:
+        return None
+    registered = ready = 0
+    try:
+        edge = ctx.ports.edges.for_cluster(cluster)
+        for name in state.node_pools:
+            counts = edge.node_counts(name)
+            registered += counts.registered
+            ready += counts.ready
+    except PortError as error:
+        log.warning("nodes of pool %s: %s", state.node_pool_name, error)
+        return None
+    expected = slice_shape(state.tpu_type, state.topology).hosts * state.slices
+    if ready >= expected:
+        return None
+    return ev.NodesAwaited(state.node_pool_name or "", expected, registered, ready,
+                           "RUNNING", _diagnose(ctx, state, observation),
+                           observation.resource_version)
 
 
 def _failed(observation: JobObservation) -> bool:

@@ -143,8 +143,8 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
             return [Node(f"GKE: {event.error}", source, at),
                     Node(f"node pool {event.pool_name} cannot be used", source, at)]
         case ev.NodePoolTimedOut():
-            wait = _last(records[:-1], ev.NodesNotReady, ev.NodePoolNotVisible,
-                         ev.ReservationInsufficient)
+            wait = _last(records[:-1], ev.NodesNotReady, ev.NodesAwaited,
+                         ev.NodePoolNotVisible, ev.ReservationInsufficient)
             return [*_wait_nodes(state, wait),
                     Node(f"node pool {event.pool_name} not ready after {event.waited_seconds}s",
                          source, at)]
@@ -186,8 +186,9 @@ def _waiting(state: TaskState, records: Sequence[RecordedEvent],
                          f"{last.event.message}", _log(last), last.recorded_at)]
         return [Node("workload submitted; no pod observed yet",
                      _log(last) if last else "log", last.recorded_at if last else None)]
-    wait = _last(records, ev.NodesNotReady, ev.NodePoolNotVisible, ev.ReservationInsufficient,
-                 ev.NodePoolCreateRequested, ev.NodePoolCreateStarted)
+    wait = _last(records, ev.NodesNotReady, ev.NodesAwaited, ev.NodePoolNotVisible,
+                 ev.ReservationInsufficient, ev.NodePoolCreateRequested,
+                 ev.NodePoolCreateStarted)
     return _wait_nodes(state, wait)
 
 
@@ -204,6 +205,14 @@ def _wait_nodes(state: TaskState, record: RecordedEvent | None) -> list[Node]:
         case ev.NodesNotReady():
             return [Node(f"{event.ready}/{event.total} nodes Ready in "
                          f"{', '.join(state.node_pools)}", source, at)]
+        case ev.NodesAwaited():
+            causes = [Node(part.strip(), source, at)
+                      for part in event.cause.split("; ") if part.strip()]
+            return [*causes, Node(
+                f"node pool {event.pool_name} control-plane {event.control_plane} but "
+                f"{event.registered}/{event.expected} expected node(s) registered "
+                f"(Ready={event.ready}); the workload waits for the cluster autoscaler",
+                source, at)]
         case ev.NodePoolNotVisible():
             return [Node(f"node pool {event.pool_name} not visible yet after its create",
                          source, at)]

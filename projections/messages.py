@@ -6,6 +6,7 @@ Messages are never stored in events, only their arguments, so wording and langua
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -97,6 +98,31 @@ def _refused(words: str, transient: str) -> Callable[[Args], str]:
     return render
 
 
+def _nodes_not_ready(counted: str, bare: str) -> Callable[[Args], str]:
+    """A fixed-size pool's nodes: registered and Ready counts where the event has them."""
+    def render(args: Args) -> str:
+        return (bare if args.get("registered") is None else counted).format(**args)
+    return render
+
+
+def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
+    """The wait's cause (the autoscaler's words) ahead of the counts it explains."""
+    def render(args: Args) -> str:
+        text = words.format(**args)
+        return cause.format(**args) + text if args.get("cause") else text
+    return render
+
+
+def _group(one: str, many: str) -> Callable[[Args], str]:
+    """A pool's fate; a multi-slice task's group names every pool (``pools``)."""
+    def render(args: Args) -> str:
+        others = args.get("slice_pools") or ()
+        if not others:
+            return one.format(**args)
+        return many.format(pools=", ".join((args["pool_name"], *others)), **args)
+    return render
+
+
 EN: Mapping[str, Template] = MappingProxyType({
     "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
     "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
@@ -114,6 +140,10 @@ EN: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "queued on {cluster_name} ({topology})",
     "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
     "TaskPicked": "provisioning on {topology}",
+    "TaskMoved": (
+        "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
+        "to {to_cluster_name}"),
+    "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "ReservationInsufficient": (
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
@@ -125,10 +155,22 @@ EN: Mapping[str, Template] = MappingProxyType({
     ),
     "NodePoolCreateStarted": "creating node pool {pool_name} (operation {operation})",
     "NodePoolNotVisible": "node pool {pool_name} not visible yet; looking again (attempt {attempt})",
-    "NodesNotReady": "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})",
+    "NodesNotReady": _nodes_not_ready(
+        "node pool {pool_name} control-plane RUNNING but {registered}/{total} expected "
+        "node(s) registered (Ready={ready}); attempt {attempt}",
+        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})"),
+    "NodesAwaited": _cause_first(
+        "node pool {pool_name} control-plane {control_plane} but {registered}/{expected} "
+        "expected node(s) registered (Ready={ready}); the workload is submitted and waits "
+        "for the cluster autoscaler", "{cause}; "),
+    "NodeWaitExtended": (
+        "node pool {pool_name} kept after {waited_seconds}s without nodes: no task of "
+        "another topology waits on this cluster, so GKE keeps trying until a node is "
+        "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
     "NodePoolFailed": "node pool {pool_name} failed: {error}",
-    "NodePoolTimedOut": "node pool {pool_name} not ready after {waited_seconds}s",
+    "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
+                                     "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
     "JobSubmitted": "Job {job_name} submitted; waiting for pods",
     "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
@@ -151,8 +193,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "abort ignored: the task had already {status}",
     "TaskAborted": "aborted while {phase}",
     "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
-    "NodePoolDeleteRequested": "deleting node pool {pool_name}",
-    "NodePoolDeleted": "node pool {pool_name} deleted",
+    "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
+                                      "deleting node pools {pools}"),
+    "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
     "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
     "ApiCallRetrying": _retrying(
         "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
@@ -160,6 +203,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "position": "#{position}, {ahead} ahead{names}",
     "position-first": "#1, next in line",
     "more": "{count} more",
+    "wait-holder": "slot held by {holder} ({reason} since {since})",
+    "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
+    "wait-expected": "expected start ~{at}",
 })
 
 ZH: Mapping[str, Template] = MappingProxyType({
@@ -177,6 +223,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
+    "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
+    "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "ReservationInsufficient": (
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
@@ -188,10 +236,20 @@ ZH: Mapping[str, Template] = MappingProxyType({
     ),
     "NodePoolCreateStarted": "正在创建节点池 {pool_name}（操作 {operation}）",
     "NodePoolNotVisible": "节点池 {pool_name} 暂不可见，稍后重试（第 {attempt} 次）",
-    "NodesNotReady": "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
+    "NodesNotReady": _nodes_not_ready(
+        "节点池 {pool_name} 控制面 RUNNING，但预期 {total} 个节点中仅 {registered} 个已注册"
+        "（Ready={ready}）；第 {attempt} 次",
+        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）"),
+    "NodesAwaited": _cause_first(
+        "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
+        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
+    "NodeWaitExtended": (
+        "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
+        "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
     "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
-    "NodePoolTimedOut": "节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+    "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+                                     "{cause}；"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
     "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
@@ -214,8 +272,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "AbortIgnored": "忽略中止：任务已 {status}",
     "TaskAborted": "已在 {phase} 阶段中止",
     "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
-    "NodePoolDeleteRequested": "正在删除节点池 {pool_name}",
-    "NodePoolDeleted": "节点池 {pool_name} 已删除",
+    "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
+    "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
     "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
     "ApiCallRetrying": _retrying(
         "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
@@ -223,6 +281,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
     "position-first": "队列位置 #1，下一个",
     "more": "另外 {count} 个",
+    "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
+    "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
+    "wait-expected": "预计开始时间约 {at}",
 })
 
 CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
@@ -257,3 +318,25 @@ def position_message(
         named.append(render("more", {"count": len(ahead) - AHEAD_NAMED}, lang))
     names = f" ({', '.join(named)})" if named else ""
     return render("position", {"position": position, "ahead": len(ahead), "names": names}, lang)
+
+
+def clock_time(at: dt.datetime) -> str:
+    """A moment as a Message states it: absolute, so a Message written once stays true
+    however long it is not rewritten (``2026-11-01 09:12 UTC``)."""
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def position_part(message: str, lang: str = "en") -> str:
+    """The position a waiting task's Message starts with, without the wait note."""
+    return message.split(SEPARATOR[lang], 1)[0]
+
+
+def wait_reason(holder: str, reason: str, since: dt.datetime, reservation: Args | None,
+                lang: str = "en") -> str:
+    """Why a waiting task waits: who holds its queue's slot, in which state since when,
+    and, when that holder waits for a full reservation, the reservation's numbers."""
+    text = render("wait-holder", {"holder": holder, "reason": reason,
+                                  "since": clock_time(since)}, lang)
+    if reservation is not None:
+        text += SEPARATOR[lang] + render("wait-reservation", reservation, lang)
+    return text

@@ -31,6 +31,7 @@ more than one interval behind the order. The exact order is always in the book
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -42,13 +43,22 @@ from sqlalchemy.engine import Connection, Engine
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.clock import Clock
+from falcon_es.eta import Estimate, SlotTimes
 from falcon_es.intents import PoolDisposition
 from falcon_es.registry import Cluster
 from falcon_es.scheduling import Entry, Placement, QueueBook, QueueKey
 from falcon_es.store import RecordedEvent
 from falcon_es.tables import JobSql, JobTable
 from falcon_es.task import Change, TaskState, TaskStates
-from falcon_es.projections.messages import AHEAD_NAMED, CATALOGS, EN, position_message
+from falcon_es.projections.messages import (
+    AHEAD_NAMED,
+    CATALOGS,
+    EN,
+    SEPARATOR,
+    clock_time,
+    position_message,
+    wait_reason,
+)
 
 #: About how long one slice of the refresh interval lasts: at most one slice of each
 #: changed queue's rows is rendered and compared per slice period, so the rewrite of a
@@ -70,30 +80,61 @@ def _formatter(key: str, lang: str) -> Callable[..., str]:
     return lambda **args: template(args)
 
 
-def positions(order: Sequence[Entry], lang: str) -> Iterator[tuple[str, str]]:
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """What a queue's waiting tasks wait on: the slot holder (``reason``, the same for
+    every row) and the queue's expected starts."""
+
+    reason: str | None = None
+    estimate: Estimate | None = None
+
+
+def positions(order: Sequence[Entry], lang: str,
+              wait: Wait | None = None) -> Iterator[tuple[str, str]]:
     """(task id, Message) for each waiting task of one queue, in pick order: exactly
-    ``position_message(position, ahead)``, with the names of the queue's first tasks
-    (the same for every row) joined once per queue instead of once per row."""
+    ``position_message(position, ahead)`` and what ``wait`` says, with the names of the
+    queue's first tasks (the same for every row) joined once per queue instead of once
+    per row."""
     if not order:
         return
-    render = _renderer(order, lang)
+    render = _renderer(order, lang, wait)
     for index, entry in enumerate(order):
         yield entry.task_id, render(index)
 
 
 def positions_of(order: Sequence[Entry], wanted: Collection[str],
-                 lang: str) -> list[tuple[str, str]]:
+                 lang: str, wait: Wait | None = None) -> list[tuple[str, str]]:
     """(task id, Message) of the ``wanted`` tasks only, as ``positions`` renders them:
     a task that needs its Message now costs a scan of the order, not the rendering of
     the whole queue."""
     if not order or not wanted:
         return []
-    render = _renderer(order, lang)
+    render = _renderer(order, lang, wait)
     return [(e.task_id, render(index)) for index, e in enumerate(order) if e.task_id in wanted]
 
 
-def _renderer(order: Sequence[Entry], lang: str) -> Callable[[int], str]:
-    """The Message of the task at ``index`` of ``order`` (which must not be empty)."""
+def _renderer(order: Sequence[Entry], lang: str, wait: Wait | None) -> Callable[[int], str]:
+    """The Message of the task at ``index`` of ``order`` (which must not be empty):
+    its position, then why the queue waits and when the task is expected to start."""
+    bare = _position_renderer(order, lang)
+    if wait is None or (wait.reason is None and wait.estimate is None):
+        return bare
+    separator = SEPARATOR[lang]
+    reason = separator + wait.reason if wait.reason else ""
+    estimate = wait.estimate
+    if estimate is None:
+        return lambda index: bare(index) + reason
+    expected = _formatter("wait-expected", lang)
+
+    def render(index: int) -> str:
+        at = clock_time(estimate.start(index))
+        return bare(index) + reason + separator + expected(at=at)
+
+    return render
+
+
+def _position_renderer(order: Sequence[Entry], lang: str) -> Callable[[int], str]:
+    """The position part of the Message of the task at ``index`` of ``order``."""
     named = [f"{e.actor}: {e.name}" for e in order[:AHEAD_NAMED]]
     few = [f" ({', '.join(named[:count])})" for count in range(AHEAD_NAMED + 1)]
     all_named = ", ".join(named)
@@ -198,6 +239,14 @@ class QueueView:
         self.job = job if job is not None else JobTable()
         self.clock = clock
         self.refresh_interval = dt.timedelta(seconds=refresh_seconds)
+        self._latest = dt.datetime.min  # the latest event folded (``now`` without a clock)
+        #: Recent slot holds per queue (the expected starts), and each current holder's
+        #: (queue, when it took the slot, its state then).
+        self.slot_times = SlotTimes()
+        self._holding: dict[str, tuple[QueueKey, dt.datetime, str]] = {}
+        #: Told (task id, when, expected start) for every position rendered to be
+        #: written, when set: ``falcon-es simulate`` measures the estimates with it.
+        self.predictions: Callable[[str, dt.datetime, dt.datetime], None] | None = None
         self._written: dict[str, str] = {}  # task id -> position Message in the row
         #: Waiting tasks whose row does not hold their position (their own change wrote
         #: it, another writer did, or nobody knows what it holds): written at once.
@@ -243,6 +292,8 @@ class QueueView:
     def fold(self, changes: Iterable[Change], recorded: Sequence[RecordedEvent]) -> None:
         """Fold task changes (in log order) and the decisions they record."""
         book = self.book
+        if recorded:
+            self._latest = max(self._latest, recorded[-1].recorded_at)
         for change in changes:
             self._place(change.after)
         for record in recorded:
@@ -273,11 +324,55 @@ class QueueView:
         self._written.pop(state.task_id, None)
         self.book.sync(state)
         place = self.book.place(state.task_id)
+        self._follow_slot(state, place)
         if place is not None and place[0] == Placement.WAITING:
             self._unwritten.add(state.task_id)
         else:  # a row that left its queue has its own Message, not a position
             self._unwritten.discard(state.task_id)
             self._slice_of.pop(state.task_id, None)
+
+    def _follow_slot(self, state: TaskState, place: tuple[str, Any] | None) -> None:
+        """Time the slot holds: a holder's change of state rewrites its queue's
+        Messages (they say what it is doing), and a hold that ends (its pods run, or
+        it ended) is one more duration for the queue's expected starts."""
+        task_id = state.task_id
+        holding = self._holding.get(task_id)
+        at = state.updated_at or self.now()
+        if place is not None and place[0] == Placement.SLOT:
+            key: QueueKey = place[1]
+            if holding is None or holding[2] != state.state:
+                self._holding[task_id] = (key, holding[1] if holding else at, state.state)
+                self.book.changed.add(key)
+            return
+        if holding is None:
+            return
+        del self._holding[task_id]
+        self.book.changed.add(holding[0])
+        if state.status != chart.PENDING:  # not given back to the queue
+            self.slot_times.record(holding[0], (at - holding[1]).total_seconds())
+
+    def wait(self, key: QueueKey, now: dt.datetime) -> Wait:
+        """What the queue's waiting tasks wait on at ``now``."""
+        holders = self.book.holders(key)
+        state = self.tasks.get(holders[0]) if holders else None
+        if state is None:
+            return Wait(None, self.slot_times.estimate(key, now, None))
+        holding = self._holding.get(state.task_id)
+        since = state.phase_started_at or now
+        reservation = (state.message_args if state.message_key == "ReservationInsufficient"
+                       else None)
+        reason = wait_reason(f"{state.actor}: {state.name}", state.reason or state.status,
+                             since, reservation, self.lang)
+        return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since))
+
+    def _rendered(self, key: QueueKey, now: dt.datetime) -> tuple[list[Entry], Wait]:
+        """The queue's order and wait, told to ``predictions`` when it is set."""
+        order = self.book.pick_order(key, now)
+        wait = self.wait(key, now)
+        if self.predictions is not None and wait.estimate is not None:
+            for index, entry in enumerate(order):
+                self.predictions(entry.task_id, now, wait.estimate.start(index))
+        return order, wait
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
         """Fold a whole log (at start or for a replay): ``TaskStates`` folds each batch
@@ -366,7 +461,7 @@ class QueueView:
         virtual clock jumps there): now for a row that needs its position at once or a
         queue that changed outside an append; else the start of the next slice holding
         a row of a queue that changed within the last interval."""
-        now = self._now()
+        now = self.now()
         if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
             return now
         book = self.book
@@ -391,43 +486,50 @@ class QueueView:
             due = dict.fromkeys(set(self._dirty) | self.book.changed)
         rows: list[tuple[str, str]] = []
         written = self._written
+        now = self.now()
         for key in sorted(due):
-            order = self.book.pick_order(key)
             slices = due[key]
             if slices is None:
+                order, wait = self._rendered(key, now)
                 self._occupied[key] = {self.slice_of(e.task_id) for e in order}
-                rows.extend(row for row in positions(order, self.lang)
+                rows.extend(row for row in positions(order, self.lang, wait)
                             if written.get(row[0]) != row[1])
                 continue
-            rows.extend(self._sliced(key, order, slices))
+            rows.extend(self._sliced(key, now, slices))
         at_once: dict[QueueKey, set[str]] = {}
         for task_id in self._unwritten:
             waits_in = self.waiting_in(task_id)
             if waits_in is not None and waits_in not in due:
                 at_once.setdefault(waits_in, set()).add(task_id)
         for key in sorted(at_once):
-            rows.extend(positions_of(self.book.pick_order(key), at_once[key], self.lang))
+            order, wait = self._rendered(key, now)
+            rows.extend(positions_of(order, at_once[key], self.lang, wait))
         return rows
 
-    def _sliced(self, key: QueueKey, order: list[Entry],
+    def _sliced(self, key: QueueKey, now: dt.datetime,
                 due: Collection[int]) -> list[tuple[str, str]]:
         """The rows of one queue's ``due`` slices whose text changed and those needed at
-        once (rendering those only), noting which slices the queue's rows occupy
-        (``next_refresh``)."""
+        once (rendering those only, and telling ``predictions`` of those only), noting
+        which slices the queue's rows occupy (``next_refresh``)."""
         rows: list[tuple[str, str]] = []
+        order = self.book.pick_order(key, now)
         if not order:
             self._occupied.pop(key, None)
             self._buckets.pop(key, None)
             return rows
+        wait = self.wait(key, now)
         buckets, skip = self._buckets_of(key, order)
-        render = _renderer(order, self.lang)
+        render = _renderer(order, self.lang, wait)
         written = self._written
         wanted = {i + skip for i, e in enumerate(order) if e.task_id in self._unwritten} \
             if self._unwritten else set()
         for part in due:
             wanted.update(i for i in buckets.get(part, ()) if i >= skip)
+        tell, estimate = self.predictions, wait.estimate
         for index in sorted(wanted):
             entry, message = order[index - skip], render(index - skip)
+            if tell is not None and estimate is not None:
+                tell(entry.task_id, now, estimate.start(index - skip))
             if written.get(entry.task_id) != message:
                 rows.append((entry.task_id, message))
         self._occupied[key] = {part for part, at in buckets.items() if at[-1] >= skip}
@@ -456,7 +558,8 @@ class QueueView:
         """Write, within the open transaction, the rows needed at once and the rows of
         the slices due (``every_queue``: every slice of every queue that changed within
         the interval); kept once it commits."""
-        now = self._now()
+        now = self.now()
+        self.book.mark_aged(now)
         rows = self.pending_positions(None if every_queue else self.due_slices(now))
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
@@ -469,9 +572,10 @@ class QueueView:
     def refresh_due(self, engine: Engine) -> int:
         """Write what is due in a transaction of its own: after a tick that appended
         nothing, once a slice's moment came or another writer moved a row."""
+        now = self.now()
+        self.book.mark_aged(now)
         if not self._unwritten and not self.book.changed and all(
-                slices is not None and not slices
-                for slices in self.due_slices(self._now()).values()):
+                slices is not None and not slices for slices in self.due_slices(now).values()):
             return 0
         try:
             with engine.begin() as conn:
@@ -517,14 +621,18 @@ class QueueView:
             return key
         return None
 
-    def _now(self) -> dt.datetime:
-        return self.clock.now() if self.clock is not None else dt.datetime.min
+    def now(self) -> dt.datetime:
+        """The clock's time; without a clock (a replay) the latest event's, which is
+        what aging and the expected starts are measured against."""
+        return self.clock.now() if self.clock is not None else self._latest
 
     def all_positions(self) -> list[tuple[str, str]]:
         """Every waiting task's position Message (what a rebuild writes)."""
         rows: list[tuple[str, str]] = []
+        now = self.now()
         for key in self.book.waiting_queues():
-            rows.extend(positions(self.book.pick_order(key), self.lang))
+            order = self.book.pick_order(key, now)
+            rows.extend(positions(order, self.lang, self.wait(key, now)))
         return rows
 
 
@@ -551,12 +659,21 @@ def queue_rows(
                 "status": state.status if state else None,
                 "reason": state.reason if state else None,
             })
-        order = book.pick_order(key)
+        now = view.now()
+        order = book.pick_order(key, now)
+        wait = view.wait(key, now)
+        estimate = wait.estimate
+        policy = book.policy
         waiting = [
             {"position": index + 1, "task_id": e.task_id, "actor": e.actor, "name": e.name,
-             "submitted_at": e.submitted_at.isoformat(),
+             "submitted_at": e.submitted_at.isoformat(), "priority": e.priority,
+             "effective_priority": policy.effective(e.priority, e.submitted_at, now),
+             "reason": wait.reason if wait.reason else ("next in line" if index == 0
+                                                        else "tasks ahead"),
+             "expected_start": estimate.start(index).isoformat() if estimate else None,
              "message": message}
-            for index, (e, (_, message)) in enumerate(zip(order, positions(order, view.lang)))
+            for index, (e, (_, message)) in enumerate(zip(order, positions(order, view.lang,
+                                                                           wait)))
         ]
         rows.append({
             "cluster_id": cluster_id,

@@ -43,6 +43,7 @@ from falcon_es.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evol
 from falcon_es.projections.job_table import (
     PROJECTED_COLUMNS, refusal_update, row_values, write_refusals, write_rows,
 )
+from falcon_es.projections.messages import position_part
 from falcon_es.projections.queues import QueueView, positions_of, write_positions
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
@@ -174,10 +175,22 @@ def verify(live: Engine, store: EventStore, lang: str, scratch_dir: Path | None 
             differences = list(_diff(live, job, scratch, scratch_job))
         finally:
             scratch.dispose()
+    differences = _without_wait_notes(differences, waiting, lang)
     if refresh_seconds > 0:
         differences = _without_recent_positions(differences, store, lang, waiting,
                                                 dt.timedelta(seconds=refresh_seconds))
     return sorted(differences, key=lambda d: d.task_id)
+
+
+def _without_wait_notes(differences: list[Difference], waiting: QueueView,
+                        lang: str) -> list[Difference]:
+    """Drop the Message differences of waiting tasks whose positions agree: what
+    follows a position (the slot holder's state, the expected start) was true when the
+    live row was written, and a replay renders it as of the end of the log."""
+    return [d for d in differences
+            if not (d.column == "message" and isinstance(d.live, str)
+                    and isinstance(d.replayed, str) and waiting.waiting_in(d.task_id) is not None
+                    and position_part(d.live, lang) == position_part(d.replayed, lang))]
 
 
 def _without_recent_positions(differences: list[Difference], store: EventStore, lang: str,
@@ -190,12 +203,13 @@ def _without_recent_positions(differences: list[Difference], store: EventStore, 
         return differences
     held = recent_positions(store, lang, interval, lagging)
     return [d for d in differences
-            if not (d.column == "message" and d.live in held.get(d.task_id, ()))]
+            if not (d.column == "message" and isinstance(d.live, str)
+                    and position_part(d.live, lang) in held.get(d.task_id, ()))]
 
 
 def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
                      task_ids: set[str]) -> dict[str, set[str]]:
-    """Every position Message each of ``task_ids`` had after any event recorded within
+    """Every position (without its wait note) each of ``task_ids`` had after any event recorded within
     ``interval`` of the log's last event, and just before the first of them. Folded one
     event at a time, so the state after every append is among them; only the queues an
     event touched are rendered again, and only for the tasks asked about."""
@@ -234,8 +248,8 @@ def recent_positions(store: EventStore, lang: str, interval: dt.timedelta,
 
 def _collect(queues: QueueView, key: QueueKey, wanted: set[str], held: dict[str, set[str]],
              lang: str) -> None:
-    for task_id, message in positions_of(queues.book.pick_order(key), wanted, lang):
-        held[task_id].add(message)
+    for task_id, message in positions_of(queues.book.pick_order(key, queues.now()), wanted, lang):
+        held[task_id].add(position_part(message, lang))
 
 
 #: Read as the driver gives them (no type processing), so a value of the wrong type

@@ -46,7 +46,7 @@ def test_demo_covers_every_outcome_and_is_identical_on_every_run(tmp_path: Path)
     assert lines_a[:-1] == lines_b[:-1]  # the last block names the database file
     text = "\n".join(lines_a)
     for expected in ("OOMKilled (exit code 137)", "timed out after 600s", "aborted while Running",
-                     "reservation v6e-res has 0 slice(s) free", "0/1 nodes ready",
+                     "reservation v6e-res has 0 slice(s) free", "0/1 expected node(s) registered",
                      "handed over to", "invalid task spec: topology"):
         assert expected in text
     assert {k: v for k, v in first.items() if k not in ("wall_seconds", "database")} == {

@@ -16,7 +16,7 @@ from falcon_es.adapters.sim.kube_api import DENIAL, DENYING_WEBHOOK
 from falcon_es.clock import VirtualClock
 from falcon_es.settings import Settings
 from falcon_es.spec import SpecError, parse_spec
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 
@@ -58,6 +58,23 @@ def test_a_denied_job_shows_the_webhook_at_once_then_fails_after_the_grace(make:
                            "JobDeleted", "NodePoolDeleted"]
     assert (h.row("t1")["finished_at"] - refused_at(h, "t1")) == dt.timedelta(seconds=600)
     assert h.world.job_state("v6e-res", "falcon-t1") is None and h.live_pools() == []
+
+
+def test_a_denied_job_on_an_autoscaled_pool_is_seen_though_no_node_ever_comes(
+        make: Make) -> None:
+    """Flex-start: the workload is submitted before the pool has nodes, and with its
+    pods refused the autoscaler has nothing to scale for: the refusal is the cause
+    shown, and fails the task after the grace (no wait for nodes hides it)."""
+    h = make(flex_cluster())
+    h.submit("t1", sim={"outcome": "create-denied"})
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Failed", "JobSubmitFailed")]
+    assert REFUSED in h.messages["t1"]
+    assert h.row("t1")["message"].startswith(
+        f"pods of Job falcon-t1 refused for 600s: Error creating: {DENIAL}")
+    assert [p.registered for p in h.world.pools(include_deleted=True)] == [0]
+    assert h.live_pools() == []
 
 
 def test_the_grace_is_a_setting(make: Make, db_url: str) -> None:

@@ -352,9 +352,16 @@ def test_flex_start_stockout_that_resolves(make: Make) -> None:
 
     stockout = StockoutConfig(first_n=1, duration=Span(1200, 1200))
     _, gcp = both(make, (flex_cluster(stockout=stockout),), scenario)
-    assert gcp.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
-    waiting = [m for m in gcp.messages["t1"] if "nodes ready" in m]
-    assert waiting[0] == "node pool falcon-t1-2x2: 0/1 nodes ready (attempt 1)"
+    assert gcp.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                                 ("Pending", "WaitingForNode"), ("Pending", "Dispatching"),
+                                 ("Running", None), ("Succeeded", None)]
+    waiting = [m for m in gcp.messages["t1"] if "expected node(s) registered" in m]
+    # Through the real clients: the autoscaler's FailedScaleUp event on the pod leads.
+    assert waiting[0].startswith("cluster autoscaler FailedScaleUp: Node scale up in zones "
+                                 "us-east5-b associated with this pod failed: GCE out of "
+                                 "resources")
+    assert "node pool falcon-t1-2x2 control-plane RUNNING but 0/1 expected node(s) " \
+           "registered (Ready=0)" in waiting[0]
     (pool,) = gcp.world.pools(include_deleted=True)
     assert (pool.supply_mode, pool.scale_down_unneeded_seconds) == ("flex-start", 6 * 3600)
 
@@ -391,4 +398,56 @@ def test_job_submit_conflict(make: Make) -> None:
     assert gcp.row("t1")["message"] == (
         "Job falcon-t1 could not be submitted: a Job named falcon-t1 already exists and is not "
         "this task's (falcon-task=someone-else); node pool falcon-t1-2x2 deleted")
+    assert gcp.live_pools() == []
+
+
+# ------------------------------------------------------------ multi-slice tasks
+
+SLICE_POOLS = "node pools falcon-t1-4x4, falcon-t1-4x4-s1"
+
+
+def test_a_multi_slice_task_runs_to_succeeded_as_a_jobset(make: Make) -> None:
+    """Two slices on two pools, one JobSet through CustomObjectsApi; the world's JobSet
+    controller makes the child Jobs the API server shows and the informer sums."""
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", slices=2)
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=16),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert "8/8 active" in gcp.messages["t1"]
+    assert gcp.row("t1")["message"] == f"succeeded (8 pod(s)); {SLICE_POOLS} deleted"
+    assert isinstance(gcp, GcpHarness)
+    assert gcp.cloud.kube["v6e-res"].names("jobsets") == ["falcon-t1"]
+    assert gcp.cloud.kube["v6e-res"].names("jobs") == ["falcon-t1-slice-0", "falcon-t1-slice-1"]
+    assert gcp.live_pools() == []
+
+
+def test_a_failing_slice_restarts_the_jobset_then_fails_it(make: Make) -> None:
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", slices=2, max_restarts=1,
+                 sim={"outcome": "oom", "duration_seconds": 60})
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=16),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
+    assert any("JobSet restarted 1 time(s)" in m for m in gcp.messages["t1"])
+    assert gcp.row("t1")["message"] == (
+        "OOMKilled (exit code 137) (JobSet failed: ReachedMaxRestarts after 1 restart(s)); "
+        f"{SLICE_POOLS} deleted")
+
+
+def test_an_aborted_multi_slice_task_deletes_its_jobset_and_every_pool(make: Make) -> None:
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", slices=2, sim={"duration_seconds": 5000})
+        h.run(_status_is(h, "t1", "Running"))
+        h.abort("t1")
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=16),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH, ("Aborting", None), ("Aborted", None)]
+    assert gcp.row("t1")["message"] == f"aborted while Running; {SLICE_POOLS} deleted"
+    assert isinstance(gcp, GcpHarness)
+    kube = gcp.cloud.kube["v6e-res"]
+    assert kube.names("jobsets") == [] and kube.names("jobs") == [] and kube.names("pods") == []
     assert gcp.live_pools() == []

@@ -151,8 +151,13 @@ def test_the_informer_publishes_one_observation_per_jobset(kube_server: FakeKube
         assert refused.completions == 8  # two slices of four VMs
         kube_server.set_jobset_condition("falcon-task-9", "Failed", "ReachedMaxRestarts",
                                          restarts=2)
+        # The JobSet's verdict seen before any child failed (the watches are not
+        # ordered) is held back until the child Job that failed is seen.
+        kube_server.finish_pod(leader, 137, reason="OOMKilled")
         failed = latest(lambda o: o.condition == "Failed")
         assert (failed.condition_reason, failed.restarts) == ("ReachedMaxRestarts", 2)
+        verdicts = [o for o in map(JobObservation.from_data, bus.data()) if o.condition]
+        assert all(o.failed == 1 and o.pods[0].reason == "OOMKilled" for o in verdicts)
         published = {d["job_uid"] for d in bus.data()}
         assert published == {ref.uid}  # no child Job published on its own
     finally:

@@ -397,7 +397,7 @@ def test_diagnosis_puts_the_leaders_missing_accelerators_before_the_webhook_symp
     assert diagnosis.index("Insufficient google.com/tpu") < diagnosis.index("follower pod")
 
 
-def test_diagnosis_names_a_pool_without_ready_nodes_first(
+def test_diagnosis_leads_with_the_autoscaler_then_the_pool_without_ready_nodes(
         edge: KubeEdgeCluster, kube_server: FakeKubeServer) -> None:
     edge.submit_job(manifest("task-11", "2x2"))
     kube_server.add_node("gke-pool-11", "falcon-task-11-2x2", ready=False)
@@ -411,10 +411,11 @@ def test_diagnosis_names_a_pool_without_ready_nodes_first(
 
     diagnosis = edge.diagnose_pending("falcon-task-11") or ""
 
-    first, second = diagnosis.split("; ")[:2]
-    assert first == "node pool falcon-task-11-2x2 has no Ready nodes (1 registered)"
-    assert second.startswith(f"pod {pod} cannot be scheduled: 0/2 nodes are available")
-    assert "(cluster autoscaler: pod didn't trigger scale-up" in second
+    first, second, third = diagnosis.split("; ")[:3]
+    assert first == ("cluster autoscaler NotTriggerScaleUp: pod didn't trigger scale-up: 1 "
+                     "node(s) didn't match Pod's node affinity/selector")
+    assert second == "node pool falcon-task-11-2x2 has no Ready nodes (1 registered)"
+    assert third.startswith(f"pod {pod} cannot be scheduled: 0/2 nodes are available")
 
 
 def test_diagnosis_reads_container_waiting_and_termination_reasons(

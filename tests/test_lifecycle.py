@@ -19,7 +19,7 @@ from falcon_es.adapters.sim.config import (
 from falcon_es.clock import VirtualClock
 from falcon_es.task_manifests import pool_labels
 from falcon_es.ports import NodePoolSpec
-from falcon_es.settings import Settings
+from falcon_es.settings import Settings, SettingsError
 from falcon_es.tpu import slice_shape
 from tests.support.harness import (
     Harness, Harnesses, flex_cluster, reserved_cluster,
@@ -29,6 +29,10 @@ Make = Callable[..., Harness]
 
 RESERVED_PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
                  ("Pending", "Dispatching"), ("Running", None)]
+#: An autoscaled pool: the workload is submitted once its control plane is RUNNING,
+#: and its pods wait for the nodes the autoscaler brings for them.
+FLEX_PATH = [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+             ("Pending", "WaitingForNode"), ("Pending", "Dispatching"), ("Running", None)]
 
 
 @pytest.fixture
@@ -67,7 +71,7 @@ def test_flex_start_is_the_default_without_a_reservation_and_scales_down_late(ma
     h = make(flex_cluster())
     h.submit("t1")
     h.run()
-    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert h.history["t1"] == [*FLEX_PATH, ("Succeeded", None)]
     (pool,) = h.world.pools(include_deleted=True)
     assert (pool.supply_mode, pool.reservation, pool.scale_down_unneeded_seconds) == (
         "flex-start", None, 6 * 3600)
@@ -190,22 +194,80 @@ def test_stockout_waits_for_nodes_with_counts_then_runs(make: Make) -> None:
     h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=Span(1200, 1200))))
     h.submit("t1")
     h.run()
-    assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
-    waiting = [m for m in h.messages["t1"] if "nodes ready" in m]
-    assert waiting[0] == "node pool falcon-t1-2x2: 0/1 nodes ready (attempt 1)"
-    assert len(waiting) >= 4
+    assert h.history["t1"] == [*FLEX_PATH, ("Succeeded", None)]
+    waiting = [m for m in h.messages["t1"] if "expected node(s) registered" in m]
+    # Root cause first: the autoscaler's stockout words, then the pool's counts.
+    assert waiting[0].startswith(
+        "cluster autoscaler FailedScaleUp: Node scale up in zones us-east5-b associated "
+        "with this pod failed: GCE out of resources")
+    assert waiting[0].endswith("node pool falcon-t1-2x2 control-plane RUNNING but 0/1 "
+                               "expected node(s) registered (Ready=0); the workload is "
+                               "submitted and waits for the cluster autoscaler")
+    assert "1/1 expected node(s) registered (Ready=0)" in waiting[-1]
     assert h.live_pools() == []
 
 
-def test_stockout_for_good_times_out_and_deletes_the_pool(make: Make, db_url: str) -> None:
-    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600)
+def test_stockout_for_good_times_out_and_deletes_the_pool_without_retention(
+        make: Make, db_url: str) -> None:
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600,
+                        retain_waiting_pool=False)
     h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=None)), settings=settings)
     h.submit("t1")
     h.run()
-    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
-                               ("Failed", "NodePoolTimeout")]
-    assert h.row("t1")["message"] == ("node pool falcon-t1-2x2 not ready after 3600s; "
-                                      "node pool falcon-t1-2x2 deleted")
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode"), ("Failed", "NodePoolTimeout")]
+    message = h.row("t1")["message"]
+    assert message.startswith("cluster autoscaler FailedScaleUp: Node scale up in zones "
+                              "us-east5-b associated with this pod failed: GCE out of resources")
+    assert message.endswith("0/1 expected node(s) registered (Ready=0); node pool "
+                            "falcon-t1-2x2 not ready after 3600s; node pool falcon-t1-2x2 "
+                            "deleted")
+    assert h.live_pools() == []
+    assert h.world.job_state("v6e-flex", "falcon-t1") is None  # the workload went too
+
+
+def test_stockout_for_good_keeps_the_pool_when_nobody_else_waits(make: Make,
+                                                                 db_url: str) -> None:
+    """Single-tenant retention (the default): past the deadline the pool stays and GKE
+    keeps trying, until the user aborts."""
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600)
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=None)), settings=settings)
+    h.submit("t1")
+    h.run_for(3 * 3600)
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode")]
+    assert "GCE out of resources" in h.row("t1")["message"]
+    assert any("kept after 3600s without nodes" in m for m in h.messages["t1"])
+    assert h.live_pools() == ["falcon-t1-2x2"]
+    h.abort("t1")
+    h.run()
+    assert h.history["t1"][-1] == ("Aborted", None)
+    assert h.live_pools() == []
+    assert h.world.job_state("v6e-flex", "falcon-t1") is None
+
+
+def test_retention_is_a_setting_with_a_clear_error() -> None:
+    assert Settings.from_env({}).retain_waiting_pool is True
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "false"}).retain_waiting_pool is False
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "1"}).retain_waiting_pool is True
+    with pytest.raises(SettingsError, match="FALCON_RETAIN_WAITING_POOL='maybe': expected "
+                                            "true or false"):
+        Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "maybe"})
+
+
+def test_retention_ends_when_a_task_of_another_topology_waits(make: Make,
+                                                             db_url: str) -> None:
+    settings = Settings(db_url=db_url, flex_start_provisioning_timeout_seconds=3600)
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=2, duration=None)), settings=settings)
+    h.submit("t1")
+    h.run_for(2 * 3600)
+    assert h.statuses()["t1"] == ("Pending", "WaitingForNode")
+    h.submit("t2", topology="2x4")  # its own queue: it waits for the same capacity
+    h.run(lambda: h.statuses()["t1"][0] == "Failed")
+    assert h.history["t1"][-1] == ("Failed", "NodePoolTimeout")
+    assert h.statuses()["t2"] == ("Pending", "WaitingForNode")
+    h.abort("t2")
+    h.run()
     assert h.live_pools() == []
 
 
@@ -215,9 +277,8 @@ def test_a_404_inside_the_visibility_grace_keeps_looking(make: Make) -> None:
     h = make(flex_cluster(visibility_delay=slow_to_show))
     h.submit("t1")
     h.run()
-    # By the time GKE shows the pool its nodes are Ready: no WaitingForNode.
-    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
-                               ("Running", None), ("Succeeded", None)]
+    # Once GKE shows the pool RUNNING the workload goes in; its nodes come for its pods.
+    assert h.history["t1"] == [*FLEX_PATH, ("Succeeded", None)]
     assert "NodePoolNotVisible" in h.events("t1")
     assert "node pool falcon-t1-2x2 not visible yet; looking again (attempt 1)" in h.messages["t1"]
 

@@ -98,9 +98,11 @@ def test_abort_while_waiting_for_nodes_deletes_the_pool(make: Make) -> None:
     h.run(status_is(h, "t1", "Pending", "WaitingForNode"))
     h.abort("t1")
     h.run()
-    # The create had settled: the pool's delete is asked for in the abort's own tick.
-    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
+    # The workload waiting for the autoscaled pool's nodes is deleted, then the pool.
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode"), ("Aborting", None),
                                ("Aborted", None)]
+    assert h.world.job_state("v6e-flex", "falcon-t1") is None
     assert h.row("t1")["message"] == ("aborted while Pending/WaitingForNode; "
                                       "node pool falcon-t1-2x2 deleted")
     assert h.live_pools() == []

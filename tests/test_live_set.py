@@ -179,7 +179,7 @@ def test_who_a_queue_served_last_survives_a_restart_after_that_task_left(make: M
     picked = [r.event for r in h.app.store.read_stream("b1") if r.type_name == "TaskPicked"]
     assert [(p.why, p.last_actor) for p in picked] == [("round-robin", "user-a")]
     assert h.statuses()["a2"] == ("Pending", "Waiting")
-    assert h.row("a2")["message"] == "#1, next in line"
+    assert h.row("a2")["message"].startswith("#1, next in line; slot held by user-b: b1")
 
 
 # ------------------------------------------------------------------ the migration

@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from falcon_es import events as ev
+from falcon_es.adapters.sim.config import Span, StockoutConfig
 from falcon_es.clock import VirtualClock
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from falcon_es.settings import Settings
+from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 
@@ -35,7 +38,8 @@ def test_two_slices_run_on_two_pools_as_one_jobset_to_succeeded(make: Make) -> N
     h.run()
     assert h.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
     assert "8/8 active" in h.messages["t1"]
-    assert h.messages["t1"][-1].startswith("succeeded (8 pod(s))")
+    assert h.messages["t1"][-1] == ("succeeded (8 pod(s)); "
+                                    "node pools falcon-t1-4x4, falcon-t1-4x4-s1 deleted")
     pools = h.world.pools(include_deleted=True)
     assert sorted(p.name for p in pools) == POOLS
     assert all(p.labels["falcon-task"] == "t1" and p.reservation == "v6e-res-r" for p in pools)
@@ -43,6 +47,24 @@ def test_two_slices_run_on_two_pools_as_one_jobset_to_succeeded(make: Make) -> N
     assert h.row("t1")["node_pool_name"] == "falcon-t1-4x4"
     events = h.events("t1")
     assert events.count("NodePoolCreateRequested") == 1 and "JobSubmitted" in events
+
+
+def test_a_flex_start_jobset_scales_one_pool_per_slice_from_zero(make: Make) -> None:
+    """The autoscaler sees the pending pods of the JobSet's child Jobs, which name their
+    pools only by node affinity (the allowed pools): each slice's pool scales from 0,
+    one per child (exclusive placement), the first one after a stockout."""
+    h = make(flex_cluster(stockout=StockoutConfig(first_n=1, duration=Span(1200, 1200))))
+    submit(h)
+    h.run()
+    assert h.history["t1"] == [("Pending", "Provisioning"), ("Pending", "Dispatching"),
+                               ("Pending", "WaitingForNode"), ("Pending", "Dispatching"),
+                               ("Running", None), ("Succeeded", None)]
+    assert h.messages["t1"][-1].startswith("succeeded (8 pod(s))")
+    awaited = [m for m in h.messages["t1"] if "expected node(s) registered" in m]
+    assert "cluster autoscaler" in awaited[0] and "0/8 expected node(s)" in awaited[0]
+    pools = h.world.pools(include_deleted=True)
+    assert sorted(p.name for p in pools) == POOLS
+    assert {p.supply_mode for p in pools} == {"flex-start"} and h.live_pools() == []
 
 
 def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothing(
@@ -54,6 +76,61 @@ def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothi
     assert ("reservation_remaining_slices=1 reservation_needed_slices=2"
             in h.row("t1")["message"])
     assert h.world.pools(include_deleted=True) == []  # no partial create holds a slice
+
+
+def _busy_behind_a(make: Make, settings: Settings, a_seconds: int) -> Harness:
+    """Two 4x4 slices in the reservation; "a" runs on one for ``a_seconds``, and the
+    two-slice task "ms" is picked after it: one slice free, two needed."""
+    h = make(reserved_cluster(count=8), settings=settings)
+    h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    return h
+
+
+def _create_requests(h: Harness) -> list[tuple[int, int]]:
+    return [(e.event.first_slice, e.event.upto) for e in h.app.store.read_stream("ms")
+            if isinstance(e.event, ev.NodePoolCreateRequested)]
+
+
+def test_with_partial_create_the_slices_that_fit_are_created_and_held_for_the_rest(
+        make: Make, db_url: str) -> None:
+    """FALCON_MULTISLICE_PARTIAL_CREATE: one 4x4 slice of two is free while "a" runs;
+    the task creates that one, holds it in ClusterBusy, and creates the other once
+    a's pool is deleted."""
+    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 600)
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4"]  # one slice held
+    h.run()
+    assert h.history["ms"] == [("Pending", "Waiting"), ("Pending", "Provisioning"),
+                               ("Pending", "ClusterBusy"), *RESERVED_PATH,
+                               ("Succeeded", None)]
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
+                                      "node pools falcon-ms-4x4, falcon-ms-4x4-s1 deleted")
+    assert _create_requests(h) == [(0, 1), (1, 0)]
+    assert h.live_pools() == []
+
+
+def test_an_aborted_partial_create_deletes_the_slices_it_holds(make: Make, db_url: str) -> None:
+    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 3000)
+    h.abort("ms")
+    h.run(until=lambda: "deleted" in (h.row("ms")["message"] or ""))
+    assert h.row("ms")["message"] == ("aborted while Pending/ClusterBusy; "
+                                      "node pool falcon-ms-4x4 deleted")
+    assert h.live_pools() == ["falcon-a-4x4"]
+
+
+def test_without_partial_create_the_same_task_waits_holding_nothing(
+        make: Make, db_url: str) -> None:
+    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    assert ("reservation_remaining_slices=1 reservation_needed_slices=2"
+            in h.row("ms")["message"])
+    assert h.live_pools() == ["falcon-a-4x4"]
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert _create_requests(h) == [(0, 0)]
 
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
@@ -96,6 +173,20 @@ def test_abort_deletes_the_jobset_and_every_pool(make: Make) -> None:
     assert h.statuses()["t1"] == ("Aborted", None)
     assert kube.jobs == {} and kube.jobsets.jobsets == {} and kube.services == {}
     assert h.live_pools() == []
+
+
+def test_a_timeout_deletes_the_jobset_and_every_pool_and_names_them(make: Make) -> None:
+    h = make(reserved_cluster(count=16))
+    submit(h, sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h.run()
+    assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "Timeout")]
+    assert h.row("t1")["message"] == ("timed out after 1200s; Job deleted; "
+                                      "node pools falcon-t1-4x4, falcon-t1-4x4-s1 deleted")
+    kube = h.world.cluster("v6e-res").kube
+    assert kube.jobs == {} and kube.jobsets.jobsets == {} and kube.services == {}
+    assert h.live_pools() == []
+    deleted = [e for e in h.app.store.read_stream("t1") if e.type_name == "NodePoolDeleted"]
+    assert [e.event.slice_pools for e in deleted] == [("falcon-t1-4x4-s1",)]
 
 
 def test_the_orphan_sweep_spares_the_pools_of_a_running_multi_slice_task(make: Make) -> None:

@@ -35,7 +35,7 @@ job = JobTable().table
 from falcon_es.projections import replay as rp
 from falcon_es.projections.queues import SLICE_EPOCH, QueueView
 from tests.conftest import START
-from tests.test_scheduling import SCHEDULING, add_cluster, run, submit
+from tests.test_scheduling import SCHEDULING, add_cluster, position, run, submit
 
 INTERVAL = Settings().position_refresh_seconds
 #: Matches the position refresh statements only (the job-table projection writes all
@@ -77,13 +77,13 @@ def shown(app: App, ids: list[str]) -> list[str | None]:
     with app.engine.connect() as conn:
         found = {r.id: r.message for r in conn.execute(
             sa.select(job.c.id, job.c.message).where(job.c.id.in_(ids)))}
-    return [found[t] for t in ids]
+    return [position(found[t]) for t in ids]
 
 
 def exact(app: App, ids: list[str]) -> list[str | None]:
     """Each task's position Message as the queue book has it now."""
     current = dict(app.queue_view.all_positions())
-    return [current.get(t) for t in ids]
+    return [position(current.get(t)) for t in ids]
 
 
 @pytest.fixture
@@ -302,8 +302,9 @@ def _drive(app: App, clock: VirtualClock, svc: Service, steps: list[tuple[object
             rows = {r.id: r.message for r in conn.execute(
                 sa.select(job.c.id, job.c.message).where(job.c.reason == "Waiting"))}
         for task_id in history[-1][1]:
-            message = rows[task_id]
-            assert any(positions.get(task_id) == message for _, positions in allowed), (
+            message = position(rows[task_id])
+            assert any(position(positions.get(task_id)) == message
+                       for _, positions in allowed), (
                 task_id, message, now)
             if task_id in seen and seen[task_id] != message:
                 changes.setdefault(task_id, []).append(now)
@@ -352,7 +353,7 @@ def test_the_queues_command_shows_the_exact_order_at_once(
     assert result.exit_code == 0, result.output
     (q,) = json.loads(result.output)["queues"]
     assert q["slot_holder"]["task_id"] == ids[1]
-    assert [(w["position"], w["task_id"], w["message"]) for w in q["waiting"]] == [
+    assert [(w["position"], w["task_id"], position(w["message"])) for w in q["waiting"]] == [
         (1, ids[2], "#1, next in line"), (2, ids[3], "#2, 1 ahead (u: t2)"),
         (3, ids[4], "#3, 2 ahead (u: t2, u: t3)"), (4, ids[5], "#4, 3 ahead (u: t2, u: t3, u: t4)"),
     ]

@@ -18,14 +18,14 @@ from falcon_es.tables import JobTable
 from falcon_es.projections import replay as rp
 from falcon_es.projections.messages import position_message
 from falcon_es.projections.queues import queue_rows
-from tests.test_scheduling import add_cluster, append, controller, row, run, submit
+from tests.test_scheduling import add_cluster, append, controller, position, row, run, submit
 
 #: The job table under Falcon-ES's own names, as the fixtures create it.
 job = JobTable().table
 
 
 def messages(app: App, ids: list[str]) -> list[str]:
-    return [row(app, t)["message"] for t in ids]
+    return [position(row(app, t)["message"]) for t in ids]
 
 
 def test_position_messages_in_chinese(db_url: str, clock) -> None:
@@ -52,8 +52,8 @@ def test_long_queues_name_three_ahead_and_count_the_rest(app: App) -> None:
     ctl = controller(app)
     ids = [submit(app, "solo", f"t{i}") for i in range(7)]
     ctl.tick()
-    assert row(app, ids[6])["message"] == "#6, 5 ahead (solo: t1, solo: t2, solo: t3, 2 more)"
-    assert position_message(6, [("solo", f"t{i}") for i in range(1, 6)]) == row(app, ids[6])["message"]
+    assert position(row(app, ids[6])["message"]) == "#6, 5 ahead (solo: t1, solo: t2, solo: t3, 2 more)"
+    assert position_message(6, [("solo", f"t{i}") for i in range(1, 6)]) == position(row(app, ids[6])["message"])
 
 
 def test_only_rows_whose_text_changed_are_rewritten(app: App, clock) -> None:
@@ -68,16 +68,16 @@ def test_only_rows_whose_text_changed_are_rewritten(app: App, clock) -> None:
     run(app, small[0])  # frees the 2x2 slot; nothing moves in 2x4
     ctl.tick()
     assert view.last_refresh_rows == 0, "s2 moved up within the interval: not yet"
-    assert row(app, small[2])["message"] == "#2, 1 ahead (u: s1)"
+    assert position(row(app, small[2])["message"]) == "#2, 1 ahead (u: s1)"
     clock.advance(app.settings.position_refresh_seconds)
     assert ctl.tick().appended == 0
     assert view.last_refresh_rows == 1, "only s2 moved up (s1 was picked)"
-    assert row(app, small[2])["message"] == "#1, next in line"
+    assert position(row(app, small[2])["message"]) == "#1, next in line"
     # A new arrival at the tail of 2x4 writes its own row only.
     late = submit(app, "u", "w4", topology="2x4")
     ctl.tick()
     assert view.last_refresh_rows == 1
-    assert row(app, late)["message"] == "#4, 3 ahead (u: w1, u: w2, u: w3)"
+    assert position(row(app, late)["message"]) == "#4, 3 ahead (u: w1, u: w2, u: w3)"
     assert ctl.tick().appended == 0, "nothing changed: no events, no writes"
     assert messages(app, wide[1:]) == ["#1, next in line", "#2, 1 ahead (u: w1)",
                                        "#3, 2 ahead (u: w1, u: w2)"]
@@ -95,7 +95,7 @@ def test_a_row_the_upper_layer_set_aborting_is_never_overwritten(app: App) -> No
     run(app, holder)
     after = row(app, second)
     assert (after["status"], after["message"]) == ("Aborting", before["message"])
-    assert row(app, first)["message"] == "#1, next in line"
+    assert position(row(app, first)["message"]) == "#1, next in line"
     ctl.tick()
     assert row(app, second)["status"] == "Aborting"
 
@@ -125,6 +125,15 @@ def test_replay_reproduces_positions_and_rebuild_restores_them(app: App, db_url:
     assert all(row(app, t)["message"].startswith("#") for t in waiting)
 
 
+def untimed(queues: list[dict]) -> list[dict]:
+    """The queue view without what depends on the moment it is read at (aging, the
+    expected starts and the Messages' wait notes)."""
+    timed = ("effective_priority", "expected_start")
+    return [{**q, "waiting": [{k: (position(v) if k == "message" else v)
+                               for k, v in w.items() if k not in timed}
+                              for w in q["waiting"]]} for q in queues]
+
+
 def test_queue_view_and_cli(app: App, db_url: str) -> None:
     cluster = add_cluster(app, "tpu-a")
     add_cluster(app, "tpu-z", tpu_type="v7x", status="maintenance")
@@ -142,7 +151,12 @@ def test_queue_view_and_cli(app: App, db_url: str) -> None:
     result = runner.invoke(main, ["--db", db_url, "queues", "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
-    assert shown["queues"] == live, "folding the log gives the live view"
+    assert untimed(shown["queues"]) == untimed(live), "folding the log gives the live view"
+    (queue,) = [q for q in shown["queues"] if q["topology"] == "2x2"]
+    assert [(w["priority"], w["reason"]) for w in queue["waiting"]] == [
+        (0, "slot held by user-a: a1 (Provisioning since "
+            f"{row(app, a1)['updated_at']:%Y-%m-%d %H:%M} UTC)")] * 2
+    assert all("effective_priority" in w and "expected_start" in w for w in queue["waiting"])
     q2x2 = next(q for q in shown["queues"] if q["topology"] == "2x2")
     assert q2x2["slot_holder"]["task_id"] == a1
     assert q2x2["slot_holder"]["reason"] == "Provisioning"
@@ -161,7 +175,8 @@ def test_queue_view_and_cli(app: App, db_url: str) -> None:
     assert steps[1]["data"]["why"] == "only-candidate"
     until = runner.invoke(main, ["--db", db_url, "replay", "--until", str(app.store.head()), "--json"])
     as_of = {r["id"]: r["message"] for r in json.loads(until.output)}
-    assert as_of[b1] == "#1, next in line" and as_of[a2] == "#2, 1 ahead (user-b: b1)"
+    assert position(as_of[b1]) == "#1, next in line"
+    assert position(as_of[a2]) == "#2, 1 ahead (user-b: b1)"
     verify = runner.invoke(main, ["--db", db_url, "replay", "--verify"])
     assert verify.exit_code == 0, verify.output
 

@@ -4,7 +4,9 @@ The real scheduling handlers run on real ``Tick``s, ``TaskStates`` and the real
 ``QueueView`` projection, committed in-process (no database: the position UPDATEs go
 to a recording stand-in for SQLAlchemy's connection, which also lets the test compare
 the Messages written with the view). Every pick is checked against a naive reference
-computed from the task states alone.
+computed from the task states alone, priorities and aging included; and a task of
+the lowest priority is shown to be picked within a bound under an adversarial stream of
+tasks of the highest.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.lifecycle_index import LifecycleIndex
+from falcon_es.priority import PriorityPolicy
 from falcon_es.registry import Cluster
 from falcon_es.runtime import Tick
+from falcon_es.scheduling import QueueBook
 from falcon_es.settings import Settings
 from falcon_es.store import RecordedEvent
 from falcon_es.task import TaskState, TaskStates
@@ -33,6 +37,7 @@ from falcon_es.projections.queues import QueueView
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 SCHEDULING = (scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,
+              scheduling.move_from_stuck_queues, scheduling.yield_busy_slots,
               scheduling.fill_free_slots)
 TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
@@ -72,10 +77,13 @@ class Pick:
 class World:
     """The controller's scheduling half, committed in memory."""
 
-    def __init__(self, cluster_count: int = 2) -> None:
+    def __init__(self, cluster_count: int = 2, policy: PriorityPolicy = PriorityPolicy(),
+                 lang: str = "en", settings: Settings = Settings()) -> None:
         self.now = START
+        self.settings = settings
         self.tasks = TaskStates()
-        self.view = QueueView(self.tasks)
+        self.policy = policy
+        self.view = QueueView(self.tasks, lang, book=QueueBook(policy))
         self.index = LifecycleIndex(self.tasks)
         self.conn = RecordingConnection()
         self.clusters = [
@@ -84,32 +92,43 @@ class World:
         ]
         self.seq = 0
         self.serial = 0
-        self.arrivals: list[tuple[str, str]] = []  # (actor, topology) for the next tick
+        self.arrivals: list[tuple[str, str, int]] = []  # (actor, topology, priority)
         self.picks: list[Pick] = []
+        self.decided: list[tuple[str, ev.Event]] = []  # what the handlers emitted
         self.last_served: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ driving
-    def arrive(self, actor: str, topology: str) -> None:
-        self.arrivals.append((actor, topology))
+    def arrive(self, actor: str, topology: str, priority: int = 0) -> str:
+        """Queue an arrival for the next tick; returns the task id it will have."""
+        self.arrivals.append((actor, topology, priority))
+        return hashlib.sha1(str(self.serial + len(self.arrivals)).encode()).hexdigest()[:10]
 
     def tick(self) -> None:
         tick = Tick(self.tasks, self.now, "test")
-        for actor, topology in self.arrivals:
+        for actor, topology, priority in self.arrivals:
             self.serial += 1
             task_id = hashlib.sha1(str(self.serial).encode()).hexdigest()[:10]
-            tick.emit(task_id, ev.TaskAccepted(f"{actor}-job-{self.serial}", actor, {}, "v6e",
-                                               topology, self.now))
+            tick.emit(task_id, ev.TaskAccepted(f"{actor}-job-{self.serial}", actor,
+                                               {"priority": priority}, "v6e", topology,
+                                               self.now))
         self.arrivals.clear()
         # The scheduling handlers read the queue book, the clusters and the task states;
         # this model has no store, so there are no ports or executor to give them.
-        ctx = HandlerContext(Settings(), self.now, self.tasks, list(self.clusters), inbox=None,
+        ctx = HandlerContext(self.settings, self.now, self.tasks, list(self.clusters), inbox=None,
                              ports=None, queues=self.view.book, index=self.index,
                              executor=None)
         for handler in SCHEDULING:
             handler(tick, ctx)
+        self.decided.extend(tick.emitted)
         for stream_id, event in tick.emitted:
             if isinstance(event, ev.TaskPicked):
                 self._check_pick(tick, stream_id, event)
+        self._commit(tick)
+
+    def emit(self, task_id: str, event: ev.Event) -> None:
+        """Fold one event of a task, as a handler's tick would commit it."""
+        tick = Tick(self.tasks, self.now, "test")
+        tick.emit(task_id, event)
         self._commit(tick)
 
     def free(self, task_id: str, *, fail: bool) -> None:
@@ -156,6 +175,17 @@ class World:
             if (state is not None and state.status == chart.PENDING
                     and state.reason == "Waiting" and (state.cluster_id, state.topology) == key):
                 waiting.append(state)
+        # The bands whose earliest task has aged highest compete, by today's rule.
+        earliest: dict[int, dt.datetime] = {}
+        for state in waiting:
+            assert state.submitted_at is not None
+            earliest[state.priority] = min(earliest.get(state.priority, state.submitted_at),
+                                           state.submitted_at)
+        level = {base: self.policy.effective(base, at, self.now) for base, at in earliest.items()}
+        top = max(level.values())
+        assert event.effective == top and event.priority == picked.priority
+        assert {b["priority"]: b["effective"] for b in event.priorities} == level
+        waiting = [s for s in waiting if level[s.priority] == top]
         heads: dict[str, TaskState] = {}
         for state in sorted(waiting, key=lambda s: (s.submitted_at, s.task_id)):
             heads.setdefault(state.actor, state)
@@ -163,6 +193,7 @@ class World:
         eligible = [h for a, h in heads.items() if not (a == last and len(heads) > 1)]
         expected = min(eligible, key=lambda s: (s.submitted_at, s.task_id))
         assert task_id == expected.task_id, (key, task_id, expected.task_id, last)
+        assert picked in waiting, "a pick serves the highest effective priority"
         # FIFO within the actor, and no actor twice in a row while another waits.
         assert heads[picked.actor].task_id == task_id
         if last == picked.actor:
@@ -177,7 +208,7 @@ class World:
                 holders[(state.cluster_id, state.topology)].append(state.task_id)
         for key, ids in holders.items():
             assert len(ids) == 1, f"queue {key} has {len(ids)} slot holders"
-        self.view.book.check()
+        self.view.book.check(self.now)
 
 
 def drain(world: World) -> dict[tuple[str, str], list[str]]:
@@ -229,7 +260,7 @@ def test_random_arrivals_keep_every_rule(steps: list[tuple[Any, ...]]) -> None:
     world.set_status(0, "active")
     world.set_status(1, "active")
     world.tick()
-    shown = {key: [e.task_id for e in world.view.book.pick_order(key)]
+    shown = {key: [e.task_id for e in world.view.book.pick_order(key, world.now)]
              for key in world.view.book.waiting_queues()}
     for key, order in shown.items():
         for position, task_id in enumerate(order, start=1):
@@ -254,6 +285,82 @@ def test_one_queue_order_matches_picks_with_ties(arrivals: list[tuple[str, int]]
             world.now += dt.timedelta(seconds=gap - 1)
     world.tick()
     key = ("c0", "2x2")
-    shown = [e.task_id for e in world.view.book.pick_order(key)]
+    shown = [e.task_id for e in world.view.book.pick_order(key, world.now)]
     picked = drain(world)
     assert picked[key] == shown
+
+
+#: Aging fast enough for a test's few minutes: 50 points a minute.
+FAST_AGING = PriorityPolicy(points=50, interval_seconds=60)
+PRIORITIES = (-100, 0, 0, 50, 100)
+
+prioritised_step = st.one_of(
+    st.tuples(st.just("arrive"),
+              st.lists(st.tuples(st.sampled_from(ACTORS), st.sampled_from(TOPOLOGIES),
+                                 st.sampled_from(PRIORITIES)), min_size=1, max_size=6)),
+    st.tuples(st.just("free"), st.integers(0, 7), st.booleans()),
+    st.tuples(st.just("wait"), st.integers(0, 150)),
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(prioritised_step, min_size=1, max_size=40))
+def test_priorities_and_aging_keep_every_rule(steps: list[tuple[Any, ...]]) -> None:
+    """Every pick serves the band whose earliest task has aged highest, by today's rule
+    within it (checked against the naive reference); the shown order is the picked one."""
+    world = World(policy=FAST_AGING)
+    for kind, *args in steps:
+        if kind == "arrive":
+            for actor, topology, priority in args[0]:
+                world.arrive(actor, topology, priority)
+        elif kind == "free":
+            holders = world.slot_holders()
+            if holders:
+                world.free(holders[args[0] % len(holders)], fail=args[1])
+        else:
+            world.now += dt.timedelta(seconds=args[0])
+        world.tick()
+    shown = {key: [e.task_id for e in world.view.book.pick_order(key, world.now)]
+             for key in world.view.book.waiting_queues()}
+    picked = drain(world)
+    for key, order in shown.items():
+        assert picked[key] == order, f"queue {key}: shown {order}, picked {picked[key]}"
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(before=st.lists(st.tuples(st.sampled_from(ACTORS), st.sampled_from(PRIORITIES)),
+                       max_size=8),
+       stream=st.lists(st.lists(st.sampled_from(ACTORS), max_size=4), min_size=1,
+                       max_size=40),
+       every=st.integers(5, 90))
+def test_aging_bounds_the_wait_under_a_stream_of_higher_priority(
+        before: list[tuple[str, int]], stream: list[list[str]], every: int) -> None:
+    """A lowest-priority task is picked at most (time to age to the highest class) plus
+    one pick per task that was waiting before it (and one round-robin skip) after it
+    arrives, however many highest-priority tasks keep arriving: one pick every
+    ``every`` seconds, each step bringing any number of them."""
+    world = World(cluster_count=1, policy=FAST_AGING)
+    for actor, priority in before:
+        world.arrive(actor, "2x2", priority)
+    world.tick()
+    world.now += dt.timedelta(seconds=1)
+    victim = world.arrive("victim", "2x2", FAST_AGING.lowest)
+    world.tick()
+    arrived = world.now
+    ahead = len(before)  # at most the tasks submitted before it, one of them in the slot
+    gap = dt.timedelta(seconds=every)
+    bound = FAST_AGING.time_to_top(FAST_AGING.lowest) + gap * (ahead + 2)
+    steps = 0
+    while world.tasks.get(victim).reason == "Waiting":
+        burst = stream[steps % len(stream)]
+        for actor in burst:
+            world.arrive(actor, "2x2", FAST_AGING.highest)
+        for task_id in world.slot_holders():
+            world.free(task_id, fail=False)
+        world.now += gap
+        world.tick()
+        steps += 1
+        assert world.now - arrived <= bound, (
+            f"waited {world.now - arrived} > bound {bound} ({ahead} ahead)")

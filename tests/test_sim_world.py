@@ -425,22 +425,49 @@ def test_a_flex_start_stockout_keeps_the_pool_running_with_no_nodes_until_it_res
     sim.at(899)
     assert edge.node_counts("falcon-f").registered == 0
     diagnosis = edge.diagnose_pending("falcon-t1")
-    assert diagnosis.startswith("node pool falcon-f has 0/2 nodes ready: no flex-start capacity")
-    assert "GCE_STOCKOUT" in diagnosis
-    # root cause first, the pod's scheduling symptom after it
-    assert diagnosis.index("GCE_STOCKOUT") < diagnosis.index("Unschedulable: 0/3 nodes are available")
+    # root cause first (the autoscaler's event on the pod), the scheduling symptom after
+    assert diagnosis.startswith(
+        "cluster autoscaler FailedScaleUp: Node scale up in zones us-central1-c associated "
+        "with this pod failed: GCE out of resources")
+    assert diagnosis.index("GCE out of resources") < diagnosis.index(
+        "Unschedulable: 0/3 nodes are available")
     assert sim.world.pool("flex", "falcon-f").stocked_out
     sim.at(910)  # 300 + 600 + 10 to register
     assert (edge.node_counts("falcon-f").registered, edge.node_counts("falcon-f").ready) == (2, 0)
-    assert "0/2 nodes ready (2/2 registered)" in edge.diagnose_pending("falcon-t1")
+    assert "2/2 nodes registered, 0 Ready" in edge.diagnose_pending("falcon-t1")
     sim.at(915)
     assert edge.node_counts("falcon-f").ready == 2
     assert edge.diagnose_pending("falcon-t1") is None  # scheduled, containers starting
     assert not sim.world.pool("flex", "falcon-f").stocked_out
-    # the next flex pool is not stocked out (first_n = 1)
+    # the next flex pool is not stocked out (first_n = 1), but gets nodes only for pods
     sim.create(sim.flex, "falcon-g", "2x2x1", "flex-start")
-    sim.at(915 + 300 + 15)
+    sim.at(915 + 300 + 600)
+    assert edge.node_counts("falcon-g").registered == 0
+    edge.submit_job(job("falcon-t2", "falcon-g", hosts=1))
+    assert "TriggeredScaleUp: pod triggered scale-up" in edge.diagnose_pending("falcon-t2")
+    sim.at(915 + 300 + 600 + 15)
     assert sim.edge(sim.flex).node_counts("falcon-g").ready == 1
+
+
+def test_an_autoscaled_pool_scales_down_after_its_unneeded_time() -> None:
+    """Cluster autoscaler: nodes unneeded for the pool's scale-down-unneeded time go;
+    a pod pending for the pool again brings them back."""
+    sim = Sim(with_cluster("flex"))
+    edge = sim.edge(sim.flex)
+    sim.create(sim.flex, "falcon-f", "2x2x1", "flex-start", scale_down=600)
+    sim.at(300)
+    assert edge.node_counts("falcon-f").registered == 0  # RUNNING, no pods: no nodes
+    edge.submit_job(job("falcon-t1", "falcon-f", hosts=1,
+                        sim={"outcome": "succeed", "duration_seconds": 100}))
+    sim.at(316)  # registered at 310, Ready at 315, the pod bound
+    assert edge.node_counts("falcon-f").ready == 1
+    sim.at(1015)  # the pod ran 320..420: unneeded since 420, for 595 s
+    assert edge.node_counts("falcon-f").registered == 1
+    sim.at(1021)
+    assert edge.node_counts("falcon-f").registered == 0
+    edge.submit_job(job("falcon-t2", "falcon-f", hosts=1))
+    sim.at(1021 + 15)
+    assert edge.node_counts("falcon-f").ready == 1
 
 
 def test_a_stockout_for_good_never_brings_nodes_and_leaves_nothing_due() -> None:

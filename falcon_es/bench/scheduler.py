@@ -1,7 +1,8 @@
 """``falcon-es bench scheduler``: the scheduler at 1k, 10k and 100k waiting tasks.
 
 Each size runs in a scratch database (a temporary SQLite file, or a scratch database
-on a MySQL/MariaDB server) with 5 clusters x 4 topologies (20 queues) and 500 actors.
+on a MySQL/MariaDB server) with 5 clusters x 4 topologies (20 queues), 500 actors and
+tasks of every priority class (so a pick compares three bands).
 Setup goes through the real controller: job rows are inserted as the upper layer
 would, intake accepts them and the scheduling handlers queue them (and fill each
 queue's slot). Then, on that state:
@@ -50,6 +51,7 @@ from falcon_es.bench.scratch import scratch_mysql_database
 from falcon_es.bootstrap import App, build_service, open_app
 from falcon_es.clock import VirtualClock
 from falcon_es.loop import Loop
+from falcon_es.projections.messages import position_part
 from falcon_es.projections.queues import QueueView, positions_of
 from falcon_es.runtime import Handler
 from falcon_es.settings import Settings
@@ -60,6 +62,8 @@ SIZES = (1_000, 10_000, 100_000)
 CLUSTERS = 5
 TOPOLOGIES = ("2x2", "2x4", "4x4", "4x8")
 ACTORS = 500
+#: The priorities of the bench's tasks: every class, normal the most common.
+PRIORITIES = ("low", "normal", "normal", "normal", "high")
 TPU_TYPE = "v6e"
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
 ROUNDS = 5
@@ -237,7 +241,7 @@ def _insert_rows(app: App, size: int, rng: random.Random) -> None:
             "id": f"t{index:07d}-{rng.getrandbits(24):06x}", "name": f"job-{index}",
             "actor": actor, "status": chart.PENDING,
             "spec": {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": TPU_TYPE,
-                     "topology": topology},
+                     "topology": topology, "priority": rng.choice(PRIORITIES)},
             "created_at": START + dt.timedelta(milliseconds=index),
             "updated_at": START,
         })
@@ -277,7 +281,7 @@ def _measure_picks(app: App, rounds: int = ROUNDS, per_queue: int = 10) -> tuple
             for key in book.waiting_queues():
                 for _ in range(min(per_queue, book.waiting_count(key))):
                     t0 = time.perf_counter()
-                    decision = book.decide(key)
+                    decision = book.decide(key, view.now())
                     t1 = time.perf_counter()
                     assert decision is not None
                     state = app.tasks.get(decision.winner.task_id)
@@ -395,7 +399,10 @@ def _measure_steady(app: App, loop: Loop, clock: VirtualClock,
         sample = {t for t in sample if view.waiting_in(t) is not None}
         _record_exact(view, sample, exact, now)
         for task_id, message in _read_messages(app, sample).items():
-            age = _age(exact[task_id], message, now)
+            # The position is what must be at most one interval old (what follows it
+            # says why and until when, as of when the row was written).
+            age = _age(exact[task_id], position_part(message, view.lang) if message else message,
+                       now)
             max_age = max(max_age, age)
             before, changed_at = shown[task_id]
             if message != before:
@@ -431,7 +438,7 @@ def _record_exact(view: QueueView, sample: set[str],
     for task_id in sample:
         by_queue.setdefault(view.waiting_in(task_id), set()).add(task_id)
     for key, wanted in by_queue.items():
-        for task_id, message in positions_of(view.book.pick_order(key), wanted, view.lang):
+        for task_id, message in positions_of(view.book.pick_order(key, view.now()), wanted, view.lang):
             exact[task_id].append((now, message))
 
 
@@ -473,8 +480,8 @@ def _measure_refresh(app: App) -> tuple[int, float, float]:
     for _ in range(REFRESH_ROUNDS):
         owner = object()
         book.begin(owner)
-        book.pick_order(key)  # as live: the previous refresh left the order computed
-        decision = book.decide(key)
+        book.pick_order(key, view.now())  # as live: the previous refresh left the order computed
+        decision = book.decide(key, view.now())
         assert decision is not None
         state = app.tasks.get(decision.winner.task_id)
         assert state is not None

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class _Serving:
     """What the latest leadership term built: its controller, which the metrics read
-    at scrape time, and its simulated world, which the next term goes on in."""
+    at scrape time, and its simulated world, which the next term goes on in (unless
+    the world is kept in the database: then each term loads it from there)."""
 
     svc: Service | None = None
     world: SimWorld | None = None
@@ -52,6 +53,11 @@ class _Serving:
               help="How the registered clusters behave on the sim backend, keyed by cluster "
                    "name (default: the packaged defaults for every cluster).")
 @click.option("--seed", type=int, default=None, help="Seed of the simulated world.")
+@click.option("--sim-snapshot-every", type=click.IntRange(min=0), default=200, show_default=True,
+              help="The simulated world is kept in the database, its changes written with "
+                   "each commit and compacted into a snapshot every this many commits, so a "
+                   "restarted controller goes on in the same world; 0: the world lives in "
+                   "this process only.")
 @click.option("--until-idle", is_flag=True, help="Stop once every task is terminal and nothing is due.")
 @click.option("--tick", "tick_seconds", type=float, default=1.0, show_default=True,
               help="Wall seconds between ticks when nothing is due.")
@@ -79,7 +85,7 @@ class _Serving:
 @click.pass_context
 @friendly
 def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
-                until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
+                sim_snapshot_every: int, until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
                 log_format: str | None, ops_topic: str | None, bus: str | None,
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
@@ -105,7 +111,11 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
         try:
             built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
                                   realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                                  ports=ports, world=serving.world,
+                                  ports=ports,
+                                  # A world kept in the database is loaded from it by each
+                                  # term: another replica may have led it meanwhile.
+                                  world=None if sim_snapshot_every else serving.world,
+                                  sim_snapshot_every=sim_snapshot_every,
                                   leadership=leadership, follow_log=election != "db")
         except BackendError as error:
             raise Failure(str(error)) from error

@@ -177,10 +177,9 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
     entries = read_spec_file(spec_file) if spec_file else [Entry("task submit", {}, in_file=False)]
     if not entries:
         raise Failure(f"spec file {spec_file}: no tasks in it; nothing submitted")
-    from falcon_es.spec import SpecLimits
 
     settings = settings_of(ctx)
-    limits = SpecLimits(settings.default_timeout_seconds, settings.max_timeout_seconds, settings.max_slices)
+    limits = settings.spec_limits
     job = job_of(ctx)
     tasks = [new_task(entry, options, limits, job) for entry in entries]
     from falcon_es import job_rows

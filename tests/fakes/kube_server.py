@@ -888,7 +888,10 @@ class FakeKubeServer:
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "details": {"name": name, "group": "batch", "kind": "jobs", "uid": uid}}
 
-    def _create_jobset(self, ns: str, body: Any) -> dict[str, Any]:
+    def _create_jobset(self, ns: str, body: Any, *, children: bool = True) -> dict[str, Any]:
+        """Store the JobSet and its headless Service; with ``children`` (the fake's own
+        small JobSet controller) its child Jobs too. A front end whose world runs the
+        JobSet controller itself (``sim_backed``) adds the children it makes."""
         if not isinstance(body, dict):
             raise KubeApiError(400, "BadRequest", "the body of the request was not a JSON object")
         meta = body.get("metadata") or {}
@@ -915,25 +918,36 @@ class FakeKubeServer:
             created = self._put("jobsets", ns, jobset, "ADDED")
             owner = [{"apiVersion": KINDS["jobsets"][1], "kind": "JobSet", "name": name,
                       "uid": created["metadata"]["uid"], "controller": True}]
-            for entry in replicated:
-                template = entry.get("template") or {}
+            for entry in replicated if children else ():
                 for index in range(int(entry.get("replicas", 1))):
-                    labels = {**(template.get("metadata") or {}).get("labels", {}),
-                              JOBSET_NAME_LABEL: name}
-                    spec = copy.deepcopy(template.get("spec") or {})
-                    spec.setdefault("completionMode", "Indexed")
-                    spec.setdefault("backoffLimit", 6)
-                    child = {"metadata": {"name": f"{name}-{entry.get('name')}-{index}",
-                                          "labels": labels, "ownerReferences": owner,
-                                          "annotations": dict(meta.get("annotations") or {})},
-                             "spec": spec, "status": {}}
-                    self._put("jobs", ns, child, "ADDED")
+                    self.add_jobset_child(ns, created, entry, index)
             self._put("services", ns, {
                 "metadata": {"name": name, "ownerReferences": owner,
                              "labels": {JOBSET_NAME_LABEL: name}},
                 "spec": {"clusterIP": "None", "selector": {JOBSET_NAME_LABEL: name},
                          "publishNotReadyAddresses": True}}, "ADDED")
             return copy.deepcopy(created)
+
+    def add_jobset_child(self, ns: str, jobset: Mapping[str, Any], entry: Mapping[str, Any],
+                         index: int) -> dict[str, Any]:
+        """Child Job ``index`` of the replicatedJob ``entry``, as the JobSet controller
+        makes it: named ``<jobset>-<replicatedJob>-<index>``, labelled with the JobSet's
+        name and owned by it."""
+        meta = jobset["metadata"]
+        name = meta["name"]
+        template = entry.get("template") or {}
+        labels = {**(template.get("metadata") or {}).get("labels", {}), JOBSET_NAME_LABEL: name}
+        spec = copy.deepcopy(template.get("spec") or {})
+        spec.setdefault("completionMode", "Indexed")
+        spec.setdefault("backoffLimit", 6)
+        owner = [{"apiVersion": KINDS["jobsets"][1], "kind": "JobSet", "name": name,
+                  "uid": meta["uid"], "controller": True}]
+        child = {"metadata": {"name": f"{name}-{entry.get('name')}-{index}",
+                              "labels": labels, "ownerReferences": owner,
+                              "annotations": dict(meta.get("annotations") or {})},
+                 "spec": spec, "status": {}}
+        with self._cond:
+            return self._put("jobs", ns, child, "ADDED")
 
     def _delete_jobset(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
         with self._cond:

@@ -18,7 +18,11 @@ scenarios must reach the same job-table results.
   watches them and publishes to Google's Pub/Sub emulator. The Job controller's events
   on a Job are reflected too: ``SuccessfulCreate`` for each pod the world creates, and
   ``FailedCreate`` (aggregated, its count the world's) for a Job whose pods an
-  admission webhook denies (the ``create-denied`` outcome).
+  admission webhook denies (the ``create-denied`` outcome). A JobSet created through it
+  is submitted to the world, whose JobSet controller makes the child Jobs
+  (``<jobset>-slice-<i>``, recreated under the same names on a restart); the API server
+  shows those children (owned by the JobSet, made as its own small controller makes
+  them), their pods and events, then the JobSet's restarts and verdict, in that order.
 - ``TokenAuthority`` is the OAuth2 token endpoint of a throwaway service-account key
   (``GOOGLE_APPLICATION_CREDENTIALS``), so ``google.auth.default()`` finds credentials
   the way it does in production and the Kubernetes servers accept its tokens.
@@ -63,15 +67,18 @@ from falcon_es.adapters.sim.kube_api import KubeService
 from falcon_es.adapters.sim.kube_objects import SimJob, SimPod
 from falcon_es.clock import Clock
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, NOT_FOUND, PERMISSION_DENIED, QUOTA_EXCEEDED, RETRYABLE,
-    STOCKOUT, BusMessage, NodePoolInfo, NodePoolSpec, Operation, PortError,
+    ALREADY_EXISTS, INVALID, JOB_KIND, JOBSET_KIND, NOT_FOUND, PERMISSION_DENIED,
+    QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, BusMessage, CreateRefusal, NodePoolInfo,
+    NodePoolSpec, Operation, PortError,
 )
 from falcon_es.registry import Cluster
 from falcon_es.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
 from tests.fakes import compute_server, gke_server, resource_manager_server
 from tests.fakes.compute_server import FakeCompute, HttpError
 from tests.fakes.gke_server import RPC_CODE, ApiError
-from tests.fakes.kube_server import FakeKubeServer, KubeApiError, timestamp
+from tests.fakes.kube_server import (
+    JOBSET_NAME_LABEL, FakeKubeServer, KubeApiError, timestamp,
+)
 from tests.fakes.resource_manager_server import FakeResourceManager
 
 T = TypeVar("T")
@@ -388,6 +395,13 @@ class SimKubeServer(FakeKubeServer):
         self._nodes: dict[str, bool] = {}
         #: The FailedCreate count reflected per Job (the world's ``SimJob.refused``).
         self._refusals: dict[str, int] = {}
+        #: The autoscaler event reflected per pod (the world's ``SimPool.autoscaler_event``).
+        self._autoscaled: dict[tuple[str, str], tuple[str, str]] = {}
+        #: Per JobSet child reflected, the world's uid of that child: a JobSet restart
+        #: recreates its children under the same names.
+        self._child_uids: dict[str, str] = {}
+        #: Per JobSet, the (restarts, condition, reason) reflected.
+        self._jobsets: dict[str, tuple[int, str | None, str | None]] = {}
 
     # -- one identity for every cluster ----------------------------------------------
 
@@ -405,13 +419,35 @@ class SimKubeServer(FakeKubeServer):
     def _delete_job(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
         return self.cloud.delete_job(self, ns, name, policy)
 
+    def _create_jobset(self, ns: str, body: Any, *, children: bool = True) -> dict[str, Any]:
+        return self.cloud.create_job(self, ns, body)
+
+    def _delete_jobset(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
+        return self.cloud.delete_job(self, ns, name, policy, JOBSET_KIND)
+
     def store_job(self, ns: str, body: Any) -> dict[str, Any]:
         return FakeKubeServer._create_job(self, ns, body)
+
+    def store_jobset(self, ns: str, body: Any) -> dict[str, Any]:
+        """The JobSet and its Service; its children are the world's (``reflect``)."""
+        return FakeKubeServer._create_jobset(self, ns, body, children=False)
+
+    def remove_jobset(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
+        """The JobSet, its children first (the world deleted them already, so they go
+        here without a round through the world), then the JobSet and its Service."""
+        with self._cond:
+            self._jobsets.pop(name, None)
+            jobset = self._objects.get(("jobsets", ns, name))
+            if jobset is not None:
+                for child in self._owned_by(jobset["metadata"]["uid"], "jobs", ns):
+                    self.remove_job(ns, child["metadata"]["name"], "Background")
+            return FakeKubeServer._delete_jobset(self, ns, name, policy)
 
     def remove_job(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
         with self._cond:
             self._jobs.pop(name, None)
             self._refusals.pop(name, None)
+            self._child_uids.pop(name, None)
             for key in [k for k in self._pods if k[0] == name]:
                 del self._pods[key]
             return FakeKubeServer._delete_job(self, ns, name, policy)
@@ -423,17 +459,85 @@ class SimKubeServer(FakeKubeServer):
         Job that changed, what its informer must publish next (None: it went away)."""
         ns = self.namespace
         changed: dict[str, EdgeKey | None] = {}
+        touched: set[str] = set()  # Jobs and JobSets whose observation may have changed
         with self._cond:
             self._reflect_nodes(pools)
+            for name in self.names("jobsets", ns):
+                if name not in kube.jobsets.jobsets:  # gone in the world (its TTL)
+                    self.remove_jobset(ns, name, "Background")
+                    changed[name] = None
             for name in self.names("jobs", ns):
-                if name not in kube.jobs:  # the TTL controller removed it
+                sim_job = kube.jobs.get(name)
+                if sim_job is None or self._child_uids.get(name, sim_job.uid) != sim_job.uid:
+                    # the TTL controller removed it, or a JobSet restart replaced it
+                    parent = self._parent_of(ns, name)
                     self.remove_job(ns, name, "Background")
                     changed[name] = None
+                    touched.update([parent] if parent else [])
+            touched.update(self._add_children(ns, kube))
             for name, sim_job in kube.jobs.items():
                 job = self._objects.get(("jobs", ns, name))
                 if job is not None and self._reflect_job(ns, job, sim_job):
+                    touched.add(sim_job.jobset or name)
+                if job is not None:
+                    # Events are not part of a Job's observation: the diagnosis reads
+                    # them when the pods' change is folded.
+                    self._reflect_autoscaler(ns, sim_job, pools)
+            # After its children: the JobSet controller concludes from their status.
+            touched.update(self._reflect_jobset_status(ns, kube))
+            for name in touched:
+                if ("jobsets", ns, name) in self._objects:
+                    changed[name] = self._jobset_key(ns, name)
+                elif ("jobs", ns, name) in self._objects:
                     changed[name] = self._key(ns, name)
         return changed
+
+    def _parent_of(self, ns: str, job_name: str) -> str | None:
+        job = self._objects.get(("jobs", ns, job_name)) or {}
+        return ((job.get("metadata") or {}).get("labels") or {}).get(JOBSET_NAME_LABEL)
+
+    def _add_children(self, ns: str, kube: KubeService) -> set[str]:
+        """The child Jobs the world's JobSet controller made, added as the fake's own
+        controller would make them."""
+        touched = set()
+        for name, sim_jobset in kube.jobsets.jobsets.items():
+            jobset = self._objects.get(("jobsets", ns, name))
+            if jobset is None:
+                continue
+            (entry,) = jobset["spec"]["replicatedJobs"]
+            for child in sim_jobset.children:
+                sim_child = kube.jobs.get(child)
+                if sim_child is None or ("jobs", ns, child) in self._objects:
+                    continue
+                self.add_jobset_child(ns, jobset, entry, int(child.rsplit("-", 1)[1]))
+                self._child_uids[child] = sim_child.uid
+                touched.add(name)
+        return touched
+
+    def _reflect_jobset_status(self, ns: str, kube: KubeService) -> set[str]:
+        """The world's JobSet restarts and verdict."""
+        touched = set()
+        for name, sim_jobset in kube.jobsets.jobsets.items():
+            jobset = self._objects.get(("jobsets", ns, name))
+            if jobset is None:
+                continue
+            wanted = (sim_jobset.restarts, sim_jobset.condition, sim_jobset.condition_reason)
+            if self._jobsets.get(name) == wanted:
+                continue
+            self._jobsets[name] = wanted
+            updated = copy.deepcopy(jobset)
+            status: dict[str, Any] = {"restarts": sim_jobset.restarts}
+            if sim_jobset.condition is not None:
+                now = timestamp(self.clock.now())
+                status["conditions"] = [{
+                    "type": sim_jobset.condition, "status": "True",
+                    "reason": sim_jobset.condition_reason or "",
+                    "message": f"jobset {sim_jobset.condition.lower()}",
+                    "lastTransitionTime": now}]
+            updated["status"] = status
+            self._put("jobsets", ns, updated, "MODIFIED")
+            touched.add(name)
+        return touched
 
     def _reflect_nodes(self, pools: NodePoolService) -> None:
         wanted = {node.name: (pool, node.ready) for pool in pools.pools.values()
@@ -502,6 +606,25 @@ class SimKubeServer(FakeKubeServer):
             changed = True
         return changed
 
+    def _reflect_autoscaler(self, ns: str, sim_job: SimJob, pools: NodePoolService) -> None:
+        """The cluster autoscaler's latest event about the Job's pool, on each of its
+        unscheduled pods, as the autoscaler records it (source cluster-autoscaler;
+        FailedScaleUp a Warning, TriggeredScaleUp and NotTriggerScaleUp Normal)."""
+        pool = pools.pools.get(sim_job.pool or "")
+        event = pool.autoscaler_event if pool is not None else None
+        if event is None:
+            return
+        for sim_pod in sim_job.pods:
+            key = (sim_job.name, sim_pod.name)
+            if sim_pod.node is not None or sim_pod.phase != "Pending" or \
+                    self._autoscaled.get(key) == event:
+                continue
+            self._autoscaled[key] = event
+            reason, message = event
+            self.record_event("Pod", sim_pod.name, reason, message, namespace=ns,
+                              event_type="Warning" if reason == "FailedScaleUp" else "Normal",
+                              source="cluster-autoscaler")
+
     def _new_pod(self, ns: str, job: Mapping[str, Any], sim_pod: SimPod) -> dict[str, Any]:
         """A pod as the job controller creates it from the Job's template."""
         template = job["spec"]["template"]
@@ -554,6 +677,39 @@ class SimKubeServer(FakeKubeServer):
     def _key(self, ns: str, name: str) -> EdgeKey:
         """What the informer's observation of the Job will say (its own pod reading)."""
         job = self._objects[("jobs", ns, name)]
+        pods, succeeded, failed, refusal = self._parts(ns, job)
+        return (tuple(sorted(pods)), _condition_of(job), succeeded, failed,
+                None if refusal is None else (refusal.message, refusal.count))
+
+    def _jobset_key(self, ns: str, name: str) -> EdgeKey:
+        """What the informer's observation of the JobSet will say: its children's pods
+        and counts summed, the first child's refusal (named), the JobSet's verdict."""
+        jobset = self._objects[("jobsets", ns, name)]
+        uid = jobset["metadata"]["uid"]
+        children = sorted(
+            (job for (kind, space, _), job in self._objects.items()
+             if kind == "jobs" and space == ns and any(
+                 o.get("uid") == uid for o in job["metadata"].get("ownerReferences", ()))),
+            key=lambda job: int(str(job["metadata"]["name"]).rsplit("-", 1)[1]))
+        pods: list[tuple[Any, ...]] = []
+        succeeded = failed = 0
+        refusal: tuple[str, int] | None = None
+        for child in children:
+            child_pods, child_succeeded, child_failed, refused = self._parts(ns, child)
+            pods.extend(child_pods)
+            succeeded, failed = succeeded + child_succeeded, failed + child_failed
+            if refused is not None and refusal is None:
+                refusal = (f"child Job {child['metadata']['name']}: {refused.message}",
+                           refused.count)
+        verdicts = {"Completed": "Complete", "Failed": "Failed"}
+        condition = next((verdicts[c["type"]] for c in (jobset.get("status") or {}).get(
+            "conditions") or () if c.get("type") in verdicts and c.get("status") == "True"),
+            None)
+        return tuple(sorted(pods)), condition, succeeded, failed, refusal
+
+    def _parts(self, ns: str, job: Mapping[str, Any]) -> tuple[
+            list[tuple[Any, ...]], int, int, CreateRefusal | None]:
+        """A Job's pods (as the informer reads them), counts and refusal."""
         uid = job["metadata"]["uid"]
         pods = [gcp_informer.pod_observation(pod)
                 for (kind, space, _), pod in self._objects.items()
@@ -563,10 +719,8 @@ class SimKubeServer(FakeKubeServer):
         refusal = gcp_informer.refusal_of(
             event for (kind, space, _), event in self._objects.items()
             if kind == "events" and space == ns and event["involvedObject"].get("uid") == uid)
-        return (tuple(sorted((p.name, p.phase, p.reason, p.exit_code, p.message) for p in pods)),
-                _condition_of(job), int(status.get("succeeded") or 0),
-                int(status.get("failed") or 0),
-                None if refusal is None else (refusal.message, refusal.count))
+        return ([(p.name, p.phase, p.reason, p.exit_code, p.message) for p in pods],
+                int(status.get("succeeded") or 0), int(status.get("failed") or 0), refusal)
 
 
 # ----------------------------------------------------------------------- GKE
@@ -859,26 +1013,32 @@ class SimBackedCloud:
                     self.trace.expect(name, job, key)
 
     def create_job(self, server: SimKubeServer, ns: str, body: Any) -> dict[str, Any]:
+        """A Job or a JobSet: submitted to the world (whose JobSet controller makes a
+        JobSet's children), then stored by the API server."""
         sim = self.world.cluster(server.cluster_name)
+        kind = JOBSET_KIND if (body or {}).get("kind") == JOBSET_KIND else JOB_KIND
+        store = server.store_jobset if kind == JOBSET_KIND else server.store_job
         with self.lock:
             try:
                 self.world.call(lambda now: sim.kube.submit(body, now))
             except PortError as error:
                 raise _kube_error(error, body) from None
             try:
-                created = server.store_job(ns, body)
+                created = store(ns, body)
             except KubeApiError:
-                self.world.call(lambda now: sim.kube.delete_job(body["metadata"]["name"], now))
+                self.world.call(lambda now: sim.kube.delete_job(body["metadata"]["name"], now,
+                                                                kind))
                 raise
             self.sync()
             return created
 
-    def delete_job(self, server: SimKubeServer, ns: str, name: str,
-                   policy: str | None) -> dict[str, Any]:
+    def delete_job(self, server: SimKubeServer, ns: str, name: str, policy: str | None,
+                   kind: str = JOB_KIND) -> dict[str, Any]:
         sim = self.world.cluster(server.cluster_name)
+        remove = server.remove_jobset if kind == JOBSET_KIND else server.remove_job
         with self.lock:
-            result = server.remove_job(ns, name, policy)
-            self.world.call(lambda now: sim.kube.delete_job(name, now))
+            result = remove(ns, name, policy)
+            self.world.call(lambda now: sim.kube.delete_job(name, now, kind))
             self.trace.expect(server.cluster_name, name, None)
             self.sync()
             return result
@@ -902,8 +1062,10 @@ class SimBackedCloud:
 def _kube_error(error: PortError, body: Any) -> KubeApiError:
     name = ((body or {}).get("metadata") or {}).get("name", "")
     if error.code == ALREADY_EXISTS:
-        return KubeApiError(409, "AlreadyExists", f'jobs.batch "{name}" already exists',
-                            {"name": name, "group": "batch", "kind": "jobs"})
+        group, kind = (("jobset.x-k8s.io", "jobsets") if (body or {}).get("kind") == JOBSET_KIND
+                       else ("batch", "jobs"))
+        return KubeApiError(409, "AlreadyExists", f'{kind}.{group} "{name}" already exists',
+                            {"name": name, "group": group, "kind": kind})
     if error.code == INVALID:
         return KubeApiError(422, "Invalid", error.message)
     return KubeApiError(500, "InternalError", error.message)

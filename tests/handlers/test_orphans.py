@@ -91,3 +91,37 @@ def test_a_pool_gke_is_already_deleting_is_no_orphan(make_bench: HandlerBenches)
     bench.ports.node_pools.delete(bench.cluster(), "falcon-going-2x2")
 
     assert bench.run() == []
+
+
+def test_a_multi_slice_task_holds_every_pool_of_its_group_and_no_more(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(orphans.sweep_orphans, reserved_cluster())
+    cluster = bench.cluster()
+    bench.bring("ms", "running", topology="4x4", slices=2)
+    labels = {**FALCON, "falcon-task": "ms"}
+    bench.add_pool("falcon-ms-4x4-s1", labels, topology="4x4")
+    bench.add_pool("falcon-ms-4x4-s2", labels, topology="4x4")  # beyond its two slices
+    bench.advance(VISIBLE)
+
+    assert bench.run() == [(f"orphans:{cluster.id}",
+                            ev.OrphanPoolFound(cluster.id, "falcon-ms-4x4-s2", "ms"))]
+
+
+def test_every_pool_of_a_deleted_group_listed_again_is_an_orphan_after_the_grace(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(orphans.sweep_orphans, reserved_cluster(),
+                       create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
+    cluster = bench.cluster()
+    bench.bring("t1", "succeeded", topology="4x4", slices=2)
+    bench.add_pool("falcon-t1-4x4-s1", {**FALCON, "falcon-task": "t1"}, topology="4x4")
+    others = ("falcon-t1-4x4-s1",)
+    bench.given("t1", ev.NodePoolDeleteRequested("falcon-t1-4x4", others),
+                ev.NodePoolDeleted("falcon-t1-4x4", others))
+
+    bench.advance(240)
+    assert bench.run() == []
+
+    bench.advance(60)
+    assert bench.run() == [
+        (f"orphans:{cluster.id}", ev.OrphanPoolFound(cluster.id, name, "t1"))
+        for name in ("falcon-t1-4x4", "falcon-t1-4x4-s1")]

@@ -97,7 +97,7 @@ def test_the_create_is_followed_until_every_node_is_ready(make_bench: HandlerBen
     assert bench.run() == []  # the create operation is still running
 
     bench.advance(70)
-    assert bench.run() == [("t1", ev.NodesNotReady("falcon-t1-2x2", 0, 1, 1))]
+    assert bench.run() == [("t1", ev.NodesNotReady("falcon-t1-2x2", 0, 1, 1, 0))]
     assert (bench.row("t1")["status"], bench.row("t1")["reason"]) == ("Pending", "WaitingForNode")
 
     bench.advance(15)  # the look again is due (15 s), the node is Ready

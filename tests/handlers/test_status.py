@@ -9,7 +9,7 @@ import pytest
 from falcon_es import events as ev
 from falcon_es.handlers import status
 from falcon_es.ports import CreateRefusal, PodObservation
-from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
+from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
 
 pytestmark = SQLITE_ONLY
 
@@ -215,3 +215,46 @@ def test_a_transient_refusal_is_shown_and_starts_no_grace(make_bench: HandlerBen
     bench.observe("t1", resource_version=4, refusal=CreateRefusal(WEBHOOK))
     assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 4))]
     assert bench.state("t1").refused_since == bench.clock.now()
+
+
+def test_pods_waiting_for_an_autoscaled_pools_nodes_are_waiting_for_node_and_a_refusal_shows(
+        make_bench: HandlerBenches) -> None:
+    """Flex-start: the workload is in before the pool has nodes. Its pending pods are
+    WaitingForNode with the pool's counts; a refusal of its pods is still the cause
+    shown (and starts the grace); the pods running end the wait, and the task's
+    timeout counts from then."""
+    bench = make_bench(status.fold_observations, flex_cluster())
+    bench.bring("t1", "submitted")
+    pending = PodObservation("falcon-t1-0", "Pending", reason="Unschedulable",
+                             message="0/3 nodes are available: 3 node(s) didn't match "
+                                     "Pod's node affinity/selector.")
+
+    bench.observe("t1", resource_version=3, pods=(pending,))
+    ((_, awaited),) = bench.run()
+    assert isinstance(awaited, ev.NodesAwaited)
+    assert (awaited.expected, awaited.registered, awaited.ready) == (1, 0, 0)
+    row = bench.row("t1")
+    assert (row["status"], row["reason"]) == ("Pending", "WaitingForNode")
+    assert "node pool falcon-t1-2x2 control-plane RUNNING but 0/1 expected node(s) " \
+           "registered (Ready=0)" in row["message"]
+    bench.observe("t1", resource_version=4, pods=(pending,))
+    assert bench.run() == []  # the same wait: nothing new to record
+
+    bench.advance(30)
+    bench.observe("t1", resource_version=6, refusal=CreateRefusal(WEBHOOK))
+    assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 6))]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"], row["message"]) == (
+        "Pending", "Dispatching", f"pods of Job falcon-t1 cannot be created: {WEBHOOK}")
+    assert bench.state("t1").refused_since == bench.clock.now()
+
+    bench.observe("t1", resource_version=8, pods=(pending,))
+    assert [type(e) for _, e in bench.run()] == [ev.NodesAwaited]
+    assert bench.state("t1").refused_since is None
+    bench.advance(3600)
+    bench.observe("t1", resource_version=9, active=1,
+                  pods=(PodObservation("falcon-t1-0", "Running"),))
+    assert bench.run() == [("t1", ev.PodsRunning(1, 1, 9))]
+    state = bench.state("t1")
+    assert (state.status, state.dispatched_at) == ("Running", bench.clock.now())
+    assert bench.backlog() == 0

@@ -45,7 +45,7 @@ from falcon_es.retry import DEFAULT_BACKOFFS, RetryPolicies
 from falcon_es.runtime import Controller, Handler
 from falcon_es.settings import Settings
 from falcon_es.task_manifests import pool_labels
-from falcon_es.spec import parse_spec
+from falcon_es.spec import SpecLimits, parse_spec
 from falcon_es.store import Meta, RecordedEvent, StreamAppend
 from falcon_es.task import TaskState, fold
 from falcon_es.tpu import slice_shape
@@ -146,7 +146,9 @@ class HandlerBench:
         body = {**SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"]), **spec}
         job_rows.submit(self._app.engine, name=task_id, actor=actor, spec=body,
                         now=self.clock.now(), task_id=task_id, job=self._app.job)
-        parsed = parse_spec(body)
+        parsed = parse_spec(body, SpecLimits(self.settings.default_timeout_seconds,
+                                             self.settings.max_timeout_seconds,
+                                             self.settings.max_slices))
         state = self.given(task_id, ev.TaskAccepted(task_id, actor, parsed.to_data(),
                                                     parsed.tpu_type, parsed.topology,
                                                     self.clock.now()))
@@ -176,7 +178,7 @@ class HandlerBench:
                 return (ev.NodePoolCreateRequested(
                     pool, supply_mode, shape.machine_type, shape.hosts,
                     cluster.default_reservation if supply_mode == "reservation" else None,
-                    self._scale_down_seconds(supply_mode)),)
+                    self._scale_down_seconds(supply_mode), slices=state.slices),)
             case "create-started":
                 return (ev.NodePoolCreateStarted(pool, self.create_pool(state.task_id).id),)
             case "pool-ready":

@@ -354,6 +354,8 @@ class JobViews:
             events = [self._events[e] for e in self._events_of.get(child_uid, ())]
             parts.append((child, pods, events))
         content = _jobset_content(view.job, parts)
+        if _children_behind(content[3], parts):
+            return None  # observed again when the child Job's update arrives
         if content == view.published and not republish:
             return None
         if content != view.attempted:
@@ -590,6 +592,21 @@ def _jobset_content(jobset: Mapping[str, Any],
             condition, reason = _JOBSET_CONDITIONS[entry["type"]], entry.get("reason")
     return (succeeded, failed, completions, condition, tuple(pods), refusal,
             int(status.get("restarts") or 0), reason)
+
+
+def _children_behind(condition: str | None, children: Iterable[
+        tuple[Mapping[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]) -> bool:
+    """The JobSet's verdict arrived before the child Jobs' status it was drawn from
+    (the JobSets and Jobs watches are not ordered): a Completed JobSet whose children
+    are not all Complete yet, or a Failed one with no Failed child. Publishing it now
+    would end the task with a partial count or without its root cause. A JobSet whose
+    children are all gone is published as it is."""
+    verdicts = [_condition(child) for child, _, _ in children]
+    if condition is None or not verdicts:
+        return False
+    if condition == "Complete":
+        return any(verdict != "Complete" for verdict in verdicts)
+    return "Failed" not in verdicts
 
 
 def _observation(cluster_name: str, job: Mapping[str, Any], task_id: str, content: Content,

@@ -78,6 +78,12 @@ def _findings(job: client.V1Job, pods: Sequence[client.V1Pod],
         pod_events = sorted(by_object.get(("Pod", pod_name), []), key=_event_time)
         unschedulable = _unschedulable_message(pod, pod_events)
         if unschedulable is not None:
+            # The autoscaler's word on why no node comes (a stockout, a quota) is the
+            # root cause: it leads, ahead of the pool's counts and the pod's symptom.
+            scale = [e for e in pod_events if e.reason in AUTOSCALER_REASONS]
+            if scale:
+                findings.append((0, f"cluster autoscaler {scale[-1].reason}: "
+                                    f"{scale[-1].message}"))
             pool = (pod.spec.node_selector or {}).get(NODEPOOL_LABEL) if pod.spec else None
             if pool and pool not in pools_checked:
                 pools_checked.add(pool)
@@ -85,11 +91,7 @@ def _findings(job: client.V1Job, pods: Sequence[client.V1Pod],
                 if counts.ready == 0:
                     findings.append((0, (f"node pool {pool} has no Ready nodes "
                                          f"({counts.registered} registered)")))
-            text = f"pod {pod_name} cannot be scheduled: {unschedulable}"
-            scale = [e.message for e in pod_events if e.reason in AUTOSCALER_REASONS]
-            if scale:
-                text += f" (cluster autoscaler: {scale[-1]})"
-            findings.append((1, text))
+            findings.append((1, f"pod {pod_name} cannot be scheduled: {unschedulable}"))
         findings.extend(_container_findings(pod))
         status = pod.status
         if status is not None and status.phase == "Failed" and status.reason:

@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import datetime as dt
 import heapq
-import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -124,8 +123,8 @@ class SimBus:
         self._clock = clock
         self._deadline = config.ack_deadline_seconds
         self._before_read = before_read
-        self._ids = itertools.count(1)
-        self._order = itertools.count()
+        self._ids = 0
+        self._order = 0
         self._topics: dict[str, list[_Subscription]] = {}
         self._subscriptions: dict[str, _Subscription] = {}
         for topic, names in config.subscriptions.items():
@@ -180,8 +179,10 @@ class SimBus:
         bad = sorted(k for k, v in attrs.items() if not isinstance(k, str) or not isinstance(v, str))
         if bad:
             raise PortError(INVALID, f"attribute {bad[0]!r}: keys and values must be strings")
-        message = _Message(str(next(self._ids)), topic, body, MappingProxyType(attrs), ordering_key)
-        order = next(self._order)
+        self._ids += 1
+        message = _Message(str(self._ids), topic, body, MappingProxyType(attrs), ordering_key)
+        order = self._order
+        self._order += 1
         for sub in subscriptions:
             sub.add(_Entry(message, order, visible_at))
         return message.id

@@ -1,7 +1,7 @@
 """What the simulated GKE and Kubernetes sides of one cluster share: its identity, its
 seeded random streams, and the API's validation rules (so a bad name or label fails
 here the way it would against the real API); and how the port adapters over them run
-a call in the world (``WorldCall``)."""
+a call in the world (``WorldCall``) and what records a create (``RecordCreate``)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ class WorldCall(Protocol):
     """
 
     def __call__(self, action: Callable[[dt.datetime], T], /) -> T: ...
+
+
+#: Tells the world a create call succeeded: (cluster, kind, name); the world keeps the
+#: record, so a test can show that nothing was created twice across restarts.
+RecordCreate = Callable[[str, str, str], None]
+
+
+def no_record(cluster: str, kind: str, name: str) -> None:
+    """A port adapter built without a world to tell."""
 
 
 def random_streams(seed: int, cluster: str) -> dict[str, random.Random]:

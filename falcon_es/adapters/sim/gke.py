@@ -2,8 +2,14 @@
 
 A create returns a long-running operation at once; the pool is PROVISIONING (and
 invisible to get/list for the create-visibility window), then RUNNING when the
-operation ends, and its nodes register after a delay -- or, in a stockout, not for a
-while or never. Multi-host slices are atomic: all nodes arrive together. A failed
+operation ends. A fixed-size pool (reservation, on-demand) brings its nodes then,
+after a delay -- or, in a stockout, not for a while or never. An autoscaled pool
+(flex-start: autoscaling 0..N, 0 initial nodes) gets nodes only as the cluster
+autoscaler does: for Pending pods that need them (``scale_up``, asked by the Kubernetes
+side), answering with the autoscaler's pod events (TriggeredScaleUp, or FailedScaleUp in
+the stockout's words, and NotTriggerScaleUp while it backs off), and it removes the
+nodes again once they have been unneeded for the pool's scale-down-unneeded time.
+Multi-host slices are atomic: all nodes arrive together. A failed
 create leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made
 from a SPECIFIC reservation hold their VMs of it from create until deleted.
 """
@@ -25,13 +31,16 @@ from falcon_es.spec import SUPPLY_MODES
 from falcon_es.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, WorldCall, label_problem, seconds_after, suffix,
+    POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
+    suffix,
 )
 from falcon_es.adapters.sim.config import FLEX_START, RESERVATION, ReservationConfig
 from falcon_es.adapters.sim.timeline import Timeline
 
 PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", "ERROR"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
+NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
 
 
 @dataclasses.dataclass
@@ -76,7 +85,19 @@ class SimPool:
     stocked_out: bool = False
     stockout_ends_at: dt.datetime | None = None  # None while stocked out: for good
     nodes: list[SimNode] = dataclasses.field(default_factory=list)
+    #: The cluster autoscaler's latest event about this pool on the pods waiting for
+    #: it: (reason, message), e.g. ("FailedScaleUp", "... GCE out of resources ...").
+    autoscaler_event: tuple[str, str] | None = None
+    #: The Job whose pending pods a scale-up in flight is for (exclusive per pool).
+    scaling_for: str | None = None
+    #: Since when no pod has used the pool's nodes (None: in use, or no nodes).
+    unneeded_since: dt.datetime | None = None
     _node_labels: Mapping[str, str] | None = None
+
+    @property
+    def autoscaled(self) -> bool:
+        """Flex-start pools are created with autoscaling 0..N and no initial nodes."""
+        return self.supply_mode == FLEX_START
 
     @property
     def registered(self) -> int:
@@ -197,12 +218,11 @@ class NodePoolService:
         if failure is not None:
             code, words = failure
             self._timeline.at(seconds_after(now, min(failure_after, latency)),
-                              lambda moment: self._fail_create(pool, operation, code, words, moment))
+                              self._fail_create, pool, operation, code, words)
         else:
             pool.holds_reservation = pool.reservation is not None
             self._timeline.at(seconds_after(now, latency),
-                              lambda moment: self._finish_create(pool, operation, stocked,
-                                                                 stockout_seconds, moment))
+                              self._finish_create, pool, operation, stocked, stockout_seconds)
         return operation.view()
 
     def get_operation(self, operation_id: str) -> Operation:
@@ -242,7 +262,7 @@ class NodePoolService:
             self._on_nodes_changed(pool, now, lost)
         latency = self.behaviour.delete_latency.draw(self._rng)
         self._timeline.at(seconds_after(now, latency),
-                          lambda moment: self._finish_delete(pool, operation, moment))
+                          self._finish_delete, pool, operation)
         return operation.view()
 
     # ------------------------------------------------------------ accounting
@@ -393,19 +413,100 @@ class NodePoolService:
         start = moment
         if stocked:
             pool.stocked_out = True
-            if stockout_seconds is None:
-                return
-            start = seconds_after(moment, stockout_seconds)
-            pool.stockout_ends_at = start
+            if stockout_seconds is not None:
+                start = seconds_after(moment, stockout_seconds)
+                pool.stockout_ends_at = start
+        if pool.autoscaled:
+            # No nodes until pods ask for them: tell the Kubernetes side the pool is
+            # there, so pods already pending for it ask the autoscaler now.
+            self._on_nodes_changed(pool, moment, [])
+            return
+        if stocked and stockout_seconds is None:
+            return
+        self._bring_nodes(pool, start)
+
+    def _bring_nodes(self, pool: SimPool, start: dt.datetime) -> None:
         register = self.behaviour.node_register_delay[pool.supply_mode].draw(self._rng)
         ready_lag = self.behaviour.node_ready_lag.draw(self._rng)
         at = seconds_after(start, register)
-        self._timeline.at(at, lambda m: self._register_nodes(pool, m, ready_lag))
+        self._timeline.at(at, self._register_nodes, pool, ready_lag)
 
-    def _register_nodes(self, pool: SimPool, moment: dt.datetime, ready_lag: float) -> None:
+    # ------------------------------------------------------ cluster autoscaler
+
+    def scale_up(self, name: str, job: str, moment: dt.datetime, misfit: str | None) -> bool:
+        """The cluster autoscaler, for pending pods of ``job`` that need a node of pool
+        ``name``: True when the pool has nodes or a scale-up for this Job is under way,
+        False when it cannot help (not autoscaled, not RUNNING, scaling for another
+        Job, out of capacity: its FailedScaleUp event says so). ``misfit``: why the pod
+        would not fit a new node either (then no scale-up: NotTriggerScaleUp)."""
+        pool = self.pools.get(name)
+        if pool is None or not pool.autoscaled or pool.status != RUNNING:
+            return False
+        if pool.nodes:
+            return True
+        if pool.scaling_for is not None:
+            return pool.scaling_for == job
+        if misfit is not None:
+            pool.autoscaler_event = (NOT_TRIGGER_SCALE_UP, "pod didn't trigger scale-up (it "
+                                     f"wouldn't fit if a new node is added): 1 {misfit}")
+            return False
+        if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
+            if pool.autoscaler_event is None or pool.autoscaler_event[0] != FAILED_SCALE_UP:
+                pool.autoscaler_event = (FAILED_SCALE_UP, self._stockout_words(pool))
+                if pool.stockout_ends_at is not None:
+                    # The autoscaler tries again after its backoff; the first try
+                    # after the stockout ends succeeds.
+                    self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
+            return False
+        pool.scaling_for = job
+        pool.autoscaler_event = (TRIGGERED_SCALE_UP, (
+            f"pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
+            f"{self.identity.project}/zones/{self.identity.location}/instanceGroups/"
+            f"gke-{self.identity.name[:12]}-{pool.name[:24]}-grp 0->{pool.shape.hosts} "
+            f"(max: {pool.shape.hosts})}}]"))
+        self._bring_nodes(pool, moment)
+        return True
+
+    def _retry_scale_up(self, pool: SimPool, moment: dt.datetime) -> None:
+        """The autoscaler's first try after a stockout ends: nodes come."""
+        self._on_nodes_changed(pool, moment, [])
+
+    def _stockout_words(self, pool: SimPool) -> str:
+        """The autoscaler's FailedScaleUp on a pod whose pool's zone has no capacity."""
+        return (f"Node scale up in zones {self.identity.location} associated with this pod "
+                f"failed: GCE out of resources ({pool.shape.hosts} x "
+                f"{pool.shape.machine_type}, {pool.supply_mode}). Pod is at risk of not "
+                "being scheduled.")
+
+    def node_use_changed(self, name: str, moment: dt.datetime) -> None:
+        """A pod bound to or left one of the pool's nodes: an autoscaled pool whose nodes
+        all stay unneeded for its scale-down-unneeded time loses them."""
+        pool = self.pools.get(name)
+        if pool is None or not pool.autoscaled or not pool.nodes:
+            return
+        if any(node.pod is not None for node in pool.nodes):
+            pool.unneeded_since = None
+            return
+        if pool.unneeded_since is not None:
+            return
+        pool.unneeded_since = since = moment
+        self._timeline.at(seconds_after(moment, pool.scale_down_unneeded_seconds),
+                          self._scale_down, pool, since)
+
+    def _scale_down(self, pool: SimPool, since: dt.datetime, moment: dt.datetime) -> None:
+        if (self.pools.get(pool.name) is not pool or pool.status != RUNNING
+                or pool.unneeded_since != since):
+            return
+        lost, pool.nodes = pool.nodes, []
+        pool.unneeded_since, pool.autoscaler_event = None, None
+        self.registered_nodes -= len(lost)
+        self._on_nodes_changed(pool, moment, lost)
+
+    def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
             return
         pool.stocked_out = False
+        pool.scaling_for = None
         group = suffix(self._rng, 8)
         pool.nodes = [
             SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")
@@ -413,7 +514,7 @@ class NodePoolService:
         ]
         self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
-        self._timeline.at(seconds_after(moment, ready_lag), lambda m: self._nodes_ready(pool, m))
+        self._timeline.at(seconds_after(moment, ready_lag), self._nodes_ready, pool)
 
     def _nodes_ready(self, pool: SimPool, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
@@ -463,13 +564,17 @@ class SimNodePools:
     the cluster's node-pool API (created on first use) and ``call`` runs a call at the
     world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService]) -> None:
+    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService],
+                 record: RecordCreate = no_record) -> None:
         self._call = call
         self._pools_of = pools_of
+        self._record = record
 
     def create(self, spec: NodePoolSpec) -> Operation:
         gke = self._pools_of(spec.cluster)
-        return self._call(lambda now: gke.create(spec, now))
+        operation = self._call(lambda now: gke.create(spec, now))
+        self._record(spec.cluster.name, "NodePool", spec.name)
+        return operation
 
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
         gke = self._pools_of(cluster)

@@ -43,7 +43,7 @@ class Informer:
             token = self._holds
             self._held[observation.job_uid] = (token, observation)
             self._timeline.at(seconds_after(moment, self._faults.reorder_max_hold_seconds),
-                              lambda m: self._release(observation.job_uid, token, m))
+                              self._release, observation.job_uid, token)
             return
         self._send(observation, moment)
         if held is not None:

@@ -18,7 +18,7 @@ from falcon_es.ports import (
 )
 from falcon_es.registry import Cluster
 
-from falcon_es.adapters.sim.common import WorldCall
+from falcon_es.adapters.sim.common import RecordCreate, WorldCall, no_record
 from falcon_es.adapters.sim.kube_api import KubeService
 from falcon_es.adapters.sim.kube_manifests import TASK_LABEL
 
@@ -27,12 +27,15 @@ class SimEdgeCluster:
     """The ``EdgeCluster`` port of one simulated cluster: its Kubernetes API, and
     ``call`` to run each call at the world's moment."""
 
-    def __init__(self, call: WorldCall, kube: KubeService) -> None:
+    def __init__(self, call: WorldCall, kube: KubeService, record: RecordCreate = no_record) -> None:
         self._call = call
         self._kube = kube
+        self._record = record
 
     def submit_job(self, manifest: Mapping[str, Any]) -> JobRef:
-        return self._call(lambda now: self._submit(manifest, now))
+        ref = self._call(lambda now: self._submit(manifest, now))
+        self._record(self._kube.identity.name, str(manifest.get("kind", JOB_KIND)), ref.name)
+        return ref
 
     def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None:
         return self._call(lambda now: self._kube.get_job(name, kind))
@@ -90,13 +93,16 @@ class SimEdgeClusters:
     ``kube_of(cluster)`` is that cluster's API (created on first use) and ``call`` runs
     a call at the world's moment: all this port needs of the world that builds it."""
 
-    def __init__(self, call: WorldCall, kube_of: Callable[[Cluster], KubeService]) -> None:
+    def __init__(self, call: WorldCall, kube_of: Callable[[Cluster], KubeService],
+                 record: RecordCreate = no_record) -> None:
         self._call = call
         self._kube_of = kube_of
+        self._record = record
         self._edges: dict[str, SimEdgeCluster] = {}
 
     def for_cluster(self, cluster: Cluster) -> SimEdgeCluster:
         edge = self._edges.get(cluster.name)
         if edge is None:
-            edge = self._edges[cluster.name] = SimEdgeCluster(self._call, self._kube_of(cluster))
+            edge = self._edges[cluster.name] = SimEdgeCluster(self._call, self._kube_of(cluster),
+                                                                self._record)
         return edge

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import functools
 import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -47,7 +46,8 @@ from falcon_es.ports import (
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
 from falcon_es.adapters.sim.gke import (
-    ERROR, PROVISIONING, RUNNING, STOPPING, NodePoolService, SimNode, SimPool,
+    ERROR, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP, NodePoolService, SimNode,
+    SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
@@ -55,7 +55,7 @@ from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, pa
 from falcon_es.adapters.sim.kube_objects import (
     FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimCreateFailure, SimJob, SimPod, SimService,
 )
-from falcon_es.adapters.sim.timeline import Timeline
+from falcon_es.adapters.sim.timeline import Method, Timeline
 
 COMPLETE_CONDITION, FAILED_CONDITION = "Complete", "Failed"
 
@@ -178,7 +178,7 @@ class KubeService:
         self.collect_services_of(job.uid)
         self._dirty.pop(name, None)
         self.forget_unbound(job)
-        freed = {pod.pool for pod in job.pods if self._unbind(pod)}
+        freed = {pod.pool for pod in job.pods if self._unbind(pod, now)}
         self._reschedule(now, freed)
 
     def create_service(self, manifest: Mapping[str, Any]) -> SimService:
@@ -201,15 +201,15 @@ class KubeService:
         self.resource_version += 1
         return self.resource_version
 
-    def at(self, moment: dt.datetime, action: Callable[[dt.datetime], None]) -> None:
-        self._timeline.at(moment, action)
+    def at(self, moment: dt.datetime, method: Method, *args: object) -> None:
+        self._timeline.at(moment, method, *args)
 
     def stop(self, job: SimJob, moment: dt.datetime) -> None:
         """Delete a Job's live pods (a failed JobSet stops its other children)."""
         freed = set()
         for pod in job.live_pods():
             freed.add(pod.pool)
-            self._unbind(pod)
+            self._unbind(pod, moment)
             job.pods.remove(pod)
         self.forget_unbound(job)
         job.followers_held, job.followers_refusal = False, None
@@ -311,6 +311,7 @@ class KubeService:
                 self._schedule_job(job, moment)
 
     def _schedule_job(self, job: SimJob, moment: dt.datetime) -> None:
+        asked = False
         for pod in list(job.pods):
             if pod.phase != PENDING or pod.node is not None:
                 continue
@@ -319,14 +320,19 @@ class KubeService:
                 if (pod.reason, pod.message) != ("Unschedulable", why):
                     pod.reason, pod.message = "Unschedulable", why
                     self._dirty[job.name] = job
+                if not asked:
+                    asked = True
+                    self._ask_autoscaler(job, moment)
                 continue
             if not node.shared:
                 node.pod = f"{job.name}/{pod.name}"
             pod.node, pod.pool = node.name, job.pool or self._pool_of(node)
+            if not node.shared:
+                self._pools.node_use_changed(pod.pool or "", moment)
             pod.reason, pod.message = "ContainerCreating", None
             self._dirty[job.name] = job
             start = self.defaults.pod_start.draw(self._rng)
-            self._timeline.at(seconds_after(moment, start), functools.partial(self._start, job, pod))
+            self._timeline.at(seconds_after(moment, start), self._start, job, pod)
             if job.followers_held and pod.index == 0:
                 self.jobsets.leader_bound(job, pod.pool)
                 self._schedule_job(job, moment)
@@ -387,6 +393,28 @@ class KubeService:
         return None, (f"0/{total} nodes are available: {detail}. preemption: 0/{total} nodes are "
                       f"available: {total} Preemption is not helpful for scheduling.")
 
+    def _ask_autoscaler(self, job: SimJob, moment: dt.datetime) -> None:
+        """The cluster autoscaler sees the Job's pending pods: it scales up a pool they
+        may use (a JobSet child's: one of its allowed pools no sibling holds or scales,
+        exclusive per pool). Its event is on the pods: a changed one republishes them."""
+        if job.pool is not None:
+            candidates = [job.pool]
+        elif job.allowed_pools:
+            claimed = self.jobsets.claimed(job)
+            candidates = [p for p in job.allowed_pools if p not in claimed]
+        else:
+            return
+        misfit = ((_NO_TPU if job.jobset else _NO_MEMORY)
+                  if job.behaviour.outcome == "unschedulable" else None)
+        for name in candidates:
+            pool = self._pools.pools.get(name)
+            before = pool.autoscaler_event if pool else None
+            helped = self._pools.scale_up(name, job.name, moment, misfit)
+            if pool is not None and pool.autoscaler_event != before:
+                self._dirty[job.name] = job
+            if helped:
+                return
+
     def _pool_of(self, node: SimNode) -> str | None:
         return next((name for name, pool in self._pools.pools.items() if node in pool.nodes), None)
 
@@ -408,6 +436,14 @@ class KubeService:
             return f"node pool {name} is in ERROR: {pool.status_message}"
         if pool.status == STOPPING:
             return f"node pool {name} is being deleted (operation {pool.delete_operation})"
+        if pool.status == RUNNING and pool.ready < hosts and pool.autoscaled:
+            counts = f"{pool.registered}/{hosts} nodes registered, {pool.ready} Ready"
+            event = pool.autoscaler_event
+            if event is None:
+                return f"node pool {name} (autoscaled): {counts}"
+            if event[0] == TRIGGERED_SCALE_UP and pool.registered:
+                return f"node pool {name} (autoscaled): {counts}"
+            return f"cluster autoscaler {event[0]}: {event[1]}"
         if pool.status == RUNNING and pool.ready < hosts:
             if pool.stocked_out:
                 return (f"node pool {name} has {pool.ready}/{hosts} nodes ready: no "
@@ -439,7 +475,7 @@ class KubeService:
             refused.last = moment
         self._dirty[job.name] = job
         delay = min(_SYNC_BACKOFF_CAP, _SYNC_BACKOFF_START * 2 ** min(refused.count - 1, 16))
-        self._timeline.at(seconds_after(moment, delay), lambda m: self._refuse_pods(job, m))
+        self._timeline.at(seconds_after(moment, delay), self._refuse_pods, job)
 
     def _start(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if not self._current(job, pod) or pod.phase != PENDING or pod.node is None:
@@ -451,13 +487,13 @@ class KubeService:
                            f'failed to pull and unpack image "{job.image}": failed to resolve '
                            f'reference "{job.image}": {job.image}: not found')
             self._timeline.at(seconds_after(moment, self.defaults.image_pull_backoff_seconds),
-                              lambda m: self._image_backoff(job, pod))
+                              self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
         self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
-                          lambda m: self._finish(job, pod, m))
+                          self._finish, job, pod)
 
-    def _image_backoff(self, job: SimJob, pod: SimPod) -> None:
+    def _image_backoff(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if self._current(job, pod) and pod.reason == "ErrImagePull":
             pod.reason, pod.message = "ImagePullBackOff", f'Back-off pulling image "{job.image}"'
             self._dirty[job.name] = job
@@ -477,7 +513,7 @@ class KubeService:
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
         pod.finished_at = moment
         freed = pod.pool
-        self._unbind(pod)
+        self._unbind(pod, moment)
         job.done_indexes.add(pod.index)
         self._dirty[job.name] = job
         if len(job.done_indexes) >= job.completions:
@@ -491,20 +527,20 @@ class KubeService:
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
         pod.finished_at = moment
         freed = {pod.pool}
-        self._unbind(pod)
+        self._unbind(pod, moment)
         job.failed += 1
         self._dirty[job.name] = job
         if job.failed > job.backoff_limit:
             self._conclude(job, FAILED_CONDITION, moment)
             for other in job.live_pods():
                 freed.add(other.pool)
-                self._unbind(other)
+                self._unbind(other, moment)
                 job.pods.remove(other)
             self.forget_unbound(job)
         else:
             delay = min(_BACKOFF_CAP, _BACKOFF_START * 2 ** (job.failed - 1))
             self._timeline.at(seconds_after(moment, delay),
-                              lambda m: self._replace(job, pod.index, m))
+                              self._replace, job, pod.index)
         self._reschedule(moment, freed)
 
     def _conclude(self, job: SimJob, condition: str, moment: dt.datetime) -> None:
@@ -515,7 +551,7 @@ class KubeService:
             self.jobsets.child_concluded(job, condition, moment)
         if job.ttl_after_finished is not None:
             self._timeline.at(seconds_after(moment, job.ttl_after_finished),
-                              lambda m: self._expire(job, m))
+                              self._expire, job)
 
     def _expire(self, job: SimJob, moment: dt.datetime) -> None:
         if self.jobs.get(job.name) is job:
@@ -545,7 +581,7 @@ class KubeService:
         self._unbound.setdefault(job.pool, {})[job.name] = None
         return pod
 
-    def _unbind(self, pod: SimPod) -> bool:
+    def _unbind(self, pod: SimPod, moment: dt.datetime) -> bool:
         """Free the pod's node; True when it held one."""
         if pod.node is None:
             return False
@@ -554,6 +590,8 @@ class KubeService:
             if node.name == pod.node:
                 node.pod = None
         pod.node = None
+        if pool is not None:
+            self._pools.node_use_changed(pool.name, moment)
         return True
 
     def forget_unbound(self, job: SimJob) -> None:

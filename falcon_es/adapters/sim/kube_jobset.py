@@ -30,7 +30,7 @@ import dataclasses
 import datetime as dt
 import random
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from falcon_es.ports import (
@@ -44,6 +44,7 @@ from falcon_es.adapters.sim.kube_manifests import SIM_ANNOTATION, TASK_ID_ANNOTA
 from falcon_es.adapters.sim.kube_objects import (
     PENDING, POOL_SELECTOR, RUNNING_PHASE, SUCCEEDED, SimJob, SimJobSet,
 )
+from falcon_es.adapters.sim.timeline import Method
 
 
 
@@ -63,7 +64,7 @@ class JobSetHost(Protocol):
     def new_pod(self, job: SimJob, index: int) -> Any: ...
     def pool_cause(self, job: SimJob, name: str | None = None) -> str | None: ...
     def next_resource_version(self) -> int: ...
-    def at(self, moment: dt.datetime, action: Callable[[dt.datetime], None]) -> None: ...
+    def at(self, moment: dt.datetime, method: Method, *args: object) -> None: ...
     def stop(self, job: SimJob, moment: dt.datetime) -> None: ...
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -161,7 +162,7 @@ class SimJobSets:
             if limit is not None and jobset.restarts < limit:
                 # Recreate: the next moment, so the failing child's bookkeeping is done.
                 self._restarting.add(jobset.name)
-                self._kube.at(moment, lambda m: self._restart(jobset, m))
+                self._kube.at(moment, self._restart, jobset)
                 return
             jobset.condition = FAILED_CONDITION
             jobset.condition_reason = REACHED_MAX_RESTARTS if limit is not None else FAILED_JOBS
@@ -279,10 +280,11 @@ class SimJobSets:
     def _expire_later(self, jobset: SimJobSet, moment: dt.datetime) -> None:
         if jobset.ttl_after_finished is None:
             return
-        def expire(at: dt.datetime) -> None:
-            if self.jobsets.get(jobset.name) is jobset:
-                self.delete(jobset.name, at)
-        self._kube.at(seconds_after(moment, jobset.ttl_after_finished), expire)
+        self._kube.at(seconds_after(moment, jobset.ttl_after_finished), self._expire, jobset)
+
+    def _expire(self, jobset: SimJobSet, moment: dt.datetime) -> None:
+        if self.jobsets.get(jobset.name) is jobset:
+            self.delete(jobset.name, moment)
 
 
 def _allowed_pools(manifest: Mapping[str, Any]) -> tuple[str, ...]:

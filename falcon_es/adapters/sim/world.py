@@ -10,6 +10,7 @@ the same seed, configuration and sequence of calls, two worlds answer identicall
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -63,10 +64,19 @@ class ClusterSim:
                                  world.timeline)
         self.gke = NodePoolService(identity, world.timeline, streams["gke"], self._nodes_changed)
         self.kube = KubeService(identity, self.gke, world.timeline, streams["kube"],
-                                self.informer, lambda: world.behaviour_source)
+                                self.informer, world.current_behaviour_source)
 
     def _nodes_changed(self, pool: SimPool, moment: dt.datetime, lost: list[SimNode]) -> None:
         self.kube.nodes_changed(pool, moment, lost)
+
+
+class CreateRecord:
+    """Every create the world accepted, "cluster/kind/name" -> how many times: a name
+    created twice is a pool or Job made again (after a restart, say). An object of its
+    own so a saved world rewrites it only when something is created."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
 
 
 class SimWorld:
@@ -89,6 +99,14 @@ class SimWorld:
         self._clusters: dict[str, ClusterSim] = {}
         self._processed_until = clock.now()
         self._stepping = False
+        self.creates = CreateRecord()
+
+    def current_behaviour_source(self) -> BehaviourSource | None:
+        """The task states' behaviours as wired now (each leadership term rewires them)."""
+        return self.behaviour_source
+
+    def record_create(self, cluster: str, kind: str, name: str) -> None:
+        self.creates.counts[f"{cluster}/{kind}/{name}"] += 1
 
     # ------------------------------------------------------------- time
 
@@ -103,9 +121,7 @@ class SimWorld:
         played = 0
         self._stepping = True
         try:
-            while (item := self.timeline.pop_due(until)) is not None:
-                moment, action = item
-                action(moment)
+            while (moment := self.timeline.play_due(until)) is not None:
                 played += 1
                 following = self.timeline.next_moment()
                 if following is None or following > moment:
@@ -218,9 +234,10 @@ class SimWorld:
         def kube_of(cluster: Cluster) -> KubeService:
             return self.cluster(cluster).kube
 
-        return Ports(node_pools=SimNodePools(self.call, pools_of),
+        return Ports(node_pools=SimNodePools(self.call, pools_of, self.record_create),
                      reservations=SimReservations(self.call, pools_of),
-                     edges=SimEdgeClusters(self.call, kube_of), bus=self.bus, clock=self.clock,
+                     edges=SimEdgeClusters(self.call, kube_of, self.record_create),
+                     bus=self.bus, clock=self.clock,
                      next_due=self.next_due)
 
     # -------------------------------------------------- what tests and reports read
