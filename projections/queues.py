@@ -15,9 +15,12 @@ decided) and writes, in bulk (``write_positions``), two kinds of position Messag
   ``refresh_seconds``: each waiting task belongs to one slice of the interval (the
   CRC-32 of its id modulo ``slices``, about ``SLICE_SECONDS`` each) and its row is
   rendered, compared and written (only when its text differs from what was written)
-  when its slice's moment comes, once per interval. ``next_refresh`` tells the loop
-  the next moment a slice holding such a row is due; ``refresh_due`` writes it in its
-  own transaction when no append comes.
+  when its slice's moment comes, once per interval. The rows of a short queue (at most
+  ``WHOLE_QUEUE_ROWS``) share the queue's slice instead, so it is rewritten whole in
+  one tick and wakes the loop once per interval rather than once per row.
+  ``next_refresh`` tells the loop the next moment a slice holding such a row is due
+  (never again for a slice that already has the queue's last change);
+  ``refresh_due`` writes it in its own transaction when no append comes.
 
 A pick shifts every position behind it, so without the interval every pick rewrote
 the whole queue; with one rewrite per interval a queue of 100,000 rows was still
@@ -64,6 +67,13 @@ from falcon_es.projections.messages import (
 #: changed queue's rows is rendered and compared per slice period, so the rewrite of a
 #: long queue is spread evenly over the interval instead of landing on one tick.
 SLICE_SECONDS = 0.1
+#: A queue of at most this many waiting rows is refreshed whole, at one moment of the
+#: interval (its rows share the queue's slice), instead of waking the loop for each
+#: slice one of its rows holds: its whole rewrite weighs on that tick no more than one
+#: slice of the queues the tick target is measured on (100,000 waiting over the default
+#: interval's 300 slices: about 330 rows a slice), and it saves up to one wake-up, with
+#: its transaction and reads, per row and interval.
+WHOLE_QUEUE_ROWS = 300
 #: Where slice periods are counted from (any fixed moment: it only has to be the same
 #: for every controller, so a successor refreshes each row at the same moments).
 SLICE_EPOCH = dt.datetime(2000, 1, 1)
@@ -256,9 +266,13 @@ class QueueView:
         interval_us = self.refresh_interval // dt.timedelta(microseconds=1)
         self.slices = max(1, round(interval_us / (SLICE_SECONDS * 1e6)))
         self._slice_length = dt.timedelta(microseconds=max(1, interval_us // self.slices))
-        self._slice_of: dict[str, int] = {}
-        #: Queues whose order changed within the last interval (the slice period of
-        #: their last change), and the slices their rows occupy.
+        #: Rows of a queue no longer than this share one slice (``WHOLE_QUEUE_ROWS``).
+        self.whole_rows = WHOLE_QUEUE_ROWS
+        #: Per waiting task: the queue its slice was given in, and the slice.
+        self._slice_of: dict[str, tuple[QueueKey, int]] = {}
+        #: Queues whose order changed within the last interval, each with the last
+        #: slice period that still owes rows their order since that change, and the
+        #: slices their rows occupy.
         self._dirty: dict[QueueKey, int] = {}
         self._occupied: dict[QueueKey, set[int]] = {}
         #: Per queue: the pick order last sliced and its indexes by slice.
@@ -269,6 +283,7 @@ class QueueView:
         self._staged: dict[str, str] = {}
         self._staged_unwritten: set[str] = set()
         self._changed_now: set[QueueKey] = set()
+        self._covered_now: set[QueueKey] = set()
         self._staged_at: dt.datetime | None = None
         #: Rows written by the last refresh, and by every committed one (for the
         #: benchmark and tests).
@@ -431,50 +446,85 @@ class QueueView:
         return (moment - SLICE_EPOCH) // self._slice_length
 
     def slice_of(self, task_id: str) -> int:
-        """The task's slice: fixed for its whole wait (CRC-32 of its id, so a restarted
-        controller refreshes each row at the same moments of the interval)."""
+        """The task's slice, fixed while it waits in one queue: given when the queue is
+        first sliced after the task joined it, the queue's own (the CRC-32 of its name)
+        while the queue has at most ``whole_rows`` waiting tasks, so a short queue is
+        rewritten whole at one moment, else the task's (the CRC-32 of its id). Both are
+        the same for every controller, so a successor mostly refreshes a row at the same
+        moments; and as a row keeps its slice when its queue grows or shrinks, no more
+        than ``whole_rows`` + 1 rows of a queue ever share its slice."""
+        key = self.waiting_in(task_id)
+        if key is None:
+            return zlib.crc32(task_id.encode("utf-8")) % self.slices
+        return self._slice(task_id, key, self.book.waiting_count(key) <= self.whole_rows)
+
+    def _slice(self, task_id: str, key: QueueKey, short: bool) -> int:
         found = self._slice_of.get(task_id)
-        if found is None:
-            found = zlib.crc32(task_id.encode("utf-8")) % self.slices
-            self._slice_of[task_id] = found
-        return found
+        if found is not None and found[0] == key:
+            return found[1]
+        name = f"{key[0]}/{key[1]}" if short else task_id
+        part = zlib.crc32(name.encode("utf-8")) % self.slices
+        self._slice_of[task_id] = (key, part)
+        return part
 
     def due_slices(self, now: dt.datetime) -> dict[QueueKey, frozenset[int] | None]:
         """Per queue that changed within the last interval, the slices to refresh now
         (None: every slice). A queue that was already changing gets the slices whose
-        moment came since the last sweep; one that changes now after a quiet spell only
-        the slice of this moment (its rows of earlier moments were exact then, and each
-        gets the new order at its own moment within the interval). Every slice at the
-        first sweep, after a whole interval without one, or with no interval."""
+        moment came since the last sweep, up to the last one that still owes its rows
+        the order since that change; one that changes now the slice of this moment
+        (its rows of earlier moments were exact then, and each gets the new order at its
+        own moment within the interval), unless this moment's slice was swept already.
+        Every slice at the first sweep or with no interval."""
         book = self.book
         keys = sorted(set(self._dirty) | book.changed)
         if self._swept_to is None or not self.refresh_interval:
             return dict.fromkeys(keys)
         first, last = self._counter(self._swept_to) + 1, self._counter(now)
-        every = last - first + 1 >= self.slices
-        since = None if every else frozenset(n % self.slices for n in range(first, last + 1))
         fresh = frozenset({last % self.slices} if last >= first else ())
-        return {key: since if key in self._dirty else fresh for key in keys}
+        due: dict[QueueKey, frozenset[int] | None] = {}
+        for key in keys:
+            until = self._dirty.get(key)
+            end = first - 1 if until is None else min(last, until)
+            if end - first + 1 >= self.slices:
+                due[key] = None
+                continue
+            owed = frozenset(n % self.slices for n in range(first, end + 1))
+            due[key] = owed | fresh if key in book.changed else owed
+        return due
 
     def next_refresh(self) -> dt.datetime | None:
         """When the next position write is due (a due source for the loop, which on a
         virtual clock jumps there): now for a row that needs its position at once or a
-        queue that changed outside an append; else the start of the next slice holding
-        a row of a queue that changed within the last interval."""
+        queue that changed outside an append; else the start of the first slice that
+        holds a row of a queue that changed within the last interval and still owes it
+        that change."""
         now = self.now()
         if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
             return now
         book = self.book
         if any(book.waiting_count(key) for key in book.changed):
             return now
-        occupied: set[int] = set()
-        for key in self._dirty:
-            occupied |= self._occupied.get(key, set())
-        if not occupied or self._swept_to is None:
+        if self._swept_to is None:
             return None
         after = self._counter(self._swept_to) + 1
-        step = next(n for n in range(self.slices) if (after + n) % self.slices in occupied)
-        return SLICE_EPOCH + self._slice_length * (after + step)
+        due: int | None = None
+        for key, until in self._dirty.items():
+            occupied = self._occupied.get(key)
+            if not occupied or after > until:
+                continue
+            period = self._next_period(after, occupied)
+            if period <= until and (due is None or period < due):
+                due = period
+        return None if due is None else SLICE_EPOCH + self._slice_length * due
+
+    def _next_period(self, after: int, occupied: set[int]) -> int:
+        """The first slice period from ``after`` on whose slice is in ``occupied``: the
+        nearest of a few slices (a short queue has one), else the first found stepping
+        on (a long queue's rows occupy nearly every slice)."""
+        slices = self.slices
+        if len(occupied) <= 32:
+            return after + min((part - after) % slices for part in occupied)
+        return next(after + n for n in range(slices) if (after + n) % slices in occupied)
 
     def pending_positions(self, due: Mapping[QueueKey, Collection[int] | None] | None = None,
                           ) -> list[tuple[str, str]]:
@@ -491,7 +541,8 @@ class QueueView:
             slices = due[key]
             if slices is None:
                 order, wait = self._rendered(key, now)
-                self._occupied[key] = {self.slice_of(e.task_id) for e in order}
+                short = len(order) <= self.whole_rows
+                self._occupied[key] = {self._slice(e.task_id, key, short) for e in order}
                 rows.extend(row for row in positions(order, self.lang, wait)
                             if written.get(row[0]) != row[1])
                 continue
@@ -547,10 +598,10 @@ class QueueView:
             skip = len(before) - len(order)
             if skip >= 0 and before[skip:] == order:
                 return buckets, skip
-        slice_of = self.slice_of
+        slice_of, short = self._slice, len(order) <= self.whole_rows
         buckets = {}
         for index, entry in enumerate(order):
-            buckets.setdefault(slice_of(entry.task_id), []).append(index)
+            buckets.setdefault(slice_of(entry.task_id, key, short), []).append(index)
         self._buckets[key] = (order, buckets)
         return buckets, 0
 
@@ -560,11 +611,17 @@ class QueueView:
         the interval); kept once it commits."""
         now = self.now()
         self.book.mark_aged(now)
-        rows = self.pending_positions(None if every_queue else self.due_slices(now))
+        due = None if every_queue else self.due_slices(now)
+        rows = self.pending_positions(due)
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
         self._changed_now = set(self.book.changed)
+        # Queues whose rows of this moment's slice got the order after their change.
+        part = self._counter(now) % self.slices
+        self._covered_now = {key for key in self._changed_now
+                             if due is None or (slices := due.get(key, ())) is None
+                             or part in slices}
         self._staged_at = now
         self.last_refresh_rows = len(rows)
         return len(rows)
@@ -594,14 +651,17 @@ class QueueView:
         if at is not None:
             self.book.changed -= self._changed_now
             counter = self._counter(at)
+            # Every other slice's moment comes within the next interval; this moment's
+            # slice again at its end unless it was swept after the change.
             for key in self._changed_now:
-                self._dirty[key] = counter
+                covered = key in self._covered_now
+                self._dirty[key] = counter + self.slices - (1 if covered else 0)
             self._swept_to = at
             if not self.refresh_interval:  # every change was written whole
                 self._dirty.clear()
-            # A queue is clean once every slice's moment came after its last change.
-            for key in [k for k, since in self._dirty.items()
-                        if counter - since >= self.slices or not self.book.waiting_count(k)]:
+            # A queue is clean once every slice it owes the change was swept.
+            for key in [k for k, until in self._dirty.items()
+                        if counter >= until or not self.book.waiting_count(k)]:
                 del self._dirty[key]
                 self._occupied.pop(key, None)
                 self._buckets.pop(key, None)
@@ -611,6 +671,7 @@ class QueueView:
         self._staged = {}
         self._staged_unwritten = set()
         self._changed_now = set()
+        self._covered_now = set()
         self._staged_at = None
 
     def waiting_in(self, task_id: str) -> QueueKey | None:

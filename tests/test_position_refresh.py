@@ -147,9 +147,11 @@ def test_each_row_is_rewritten_at_its_own_moment_at_most_once_per_interval(
 
 
 def test_a_long_queue_is_rewritten_a_slice_at_a_time(db_url: str, clock: VirtualClock) -> None:
-    """Forty waiting tasks and a pick: no tick writes more than a few rows, every row
-    gets the new order within the interval."""
+    """Forty waiting tasks (a queue longer than those refreshed whole here) and a pick:
+    no tick writes more than a few rows, every row gets the new order within the
+    interval."""
     app = open_app(Settings(db_url=db_url, position_refresh_seconds=5), clock)
+    app.queue_view.whole_rows = 10
     try:
         add_cluster(app, "tpu-a")
         svc = service(app)
@@ -171,6 +173,28 @@ def test_a_long_queue_is_rewritten_a_slice_at_a_time(db_url: str, clock: Virtual
         assert shown(app, ids[2:]) == exact(app, ids[2:])
     finally:
         app.close()
+
+
+def test_a_short_queue_is_rewritten_whole_at_one_moment(
+        app: App, clock: VirtualClock, queue: tuple[Service, list[str]]) -> None:
+    """Five waiting rows share their queue's slice: after a pick the loop wakes once for
+    them, and only once within the interval, which writes the four that moved."""
+    svc, ids = queue
+    view = app.queue_view
+    assert len({view.slice_of(t) for t in ids[1:]}) == 1
+    picked = clock.now()
+    run(app, ids[0])
+    svc.controller.tick()
+    wakes, per_tick = 0, []
+    while (moment := svc.loop.next_due()) is not None:
+        clock.advance_to(moment)
+        with PositionWrites(app) as writes:
+            svc.loop.step()
+        wakes += 1
+        per_tick.append(writes.rows)
+    assert (wakes, per_tick) == (1, [4])
+    assert clock.now() <= picked + dt.timedelta(seconds=INTERVAL)
+    assert shown(app, ids[2:]) == exact(app, ids[2:])
 
 
 def test_rows_whose_text_did_not_change_are_not_written(
@@ -274,6 +298,8 @@ def test_no_position_message_is_ever_older_than_one_interval(
         clock = VirtualClock(START)
         app = open_app(Settings(db_url=url, position_refresh_seconds=interval.total_seconds()),
                        clock)
+        # Queues both shorter and longer than those refreshed whole, and crossing over.
+        app.queue_view.whole_rows = 4
         try:
             add_cluster(app, "tpu-a")
             add_cluster(app, "tpu-b")
