@@ -452,7 +452,7 @@ class QueueView:
         rewritten whole at one moment, else the task's (the CRC-32 of its id). Both are
         the same for every controller, so a successor mostly refreshes a row at the same
         moments; and as a row keeps its slice when its queue grows or shrinks, no more
-        than ``whole_rows`` + 1 rows of a queue ever share its slice."""
+        than ``whole_rows`` rows of a queue ever share its slice."""
         key = self.waiting_in(task_id)
         if key is None:
             return zlib.crc32(task_id.encode("utf-8")) % self.slices
@@ -568,14 +568,17 @@ class QueueView:
             self._occupied.pop(key, None)
             self._buckets.pop(key, None)
             return rows
-        wait = self.wait(key, now)
         buckets, skip = self._buckets_of(key, order)
-        render = _renderer(order, self.lang, wait)
-        written = self._written
+        self._occupied[key] = {part for part, at in buckets.items() if at[-1] >= skip}
         wanted = {i + skip for i, e in enumerate(order) if e.task_id in self._unwritten} \
             if self._unwritten else set()
         for part in due:
             wanted.update(i for i in buckets.get(part, ()) if i >= skip)
+        if not wanted:  # none of its rows is due (a short queue's one slice is not)
+            return rows
+        wait = self.wait(key, now)
+        render = _renderer(order, self.lang, wait)
+        written = self._written
         tell, estimate = self.predictions, wait.estimate
         for index in sorted(wanted):
             entry, message = order[index - skip], render(index - skip)
@@ -583,7 +586,6 @@ class QueueView:
                 tell(entry.task_id, now, estimate.start(index - skip))
             if written.get(entry.task_id) != message:
                 rows.append((entry.task_id, message))
-        self._occupied[key] = {part for part, at in buckets.items() if at[-1] >= skip}
         return rows
 
     def _buckets_of(self, key: QueueKey, order: list[Entry]) -> tuple[dict[int, list[int]], int]:
