@@ -23,7 +23,6 @@ from falcon_es.tables import (
     STREAM_ID_LENGTH, JobTable, WantedIndex,
 )
 
-DEFAULT_URL = "sqlite:///falcon.db"
 #: Execution option marking a connection that only reads (see ``read_only``).
 READ_ONLY_OPTION = "falcon_read_only"
 

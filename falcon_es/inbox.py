@@ -24,6 +24,7 @@ from falcon_es import db, statuses
 from falcon_es.clock import Clock
 from falcon_es.spec import INVALID_COLUMN, INVALID_ID
 from falcon_es.tables import STREAM_ID_LENGTH, JobTable, task_events
+from falcon_es.timestamps import as_timestamp
 
 log = logging.getLogger("falcon_es.inbox")
 
@@ -203,9 +204,12 @@ def _strays(job: JobTable) -> sa.CompoundSelect:
             *(sa.and_(c.status > low, c.status < high)
               for low, high in itertools.pairwise(ordered))]
     written = [s for s in ROW_STATUSES if s != statuses.ABORTING]
+    # The status test goes through COALESCE so that no index serves it: SQLite's planner
+    # (no statistics) otherwise prefers the (status, reason) index, where IN matches
+    # nearly every row of a long history, to the created_at range of a day's rows.
     recent = sa.select(*columns, recent_rows).where(
         c.created_at >= sa.bindparam("since", type_=c.created_at.type),
-        c.status.in_(written),
+        sa.func.coalesce(c.status, "").in_(written),
         sa.or_(c.status != statuses.PENDING, c.reason.is_not(None)),
     )
     return sa.union_all(*(sa.select(*columns, unknown).where(gap) for gap in gaps), recent)
@@ -451,26 +455,6 @@ def _text(value: Any) -> str | None:
         except UnicodeDecodeError:
             return None
     return None
-
-
-def as_timestamp(value: Any) -> dt.datetime | None:
-    """A DATETIME as the driver returns it: text on SQLite (SQLAlchemy's storage
-    format, which ``fromisoformat`` reads; so does a text column holding ISO times), a
-    datetime from PyMySQL. A time with a zone becomes naive UTC, as Falcon-ES keeps
-    times; None for what is not a time at all (for the caller to refuse)."""
-    if type(value) is dt.datetime:
-        return value if value.tzinfo is None else _naive_utc(value)
-    if isinstance(value, str):
-        try:
-            parsed = dt.datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo is None else _naive_utc(parsed)
-    return None
-
-
-def _naive_utc(value: dt.datetime) -> dt.datetime:
-    return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
 
 def _shown(value: Any) -> str:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import statuses
-from falcon_es.inbox import as_timestamp
+from falcon_es.timestamps import as_timestamp
 from falcon_es.tables import JobTable
 
 TERMINAL = tuple(sorted(statuses.TERMINAL_STATUSES))

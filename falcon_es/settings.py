@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from falcon_es.db import DEFAULT_URL
+from falcon_es.db_urls import DEFAULT_URL
 from falcon_es.job_mapping import JobMapping, JobMappingError
 from falcon_es.priority import DEFAULT_CLASSES, PriorityError, PriorityPolicy, parse_classes
 from falcon_es.retry import RetryConfigError, RetryPolicies

@@ -11,23 +11,32 @@ decided) and writes, in bulk (``write_positions``), two kinds of position Messag
   (it just joined a queue, came back to one, or an event of its own replaced its
   Message): the job-table projection has just put the event's Message there, so the
   row must get its position with the same commit, computed from the exact order;
-- at most once per ``refresh_seconds`` per queue, every row of a queue whose pick order
-  changed, and of those only the rows whose text differs from what was written. A
-  queue that changes after a quiet interval is written at once; one that changes
-  again within the interval is written when the interval ends (``next_refresh`` tells
-  the loop when, ``refresh_due`` writes in its own transaction when no append comes).
+- in slices, the rows of every queue whose pick order changed within the last
+  ``refresh_seconds``: each waiting task belongs to one slice of the interval (the
+  CRC-32 of its id modulo ``slices``, about ``SLICE_SECONDS`` each) and its row is
+  rendered, compared and written (only when its text differs from what was written)
+  when its slice's moment comes, once per interval. The rows of a short queue (at most
+  ``WHOLE_QUEUE_ROWS``) share the queue's slice instead, so it is rewritten whole in
+  one tick and wakes the loop once per interval rather than once per row.
+  ``next_refresh`` tells the loop the next moment a slice holding such a row is due
+  (never again for a slice that already has the queue's last change);
+  ``refresh_due`` writes it in its own transaction when no append comes.
 
 A pick shifts every position behind it, so without the interval every pick rewrote
-the whole queue; with it a queue is rewritten at most once per interval however
-often it is picked, and no position Message is more than one interval behind the
-order. The exact order is always in the book (``queue_rows``). A row the upper layer
-set to ``Aborting`` is never touched (``WHERE status = 'Pending'``).
+the whole queue; with one rewrite per interval a queue of 100,000 rows was still
+rewritten whole by one tick. In slices, a changed queue is rewritten over the
+interval, a slice per tick, and a row changes at most once per interval: at its own
+moment, which comes within one interval of any change, so no position Message is
+more than one interval behind the order. The exact order is always in the book
+(``queue_rows``). A row the upper layer set to ``Aborting`` is never touched
+(``WHERE status = 'Pending'``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +61,21 @@ from falcon_es.projections.messages import (
     position_message,
     wait_reason,
 )
+
+#: About how long one slice of the refresh interval lasts: at most one slice of each
+#: changed queue's rows is rendered and compared per slice period, so the rewrite of a
+#: long queue is spread evenly over the interval instead of landing on one tick.
+SLICE_SECONDS = 0.1
+#: A queue of at most this many waiting rows is refreshed whole, at one moment of the
+#: interval (its rows share the queue's slice), instead of waking the loop for each
+#: slice one of its rows holds: its whole rewrite weighs on that tick no more than one
+#: slice of the queues the tick target is measured on (100,000 waiting over the default
+#: interval's 300 slices: about 330 rows a slice), and it saves up to one wake-up, with
+#: its transaction and reads, per row and interval.
+WHOLE_QUEUE_ROWS = 300
+#: Where slice periods are counted from (any fixed moment: it only has to be the same
+#: for every controller, so a successor refreshes each row at the same moments).
+SLICE_EPOCH = dt.datetime(2000, 1, 1)
 
 #: Events that take a retained pool out of the idle set (as do its deletes).
 _POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
@@ -239,12 +263,29 @@ class QueueView:
         #: Waiting tasks whose row does not hold their position (their own change wrote
         #: it, another writer did, or nobody knows what it holds): written at once.
         self._unwritten: set[str] = set()
-        #: When each queue's rows were last all brought up to date.
-        self._refreshed_at: dict[QueueKey, dt.datetime] = {}
+        #: The interval cut in slices of about ``SLICE_SECONDS``; each waiting row
+        #: belongs to one and is refreshed when its slice's moment comes.
+        interval_us = self.refresh_interval // dt.timedelta(microseconds=1)
+        self.slices = max(1, round(interval_us / (SLICE_SECONDS * 1e6)))
+        self._slice_length = dt.timedelta(microseconds=max(1, interval_us // self.slices))
+        #: Rows of a queue no longer than this share one slice (``WHOLE_QUEUE_ROWS``).
+        self.whole_rows = WHOLE_QUEUE_ROWS
+        #: Per waiting task: the queue its slice was given in, and the slice.
+        self._slice_of: dict[str, tuple[QueueKey, int]] = {}
+        #: Queues whose order changed within the last interval, each with the last
+        #: slice period that still owes rows their order since that change, and the
+        #: slices their rows occupy.
+        self._dirty: dict[QueueKey, int] = {}
+        self._occupied: dict[QueueKey, set[int]] = {}
+        #: Per queue: the pick order last sliced and its indexes by slice.
+        self._buckets: dict[QueueKey, tuple[list[Entry], dict[int, list[int]]]] = {}
+        #: The moment of the last sweep (None: the next one takes every slice).
+        self._swept_to: dt.datetime | None = None
         # What the refresh in the open transaction wrote, kept once it commits.
         self._staged: dict[str, str] = {}
         self._staged_unwritten: set[str] = set()
-        self._refreshed: set[QueueKey] = set()
+        self._changed_now: set[QueueKey] = set()
+        self._covered_now: set[QueueKey] = set()
         self._staged_at: dt.datetime | None = None
         #: Rows written by the last refresh, and by every committed one (for the
         #: benchmark and tests).
@@ -308,6 +349,7 @@ class QueueView:
             self._unwritten.add(state.task_id)
         else:  # a row that left its queue has its own Message, not a position
             self._unwritten.discard(state.task_id)
+            self._slice_of.pop(state.task_id, None)
 
     def _follow_slot(self, state: TaskState, place: tuple[str, Any] | None) -> None:
         """Time the slot holds: a holder's change of state rewrites its queue's
@@ -391,93 +433,219 @@ class QueueView:
     # ------------------------------------------------------------ positions
     def read_written(self, engine: Engine) -> None:
         """At start, after ``load``: take what the job table holds for the waiting tasks
-        as written, and have every waiting queue refreshed at the first tick. The
-        previous controller may have left a queue up to one interval behind (or stopped
-        before its refresh), and only the rows whose text differs get written."""
+        as written, and have every waiting queue swept whole at the first refresh. The
+        previous controller may have left rows up to one interval behind (or stopped
+        before their slice came), and only the rows whose text differs get written."""
         book = self.book
         queues = book.waiting_queues()
         if not queues:
             return
         with engine.connect() as conn:
             held = {str(row.id): row.message for row in conn.execute(waiting_messages(self.job))}
+        self._swept_to = None
         for key in queues:
             book.changed.add(key)
-            self._refreshed_at.pop(key, None)
             for entry in book.waiting(key):
                 message = held.get(entry.task_id)
                 self._unwritten.discard(entry.task_id)
                 if message is not None:
                     self._written[entry.task_id] = message
 
-    def due_queues(self, now: dt.datetime) -> list[QueueKey]:
-        """Changed queues whose interval has run out (or that have nobody waiting left
-        to write, so they are merely forgotten)."""
-        book, interval, refreshed = self.book, self.refresh_interval, self._refreshed_at
-        due = []
-        for key in book.changed:
-            last = refreshed.get(key)
-            if last is None or now - last >= interval or not book.waiting_count(key):
-                due.append(key)
-        return sorted(due)
+    def _counter(self, moment: dt.datetime) -> int:
+        """The number of the slice period ``moment`` falls in, counted from ``SLICE_EPOCH``
+        (the slice of a period is the number modulo ``slices``)."""
+        return (moment - SLICE_EPOCH) // self._slice_length
+
+    def slice_of(self, task_id: str) -> int:
+        """The task's slice, fixed while it waits in one queue: given when the queue is
+        first sliced after the task joined it, the queue's own (the CRC-32 of its name)
+        while the queue has at most ``whole_rows`` waiting tasks, so a short queue is
+        rewritten whole at one moment, else the task's (the CRC-32 of its id). Both are
+        the same for every controller, so a successor mostly refreshes a row at the same
+        moments; and as a row keeps its slice when its queue grows or shrinks, no more
+        than ``whole_rows`` rows of a queue ever share its slice."""
+        key = self.waiting_in(task_id)
+        if key is None:
+            return zlib.crc32(task_id.encode("utf-8")) % self.slices
+        return self._slice(task_id, key, self.book.waiting_count(key) <= self.whole_rows)
+
+    def _slice(self, task_id: str, key: QueueKey, short: bool) -> int:
+        found = self._slice_of.get(task_id)
+        if found is not None and found[0] == key:
+            return found[1]
+        name = f"{key[0]}/{key[1]}" if short else task_id
+        part = zlib.crc32(name.encode("utf-8")) % self.slices
+        self._slice_of[task_id] = (key, part)
+        return part
+
+    def due_slices(self, now: dt.datetime) -> dict[QueueKey, frozenset[int] | None]:
+        """Per queue that changed within the last interval, the slices to refresh now
+        (None: every slice). A queue that was already changing gets the slices whose
+        moment came since the last sweep, up to the last one that still owes its rows
+        the order since that change; one that changes now the slice of this moment
+        (its rows of earlier moments were exact then, and each gets the new order at its
+        own moment within the interval), unless this moment's slice was swept already.
+        Every slice at the first sweep or with no interval."""
+        book = self.book
+        keys = sorted(set(self._dirty) | book.changed)
+        if self._swept_to is None or not self.refresh_interval:
+            return dict.fromkeys(keys)
+        first, last = self._counter(self._swept_to) + 1, self._counter(now)
+        fresh = frozenset({last % self.slices} if last >= first else ())
+        due: dict[QueueKey, frozenset[int] | None] = {}
+        for key in keys:
+            until = self._dirty.get(key)
+            end = first - 1 if until is None else min(last, until)
+            if end - first + 1 >= self.slices:
+                due[key] = None
+                continue
+            owed = frozenset(n % self.slices for n in range(first, end + 1))
+            due[key] = owed | fresh if key in book.changed else owed
+        return due
 
     def next_refresh(self) -> dt.datetime | None:
         """When the next position write is due (a due source for the loop, which on a
-        virtual clock jumps there): now for a row that needs its position at once, else
-        the end of the interval of the queue that changed first."""
+        virtual clock jumps there): now for a row that needs its position at once or a
+        queue that changed outside an append; else the start of the first slice that
+        holds a row of a queue that changed within the last interval and still owes it
+        that change."""
         now = self.now()
         if any(self.waiting_in(task_id) is not None for task_id in self._unwritten):
             return now
-        book, moments = self.book, []
-        for key in book.changed:
-            if book.waiting_count(key):
-                last = self._refreshed_at.get(key)
-                moments.append(now if last is None else last + self.refresh_interval)
-        return min(moments, default=None)
+        book = self.book
+        if any(book.waiting_count(key) for key in book.changed):
+            return now
+        if self._swept_to is None:
+            return None
+        after = self._counter(self._swept_to) + 1
+        due: int | None = None
+        for key, until in self._dirty.items():
+            occupied = self._occupied.get(key)
+            if not occupied or after > until:
+                continue
+            period = self._next_period(after, occupied)
+            if period <= until and (due is None or period < due):
+                due = period
+        return None if due is None else SLICE_EPOCH + self._slice_length * due
 
-    def pending_positions(self, queues: Iterable[QueueKey] | None = None) -> list[tuple[str, str]]:
-        """Rows to write now: in ``queues`` (default: every queue whose order changed)
-        those whose position Message differs from what the job table holds, plus the
-        rows of waiting tasks elsewhere that need theirs at once."""
-        keys = set(self.book.changed if queues is None else queues)
+    def _next_period(self, after: int, occupied: set[int]) -> int:
+        """The first slice period from ``after`` on whose slice is in ``occupied``: the
+        nearest of a few slices (a short queue has one), else the first found stepping
+        on (a long queue's rows occupy nearly every slice)."""
+        slices = self.slices
+        if len(occupied) <= 32:
+            return after + min((part - after) % slices for part in occupied)
+        return next(after + n for n in range(slices) if (after + n) % slices in occupied)
+
+    def pending_positions(self, due: Mapping[QueueKey, Collection[int] | None] | None = None,
+                          ) -> list[tuple[str, str]]:
+        """Rows to write now: in each queue of ``due`` (default: every queue that
+        changed within the last interval, every slice) the rows of its due slices
+        (None: all) whose position Message differs from what the job table holds, plus
+        the rows of waiting tasks elsewhere that need theirs at once."""
+        if due is None:
+            due = dict.fromkeys(set(self._dirty) | self.book.changed)
         rows: list[tuple[str, str]] = []
         written = self._written
         now = self.now()
-        for key in sorted(keys):
-            order, wait = self._rendered(key, now)
-            for task_id, message in positions(order, self.lang, wait):
-                if written.get(task_id) != message:
-                    rows.append((task_id, message))
+        for key in sorted(due):
+            slices = due[key]
+            if slices is None:
+                order, wait = self._rendered(key, now)
+                short = len(order) <= self.whole_rows
+                self._occupied[key] = {self._slice(e.task_id, key, short) for e in order}
+                rows.extend(row for row in positions(order, self.lang, wait)
+                            if written.get(row[0]) != row[1])
+                continue
+            rows.extend(self._sliced(key, now, slices))
         at_once: dict[QueueKey, set[str]] = {}
         for task_id in self._unwritten:
             waits_in = self.waiting_in(task_id)
-            if waits_in is not None and waits_in not in keys:
+            if waits_in is not None and waits_in not in due:
                 at_once.setdefault(waits_in, set()).add(task_id)
         for key in sorted(at_once):
             order, wait = self._rendered(key, now)
             rows.extend(positions_of(order, at_once[key], self.lang, wait))
         return rows
 
+    def _sliced(self, key: QueueKey, now: dt.datetime,
+                due: Collection[int]) -> list[tuple[str, str]]:
+        """The rows of one queue's ``due`` slices whose text changed and those needed at
+        once (rendering those only, and telling ``predictions`` of those only), noting
+        which slices the queue's rows occupy (``next_refresh``)."""
+        rows: list[tuple[str, str]] = []
+        order = self.book.pick_order(key, now)
+        if not order:
+            self._occupied.pop(key, None)
+            self._buckets.pop(key, None)
+            return rows
+        buckets, skip = self._buckets_of(key, order)
+        self._occupied[key] = {part for part, at in buckets.items() if at[-1] >= skip}
+        wanted = {i + skip for i, e in enumerate(order) if e.task_id in self._unwritten} \
+            if self._unwritten else set()
+        for part in due:
+            wanted.update(i for i in buckets.get(part, ()) if i >= skip)
+        if not wanted:  # none of its rows is due (a short queue's one slice is not)
+            return rows
+        wait = self.wait(key, now)
+        render = _renderer(order, self.lang, wait)
+        written = self._written
+        tell, estimate = self.predictions, wait.estimate
+        for index in sorted(wanted):
+            entry, message = order[index - skip], render(index - skip)
+            if tell is not None and estimate is not None:
+                tell(entry.task_id, now, estimate.start(index - skip))
+            if written.get(entry.task_id) != message:
+                rows.append((entry.task_id, message))
+        return rows
+
+    def _buckets_of(self, key: QueueKey, order: list[Entry]) -> tuple[dict[int, list[int]], int]:
+        """The queue's indexes by slice, and how many tasks have left the head of the
+        order they index since: a pick takes the first task and leaves the rest in order,
+        so the buckets of a queue picked from are reused (a list comparison, done in C)
+        and built again, a Python pass over the queue, only when the order changed
+        otherwise."""
+        cached = self._buckets.get(key)
+        if cached is not None:
+            before, buckets = cached
+            skip = len(before) - len(order)
+            if skip >= 0 and before[skip:] == order:
+                return buckets, skip
+        slice_of, short = self._slice, len(order) <= self.whole_rows
+        buckets = {}
+        for index, entry in enumerate(order):
+            buckets.setdefault(slice_of(entry.task_id, key, short), []).append(index)
+        self._buckets[key] = (order, buckets)
+        return buckets, 0
+
     def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
-        """Write, within the open transaction, the rows needed at once and the queues
-        due (``every_queue``: every changed queue, due or not); kept once it commits."""
+        """Write, within the open transaction, the rows needed at once and the rows of
+        the slices due (``every_queue``: every slice of every queue that changed within
+        the interval); kept once it commits."""
         now = self.now()
         self.book.mark_aged(now)
-        due = sorted(self.book.changed) if every_queue else self.due_queues(now)
+        due = None if every_queue else self.due_slices(now)
         rows = self.pending_positions(due)
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
-        self._refreshed.update(due)
+        self._changed_now = set(self.book.changed)
+        # Queues whose rows of this moment's slice got the order after their change.
+        part = self._counter(now) % self.slices
+        self._covered_now = {key for key in self._changed_now
+                             if due is None or (slices := due.get(key, ())) is None
+                             or part in slices}
         self._staged_at = now
         self.last_refresh_rows = len(rows)
         return len(rows)
 
     def refresh_due(self, engine: Engine) -> int:
         """Write what is due in a transaction of its own: after a tick that appended
-        nothing, once a queue's interval ran out or another writer moved a row."""
+        nothing, once a slice's moment came or another writer moved a row."""
         now = self.now()
         self.book.mark_aged(now)
-        if not self._unwritten and not self.due_queues(now):
+        if not self._unwritten and not self.book.changed and all(
+                slices is not None and not slices for slices in self.due_slices(now).values()):
             return 0
         try:
             with engine.begin() as conn:
@@ -492,18 +660,31 @@ class QueueView:
         self.rows_written += len(self._staged)
         self._written.update(self._staged)
         self._unwritten -= self._staged_unwritten
-        self.book.changed -= self._refreshed
-        for key in self._refreshed:
-            if self.book.waiting_count(key) and self._staged_at is not None:
-                self._refreshed_at[key] = self._staged_at
-            else:
-                self._refreshed_at.pop(key, None)
+        at = self._staged_at
+        if at is not None:
+            self.book.changed -= self._changed_now
+            counter = self._counter(at)
+            # Every other slice's moment comes within the next interval; this moment's
+            # slice again at its end unless it was swept after the change.
+            for key in self._changed_now:
+                covered = key in self._covered_now
+                self._dirty[key] = counter + self.slices - (1 if covered else 0)
+            self._swept_to = at
+            if not self.refresh_interval:  # every change was written whole
+                self._dirty.clear()
+            # A queue is clean once every slice it owes the change was swept.
+            for key in [k for k, until in self._dirty.items()
+                        if counter >= until or not self.book.waiting_count(k)]:
+                del self._dirty[key]
+                self._occupied.pop(key, None)
+                self._buckets.pop(key, None)
         self._drop_staged()
 
     def _drop_staged(self) -> None:
         self._staged = {}
         self._staged_unwritten = set()
-        self._refreshed = set()
+        self._changed_now = set()
+        self._covered_now = set()
         self._staged_at = None
 
     def waiting_in(self, task_id: str) -> QueueKey | None:

@@ -11,8 +11,10 @@ time, and only the tasks that have not ended stay in memory to the end (the queu
 positions are theirs), so a log of years replays in the memory of its busiest hour.
 
 A rebuild writes every waiting task's position as of the end of the log. The live
-controller rewrites a queue's positions at most once per refresh interval, so a live
-position Message may show the order as of any moment in the last interval; ``verify``
+controller rewrites each waiting row once per refresh interval, at its own slice's
+moment (``falcon_es.projections.queues``), so a live position Message may show the
+order as of any moment in the last interval; a replay does not follow the slices (the
+moments of the ticks are not in the log, only those of the events), and ``verify``
 given that interval accepts such a Message when it is exactly the task's position
 after some event of the log's last interval (or just before it), and reports any
 other.
@@ -32,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es import chart, db
 from falcon_es import events as ev
-from falcon_es.inbox import as_timestamp
+from falcon_es.timestamps import as_timestamp
 from falcon_es.log_fold import batched, final_states
 from falcon_es.priority import PriorityPolicy
 from falcon_es.scheduling import Placement, QueueBook, QueueKey

@@ -68,9 +68,14 @@ def known_task(db_url: str) -> str:
 
 #: Each command, and what it must not load: the ``task`` commands only read and write
 #: the job table; the others fold the log or migrate, but never talk to GCP.
+#: ``task list`` and ``task show`` read through the driver alone, on either dialect.
+DRIVER_ONLY = ("sqlalchemy", "tabulate")
 COMMANDS_AND_UNNEEDED = (
-    *((command, (*CLIENTS, *CONTROLLER)) for command in (
+    *((command, (*CLIENTS, *CONTROLLER, *DRIVER_ONLY)) for command in (
         ("task", "list"), ("task", "list", "--json"), ("task", "show", "{task}"),
+        ("task", "list", "--status", "Pending", "--limit", "5"),
+        ("task", "show", "{task}", "--json"))),
+    *((command, (*CLIENTS, *CONTROLLER)) for command in (
         ("task", "submit", "--actor", "a", "--name", "n", "--tpu-type", "v6e", "--topology",
          "2x2", "--image", "img:1"),
         ("task", "abort", "{task}"))),

@@ -1,5 +1,6 @@
-"""Position Messages under FALCON_POSITION_REFRESH_SECONDS, on a virtual clock: a queue
-is rewritten at most once per interval and only in the rows whose text changed; a task
+"""Position Messages under FALCON_POSITION_REFRESH_SECONDS, on a virtual clock: each
+waiting row is rewritten at its own moment of the interval (its slice), at most once per
+interval and only when its text changed; a task
 that joins or whose own Message was replaced gets its position at once; the loop wakes
 for a due refresh; no Message is ever older than one interval; ``queues`` shows the
 exact order at once; a restart writes only what differs; ``replay --verify`` accepts
@@ -32,7 +33,7 @@ from tests.conftest import migrate
 #: The job table under Falcon-ES's own names (what the fixtures create).
 job = JobTable().table
 from falcon_es.projections import replay as rp
-from falcon_es.projections.queues import QueueView
+from falcon_es.projections.queues import SLICE_EPOCH, QueueView
 from tests.conftest import START
 from tests.test_scheduling import SCHEDULING, add_cluster, position, run, submit
 
@@ -101,31 +102,99 @@ def queue(app: App) -> Iterator[tuple[Service, list[str]]]:
 # ------------------------------------------------------------------ the interval
 
 
-def test_a_queue_is_rewritten_at_most_once_per_interval(
+def slice_moment(view: QueueView, task_id: str, after: dt.datetime) -> dt.datetime:
+    """The first moment after ``after`` at which the task's slice is due."""
+    length = view.refresh_interval / view.slices
+    period = (after - SLICE_EPOCH) // length + 1
+    while period % view.slices != view.slice_of(task_id):
+        period += 1
+    return SLICE_EPOCH + length * period
+
+
+def test_each_row_is_rewritten_at_its_own_moment_at_most_once_per_interval(
         app: App, clock: VirtualClock, queue: tuple[Service, list[str]]) -> None:
     svc, ids = queue
-    refreshed = clock.now()
-    before = shown(app, ids[3:])
+    view = app.queue_view
+    picked = clock.now()
     with PositionWrites(app) as writes:
         run(app, ids[0])
         svc.controller.tick()  # t1 is picked: everybody behind it moves up
-        clock.advance(INTERVAL / 2)
-        run(app, ids[1])
-        svc.controller.tick()  # t2 too
-        assert (writes.statements, writes.rows) == (0, 0)
-    assert shown(app, ids[3:]) == before, "within the interval the rows are left alone"
-    assert svc.loop.next_due() == refreshed + dt.timedelta(seconds=INTERVAL)
-
-    clock.advance_to(refreshed + dt.timedelta(seconds=INTERVAL))
+    assert writes.rows == 0, "the pick's moment was swept already"
+    moved = ids[2:]
+    due = {t: slice_moment(view, t, picked) for t in moved}
+    assert svc.loop.next_due() == min(due.values())
+    before = dict(zip(moved, shown(app, moved)))
+    changed: dict[str, dt.datetime] = {}
     with PositionWrites(app) as writes:
-        assert svc.controller.tick().appended == 0
-    assert (writes.statements, writes.rows) == (1, 3), "one batched statement, 3 moved rows"
-    assert shown(app, ids[3:]) == ["#1, next in line", "#2, 1 ahead (u: t3)",
-                                   "#3, 2 ahead (u: t3, u: t4)"]
+        while (moment := svc.loop.next_due()) is not None:
+            clock.advance_to(moment)
+            svc.loop.step()
+            for task_id, message in zip(moved, shown(app, moved)):
+                if message != before[task_id]:
+                    assert task_id not in changed, "changed twice"
+                    changed[task_id] = clock.now()
+                    before[task_id] = message
+    assert changed == due, "each row when its slice came, all within one interval"
+    assert max(due.values()) <= picked + dt.timedelta(seconds=INTERVAL)
+    assert writes.rows == len(moved), "one write per moved row, none of the others"
+    assert shown(app, moved) == exact(app, moved) == [
+        "#1, next in line", "#2, 1 ahead (u: t2)", "#3, 2 ahead (u: t2, u: t3)",
+        "#4, 3 ahead (u: t2, u: t3, u: t4)"]
     with PositionWrites(app) as writes:
         clock.advance(INTERVAL)
         svc.controller.tick()
     assert writes.statements == 0, "nothing changed since: nothing is written"
+
+
+def test_a_long_queue_is_rewritten_a_slice_at_a_time(db_url: str, clock: VirtualClock) -> None:
+    """Forty waiting tasks (a queue longer than those refreshed whole here) and a pick:
+    no tick writes more than a few rows, every row gets the new order within the
+    interval."""
+    app = open_app(Settings(db_url=db_url, position_refresh_seconds=5), clock)
+    app.queue_view.whole_rows = 10
+    try:
+        add_cluster(app, "tpu-a")
+        svc = service(app)
+        ids = [submit(app, "u", f"t{i}") for i in range(41)]
+        svc.controller.tick()
+        run(app, ids[0])
+        svc.controller.tick()
+        picked = clock.now()
+        per_tick, last_write = [], picked
+        while (moment := svc.loop.next_due()) is not None:
+            clock.advance_to(moment)
+            with PositionWrites(app) as writes:
+                svc.loop.step()
+            if writes.rows:
+                per_tick.append(writes.rows)
+                last_write = clock.now()
+        assert last_write <= picked + dt.timedelta(seconds=5)
+        assert sum(per_tick) == 39 and len(per_tick) > 5 and max(per_tick) < 39 / 2
+        assert shown(app, ids[2:]) == exact(app, ids[2:])
+    finally:
+        app.close()
+
+
+def test_a_short_queue_is_rewritten_whole_at_one_moment(
+        app: App, clock: VirtualClock, queue: tuple[Service, list[str]]) -> None:
+    """Five waiting rows share their queue's slice: after a pick the loop wakes once for
+    them, and only once within the interval, which writes the four that moved."""
+    svc, ids = queue
+    view = app.queue_view
+    assert len({view.slice_of(t) for t in ids[1:]}) == 1
+    picked = clock.now()
+    run(app, ids[0])
+    svc.controller.tick()
+    wakes, per_tick = 0, []
+    while (moment := svc.loop.next_due()) is not None:
+        clock.advance_to(moment)
+        with PositionWrites(app) as writes:
+            svc.loop.step()
+        wakes += 1
+        per_tick.append(writes.rows)
+    assert (wakes, per_tick) == (1, [4])
+    assert clock.now() <= picked + dt.timedelta(seconds=INTERVAL)
+    assert shown(app, ids[2:]) == exact(app, ids[2:])
 
 
 def test_rows_whose_text_did_not_change_are_not_written(
@@ -147,16 +216,16 @@ def test_rows_whose_text_did_not_change_are_not_written(
 def test_the_loop_jumps_to_a_due_refresh_on_a_virtual_clock(
         app: App, clock: VirtualClock, queue: tuple[Service, list[str]]) -> None:
     svc, ids = queue
-    refreshed = clock.now()
+    picked = clock.now()
     run(app, ids[0])
     svc.controller.tick()  # the pick: positions held back
-    clock.advance(1)
+    clock.advance(0.1)
     svc.loop.run(max_ticks=1)  # nothing to do: the loop waits for what is due next
-    assert clock.now() == refreshed + dt.timedelta(seconds=INTERVAL)
-    assert shown(app, ids[2:3]) == ["#2, 1 ahead (u: t1)"]
+    first = min(ids[2:], key=lambda t: slice_moment(app.queue_view, t, picked))
+    assert clock.now() == slice_moment(app.queue_view, first, picked)
+    assert shown(app, [first]) != exact(app, [first])
     svc.loop.step()
-    assert shown(app, ids[2:]) == exact(app, ids[2:])
-    assert shown(app, ids[2:3]) == ["#1, next in line"]
+    assert shown(app, [first]) == exact(app, [first])
 
 
 # ------------------------------------------------------------------ at once
@@ -167,14 +236,17 @@ def test_a_task_that_joins_gets_its_position_at_once(
     svc, ids = queue
     run(app, ids[0])
     svc.controller.tick()  # held back: t2..t5 show the order before t1 was picked
-    late = submit(app, "v", "late")
+    before = shown(app, ids[2:])
+    late = submit(app, "v", "late")  # (submitting moves the clock on a little)
     with PositionWrites(app) as writes:
         svc.controller.tick()
-    assert writes.rows == 1, "the newcomer's row only"
     # Another actor's task goes first (u was served last): its own Message is exact at
-    # once; the others' catch up when the interval ends.
+    # once; of the others only those whose slice came meanwhile moved, the rest catch
+    # up at their own moments.
     assert shown(app, [late]) == exact(app, [late]) == ["#1, next in line"]
-    assert shown(app, ids[2:3]) == ["#2, 1 ahead (u: t1)"]
+    moved = [t for t, b, a in zip(ids[2:], before, shown(app, ids[2:])) if a != b]
+    assert writes.rows == 1 + len(moved), "the newcomer's row, and no row that did not move"
+    assert shown(app, moved) == exact(app, moved)
 
 
 def test_a_task_whose_message_was_replaced_gets_its_position_at_once(
@@ -226,6 +298,8 @@ def test_no_position_message_is_ever_older_than_one_interval(
         clock = VirtualClock(START)
         app = open_app(Settings(db_url=url, position_refresh_seconds=interval.total_seconds()),
                        clock)
+        # Queues both shorter and longer than those refreshed whole, and crossing over.
+        app.queue_view.whole_rows = 4
         try:
             add_cluster(app, "tpu-a")
             add_cluster(app, "tpu-b")
@@ -267,7 +341,12 @@ def _drive(app: App, clock: VirtualClock, svc: Service, steps: list[tuple[object
 
     for kind, *args in steps:
         if kind == "submit":
-            submit(app, str(args[0]), "job", topology=str(args[1]))
+            # Inserted at this moment (``submit`` would move the clock a second on
+            # behind the loop's back): only waits take time, and the loop goes through
+            # every moment due in them, so no slice is swept late here.
+            job_rows.submit(app.engine, name="job", actor=str(args[0]), now=clock.now(),
+                            spec={"image": "us-docker.pkg.dev/p/r/train:1",
+                                  "tpu_type": "v6e", "topology": str(args[1])})
         elif kind == "free":  # up to n slot holders run, so the next tick picks again
             holders = sorted(s.task_id for s in app.tasks.all() if s.holds_slot)
             for holder in holders[:int(args[0])]:  # type: ignore[call-overload]

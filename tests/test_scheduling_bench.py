@@ -28,8 +28,8 @@ def test_benchmark_reports_every_figure() -> None:
 
 
 def test_steady_picking_respects_the_refresh_interval() -> None:
-    """Two intervals of picking: each queue is rewritten once per interval (the rows
-    read back change 30 s apart, never sooner), no sampled Message is ever older than
+    """Two intervals of picking: each row is rewritten once per interval at the moment
+    of its slice (the rows read back change 30 s apart, never sooner), no sampled Message is ever older than
     the interval, and far fewer rows are written per pick than a queue holds."""
     report = bench.scheduler_benchmark(HANDLERS, sizes=(400,))
     (size,) = report["sizes"]
@@ -38,7 +38,10 @@ def test_steady_picking_respects_the_refresh_interval() -> None:
     assert steady["picks"] > 0 and steady["sampled"] > 0
     assert 0 < steady["max_age_seconds"] <= 30
     assert steady["min_change_gap_seconds"] == 30
-    assert steady["refresh_ticks"] == 2, "one refresh per interval, all queues at once"
+    # The rewrite is spread over the interval a slice at a time, never one big tick.
+    assert steady["refresh_ticks"] > 2 * 10
+    assert steady["refresh_tick_rows_max"] < size["refresh_rows"]
+    assert steady["tick_ms_max"] >= steady["tick_ms_median"] > 0
     assert size["rows_per_pick"] < size["refresh_rows"] / 2
 
 

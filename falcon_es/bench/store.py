@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import db
+from falcon_es.db_urls import DEFAULT_URL
 from falcon_es import events as ev
 from falcon_es.bootstrap import open_app
 from falcon_es.clock import VirtualClock
@@ -150,7 +151,7 @@ def scratch_database(db_url: str) -> Iterator[str]:
         with scratch_mysql_database(url, "falcon_bench_store") as scratch:
             yield scratch
         return
-    given = url.database if url.database and db_url != db.DEFAULT_URL else None
+    given = url.database if url.database and db_url != DEFAULT_URL else None
     with tempfile.TemporaryDirectory(dir=Path(given).resolve().parent if given else None,
                                      prefix=".falcon-bench-") as tmp:
         yield f"sqlite:///{Path(tmp) / 'bench.db'}"

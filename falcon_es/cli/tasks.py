@@ -5,23 +5,25 @@ controller is the log's single writer and its inbox picks them up."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import sqlalchemy as sa
 
-from falcon_es import job_rows
 from falcon_es.cli.common import (
-    Failure, cell, emit, engine_of, friendly, job_of, jsonable, settings_of,
+    EXIT_DATABASE, Failure, cell, database_problem, emit, engine_of, friendly, job_of,
+    jsonable, settings_of,
 )
 from falcon_es.clock import utcnow
+from falcon_es.db_urls import driver_target
 
 if TYPE_CHECKING:
+    from falcon_es import job_rows
     from falcon_es.spec import SpecLimits
     from falcon_es.tables import JobTable
 
@@ -129,6 +131,7 @@ def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits,
             raise Failure(f"{entry.where}: {source} is empty" if not value else
                           f"{entry.where}: {source} is longer than {limit} characters")
     spec = {k: v for k, v in data.items() if k not in IDENTITY}
+    from falcon_es import job_rows
     from falcon_es.spec import SpecError, parse_spec
 
     try:
@@ -139,6 +142,8 @@ def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits,
 
 
 def _column_length(job: JobTable, column: str) -> int:
+    import sqlalchemy as sa
+
     column_type = job.c[column].type
     if not isinstance(column_type, sa.String) or column_type.length is None:
         raise TypeError(f"job.{column} is not a string column of a fixed length")
@@ -180,6 +185,8 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
     limits = settings.spec_limits
     job = job_of(ctx)
     tasks = [new_task(entry, options, limits, job) for entry in entries]
+    from falcon_es import job_rows
+
     ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow(), job=job_of(ctx))
     for task_id, task in zip(ids, tasks):
         click.echo(json.dumps({"id": task_id, "name": task.name, "actor": task.actor},
@@ -194,7 +201,17 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit, job=job_of(ctx))
+    target = driver_target(settings_of(ctx).db_url)
+    if target is None:
+        from falcon_es import job_rows
+
+        rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit, job=job_of(ctx))
+    else:
+        from falcon_es import job_reads
+
+        with _driver_errors():
+            rows = job_reads.list_rows(target, settings_of(ctx).job_mapping, status=status,
+                                       limit=limit)
     emit(rows, as_json, None if as_json else TASK_COLUMNS)
 
 
@@ -205,7 +222,19 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row."""
-    row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
+    target = driver_target(settings_of(ctx).db_url)
+    if target is None:
+        from falcon_es import job_rows
+
+        row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
+    else:
+        from falcon_es import job_reads
+
+        with _driver_errors():
+            try:
+                row = job_reads.get_row(target, settings_of(ctx).job_mapping, task_id)
+            except job_reads.TaskMissing as error:
+                raise Failure(str(error)) from error
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:
@@ -214,12 +243,26 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
             click.echo(f"{key.ljust(width)}  {cell(value)}")
 
 
+@contextlib.contextmanager
+def _driver_errors() -> Iterator[None]:
+    """A read the database refused, as one line (what ``friendly`` makes of the same
+    error through SQLAlchemy)."""
+    from falcon_es.job_reads import JobReadError
+
+    try:
+        yield
+    except JobReadError as error:
+        raise Failure(database_problem(error.text), EXIT_DATABASE) from error
+
+
 @task_group.command("abort")
 @click.argument("task_id")
 @click.pass_context
 @friendly
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
+    from falcon_es import job_rows
+
     before = job_rows.request_abort(engine_of(ctx), task_id, utcnow(), job=job_of(ctx))
     click.echo(f"{task_id}: Aborting (was {before})")
 
