@@ -78,8 +78,14 @@ def add_cluster(
     with store.engine.connect() as conn:
         if find_cluster(conn, name):
             raise RegistryError(f"cluster {name!r} is already registered")
+    # The id names the GKE cluster itself (project, location, name): the same cluster
+    # gets the same id in every database, so what is derived from it (a queue's
+    # refresh slice, the order queues are swept in) is the same on every run.
+    cluster_id = str(uuid.uuid5(uuid.NAMESPACE_URL,
+                                f"https://container.googleapis.com/v1/projects/{project}"
+                                f"/locations/{location}/clusters/{name}"))
     cluster = Cluster(
-        str(uuid.uuid4()), name, project, location, tpu_type, gcs_bucket,
+        cluster_id, name, project, location, tpu_type, gcs_bucket,
         default_reservation, status, store.clock.now(),
     )
     event = ev.ClusterRegistered(

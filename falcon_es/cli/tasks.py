@@ -281,6 +281,7 @@ def task_set_priority(ctx: click.Context, task_id: str, priority: str,
     as the upper layer does; the controller applies it at its next tick."""
     import getpass
 
+    from falcon_es import job_rows
     from falcon_es.priority import PriorityError
 
     policy = settings_of(ctx).priorities
