@@ -37,7 +37,10 @@ def pools_wanted(state: TaskState) -> int:
 
 def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
     """A task that could start (or, multi-slice, go on) on a retained pool of this
-    (cluster, topology) queue."""
+    (cluster, topology) queue. A multi-slice task waiting for reservation room
+    (ClusterBusy) is none: it could not use a pool before the rest fits, and a pool kept
+    for it would hold a slice while it waits; it takes idle pools of its queue when it
+    tries again."""
     return (
         state is not None
         and pools_wanted(state) > 0
@@ -45,6 +48,7 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
         and state.topology == topology
         and state.state.startswith(_PENDING_PREFIX)
         and state.state[len(_PENDING_PREFIX):] in TAKER_REASONS
+        and not (state.slices > 1 and state.reason == chart.PendingReason.CLUSTER_BUSY)
     )
 
 
