@@ -4,7 +4,8 @@ waiting task may take a retained pool.
 A pool outlives its task when a task of the same (cluster, topology) queue waits: it is
 retained for that task instead of deleted, and its nodes are already up. Each pool is
 decided alone: a multi-slice task's N pools may go to N different waiting tasks, and a
-multi-slice task takes retained pools for as many of its slices as it can. These rules
+multi-slice task takes retained pools for as many of its slices as it can (once the
+rest fits: waiting for room, it is promised none). These rules
 are read by the lifecycle index (who are the takers of each queue), by the
 deprovisioning and abort handlers (what to decide) and by the node-pool view (what
 became of each pool); they live in the core so all of them read the same rules.

@@ -7,7 +7,9 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
    A multi-slice task (``slices`` N > 1) takes idle pools of its queue and supply mode
    first, one per slice (NodePoolTaken each, the task stays in Provisioning), and
    creates the rest as below (slices taken leave their names of the task's group
-   unused); having taken all N it is ready at once (NodePoolReady).
+   unused); having taken all N it is ready at once (NodePoolReady). It takes them only
+   in the tick in which the rest can be asked for too (the reservation has room for
+   them), so a task waiting for room holds no pool it took either.
 2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
    default (reservation when the cluster has a default reservation, else flex-start).
    Reservation: remaining slices ((count - inUseCount - creates in flight) / hosts per

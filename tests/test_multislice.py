@@ -447,3 +447,32 @@ def test_two_multi_slice_tasks_sharing_a_reservation_too_small_for_both_never_ho
     h.run()
     assert h.statuses()["m4"] == h.statuses()["m2"] == ("Succeeded", None)
     assert h.live_pools() == []
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_pool_retained_for_a_task_that_finds_no_room_is_given_up(
+        make: Make, db_url: str, restart: bool) -> None:
+    """Two 4x4 slices: a's pool was retained for the waiting two-slice task "ms"; picked
+    once h runs on the other slice, ms could take it but has no room for its second
+    slice, so it takes nothing, waits in ClusterBusy, and the pool (no other task
+    waits) is deleted, also across a restart; ms creates both slices once h ends."""
+    h = make(reserved_cluster(count=8), settings=Settings(db_url=db_url))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 20})
+    h.clock.advance(1)
+    h.submit("h", topology="4x4", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    assert "NodePoolRetained" in h.events("a")
+    if restart:
+        h.restart()
+    h.run(until=lambda: "NodePoolDeleteRequested" in h.events("a"))
+    assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert "NodePoolTaken" not in h.events("ms")
+    assert _create_requests(h) == [(0, 0)]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
