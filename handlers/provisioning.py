@@ -128,6 +128,8 @@ class _Provisioner:
         is ready). Without ``multislice_partial_create`` it takes them only in the tick
         in which the rest can be created too, so a task waiting for room holds nothing."""
         partial = self.ctx.settings.multislice_partial_create
+        if not partial and not self._due(state):
+            return  # the idle pools are looked at when it tries again, not every tick
         supply_mode = supply_mode_for(state, cluster)
         taking: list[tuple[TaskState, str]] = []
         waiting = False
@@ -217,12 +219,7 @@ class _Provisioner:
         """How many of the ``needed`` slices may be created now (every one, except in
         a reservation: those it has room for); None: none now (a backoff runs, the
         reservation is too small or could not be read, or the task failed)."""
-        if state.reason == chart.PendingReason.CLUSTER_BUSY:
-            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
-            if due is not None and self.ctx.now < due:
-                return None
-        due = call_retry_due_at(state, RESERVATION_CHECK)
-        if due is not None and self.ctx.now < due:
+        if not self._due(state):
             return None
         if supply_mode_for(state, cluster) != RESERVATION:
             return needed
@@ -234,6 +231,16 @@ class _Provisioner:
                       "has no reservation"))
             return None
         return self._reserve(state, cluster, reservation, pool, needed) or None
+
+    def _due(self, state: TaskState) -> bool:
+        """No backoff runs: neither the wait after a too-small reservation nor the one
+        after a reservation read that failed."""
+        if state.reason == chart.PendingReason.CLUSTER_BUSY:
+            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
+            if due is not None and self.ctx.now < due:
+                return False
+        due = call_retry_due_at(state, RESERVATION_CHECK)
+        return due is None or self.ctx.now >= due
 
     def _create(self, state: TaskState, cluster: Cluster, granted: int) -> None:
         """Ask for the task's pools: the ``granted`` slices after those it has."""

@@ -476,3 +476,29 @@ def test_a_pool_retained_for_a_task_that_finds_no_room_is_given_up(
     assert _create_requests(h) == [(0, 0)]
     assert h.live_pools() == []
     assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+def test_a_task_waiting_for_room_looks_at_idle_pools_only_when_it_tries_again(
+        make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a's pool is retained for the single-slice task "w" waiting behind the two-slice
+    holder "ms", which has no room while b runs: ms looks at that pool (a GKE call)
+    only when its reservation backoff ends, not every tick, and takes none of it."""
+    h = _waiting_behind_a_and_b(make)
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    h.submit("w", topology="4x4", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolRetained" in h.events("a"))
+    looks: list[str] = []
+    pools = h.ports.node_pools
+    get = pools.get
+
+    def counted(cluster: object, name: str) -> object:
+        looks.append(name)
+        return get(cluster, name)
+
+    monkeypatch.setattr(pools, "get", counted)
+    tries = h.events("ms").count("ReservationInsufficient")
+    h.run_for(1800)
+    tries = h.events("ms").count("ReservationInsufficient") - tries
+    assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+    assert "NodePoolTaken" not in h.events("ms")
+    assert 0 < looks.count("falcon-a-4x4") <= tries
