@@ -4,7 +4,8 @@ waiting task may take a retained pool.
 A pool outlives its task when a task of the same (cluster, topology) queue waits: it is
 retained for that task instead of deleted, and its nodes are already up. Each pool is
 decided alone: a multi-slice task's N pools may go to N different waiting tasks, and a
-multi-slice task takes retained pools for as many of its slices as it can. These rules
+multi-slice task takes retained pools for as many of its slices as it can (once the
+rest fits: waiting for room, it is promised none). These rules
 are read by the lifecycle index (who are the takers of each queue), by the
 deprovisioning and abort handlers (what to decide) and by the node-pool view (what
 became of each pool); they live in the core so all of them read the same rules.
@@ -37,7 +38,10 @@ def pools_wanted(state: TaskState) -> int:
 
 def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
     """A task that could start (or, multi-slice, go on) on a retained pool of this
-    (cluster, topology) queue."""
+    (cluster, topology) queue. A multi-slice task waiting for reservation room
+    (ClusterBusy) is none: it could not use a pool before the rest fits, and a pool kept
+    for it would hold a slice while it waits; it takes idle pools of its queue when it
+    tries again."""
     return (
         state is not None
         and pools_wanted(state) > 0
@@ -45,6 +49,7 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
         and state.topology == topology
         and state.state.startswith(_PENDING_PREFIX)
         and state.state[len(_PENDING_PREFIX):] in TAKER_REASONS
+        and not (state.slices > 1 and state.reason == chart.PendingReason.CLUSTER_BUSY)
     )
 
 

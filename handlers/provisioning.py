@@ -7,7 +7,9 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
    A multi-slice task (``slices`` N > 1) takes idle pools of its queue and supply mode
    first, one per slice (NodePoolTaken each, the task stays in Provisioning), and
    creates the rest as below (slices taken leave their names of the task's group
-   unused); having taken all N it is ready at once (NodePoolReady).
+   unused); having taken all N it is ready at once (NodePoolReady). It takes them only
+   in the tick in which the rest can be asked for too (the reservation has room for
+   them), so a task waiting for room holds no pool it took either.
 2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
    default (reservation when the cluster has a default reservation, else flex-start).
    Reservation: remaining slices ((count - inUseCount - creates in flight) / hosts per
@@ -123,10 +125,16 @@ class _Provisioner:
     def take(self, state: TaskState, cluster: Cluster) -> None:
         """A multi-slice task takes idle pools of its queue and supply mode for the
         slices it has no pool for, then creates the rest (or, with every slice taken,
-        is ready)."""
+        is ready). Without ``multislice_partial_create`` it takes them only in the tick
+        in which the rest can be created too, so a task waiting for room holds nothing."""
+        partial = self.ctx.settings.multislice_partial_create
+        if not partial and not self._due(state):
+            return  # the idle pools are looked at when it tries again, not every tick
         supply_mode = supply_mode_for(state, cluster)
+        taking: list[tuple[TaskState, str]] = []
+        waiting = False
         for holder, pool in self._idle_pools(state, cluster):
-            if len(state.taken_pools) >= state.slices:
+            if len(state.taken_pools) + len(taking) >= state.slices:
                 break
             if (holder.supply_mode or supply_mode) != supply_mode:
                 continue  # one supply mode per group: the task's pools scale alike
@@ -134,12 +142,29 @@ class _Provisioner:
             if verdict is None:
                 continue
             if not verdict:
-                return  # wait for it rather than create a pool in its place
+                waiting = True  # wait for it rather than create a pool in its place
+                break
+            taking.append((holder, pool))
+        rest = state.slices - len(state.taken_pools) - len(taking)
+        granted: int | None = None
+        if not partial:
+            if waiting:
+                return
+            if rest:
+                granted = self._grant(state, cluster, rest)
+                if granted is None:
+                    return  # nothing taken: the pools stay free for other takers
+        for holder, pool in taking:
             state = self.tick.emit(state.task_id, ev.NodePoolTaken(
                 pool, holder.task_id, supply_mode)) or state
             self._handed_over(holder, pool, state)
+        if waiting:
+            return
         if len(state.taken_pools) < state.slices:
-            self.acquire(state, cluster)
+            if granted is None:
+                self.acquire(state, cluster)
+            else:
+                self._create(state, cluster, granted)
         elif state.taken_pools:
             # Every slice on a pool that was running its earlier task's work: as a reused
             # pool, ready at once.
@@ -186,40 +211,57 @@ class _Provisioner:
 
     # ----------------------------------------------------------------- acquire
     def acquire(self, state: TaskState, cluster: Cluster) -> None:
+        granted = self._grant(state, cluster, state.slices - state.slices_requested)
+        if granted is not None:
+            self._create(state, cluster, granted)
+
+    def _grant(self, state: TaskState, cluster: Cluster, needed: int) -> int | None:
+        """How many of the ``needed`` slices may be created now (every one, except in
+        a reservation: those it has room for); None: none now (a backoff runs, the
+        reservation is too small or could not be read, or the task failed)."""
+        if not self._due(state):
+            return None
+        if supply_mode_for(state, cluster) != RESERVATION:
+            return needed
+        pool = naming.pool_name(state.task_id, state.topology)
+        reservation = cluster.default_reservation
+        if not reservation:
+            self.tick.emit(state.task_id, ev.NodePoolFailed(
+                pool, f"supply mode reservation was asked for, but cluster {cluster.name} "
+                      "has no reservation"))
+            return None
+        return self._reserve(state, cluster, reservation, pool, needed) or None
+
+    def _due(self, state: TaskState) -> bool:
+        """No backoff runs: neither the wait after a too-small reservation nor the one
+        after a reservation read that failed."""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
             due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
             if due is not None and self.ctx.now < due:
-                return
+                return False
         due = call_retry_due_at(state, RESERVATION_CHECK)
-        if due is not None and self.ctx.now < due:
-            return
+        return due is None or self.ctx.now >= due
+
+    def _create(self, state: TaskState, cluster: Cluster, granted: int) -> None:
+        """Ask for the task's pools: the ``granted`` slices after those it has."""
         supply_mode = supply_mode_for(state, cluster)
         shape = slice_shape(state.tpu_type, state.topology)
-        pool = naming.pool_name(state.task_id, state.topology)
-        reservation = None
         upto = 0  # every slice still to create
-        if supply_mode == RESERVATION:
-            reservation = cluster.default_reservation
-            if not reservation:
-                self.tick.emit(state.task_id, ev.NodePoolFailed(
-                    pool, f"supply mode reservation was asked for, but cluster {cluster.name} "
-                          "has no reservation"))
-                return
-            granted = self._reserve(state, cluster, reservation, pool)
-            if not granted:
-                return
-            if state.slices_requested + granted < state.slices:
-                upto = state.slices_requested + granted
+        if state.slices_requested + granted < state.slices:
+            upto = state.slices_requested + granted
         self.tick.emit(state.task_id, ev.NodePoolCreateRequested(
-            pool_name=pool, supply_mode=supply_mode, machine_type=shape.machine_type,
-            node_count=shape.hosts, reservation=reservation,
+            pool_name=naming.pool_name(state.task_id, state.topology),
+            supply_mode=supply_mode, machine_type=shape.machine_type,
+            node_count=shape.hosts,
+            reservation=cluster.default_reservation if supply_mode == RESERVATION else None,
             scale_down_unneeded_seconds=scale_down_seconds(supply_mode, self.ctx.settings),
             slices=state.slices, first_slice=state.slices_requested, upto=upto,
         ))
 
-    def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str) -> int:
+    def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str,
+                 needed: int) -> int:
         """The slices the reservation grants this task now (less what creates granted
-        earlier in this tick will take): every slice it still needs, or none; with
+        earlier in this tick will take): every one of the ``needed``, or none; with
         ``multislice_partial_create``, as many as fit."""
         shape = slice_shape(state.tpu_type, state.topology)
         try:
@@ -229,7 +271,7 @@ class _Provisioner:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, error.message))
             else:
                 self._check_failed(state, pool, f"reservation {reservation}: {error.message}")
-            return False
+            return 0
         key = (cluster.id, reservation)
         granted = self.granted_hosts.get(key, 0)
         # Compute counts VMs that exist: creates in flight (asked for in earlier ticks,
@@ -237,7 +279,6 @@ class _Provisioner:
         in_flight = granted + self.ctx.index.reserving(cluster.id, reservation,
                                                        besides=state.task_id)
         remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
-        needed = state.slices - state.slices_requested
         if remaining < needed:
             if not (self.ctx.settings.multislice_partial_create and remaining > 0):
                 self.tick.emit(state.task_id, ev.ReservationInsufficient(

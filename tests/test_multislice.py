@@ -135,10 +135,12 @@ def test_without_partial_create_the_same_task_waits_holding_nothing(
     assert h.live_pools() == ["falcon-a-4x4"]
     h.run()
     assert h.statuses()["ms"] == ("Succeeded", None)
-    # a's pool, retained for ms when a ended, serves one slice; ms creates the other.
-    assert _create_requests(h) == [(1, 0)]
+    # ms waits for room, so no pool is kept for it: a's pool goes when a ends, and ms
+    # then creates both of its slices.
+    assert "NodePoolRetained" not in h.events("a") and "NodePoolTaken" not in h.events("ms")
+    assert _create_requests(h) == [(0, 0)]
     assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
-                                      "node pools falcon-a-4x4, falcon-ms-4x4-s1 deleted")
+                                      "node pools falcon-ms-4x4, falcon-ms-4x4-s1 deleted")
 
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
@@ -264,22 +266,36 @@ def test_a_restart_between_the_two_hand_overs_leaves_each_pool_to_one_task(
     assert h.live_pools() == []
 
 
+def _taking_behind_h(make: Make, db_url: str, **changes: object) -> Harness:
+    """Three 4x4 slices in the reservation: "a" runs 20 s and ends while "h" creates its
+    pool, so a's pool is retained for the two-slice task "ms" waiting behind h."""
+    h = make(reserved_cluster(count=12), settings=Settings(db_url=db_url))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 20})
+    h.clock.advance(1)
+    h.submit("h", topology="4x4", sim={"duration_seconds": 600})
+    h.clock.advance(1)
+    submit(h, "ms", **{"sim": {"duration_seconds": 60}, **changes})
+    return h
+
+
 def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
         make: Make, db_url: str) -> None:
-    """"a" holds one of the reservation's two 4x4 slices; the two-slice task waits in
-    ClusterBusy, takes a's pool when a ends (it stays Provisioning) and creates only its
-    second slice, then runs its JobSet on both."""
-    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    """The reservation has three 4x4 slices. "a" runs on one and ends while "h" creates
+    its own: a's pool is retained for the two-slice task "ms" waiting behind h, which,
+    picked once h runs, takes it and creates only its second slice in the same tick,
+    then runs its JobSet on both."""
+    h = _taking_behind_h(make, db_url)
     h.run(until=lambda: "NodePoolTaken" in h.events("ms"))
     assert h.statuses()["ms"] == ("Pending", "Provisioning")
+    assert h.events("ms")[-2:] == ["NodePoolTaken", "NodePoolCreateRequested"]
     h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
     assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
     assert _create_requests(h) == [(1, 0)]
-    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4-s1"]
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-h-4x4", "falcon-ms-4x4-s1"]
     kube = h.world.cluster("v6e-res").kube
-    assert {job.pool for job in kube.jobs.values()} == {"falcon-a-4x4", "falcon-ms-4x4-s1"}
+    assert {job.pool for job in kube.jobs.values()} >= {"falcon-a-4x4", "falcon-ms-4x4-s1"}
     h.run()
     assert h.statuses()["ms"] == ("Succeeded", None)
     assert h.live_pools() == []
@@ -292,7 +308,7 @@ def test_abort_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
     """Aborted while its own slice's create is in flight (the abort waits for it) or
     while running: both pools go, the taken one and the created one, named in the
     Message."""
-    h = _busy_behind_a(make, Settings(db_url=db_url), 600)
+    h = _taking_behind_h(make, db_url)
     if phase == "Provisioning":
         h.run(until=lambda: "NodePoolCreateStarted" in h.events("ms"))
     else:
@@ -308,10 +324,7 @@ def test_abort_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
 
 def test_a_timeout_of_a_task_on_a_taken_pool_and_a_created_one_deletes_both(
         make: Make, db_url: str) -> None:
-    h = make(reserved_cluster(count=8), settings=Settings(db_url=db_url))
-    h.submit("a", topology="4x4", sim={"duration_seconds": 600})
-    h.clock.advance(1)
-    submit(h, "ms", sim={"duration_seconds": 5000}, timeout_seconds=1200)
+    h = _taking_behind_h(make, db_url, sim={"duration_seconds": 5000}, timeout_seconds=1200)
     h.run()
     assert h.statuses()["ms"] == ("Failed", "Timeout")
     assert h.row("ms")["message"] == ("timed out after 1200s; Job deleted; "
@@ -351,42 +364,141 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
         ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
 
 
-def test_abort_while_waiting_for_room_with_a_taken_pool_gives_that_pool_up(
-        make: Make) -> None:
-    """The two-slice task took a's pool but b holds the reservation's other slice: it
-    waits in ClusterBusy holding the taken pool. Aborted, it deletes that pool (no task
-    waits for it) and created nothing."""
-    h = make(reserved_cluster(count=8))
+def _waiting_behind_a_and_b(make: Make, settings: Settings | None = None) -> Harness:
+    """The reservation's two 4x4 slices run "a" (300 s) and "b" (5000 s); the two-slice
+    task "ms" is picked behind them and waits for room."""
+    h = make(reserved_cluster(count=8), settings=settings)
     h.submit("a", topology="4x4", sim={"duration_seconds": 300})
     h.clock.advance(1)
     h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
     h.clock.advance(1)
     submit(h, "ms", sim={"duration_seconds": 60})
-    h.run(until=lambda: "NodePoolTaken" in h.events("ms")
-          and h.statuses()["ms"] == ("Pending", "ClusterBusy"))
-    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+    return h
+
+
+def test_abort_while_waiting_for_room_holds_and_deletes_nothing_of_its_own(
+        make: Make) -> None:
+    """b holds one of the reservation's two slices: when a ends, the two-slice task
+    waiting for room is promised no pool (a's pool is deleted), takes none and creates
+    none, and still waits with both numbers. Aborted, it has nothing to delete."""
+    h = _waiting_behind_a_and_b(make)
+    h.run(until=lambda: h.statuses()["a"] == ("Succeeded", None)
+          and h.live_pools() == ["falcon-b-4x4"])
+    h.run_for(600)
+    assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+    assert ("reservation_remaining_slices=1 reservation_needed_slices=2"
             in h.row("ms")["message"])
+    assert "NodePoolRetained" not in h.events("a")
     h.abort("ms")
-    h.run(until=lambda: h.statuses()["ms"] == ("Aborted", None)
-          and "deleted" in (h.row("ms")["message"] or ""))
-    assert h.row("ms")["message"] == ("aborted while Pending/ClusterBusy; "
-                                      "node pool falcon-a-4x4 deleted")
-    assert "NodePoolCreateRequested" not in h.events("ms")
+    h.run(until=lambda: h.statuses()["ms"] == ("Aborted", None))
+    assert h.row("ms")["message"] == "aborted while Pending/ClusterBusy"
+    assert not {"NodePoolTaken", "NodePoolCreateRequested"} & set(h.events("ms"))
     assert h.live_pools() == ["falcon-b-4x4"]
 
 
-def test_a_busy_holder_with_a_taken_pool_keeps_its_slot_from_a_higher_priority_task(
+@pytest.mark.parametrize("partial", [False, True])
+def test_a_busy_holder_keeps_its_slot_from_a_higher_priority_task_only_while_it_holds_pools(
+        make: Make, db_url: str, partial: bool) -> None:
+    """Preemption takes the slot only from a ClusterBusy holder that holds nothing, as
+    one always does by default; with FALCON_MULTISLICE_PARTIAL_CREATE it creates the
+    slice that fits once a ends and holds it, and yielding would carry that pool back to
+    Waiting."""
+    h = _waiting_behind_a_and_b(make, Settings(db_url=db_url, multislice_partial_create=partial))
+    h.run(until=lambda: h.statuses()["a"] == ("Succeeded", None)
+          and h.statuses()["ms"] == ("Pending", "ClusterBusy") and (
+              not partial or "NodePoolCreateStarted" in h.events("ms")))
+    h.submit("urgent", topology="4x4", priority="high", sim={"duration_seconds": 60})
+    h.run_for(1200)
+    assert ("SlotYielded" in h.events("ms")) is not partial
+    if partial:
+        assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+        assert sorted(h.live_pools()) == ["falcon-b-4x4", "falcon-ms-4x4"]
+    else:
+        assert h.statuses()["urgent"] == ("Succeeded", None)
+        assert "NodePoolCreateRequested" not in h.events("ms")
+
+
+def test_two_multi_slice_tasks_sharing_a_reservation_too_small_for_both_never_hold_while_waiting(
         make: Make) -> None:
-    """Preemption takes the slot only from a ClusterBusy holder that holds nothing: one
-    waiting for room with a taken pool would carry that pool back to Waiting."""
+    """Two queues (4x4, four VMs a slice, and 2x2, one VM) share a reservation of eight
+    VMs: "a" (4x4, 120 s) and "b" (2x2, 3000 s) run one slice each, and behind them
+    "m4" (two 4x4 slices, eight VMs) and "m2" (four 2x2 slices, four VMs) need twelve.
+    When a ends, m4 could take its pool but has no room for its second slice, so it
+    takes nothing and a's pool goes: whenever either waits for room it holds no pool,
+    neither keeps back what the other needs, and both run to the end."""
     h = make(reserved_cluster(count=8))
-    h.submit("a", topology="4x4", sim={"duration_seconds": 300})
+    h.submit("a", topology="4x4", sim={"duration_seconds": 120})
+    h.submit("b", topology="2x2", sim={"duration_seconds": 3000})
     h.clock.advance(1)
-    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.submit("m4", topology="4x4", slices=2, sim={"duration_seconds": 300})
+    h.submit("m2", topology="2x2", slices=4, sim={"duration_seconds": 300})
+    seen: set[str] = set()
+
+    def holding_while_busy() -> bool:
+        for t in ("m4", "m2"):
+            if h.statuses()[t] == ("Pending", "ClusterBusy"):
+                seen.add(t)
+                assert not {"NodePoolTaken", "NodePoolCreateRequested"} & set(h.events(t)), t
+        return False
+
+    h.run(until=lambda: holding_while_busy() or (
+        h.statuses()["m4"][0] == h.statuses()["m2"][0] == "Succeeded"))
+    assert seen == {"m4", "m2"}
+    h.run()
+    assert h.statuses()["m4"] == h.statuses()["m2"] == ("Succeeded", None)
+    assert h.live_pools() == []
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_pool_retained_for_a_task_that_finds_no_room_is_given_up(
+        make: Make, db_url: str, restart: bool) -> None:
+    """Two 4x4 slices: a's pool was retained for the waiting two-slice task "ms"; picked
+    once h runs on the other slice, ms could take it but has no room for its second
+    slice, so it takes nothing, waits in ClusterBusy, and the pool (no other task
+    waits) is deleted, also across a restart; ms creates both slices once h ends."""
+    h = make(reserved_cluster(count=8), settings=Settings(db_url=db_url))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 20})
+    h.clock.advance(1)
+    h.submit("h", topology="4x4", sim={"duration_seconds": 600})
     h.clock.advance(1)
     submit(h, "ms", sim={"duration_seconds": 60})
-    h.run(until=lambda: "NodePoolTaken" in h.events("ms")
-          and h.statuses()["ms"] == ("Pending", "ClusterBusy"))
-    h.submit("urgent", topology="4x4", priority="high", sim={"duration_seconds": 60})
-    h.run(until=lambda: h.statuses()["ms"] == ("Succeeded", None))
-    assert "SlotYielded" not in h.events("ms")
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
+            in h.row("ms")["message"])
+    assert "NodePoolRetained" in h.events("a")
+    if restart:
+        h.restart()
+    h.run(until=lambda: "NodePoolDeleteRequested" in h.events("a"))
+    assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+    h.run()
+    assert h.statuses()["ms"] == ("Succeeded", None)
+    assert "NodePoolTaken" not in h.events("ms")
+    assert _create_requests(h) == [(0, 0)]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+def test_a_task_waiting_for_room_looks_at_idle_pools_only_when_it_tries_again(
+        make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a's pool is retained for the single-slice task "w" waiting behind the two-slice
+    holder "ms", which has no room while b runs: ms looks at that pool (a GKE call)
+    only when its reservation backoff ends, not every tick, and takes none of it."""
+    h = _waiting_behind_a_and_b(make)
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
+    h.submit("w", topology="4x4", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolRetained" in h.events("a"))
+    looks: list[str] = []
+    pools = h.ports.node_pools
+    get = pools.get
+
+    def counted(cluster: object, name: str) -> object:
+        looks.append(name)
+        return get(cluster, name)
+
+    monkeypatch.setattr(pools, "get", counted)
+    tries = h.events("ms").count("ReservationInsufficient")
+    h.run_for(1800)
+    tries = h.events("ms").count("ReservationInsufficient") - tries
+    assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+    assert "NodePoolTaken" not in h.events("ms")
+    assert 0 < looks.count("falcon-a-4x4") <= tries
