@@ -32,6 +32,7 @@ log = logging.getLogger("falcon_es.inbox")
 UNKNOWN_STATUS = "unknown-status"
 NOT_TAKEN_IN = "not-taken-in"
 ID_TOO_LONG = "id-too-long"
+PRIORITY_REFUSED = "priority-refused"
 #: The statuses a job row may hold: what Falcon-ES writes, and ``Aborting``, which the
 #: upper layer writes too.
 ROW_STATUSES = (statuses.ABORTED, statuses.ABORTING, statuses.FAILED, statuses.PENDING, statuses.RUNNING,
@@ -119,7 +120,7 @@ class Inbox(Protocol):
 
 
 #: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
-#: ``ID_TOO_LONG``): the metric.
+#: ``ID_TOO_LONG``, ``PRIORITY_REFUSED``): the metric.
 Ignored = Callable[[str], None]
 
 
@@ -307,6 +308,8 @@ class JobInbox:
         self._priority_refused[key] = None
         log.warning("priority request of %s for task %s (%s) refused: %s", row.requested_by,
                     row.id, row.priority, why, extra={"task_id": row.id[:STREAM_ID_LENGTH]})
+        if self._ignored is not None:
+            self._ignored(PRIORITY_REFUSED)
 
     def poll(self, limit: int = 1000) -> InboxPoll:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls

@@ -344,7 +344,8 @@ class Metrics:
         self.job_rows_ignored = Counter(
             "falcon_job_rows_ignored", "Job rows Falcon-ES will not take, each counted once "
             "per process: a status it does not know, a status it writes on a row it never "
-            "took in, an abort on an id longer than the log's stream_id.", ("reason",),
+            "took in, an abort on an id longer than the log's stream_id, a priority "
+            "request it refused.", ("reason",),
             registry=registry)
         self.leader = Gauge(
             "falcon_leader", "1 while this replica holds the lease and runs the loop, "

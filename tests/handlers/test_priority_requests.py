@@ -15,7 +15,9 @@ import sqlalchemy as sa
 
 from falcon_es import db
 from falcon_es import events as ev
+from falcon_es.bootstrap import App
 from falcon_es.handlers import intake
+from falcon_es.inbox import PRIORITY_REFUSED, JobInbox, PriorityRow
 from falcon_es.job_mapping import JobMapping
 from falcon_es.tables import JobTable
 from tests.support.bench import HandlerBench, HandlerBenches, reserved_cluster
@@ -163,3 +165,12 @@ def test_a_request_dated_in_the_future_hides_none_after_it(bench: HandlerBench) 
     bench.clock.advance(1)
     ask(bench, "t2", 20)
     assert [task for task, _ in bench.run()] == ["t2"]
+
+
+def test_a_refused_request_is_counted_once_in_the_ignored_rows_metric(app: App) -> None:
+    seen: list[str] = []
+    inbox = JobInbox(app.engine, app.job, clock=app.clock, ignored=seen.append)
+    row = PriorityRow("t1", 500, app.clock.now(), "ops-alice")
+    inbox.priority_refused(row, "priority 500 is outside the range -100 to 100")
+    inbox.priority_refused(row, "priority 500 is outside the range -100 to 100")
+    assert seen == [PRIORITY_REFUSED]
