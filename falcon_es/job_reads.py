@@ -89,10 +89,15 @@ def get_row(target: SqliteTarget | MysqlTarget, mapping: JobMapping,
 
 
 def _as_dict(row: Sequence[Any]) -> dict[str, Any]:
-    values = dict(zip(JOB_COLUMNS, row))
-    for name in _TIMES:
+    return decoded(dict(zip(JOB_COLUMNS, row)), _TIMES)
+
+
+def decoded(values: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
+    """A job row as the CLI shows it, whichever path read it: its spec decoded and its
+    ``times`` as datetimes where they can be (anything else as stored)."""
+    for name in times:
         values[name] = as_timestamp(values[name]) or values[name]
-    raw = values["spec"]
+    raw = values.get("spec")
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
     if isinstance(raw, str):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from falcon_es import statuses
-from falcon_es.timestamps import as_timestamp
+from falcon_es.job_reads import decoded
 from falcon_es.tables import JobTable
 
 TERMINAL = tuple(sorted(statuses.TERMINAL_STATUSES))
@@ -140,18 +139,7 @@ def _rows_query(job: JobTable) -> sa.Select[Any]:
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
-    """The row with its spec decoded and its times as datetimes where they can be
-    (anything else as stored)."""
-    values = dict(row._mapping)
-    for name in _TIMES:
-        values[name] = as_timestamp(values[name]) or values[name]
-    raw = values.get("spec")
-    if isinstance(raw, str):
-        try:
-            values["spec"] = json.loads(raw)
-        except json.JSONDecodeError:
-            values["spec"] = raw
-    return values
+    return decoded(dict(row._mapping), _TIMES)
 
 
 def list_rows(engine: Engine, *, status: str | None = None, limit: int | None = None,
