@@ -45,6 +45,12 @@ STRAY_SCAN_SECONDS = 60.0
 STRAY_MARGIN = dt.timedelta(minutes=10)
 #: What the first scan of a process looks at for rows never taken in.
 STRAY_FIRST_WINDOW = dt.timedelta(days=1)
+#: Rows of the scan's window one poll reads (and asks the log about) at most: the window
+#: holds Falcon-ES's own recent rows too, so after a burst of submissions (100,000 taken
+#: in within the window) one tick reading them all, and asking the log about each, took
+#: most of a second; a page of them costs a few milliseconds, and the scan goes on
+#: from where it stopped at the next poll.
+STRAY_PAGE = 1000
 #: Priority requests are read again this far behind the latest one seen, every
 #: ``STRAY_SCAN_SECONDS``: the upper layer's update may commit a while after the time it
 #: wrote (the other ticks read only those after the latest).
@@ -128,7 +134,10 @@ Ignored = Callable[[str], None]
 class _Statements:
     new_rows: sa.Select[Any]
     poll: sa.CompoundSelect
-    strays: sa.CompoundSelect
+    unknown: sa.CompoundSelect
+    #: The first page of the recent window, and each page after a (created_at, id).
+    recent_first: sa.Select[Any]
+    recent_next: sa.Select[Any]
 
 
 def _statements(job: JobTable) -> _Statements:
@@ -159,7 +168,8 @@ def _statements(job: JobTable) -> _Statements:
         ).where(c.status == statuses.ABORTING),
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
-    return _Statements(new_rows, poll, _strays(job))
+    recent_first, recent_next = _recent_pages(job)
+    return _Statements(new_rows, poll, _unknown_statuses(job), recent_first, recent_next)
 
 
 def _priority_requests(job: JobTable) -> sa.Select[Any]:
@@ -191,29 +201,48 @@ def _priority_value(raw: object) -> int | str | None:
         return stripped
 
 
-def _strays(job: JobTable) -> sa.CompoundSelect:
+def _unknown_statuses(job: JobTable) -> sa.CompoundSelect:
     """Rows whose status is none of ``ROW_STATUSES`` (one index range per gap between
-    them, as an index serves ranges where it cannot serve NOT IN), and recent rows in a
-    status other than the two Falcon-ES reads (its own rows among them, which the log
-    tells apart)."""
+    them, as an index serves ranges where it cannot serve NOT IN)."""
     c = job.c
-    columns = (c.id.label("id"), c.status.label("status"), c.reason.label("reason"))
-    unknown = sa.literal(UNKNOWN_STATUS).label("why")
-    recent_rows = sa.literal(NOT_TAKEN_IN).label("why")
     ordered = sorted(ROW_STATUSES)
     gaps = [c.status < ordered[0], c.status > ordered[-1], c.status.is_(None),
             *(sa.and_(c.status > low, c.status < high)
               for low, high in itertools.pairwise(ordered))]
+    return sa.union_all(*(sa.select(c.id.label("id"), c.status.label("status")).where(gap)
+                          for gap in gaps))
+
+
+def _recent_pages(job: JobTable) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    """Recent rows in a status other than the two Falcon-ES reads (its own rows among
+    them, which the log tells apart), ``STRAY_PAGE`` at a time in (created_at, id)
+    order: the first page from ``since``, and the page after the last row read
+    (``after_at``, ``after_id``, as the driver gave them), whose index range starts
+    there, so the pages of a scan read each row once. The created_at read back is the
+    driver's value: it only marks where the next page starts."""
+    c = job.c
     written = [s for s in ROW_STATUSES if s != statuses.ABORTING]
-    # The status test goes through COALESCE so that no index serves it: SQLite's planner
-    # (no statistics) otherwise prefers the (status, reason) index, where IN matches
-    # nearly every row of a long history, to the created_at range of a day's rows.
-    recent = sa.select(*columns, recent_rows).where(
-        c.created_at >= sa.bindparam("since", type_=c.created_at.type),
+    page = sa.select(
+        c.id.label("id"), c.status.label("status"), c.reason.label("reason"),
+        sa.type_coerce(c.created_at, sa.types.NullType).label("created_at"),
+    ).where(
+        # The status test goes through COALESCE so that no index serves it: SQLite's
+        # planner (no statistics) otherwise prefers the (status, reason) index, where IN
+        # matches nearly every row of a long history, to the created_at range of a
+        # day's rows.
         sa.func.coalesce(c.status, "").in_(written),
         sa.or_(c.status != statuses.PENDING, c.reason.is_not(None)),
-    )
-    return sa.union_all(*(sa.select(*columns, unknown).where(gap) for gap in gaps), recent)
+    ).order_by(c.created_at, c.id).limit(STRAY_PAGE)
+    # The driver's values go back as they came (no bind processing: the columns are
+    # compared untyped), and the page after a row has that row's created_at as its only
+    # lower bound (it is at least ``since``): given two, SQLite's planner may start the
+    # range at the lower.
+    created_at = sa.type_coerce(c.created_at, sa.types.NullType)
+    row_id = sa.type_coerce(c.id, sa.types.NullType)
+    after_at = sa.bindparam("after_at", type_=sa.types.NullType())
+    following = page.where(created_at >= after_at, sa.or_(
+        created_at > after_at, row_id > sa.bindparam("after_id", type_=sa.types.NullType())))
+    return page.where(c.created_at >= sa.bindparam("since", type_=c.created_at.type)), following
 
 
 class JobInbox:
@@ -223,7 +252,8 @@ class JobInbox:
     Reads begin deferred (``db.read_only``): on SQLite a poll must not take the write
     lock the controller's own appends need. With a ``clock``, a poll also looks (every
     ``STRAY_SCAN_SECONDS``) for rows it will never take, and logs and counts each once
-    per process (``ignored``)."""
+    per process (``ignored``); a scan reads its window ``STRAY_PAGE`` rows a poll, so
+    no tick carries a whole window of recent rows."""
 
     def __init__(self, engine: Engine, job: JobTable, *, clock: Clock | None = None,
                  ignored: Ignored | None = None) -> None:
@@ -239,8 +269,14 @@ class JobInbox:
         #: (row id, why) already logged and counted.
         self._reported: set[tuple[str, str]] = set()
         #: Rows of the last scan's window the log knows: not asked about again while
-        #: they stay in the window (the set holds that window's rows only).
+        #: they stay in the window (the set holds that window's rows only, and those of
+        #: the scan under way).
         self._known: set[str] = set()
+        #: The scan under way: where its window starts, the (created_at, id) of the last
+        #: row it read (None: none yet) and the rows of its window read so far.
+        self._scan_since: dt.datetime | None = None
+        self._scan_after: tuple[Any, Any] | None = None
+        self._scan_seen: set[str] = set()
         #: The latest priority request time read, and the refused requests of the
         #: window it starts (logged once each; the dict holds that window only).
         self._priority_mark: dt.datetime | None = None
@@ -367,25 +403,47 @@ class JobInbox:
 
     # ------------------------------------------------------------ rows never taken in
     def _scan_strays(self, now: dt.datetime) -> None:
-        if self._next_scan is not None and now < self._next_scan:
-            return
-        since = (self._scanned_from - STRAY_MARGIN if self._scanned_from is not None
-                 else now - STRAY_FIRST_WINDOW)
-        self._next_scan = now + dt.timedelta(seconds=STRAY_SCAN_SECONDS)
-        self._scanned_from = now
+        """One page of the scan for rows never taken in: a new scan every
+        ``STRAY_SCAN_SECONDS`` (its rows of unknown status, few, read whole; then its
+        window of recent rows from the previous scan's start less ``STRAY_MARGIN``), or
+        the next page of the scan under way. Once the last page is read, ``_known``
+        keeps that window's rows only."""
+        if self._scan_since is None:
+            if self._next_scan is not None and now < self._next_scan:
+                return
+            self._scan_since = (self._scanned_from - STRAY_MARGIN
+                                if self._scanned_from is not None else now - STRAY_FIRST_WINDOW)
+            self._next_scan = now + dt.timedelta(seconds=STRAY_SCAN_SECONDS)
+            self._scanned_from = now
+            self._scan_after = None
+            self._scan_seen = set()
+            with self.reader.connect() as conn:
+                unknown = [(str(r.id), r.status)
+                           for r in conn.execute(self._statements.unknown)]
+            for row_id, status in unknown:
+                self._report(row_id, UNKNOWN_STATUS,
+                             "job row %s ignored: status %r is not one Falcon-ES knows "
+                             "(new rows are Pending, aborts Aborting)", row_id, status)
+        statements = self._statements
         with self.reader.connect() as conn:
-            rows = conn.execute(self._statements.strays, {"since": since}).all()
-            unknown = [(str(r.id), r.status) for r in rows if r.why == UNKNOWN_STATUS]
+            if self._scan_after is None:
+                rows = conn.execute(statements.recent_first, {"since": self._scan_since}).all()
+            else:
+                after_at, after_id = self._scan_after
+                rows = conn.execute(statements.recent_next,
+                                    {"after_at": after_at, "after_id": after_id}).all()
             # A row refused for its id (Failed/InvalidId) has no stream of its own.
-            recent = [(str(r.id), r.status, r.reason) for r in rows if r.why == NOT_TAKEN_IN
-                      and not (r.status == statuses.FAILED and r.reason == INVALID_ID)]
-            in_window = {row_id for row_id, _, _ in recent}
-            asked = [row_id for row_id in in_window if row_id not in self._known]
-            self._known = (self._known & in_window) | _streams_known(conn, asked)
-        for row_id, status in unknown:
-            self._report(row_id, UNKNOWN_STATUS,
-                         "job row %s ignored: status %r is not one Falcon-ES knows "
-                         "(new rows are Pending, aborts Aborting)", row_id, status)
+            recent = [(str(r.id), r.status, r.reason) for r in rows
+                      if not (r.status == statuses.FAILED and r.reason == INVALID_ID)]
+            asked = [row_id for row_id, _, _ in recent if row_id not in self._known]
+            self._known |= _streams_known(conn, asked)
+        self._scan_seen.update(row_id for row_id, _, _ in recent)
+        if len(rows) < STRAY_PAGE:  # the window's last page
+            self._known &= self._scan_seen
+            self._scan_since = None
+            self._scan_seen = set()
+        else:
+            self._scan_after = (rows[-1].created_at, rows[-1].id)
         for row_id, status, reason in recent:
             if row_id not in self._known:
                 shown = status if reason is None else f"{status}/{reason}"
