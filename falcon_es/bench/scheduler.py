@@ -15,11 +15,12 @@ queue's slot). Then, on that state:
 - steady picking: for ``STEADY_INTERVALS`` position refresh intervals of virtual time,
   every second every slot is freed and one tick fills all 20 again (the busiest a
   queue gets), the loop's own wake-ups for a due slice of the refresh in between.
-  Reported: every tick (the tick target), the ticks that wrote no positions and those
-  that refreshed a slice, position rows written per pick, and, read back from the job table for a sample of waiting tasks after every
-  tick, how old each Message is (the time since it stopped being the task's exact
-  position) and how often it changed; the run fails if a Message is ever older than
-  one interval or changes twice within one;
+  Reported: every tick (median, p99 and the slowest, which the tick target is on, with
+  the position rows it wrote), the ticks that wrote no positions and those that
+  refreshed a slice, position rows written per pick, and, read back from the job table
+  for a sample of waiting tasks after every tick, how old each Message is (the time
+  since it stopped being the task's exact position) and how often it changed; the run
+  fails if a Message is ever older than one interval or changes twice within one;
 - position refresh: after one pick in one queue, the refresh (pick order, Messages,
   one batched UPDATE) against a raw batched UPDATE of exactly the same rows and
   values on the same database, in the same run (median of several rounds).
@@ -101,9 +102,12 @@ class SteadyReport:
     refresh_tick_ms_max: float
     refresh_ticks: int
     refresh_tick_rows_max: int
-    #: Every tick of the run, refreshing or not (what the tick target is on).
+    #: Every tick of the run, refreshing or not (the tick target is on the slowest),
+    #: and the position rows the slowest one wrote.
     tick_ms_median: float
+    tick_ms_p99: float
     tick_ms_max: float
+    slowest_tick_rows: int
     #: Over the sampled rows after every tick: the oldest Message seen (seconds since it
     #: stopped being the exact position) and the shortest time between two changes.
     max_age_seconds: float
@@ -113,6 +117,11 @@ class SteadyReport:
     @property
     def rows_per_pick(self) -> float:
         return self.position_rows / self.picks if self.picks else 0.0
+
+    def tick_target_met(self) -> bool:
+        """Every tick within ``TICK_TARGET_MS``: the slowest, not a typical one, since
+        one slow tick delays every pick and every slice behind it."""
+        return self.tick_ms_max <= TICK_TARGET_MS
 
 
 @dataclasses.dataclass
@@ -159,8 +168,8 @@ def scheduler_benchmark(
             r.steady.max_age_seconds <= r.steady.interval_seconds for r in reports),
     }
     if backend == "sqlite" and last.waiting >= TICK_TARGET_WAITING:
-        targets[f"tick at {last.waiting} waiting <= {TICK_TARGET_MS:g} ms"] = (
-            last.steady.tick_ms_median <= TICK_TARGET_MS)
+        targets[f"every tick at {last.waiting} waiting <= {TICK_TARGET_MS:g} ms"] = (
+            last.steady.tick_target_met())
     growth = last.pick_us / first.pick_us if first.pick_us else 0.0
     decide_growth = last.decide_us / first.decide_us if first.decide_us else 0.0
     log_growth = math.log(last.waiting) / math.log(first.waiting) if first.waiting > 1 else 1.0
@@ -176,8 +185,8 @@ def scheduler_benchmark(
         "log_n_growth": log_growth,
         # The targets (see README, 'Benchmarks') are on the pick *decision*; the whole
         # pick (decision plus moving the winner and freeing the slot) is reported beside
-        # it. The tick target is on every tick of steady picking (median; the slowest
-        # is reported beside it).
+        # it. The tick target is on every tick of steady picking: the slowest (the
+        # median and p99 are reported beside it).
         "targets": targets,
     }
 
@@ -366,6 +375,7 @@ def _measure_steady(app: App, loop: Loop, clock: VirtualClock,
     refresh_ms: list[float] = []
     refresh_rows: list[int] = []
     every_ms: list[float] = []
+    slowest_rows = 0
     picks = 0
     rows_before = view.rows_written
     length = max(interval * STEADY_INTERVALS, PICK_EVERY * 10)
@@ -389,6 +399,8 @@ def _measure_steady(app: App, loop: Loop, clock: VirtualClock,
         wrote = view.rows_written - written
         if picking:
             picks += sum(1 for s in app.tasks.all() if s.holds_slot)
+        if elapsed > max(every_ms, default=0.0):
+            slowest_rows = wrote
         every_ms.append(elapsed)
         if wrote:
             refresh_ms.append(elapsed)
@@ -426,9 +438,19 @@ def _measure_steady(app: App, loop: Loop, clock: VirtualClock,
         refresh_tick_ms_max=max(refresh_ms, default=0.0), refresh_ticks=len(refresh_ms),
         refresh_tick_rows_max=max(refresh_rows, default=0),
         tick_ms_median=statistics.median(every_ms) if every_ms else 0.0,
-        tick_ms_max=max(every_ms, default=0.0), max_age_seconds=max_age,
+        tick_ms_p99=_percentile(every_ms, 0.99), tick_ms_max=max(every_ms, default=0.0),
+        slowest_tick_rows=slowest_rows, max_age_seconds=max_age,
         min_change_gap_seconds=min_gap, sampled=len(exact),
     )
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest value at least ``fraction`` of them
+    are at or below (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 def _record_exact(view: QueueView, sample: set[str],
@@ -566,7 +588,8 @@ def format_report(report: dict[str, Any]) -> str:
          f"{steady['interval_seconds']:g} s, every slot freed and filled again every "
          "'every' virtual seconds (20 picks a tick)"),
         "",
-        (f"{'waiting':>8} {'every':>6} {'picks':>6} {'all ms':>7} {'max':>7} {'quiet ms':>8} "
+        (f"{'waiting':>8} {'every':>6} {'picks':>6} {'all ms':>7} {'p99':>6} {'max':>7} "
+         f"{'its rows':>8} {'quiet ms':>8} "
          f"{'writing':>7} {'ms max':>8} {'rows max':>9} {'rows/pick':>10} {'every change':>12} "
          f"{'oldest s':>8} {'gap s':>6}"),
     ]
@@ -575,15 +598,17 @@ def format_report(report: dict[str, Any]) -> str:
         gap = st["min_change_gap_seconds"]
         lines.append(
             f"{r['waiting']:>8} {st['pick_every_seconds']:>6.1f} {st['picks']:>6} "
-            f"{st['tick_ms_median']:>7.1f} {st['tick_ms_max']:>7.1f} "
-            f"{st['pick_tick_ms_median']:>8.1f} {st['refresh_ticks']:>7} "
+            f"{st['tick_ms_median']:>7.1f} {st['tick_ms_p99']:>6.1f} {st['tick_ms_max']:>7.1f} "
+            f"{st['slowest_tick_rows']:>8} {st['pick_tick_ms_median']:>8.1f} {st['refresh_ticks']:>7} "
             f"{st['refresh_tick_ms_max']:>8.1f} {st['refresh_tick_rows_max']:>9} "
             f"{r['rows_per_pick']:>10.1f} {r['refresh_rows']:>12} "
             f"{st['max_age_seconds']:>8.0f} {'-' if gap is None else f'{gap:.0f}':>6}")
     lines += [
         "",
-        ("all ms: median (and max) of every tick, the picks and the slices' refreshes "
-         "alike (the tick target); quiet ms: median of the ticks that wrote no position "
+        ("all ms, p99, max: median, 99th percentile and slowest of every tick, the picks "
+         "and the slices' refreshes alike (the tick target is on the slowest); its rows: "
+         "the position rows the slowest tick wrote; quiet ms: median of the ticks that "
+         "wrote no position "
          "Message; writing: ticks that wrote positions (each a slice of the interval: "
          "the rows whose slice came and whose text changed), the slowest and most rows"),
         ("rows/pick: position rows written per pick over the run; every change: the rows "
