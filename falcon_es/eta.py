@@ -3,23 +3,31 @@
 A queue's slot passes from task to task: a task takes it when picked and gives it up
 when its pods run (or it ends). So the task at index i of a queue's pick order (0 is
 next) starts after the current holder gives the slot up and the i tasks ahead of it
-have each held it once: ``now + remaining(holder) + i * typical``, where ``typical`` is
-the mean of the queue's last ``WINDOW`` slot holds (what is summed is a number of
-holds, so the mean: the median of skewed holds told waits half as long as they were
-in ``falcon-es simulate``). The holder's remaining time depends on its state: a holder
+have each held it once: ``now + remaining(holder) + i * step``, less for the first
+picks when pools the queue's ended tasks left are idle now (each of those is taken in a
+short hold).
+
+``step`` is not the plain mean of the last holds: holds come in two kinds, a pick that
+takes a pool a task of the queue left when it ended (seconds) and one that waits for a
+reservation's room or a pool's creation (many minutes), and how many of the next picks
+are of the first kind depends on how many of the queue's tasks run now, not on the mix
+of the last hour (in ``falcon-es simulate`` a flex-start queue whose running tasks grew
+was told waits two to three times too long by the plain mean). What is summed is a
+number of holds, so means, not medians (the median of skewed holds told waits half as
+long as they were). The holder's remaining time depends on its state: a holder
 Dispatching is seconds from running, one in ClusterBusy may wait for a reservation's
 room for an hour. So each hold also records, for every state it passed through, the
 time from entering that state to giving the slot up, and the remaining time of a holder
 is the queue's mean of those for its current state minus what it has spent in that
 state (at least ``FLOOR`` of that mean: a holder past the usual is expected to end
 soon, not at once); with no such record yet, the same from the whole hold. A queue
-without a slot hold yet has no estimate. What a task waits on past its slot (a reservation's room
-freed by running tasks ending) is inside the slot holds it is measured from. The count
-assumes nobody else arrives: a newcomer of another actor that round-robin puts ahead,
-or one of higher priority, makes the real wait longer than the first estimate (the
-estimates at later refreshes see them).
+without a slot hold yet has no estimate. The count assumes nobody else arrives: a
+newcomer of another actor that round-robin puts ahead, or one of higher priority, makes
+the real wait longer than the first estimate (the estimates at later refreshes see
+them).
 
-Memory is ``WINDOW`` durations per queue and per holder state, whatever the history.
+Memory is ``WINDOW`` holds per queue and per holder state and ``RUN_WINDOW`` runs per
+queue, whatever the history.
 """
 
 from __future__ import annotations

@@ -153,3 +153,34 @@ def test_pools_idle_now_go_to_the_next_picks_at_once() -> None:
     assert estimate.start(3) == now + dt.timedelta(seconds=40) + estimate.step
     none_idle = times.estimate(KEY, now, None, running=1)
     assert none_idle is not None and none_idle.start(1) == now + none_idle.step
+
+
+def test_the_queue_view_times_runs_and_tells_pool_takes_from_other_holds() -> None:
+    """The view feeds the estimate what it needs: which holds took a pool a run left,
+    and how long the queue's tasks ran."""
+    world = World(cluster_count=1)
+    for actor in ("ann", "bob", "cid", "dan"):
+        world.arrive(actor, "2x2")
+        world.tick()
+        world.now += dt.timedelta(seconds=1)
+    (ann,) = world.slot_holders()
+    world.now += dt.timedelta(minutes=10)
+    world.emit(ann, ev.NodePoolReady("falcon-pool-a", 1))  # a long hold: 604 s, its own pool
+    world.emit(ann, ev.PodsRunning(1, 1))
+    world.tick()  # bob takes the slot
+    (bob,) = world.slot_holders()
+    world.now += dt.timedelta(minutes=1)
+    world.free(bob, fail=False)  # a short one: 60 s, a pool taken
+    world.tick()  # cid takes the slot
+    world.now += dt.timedelta(minutes=19)
+    world.emit(ann, ev.JobSucceeded(1))  # ann ran 20 min
+    times = world.view.slot_times
+    assert times.typical(KEY) == (604 + 60) / 2
+    # One run ended since the first hold, and one pick took a pool: p = 1; bob runs and
+    # cid will: 2 running, 1200 s a run.
+    rate = 2 / 1200
+    expected = 1 / (rate + (1 - rate * 60) / 604)
+    estimate = world.view.wait(KEY, world.now).estimate
+    assert estimate is not None
+    assert abs(estimate.step.total_seconds() - expected) < 1e-6, (estimate.step, expected)
+    assert estimate.step < dt.timedelta(seconds=(604 + 60) / 2), "not the plain mean"
