@@ -3,23 +3,31 @@
 A queue's slot passes from task to task: a task takes it when picked and gives it up
 when its pods run (or it ends). So the task at index i of a queue's pick order (0 is
 next) starts after the current holder gives the slot up and the i tasks ahead of it
-have each held it once: ``now + remaining(holder) + i * typical``, where ``typical`` is
-the mean of the queue's last ``WINDOW`` slot holds (what is summed is a number of
-holds, so the mean: the median of skewed holds told waits half as long as they were
-in ``falcon-es simulate``). The holder's remaining time depends on its state: a holder
+have each held it once: ``now + remaining(holder) + i * step``, less for the first
+picks when pools the queue's ended tasks left are idle now (each of those is taken in a
+short hold).
+
+``step`` is not the plain mean of the last holds: holds come in two kinds, a pick that
+takes a pool a task of the queue left when it ended (seconds) and one that waits for a
+reservation's room or a pool's creation (many minutes), and how many of the next picks
+are of the first kind depends on how many of the queue's tasks run now, not on the mix
+of the last hour (in ``falcon-es simulate`` a flex-start queue whose running tasks grew
+was told waits two to three times too long by the plain mean). What is summed is a
+number of holds, so means, not medians (the median of skewed holds told waits half as
+long as they were). The holder's remaining time depends on its state: a holder
 Dispatching is seconds from running, one in ClusterBusy may wait for a reservation's
 room for an hour. So each hold also records, for every state it passed through, the
 time from entering that state to giving the slot up, and the remaining time of a holder
 is the queue's mean of those for its current state minus what it has spent in that
 state (at least ``FLOOR`` of that mean: a holder past the usual is expected to end
 soon, not at once); with no such record yet, the same from the whole hold. A queue
-without a slot hold yet has no estimate. What a task waits on past its slot (a reservation's room
-freed by running tasks ending) is inside the slot holds it is measured from. The count
-assumes nobody else arrives: a newcomer of another actor that round-robin puts ahead,
-or one of higher priority, makes the real wait longer than the first estimate (the
-estimates at later refreshes see them).
+without a slot hold yet has no estimate. The count assumes nobody else arrives: a
+newcomer of another actor that round-robin puts ahead, or one of higher priority, makes
+the real wait longer than the first estimate (the estimates at later refreshes see
+them).
 
-Memory is ``WINDOW`` durations per queue and per holder state, whatever the history.
+Memory is ``WINDOW`` holds per queue and per holder state and ``RUN_WINDOW`` runs per
+queue, whatever the history.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ from typing import TypeVar
 WINDOW = 15
 #: A holder already past the typical hold is expected to need this share of it more.
 FLOOR = 0.25
+#: Runs remembered per queue: more than ``WINDOW``, since several runs may end within
+#: the span of the holds remembered.
+RUN_WINDOW = 4 * WINDOW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +57,14 @@ class Estimate:
     now: dt.datetime
     first: dt.datetime
     step: dt.timedelta
+    #: The first ``quick`` tasks after the first take pools idle now, each in ``short``.
+    quick: int = 0
+    short: dt.timedelta = dt.timedelta(0)
 
     def start(self, index: int) -> dt.datetime:
         """Expected start of the task at ``index`` of the pick order."""
-        return self.first + self.step * index
+        quick = min(index, self.quick)
+        return self.first + self.short * quick + self.step * (index - quick)
 
 
 class SlotTimes:
@@ -59,37 +74,93 @@ class SlotTimes:
         self._holds: dict[Hashable, deque[float]] = {}
         #: (queue, holder state) -> seconds from entering that state to the hold's end.
         self._rest: dict[tuple[Hashable, str], deque[float]] = {}
+        #: Per queue, the recent holds as (seconds, took a pool that was there, ended at).
+        self._kinds: dict[Hashable, deque[tuple[float, bool, dt.datetime]]] = {}
+        #: Per queue, the recent runs as (seconds from pods running to the end, ended at).
+        self._runs: dict[Hashable, deque[tuple[float, dt.datetime]]] = {}
 
     def record(self, key: Hashable, seconds: float,
-               phases: Sequence[tuple[str, float]] = ()) -> None:
+               phases: Sequence[tuple[str, float]] = (), *, reused: bool = False,
+               ended_at: dt.datetime | None = None) -> None:
         """One hold that ended: its length, and for each state the holder passed
-        through, the seconds from entering it to the end."""
+        through, the seconds from entering it to the end; ``reused``: the holder took
+        a pool another task of its queue left (no room or creation waited for)."""
         _append(self._holds, key, seconds)
         for phase, rest in phases:
             _append(self._rest, (key, phase), rest)
+        if ended_at is not None:
+            window = self._kinds.setdefault(key, deque(maxlen=WINDOW))
+            window.append((max(0.0, seconds), reused, ended_at))
+
+    def record_run(self, key: Hashable, seconds: float, ended_at: dt.datetime) -> None:
+        """One task of the queue that ran (pods running) and ended."""
+        window = self._runs.setdefault(key, deque(maxlen=RUN_WINDOW))
+        window.append((max(0.0, seconds), ended_at))
+
+    def step(self, key: Hashable, running: int | None) -> float | None:
+        """Seconds each task ahead adds: a pick either takes a pool a task of the
+        queue left when it ended (a short hold) or waits for room or a creation (a
+        long one). Pools are left at the rate the queue's running tasks end, so with
+        ``running`` tasks the queue picks ``reuse + (1 - reuse x r) / a`` a second
+        (``reuse = p x running / run``: ``p`` the share of run ends that became a
+        taken pool, ``r`` and ``a`` the mean short and long hold): the mix of the last
+        holds alone lags a queue whose running tasks grew or shrank."""
+        typical = self.typical(key)
+        kinds = self._kinds.get(key)
+        runs = self._runs.get(key)
+        if typical is None or running is None or not kinds or not runs:
+            return typical
+        long_holds = [s for s, reused, _ in kinds if not reused]
+        if not long_holds:
+            return typical
+        short_holds = [s for s, reused, _ in kinds if reused]
+        since = kinds[0][2] - dt.timedelta(seconds=kinds[0][0])
+        ended = sum(1 for _, at in runs if at >= since)
+        share = min(1.0, len(short_holds) / ended) if ended else 0.0
+        per_run = statistics.fmean(s for s, _ in runs)
+        if not per_run:
+            return typical
+        reuse_rate = share * running / per_run
+        short = statistics.fmean(short_holds) if short_holds else 0.0
+        busy = reuse_rate * short
+        if busy >= 1.0:
+            return short
+        return 1.0 / (reuse_rate + (1.0 - busy) / statistics.fmean(long_holds))
 
     def typical(self, key: Hashable) -> float | None:
         holds = self._holds.get(key)
         return statistics.fmean(holds) if holds else None
 
     def estimate(self, key: Hashable, now: dt.datetime, held_since: dt.datetime | None,
-                 phase: tuple[str, dt.datetime] | None = None) -> Estimate | None:
+                 phase: tuple[str, dt.datetime] | None = None,
+                 running: int | None = None, idle: int = 0) -> Estimate | None:
         """The queue's expected starts; ``held_since`` is when the current holder took
         the slot (None: the slot is free, the next pick is this tick), ``phase`` its
-        state and since when."""
+        state and since when, ``running`` the queue's running tasks, ``idle`` the
+        pools its ended tasks left that nobody took yet (the next picks take them)."""
         typical = self.typical(key)
-        if typical is None:
+        seconds = self.step(key, running)
+        if typical is None or seconds is None:
             return None
-        step = dt.timedelta(seconds=typical)
+        step = dt.timedelta(seconds=seconds)
         if held_since is None:
-            return Estimate(now, now, step)
+            return Estimate(now, now, step, *self._quick(key, idle))
         usual, since = typical, held_since
         rests = self._rest.get((key, phase[0])) if phase is not None else None
         if phase is not None and rests:
             usual, since = statistics.fmean(rests), phase[1]
         spent = (now - since).total_seconds()
         remaining = max(usual - spent, FLOOR * usual)
-        return Estimate(now, now + dt.timedelta(seconds=remaining), step)
+        return Estimate(now, now + dt.timedelta(seconds=remaining), step,
+                        *self._quick(key, idle))
+
+    def _quick(self, key: Hashable, idle: int) -> tuple[int, dt.timedelta]:
+        """How many of the next picks take an idle pool, and the mean such hold."""
+        kinds = self._kinds.get(key)
+        short = [s for s, reused, _ in kinds if reused] if kinds and idle else []
+        if not short:
+            return 0, dt.timedelta(0)
+        return idle, dt.timedelta(seconds=statistics.fmean(short))
 
 
 _Key = TypeVar("_Key", bound=Hashable)

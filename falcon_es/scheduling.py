@@ -607,6 +607,10 @@ class QueueBook:
         return len(queue.holders) + sum(band.count for base, band in queue.bands.items()
                                         if base >= priority)
 
+    def idle_pools(self, key: QueueKey) -> int:
+        """Retained pools of the queue that no task took yet."""
+        return sum(1 for owner in self._idle_pools.values() if owner == key)
+
     def idle_pool_queues(self) -> frozenset[QueueKey]:
         return frozenset(self._idle_pools.values())
 

@@ -256,6 +256,10 @@ class QueueView:
         #: When each current holder entered each state of its hold, in order (a few
         #: per holder): the expected remaining time of a holder depends on its state.
         self._phases: dict[str, list[tuple[str, dt.datetime]]] = {}
+        #: Holders that took a pool a task of their queue left, and each running
+        #: task's queue and since when (how fast a queue picks depends on both).
+        self._reused: set[str] = set()
+        self._running: dict[str, tuple[QueueKey, dt.datetime]] = {}
         #: Told (task id, when, expected start) for every position rendered to be
         #: written, when set: ``falcon-es simulate`` measures the estimates with it.
         self.predictions: Callable[[str, dt.datetime, dt.datetime], None] | None = None
@@ -311,6 +315,8 @@ class QueueView:
         book = self.book
         if recorded:
             self._latest = max(self._latest, recorded[-1].recorded_at)
+            self._reused.update(r.stream_id for r in recorded
+                                if isinstance(r.event, _POOL_TAKEN))
         for change in changes:
             self._place(change.after)
         for record in recorded:
@@ -358,6 +364,7 @@ class QueueView:
         task_id = state.task_id
         holding = self._holding.get(task_id)
         at = state.updated_at or self.now()
+        self._follow_run(state, place, at)
         if place is not None and place[0] == Placement.SLOT:
             key: QueueKey = place[1]
             if holding is None or holding[2] != state.state:
@@ -369,18 +376,36 @@ class QueueView:
             return
         del self._holding[task_id]
         phases = self._phases.pop(task_id, [])
+        reused = task_id in self._reused
+        self._reused.discard(task_id)
         self.book.changed.add(holding[0])
         if state.status != chart.PENDING:  # not given back to the queue
             self.slot_times.record(holding[0], (at - holding[1]).total_seconds(),
                                    [(phase, (at - entered).total_seconds())
-                                    for phase, entered in phases])
+                                    for phase, entered in phases],
+                                   reused=reused, ended_at=at)
+
+    def _follow_run(self, state: TaskState, place: tuple[str, Any] | None,
+                    at: dt.datetime) -> None:
+        """Time the runs: a queue's running tasks leave it pools at the rate they end."""
+        task_id = state.task_id
+        if place is not None and place[0] == Placement.RUNNING:
+            self._running.setdefault(task_id, (place[1], state.phase_started_at or at))
+            return
+        if task_id not in self._holding and (place is None or place[0] != Placement.SLOT):
+            self._reused.discard(task_id)  # a take seen outside a hold counts for none
+        run = self._running.pop(task_id, None)
+        if run is not None:
+            self.slot_times.record_run(run[0], (at - run[1]).total_seconds(), at)
 
     def wait(self, key: QueueKey, now: dt.datetime) -> Wait:
         """What the queue's waiting tasks wait on at ``now``."""
         holders = self.book.holders(key)
         state = self.tasks.get(holders[0]) if holders else None
         if state is None:
-            return Wait(None, self.slot_times.estimate(key, now, None))
+            return Wait(None, self.slot_times.estimate(key, now, None,
+                                                       running=self.book.running(key),
+                                                       idle=self.book.idle_pools(key)))
         holding = self._holding.get(state.task_id)
         phases = self._phases.get(state.task_id)
         since = state.phase_started_at or now
@@ -389,7 +414,9 @@ class QueueView:
         reason = wait_reason(f"{state.actor}: {state.name}", state.reason or state.status,
                              since, reservation, self.lang)
         return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since,
-                                                     phases[-1] if phases else None))
+                                                     phases[-1] if phases else None,
+                                                     self.book.running(key) + 1,
+                                                     self.book.idle_pools(key)))
 
     def _rendered(self, key: QueueKey, now: dt.datetime) -> tuple[list[Entry], Wait]:
         """The queue's order and wait, told to ``predictions`` when it is set."""

@@ -110,3 +110,77 @@ def test_a_holders_remaining_time_follows_its_state() -> None:
     # No record of that state: the whole hold (past the usual: a quarter of it).
     assert unknown is not None and unknown.first == now + dt.timedelta(seconds=1200 * FLOOR)
     assert dispatching.step == dt.timedelta(minutes=20)
+
+
+def _pool_leaving_queue(times: SlotTimes, now: dt.datetime) -> None:
+    """Ten holds over 10,000 s, every other one taking a pool a run left (20 s) and the
+    others creating one (980 s); ten runs of 2,000 s ended in that span, half of them
+    leaving their pool to the next pick."""
+    at = now - dt.timedelta(seconds=10_000)
+    for index in range(10):
+        reused = index % 2 == 1
+        seconds = 20.0 if reused else 980.0
+        at += dt.timedelta(seconds=seconds)
+        times.record(KEY, seconds, reused=reused, ended_at=at)
+        times.record_run(KEY, 2_000.0, at)
+
+
+def test_a_queue_picks_faster_the_more_of_its_tasks_run() -> None:
+    """Pools are left at the rate the queue's running tasks end: the mix of the last
+    holds alone would lag a queue whose running tasks grew."""
+    times = SlotTimes()
+    now = dt.datetime(2026, 11, 1, 10)
+    _pool_leaving_queue(times, now)
+    assert times.typical(KEY) == 500.0
+    few, many = times.step(KEY, running=1), times.step(KEY, running=20)
+    assert few is not None and many is not None
+    # Half the run ends are taken: 1 running -> 1/4000 a second; each long hold 980 s.
+    assert abs(few - 1 / (1 / 4000 + (1 - 20 / 4000) / 980)) < 1e-6
+    assert many < 200.0 < few, (few, many)
+    # Without the running count (or any run measured) the mean hold stands.
+    assert times.step(KEY, running=None) == 500.0
+    assert SlotTimes().step(KEY, running=3) is None
+
+
+def test_pools_idle_now_go_to_the_next_picks_at_once() -> None:
+    times = SlotTimes()
+    now = dt.datetime(2026, 11, 1, 10)
+    _pool_leaving_queue(times, now)
+    estimate = times.estimate(KEY, now, None, running=1, idle=2)
+    assert estimate is not None and estimate.first == now
+    assert estimate.start(1) == now + dt.timedelta(seconds=20)
+    assert estimate.start(2) == now + dt.timedelta(seconds=40)
+    assert estimate.start(3) == now + dt.timedelta(seconds=40) + estimate.step
+    none_idle = times.estimate(KEY, now, None, running=1)
+    assert none_idle is not None and none_idle.start(1) == now + none_idle.step
+
+
+def test_the_queue_view_times_runs_and_tells_pool_takes_from_other_holds() -> None:
+    """The view feeds the estimate what it needs: which holds took a pool a run left,
+    and how long the queue's tasks ran."""
+    world = World(cluster_count=1)
+    for actor in ("ann", "bob", "cid", "dan"):
+        world.arrive(actor, "2x2")
+        world.tick()
+        world.now += dt.timedelta(seconds=1)
+    (ann,) = world.slot_holders()
+    world.now += dt.timedelta(minutes=10)
+    world.emit(ann, ev.NodePoolReady("falcon-pool-a", 1))  # a long hold: 604 s, its own pool
+    world.emit(ann, ev.PodsRunning(1, 1))
+    world.tick()  # bob takes the slot
+    (bob,) = world.slot_holders()
+    world.now += dt.timedelta(minutes=1)
+    world.free(bob, fail=False)  # a short one: 60 s, a pool taken
+    world.tick()  # cid takes the slot
+    world.now += dt.timedelta(minutes=19)
+    world.emit(ann, ev.JobSucceeded(1))  # ann ran 20 min
+    times = world.view.slot_times
+    assert times.typical(KEY) == (604 + 60) / 2
+    # One run ended since the first hold, and one pick took a pool: p = 1; bob runs and
+    # cid will: 2 running, 1200 s a run.
+    rate = 2 / 1200
+    expected = 1 / (rate + (1 - rate * 60) / 604)
+    estimate = world.view.wait(KEY, world.now).estimate
+    assert estimate is not None
+    assert abs(estimate.step.total_seconds() - expected) < 1e-6, (estimate.step, expected)
+    assert estimate.step < dt.timedelta(seconds=(604 + 60) / 2), "not the plain mean"
