@@ -65,7 +65,8 @@ def test_a_holder_past_the_usual_hold_is_expected_to_end_soon_not_at_once() -> N
         times.record(KEY, seconds)
     assert times.typical(KEY) == 500.0, "the mean: the waits told are sums of holds"
     fresh = times.estimate(KEY, now, now - dt.timedelta(seconds=200))
-    assert fresh is not None and fresh.first == now + dt.timedelta(seconds=300)
+    # Of the holds longer than the 200 s spent (600, 700), the median of what is left.
+    assert fresh is not None and fresh.first == now + dt.timedelta(seconds=450)
     late = times.estimate(KEY, now, now - dt.timedelta(hours=2))
     assert late is not None and late.first == now + dt.timedelta(seconds=500 * FLOOR)
     assert late.start(2) == late.first + dt.timedelta(seconds=1000)
@@ -107,8 +108,10 @@ def test_a_holders_remaining_time_follows_its_state() -> None:
     busy = times.estimate(KEY, now, held, ("Pending.ClusterBusy", now - dt.timedelta(minutes=4)))
     assert busy is not None and busy.first == now + dt.timedelta(seconds=1140 - 240)
     unknown = times.estimate(KEY, now, held, ("Pending.WaitingForNode", now))
-    # No record of that state: the whole hold (past the usual: a quarter of it).
-    assert unknown is not None and unknown.first == now + dt.timedelta(seconds=1200 * FLOOR)
+    # No record of that state: the whole hold (19 of its 20 min spent).
+    assert unknown is not None and unknown.first == now + dt.timedelta(seconds=60)
+    past = times.estimate(KEY, now, now - dt.timedelta(minutes=25), ("Pending.WaitingForNode", now))
+    assert past is not None and past.first == now + dt.timedelta(seconds=1200 * FLOOR)
     assert dispatching.step == dt.timedelta(minutes=20)
 
 
