@@ -102,34 +102,28 @@ class SlotTimes:
         window.append((max(0.0, seconds), ended_at))
 
     def step(self, key: Hashable, running: int | None) -> float | None:
-        """Seconds each task ahead adds: a pick either takes a pool a task of the
-        queue left when it ended (a short hold) or waits for room or a creation (a
-        long one). Pools are left at the rate the queue's running tasks end, so with
-        ``running`` tasks the queue picks ``reuse + (1 - reuse x r) / a`` a second
-        (``reuse = p x running / run``: ``p`` the share of run ends that became a
-        taken pool, ``r`` and ``a`` the mean short and long hold): the mix of the last
-        holds alone lags a queue whose running tasks grew or shrank."""
+        """Seconds each task ahead adds (``_Mix``); the mean hold while the queue's
+        runs or both kinds of hold are not measured yet."""
         typical = self.typical(key)
+        mix = self._mix(key, running)
+        return mix.step if mix is not None else typical
+
+    def _mix(self, key: Hashable, running: int | None) -> _Mix | None:
         kinds = self._kinds.get(key)
         runs = self._runs.get(key)
-        if typical is None or running is None or not kinds or not runs:
-            return typical
+        if running is None or not kinds or not runs:
+            return None
         long_holds = [s for s, reused, _ in kinds if not reused]
-        if not long_holds:
-            return typical
         short_holds = [s for s, reused, _ in kinds if reused]
+        per_run = statistics.fmean(s for s, _ in runs)
+        if not long_holds or not per_run:
+            return None
         since = kinds[0][2] - dt.timedelta(seconds=kinds[0][0])
         ended = sum(1 for _, at in runs if at >= since)
         share = min(1.0, len(short_holds) / ended) if ended else 0.0
-        per_run = statistics.fmean(s for s, _ in runs)
-        if not per_run:
-            return typical
-        reuse_rate = share * running / per_run
-        short = statistics.fmean(short_holds) if short_holds else 0.0
-        busy = reuse_rate * short
-        if busy >= 1.0:
-            return short
-        return 1.0 / (reuse_rate + (1.0 - busy) / statistics.fmean(long_holds))
+        return _Mix(share * running / per_run,
+                    statistics.fmean(short_holds) if short_holds else 0.0,
+                    statistics.fmean(long_holds))
 
     def typical(self, key: Hashable) -> float | None:
         holds = self._holds.get(key)
@@ -141,33 +135,51 @@ class SlotTimes:
         """The queue's expected starts; ``held_since`` is when the current holder took
         the slot (None: the slot is free, the next pick is this tick), ``phase`` its
         state and since when, ``running`` the queue's running tasks, ``idle`` the
-        pools its ended tasks left that nobody took yet (the next picks take them)."""
+        pools its ended tasks left that nobody took yet (the first picks after the
+        holder take them). Pools the runs leave while the holder still holds are not
+        counted in: in ``falcon-es simulate`` that told waits too short more often
+        than it mended those told too long."""
         typical = self.typical(key)
-        seconds = self.step(key, running)
-        if typical is None or seconds is None:
+        if typical is None:
             return None
-        step = dt.timedelta(seconds=seconds)
-        if held_since is None:
-            return Estimate(now, now, step, *self._quick(key, idle))
-        rests: Sequence[float] = self._holds[key]
-        since = held_since
-        by_phase = self._rest.get((key, phase[0])) if phase is not None else None
-        if phase is not None and by_phase:
-            rests, since = by_phase, phase[1]
-        spent = (now - since).total_seconds()
-        longer = [rest - spent for rest in rests if rest > spent]
-        remaining = (statistics.median(longer) if longer
-                     else FLOOR * statistics.fmean(rests))
-        return Estimate(now, now + dt.timedelta(seconds=remaining), step,
-                        *self._quick(key, idle))
+        mix = self._mix(key, running)
+        step = dt.timedelta(seconds=mix.step if mix is not None else typical)
+        remaining = 0.0
+        if held_since is not None:
+            rests: Sequence[float] = self._holds[key]
+            since = held_since
+            by_phase = self._rest.get((key, phase[0])) if phase is not None else None
+            if phase is not None and by_phase:
+                rests, since = by_phase, phase[1]
+            spent = (now - since).total_seconds()
+            longer = [rest - spent for rest in rests if rest > spent]
+            remaining = (statistics.median(longer) if longer
+                         else FLOOR * statistics.fmean(rests))
+        first = now + dt.timedelta(seconds=remaining)
+        if mix is None or not mix.short:
+            return Estimate(now, first, step)
+        return Estimate(now, first, step, idle, dt.timedelta(seconds=mix.short))
 
-    def _quick(self, key: Hashable, idle: int) -> tuple[int, dt.timedelta]:
-        """How many of the next picks take an idle pool, and the mean such hold."""
-        kinds = self._kinds.get(key)
-        short = [s for s, reused, _ in kinds if reused] if kinds and idle else []
-        if not short:
-            return 0, dt.timedelta(0)
-        return idle, dt.timedelta(seconds=statistics.fmean(short))
+
+@dataclasses.dataclass(frozen=True)
+class _Mix:
+    """How a queue picks: a pick either takes a pool a task of the queue left when it
+    ended (a short hold, ``short`` seconds on average) or waits for room or a creation
+    (a long one, ``long``). Pools are left at ``reuse_rate`` a second (the share of
+    recent run ends whose pool was taken, times the running tasks, over the mean run),
+    so the queue picks ``reuse_rate + (1 - reuse_rate x short) / long`` tasks a second:
+    the mix of the last holds alone lags a queue whose running tasks grew or shrank."""
+
+    reuse_rate: float
+    short: float
+    long: float
+
+    @property
+    def step(self) -> float:
+        busy = self.reuse_rate * self.short
+        if busy >= 1.0:
+            return self.short
+        return 1.0 / (self.reuse_rate + (1.0 - busy) / self.long)
 
 
 _Key = TypeVar("_Key", bound=Hashable)
