@@ -234,7 +234,8 @@ class NodePoolCreateRequested(Event):
     slices: int = 1
     #: A partial create (``FALCON_MULTISLICE_PARTIAL_CREATE``): this request creates the
     #: group's slices ``first_slice`` .. ``upto`` - 1 (``upto`` 0: up to the last); the
-    #: slices before ``first_slice`` were created by earlier requests of the task.
+    #: slices before ``first_slice`` were created by earlier requests of the task or
+    #: are pools it took (``NodePoolTaken``).
     first_slice: int = 0
     upto: int = 0
 

@@ -77,7 +77,7 @@ def verdict(state: TaskState, *, handed_on: Collection[str], now: dt.datetime,
     pool it created may still show up: unless another task took each of them)."""
     if holds_something(state, handed_on=handed_on):
         return Verdict.LIVE, None
-    created = state.node_pools[len(state.taken_pools):]
+    created = [p for p in state.node_pools if p not in state.taken_pools]
     if state.pool_requested_at is not None and not all(p in handed_on for p in created):
         until = state.pool_requested_at + grace
         if until > now:

@@ -93,10 +93,14 @@ class TaskState:
     #: while a partial create waits for the rest.
     slices_requested: int = 0
     pool_from_task: str | None = None  # the task that handed its pool over to this one
-    #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in slice
-    #: order before the pools it creates, and the task each came from.
+    #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in the order
+    #: taken, the task each came from, and the slice each stands for: the slices asked
+    #: for so far when it was taken (before any create, the first slices; with
+    #: ``multislice_partial_create``, a partial create may take pools for slices after
+    #: those it created).
     taken_pools: tuple[str, ...] = ()
     taken_from: tuple[str, ...] = ()
+    taken_slices: tuple[int, ...] = ()
     #: The task's pools retained for a waiting task once it ended: pool -> that task
     #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
     #: leaves when its delete is asked for.
@@ -163,9 +167,9 @@ class TaskState:
 
     @property
     def node_pools(self) -> tuple[str, ...]:
-        """Every pool the task holds or asked for, in slice order: the pools it took,
-        then those it creates (``node_pool_name`` and, for a multi-slice task, the pools
-        named after it; slices taken leave their names of the group unused)."""
+        """Every pool the task holds or asked for, in slice order: each slice's pool it
+        took, or the one it creates (``node_pool_name`` and, for a multi-slice task, the
+        pools named after it; slices taken leave their names of the group unused)."""
         if self.node_pool_name is None:
             return ()
         if not self.taken_pools:
@@ -173,8 +177,9 @@ class TaskState:
         own = self.pool_request.get("pool_name")
         if not own:
             return self.taken_pools
-        return self.taken_pools + naming.pool_group(
-            str(own), self.slices_requested)[len(self.taken_pools):]
+        group = naming.pool_group(str(own), self.slices_requested)
+        taken = dict(zip(self.taken_slices, self.taken_pools, strict=True))
+        return tuple(taken.get(i, name) for i, name in enumerate(group))
 
     @property
     def held_pools(self) -> tuple[str, ...]:
@@ -333,6 +338,7 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
                     "supply_mode": event.supply_mode,
                     "taken_pools": (*state.taken_pools, event.pool_name),
                     "taken_from": (*state.taken_from, event.from_task),
+                    "taken_slices": (*state.taken_slices, state.slices_requested),
                     "slices_requested": state.slices_requested + 1}
         case ev.NodePoolCreateRequested():
             return {"node_pool_name": (state.node_pool_name if state.taken_pools

@@ -9,7 +9,10 @@ For a task holding its queue's slot (Pending/Provisioning, ClusterBusy, WaitingF
    creates the rest as below (slices taken leave their names of the task's group
    unused); having taken all N it is ready at once (NodePoolReady). It takes them only
    in the tick in which the rest can be asked for too (the reservation has room for
-   them), so a task waiting for room holds no pool it took either.
+   them), so a task waiting for room holds no pool it took either. A partial create
+   (below), which holds slices anyway, takes idle pools for the slices it lacks
+   whenever they are there, before and after its creates, and goes on to its readiness
+   check once no slice is missing.
 2. Otherwise choose the supply mode: the task's ``supply_mode`` over the cluster
    default (reservation when the cluster has a default reservation, else flex-start).
    Reservation: remaining slices ((count - inUseCount - creates in flight) / hosts per
@@ -127,25 +130,14 @@ class _Provisioner:
         slices it has no pool for, then creates the rest (or, with every slice taken,
         is ready). Without ``multislice_partial_create`` it takes them only in the tick
         in which the rest can be created too, so a task waiting for room holds nothing."""
-        partial = self.ctx.settings.multislice_partial_create
+        # A task holding pools it took came from a partial create (the setting may have
+        # been turned off since): it goes on as one.
+        partial = self.ctx.settings.multislice_partial_create or bool(state.taken_pools)
         if not partial and not self._due(state):
             return  # the idle pools are looked at when it tries again, not every tick
         supply_mode = supply_mode_for(state, cluster)
-        taking: list[tuple[TaskState, str]] = []
-        waiting = False
-        for holder, pool in self._idle_pools(state, cluster):
-            if len(state.taken_pools) + len(taking) >= state.slices:
-                break
-            if (holder.supply_mode or supply_mode) != supply_mode:
-                continue  # one supply mode per group: the task's pools scale alike
-            verdict = self._idle_pool_usable(holder, pool, cluster)
-            if verdict is None:
-                continue
-            if not verdict:
-                waiting = True  # wait for it rather than create a pool in its place
-                break
-            taking.append((holder, pool))
-        rest = state.slices - len(state.taken_pools) - len(taking)
+        taking, waiting = self._choose_idle(state, cluster, supply_mode)
+        rest = state.slices - state.slices_requested - len(taking)
         granted: int | None = None
         if not partial:
             if waiting:
@@ -154,10 +146,7 @@ class _Provisioner:
                 granted = self._grant(state, cluster, rest)
                 if granted is None:
                     return  # nothing taken: the pools stay free for other takers
-        for holder, pool in taking:
-            state = self.tick.emit(state.task_id, ev.NodePoolTaken(
-                pool, holder.task_id, supply_mode)) or state
-            self._handed_over(holder, pool, state)
+        state = self._take_all(state, taking, supply_mode)
         if waiting:
             return
         if len(state.taken_pools) < state.slices:
@@ -171,6 +160,43 @@ class _Provisioner:
             hosts = slice_shape(state.tpu_type, state.topology).hosts
             self.tick.emit(state.task_id, ev.NodePoolReady(
                 state.taken_pools[0], hosts * len(state.taken_pools)))
+
+    def take_missing(self, state: TaskState, cluster: Cluster) -> tuple[TaskState, bool]:
+        """A partial create takes idle pools of its queue for the slices it has neither
+        created nor asked for: it holds its slices anyway, and each pool taken is one
+        slice less to wait for reservation room for. Returns the task as it is then,
+        and whether it waits for an idle pool being repaired (it asks for no slice in
+        its place meanwhile)."""
+        supply_mode = state.supply_mode or supply_mode_for(state, cluster)
+        taking, waiting = self._choose_idle(state, cluster, supply_mode)
+        return self._take_all(state, taking, supply_mode), waiting
+
+    def _choose_idle(self, state: TaskState, cluster: Cluster,
+                     supply_mode: str) -> tuple[list[tuple[TaskState, str]], bool]:
+        """The idle pools of the task's queue and supply mode it can take now, at most
+        one per slice it has no pool for, and whether one it would take next is not
+        usable yet (being repaired, a look that failed)."""
+        taking: list[tuple[TaskState, str]] = []
+        for holder, pool in self._idle_pools(state, cluster):
+            if state.slices_requested + len(taking) >= state.slices:
+                break
+            if (holder.supply_mode or supply_mode) != supply_mode:
+                continue  # one supply mode per group: the task's pools scale alike
+            verdict = self._idle_pool_usable(holder, pool, cluster)
+            if verdict is None:
+                continue
+            if not verdict:
+                return taking, True  # wait for it rather than create a pool in its place
+            taking.append((holder, pool))
+        return taking, False
+
+    def _take_all(self, state: TaskState, taking: list[tuple[TaskState, str]],
+                  supply_mode: str) -> TaskState:
+        for holder, pool in taking:
+            state = self.tick.emit(state.task_id, ev.NodePoolTaken(
+                pool, holder.task_id, supply_mode)) or state
+            self._handed_over(holder, pool, state)
+        return state
 
     def _handed_over(self, holder: TaskState, pool: str, taker: TaskState) -> None:
         """The holder of several pools records that one of them is the taker's now."""
@@ -303,6 +329,13 @@ class _Provisioner:
 
     # ------------------------------------------------------------------ follow
     def follow(self, state: TaskState, cluster: Cluster) -> None:
+        if lacks_slices(state):
+            # A partial create: idle pools of its queue first, for the slices it lacks
+            # (taking one in ClusterBusy makes it Provisioning: the readiness check
+            # below then says whether it is ready or still asks for the rest).
+            state, waiting = self.take_missing(state, cluster)
+            if waiting:
+                return
         pool = state.node_pool_name or ""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
             # A partial create holding its first slices, waiting for room for the rest.
@@ -388,6 +421,13 @@ class _Provisioner:
                   f"(create-visibility grace {grace}s)"))
 
 
+def lacks_slices(state: TaskState) -> bool:
+    """A partial create (``multislice_partial_create``) whose creates so far leave
+    slices without a pool."""
+    return (state.pool_intent == PoolIntent.CREATE_STARTED
+            and state.slices_requested < state.slices)
+
+
 def provision(tick: Tick, ctx: HandlerContext) -> None:
     """Move every task that holds a slot one step towards a ready pool."""
     work = [s for s in tick.candidates(ctx.index.ids(Group.ACQUIRING))
@@ -401,6 +441,10 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
         fresh = tick.state(state.task_id)
         if (fresh is None or fresh.status != chart.PENDING
                 or fresh.reason not in chart.ACQUIRING_REASONS):
+            continue
+        if lacks_slices(fresh) and fresh.cluster_id and index.retained(
+                (fresh.cluster_id, fresh.topology)):
+            provisioner.run(fresh)  # an idle pool for a slice it lacks: no waiting for polls
             continue
         if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
                 and fresh.retry_kind in _POLL_KINDS):

@@ -73,3 +73,23 @@ def test_each_retained_pool_of_a_group_is_held_and_handed_on_alone() -> None:
     assert index.retained(("c-1", "2x2")) == set()
     assert index.holder(("c-1", "falcon-ms-2x2-s1")) == "s2"
     assert index.ids(Group.POOL_WATCH) == set()  # the holder answers for nothing now
+
+
+def test_a_multi_slice_holder_waiting_for_room_is_a_taker_only_while_it_holds_slices() -> None:
+    """A two-slice holder in ClusterBusy holding nothing is promised no pool (it could
+    not use one before the rest fits); one holding the slice its partial create made is
+    a taker for the slice it lacks, ahead of the waiting tasks, and none once both of
+    its slices are asked for."""
+    holding_nothing = dataclasses.replace(waiting("ms", 5, "ClusterBusy"), spec={"slices": 2})
+    index = LifecycleIndex(TaskStates([holding_nothing, waiting("w", 1)]))
+    index.rebuild()
+    assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]
+
+    partial = dataclasses.replace(
+        holding_nothing, node_pool_name="falcon-ms-2x2", pool_intent="create-started",
+        slices_requested=1, pool_request={"pool_name": "falcon-ms-2x2", "slices": 2,
+                                          "first_slice": 0, "upto": 1})
+    index.update(partial)
+    assert list(index.takers_in_order(("c-1", "2x2"))) == ["ms", "w"]
+    index.update(dataclasses.replace(partial, state="Pending.Provisioning", slices_requested=2))
+    assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]

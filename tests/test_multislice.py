@@ -83,11 +83,17 @@ def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothi
     assert h.world.pools(include_deleted=True) == []  # no partial create holds a slice
 
 
-def _busy_behind_a(make: Make, settings: Settings, a_seconds: int) -> Harness:
+def _busy_behind_a(make: Make, settings: Settings, a_seconds: int,
+                   *, other_queue: bool = False) -> Harness:
     """Two 4x4 slices in the reservation; "a" runs on one for ``a_seconds``, and the
-    two-slice task "ms" is picked after it: one slice free, two needed."""
+    two-slice task "ms" is picked after it: one slice free, two needed. ``other_queue``:
+    "a" takes the same four VMs as four 2x2 slices, so no pool of ms's queue is left
+    when it ends."""
     h = make(reserved_cluster(count=8), settings=settings)
-    h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
+    if other_queue:
+        h.submit("a", topology="2x2", slices=4, sim={"duration_seconds": a_seconds})
+    else:
+        h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
     h.clock.advance(1)
     submit(h, "ms", sim={"duration_seconds": 60})
     h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy"))
@@ -101,21 +107,78 @@ def _create_requests(h: Harness) -> list[tuple[int, int]]:
 
 def test_with_partial_create_the_slices_that_fit_are_created_and_held_for_the_rest(
         make: Make, db_url: str) -> None:
-    """FALCON_MULTISLICE_PARTIAL_CREATE: one 4x4 slice of two is free while "a" runs;
-    the task creates that one, holds it in ClusterBusy, and creates the other once
-    a's pool is deleted."""
-    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 600)
+    """FALCON_MULTISLICE_PARTIAL_CREATE: one 4x4 slice of two is free while "a" (a
+    task of another queue, on the same VMs) runs; the task creates that one, holds it
+    in ClusterBusy, and creates the other once a's pools are deleted."""
+    h = _busy_behind_a(make, Settings(db_url=db_url, multislice_partial_create=True), 600,
+                       other_queue=True)
     assert ("reservation_remaining_slices=0 reservation_needed_slices=1"
             in h.row("ms")["message"])
-    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-ms-4x4"]  # one slice held
+    assert "falcon-ms-4x4" in h.live_pools()  # one slice held
+    assert "falcon-ms-4x4-s1" not in h.live_pools()
     h.run()
-    assert h.history["ms"] == [("Pending", "Waiting"), ("Pending", "Provisioning"),
-                               ("Pending", "ClusterBusy"), *RESERVED_PATH,
-                               ("Succeeded", None)]
+    assert h.history["ms"] == [("Pending", "Provisioning"), ("Pending", "ClusterBusy"),
+                               *RESERVED_PATH, ("Succeeded", None)]
     assert h.row("ms")["message"] == ("succeeded (8 pod(s)); "
                                       "node pools falcon-ms-4x4, falcon-ms-4x4-s1 deleted")
     assert _create_requests(h) == [(0, 1), (1, 0)]
     assert h.live_pools() == []
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_partial_create_takes_the_pool_a_task_of_its_queue_leaves_before_the_task_behind(
+        make: Make, db_url: str, restart: bool) -> None:
+    """Three 4x4 slices: "a" and "b" run on two, the two-slice task "ms" creates the
+    third and holds it in ClusterBusy, and "w" waits behind it. When a ends, its pool
+    is retained for ms, which holds the slot and lacks one slice: it takes the pool
+    for that slice and starts its JobSet at once, without waiting for b; w gets
+    nothing before ms has its turn, then one of ms's pools. The restart (while ms holds
+    its slice) shows that a controller rebuilt from the live tasks finds the same
+    taker."""
+    h = make(reserved_cluster(count=12),
+             settings=Settings(db_url=db_url, multislice_partial_create=True))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 1200})
+    h.clock.advance(1)
+    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.run(until=lambda: h.statuses()["ms"] == ("Pending", "ClusterBusy")
+          and "NodePoolCreateStarted" in h.events("ms"))
+    assert h.statuses()["a"] == ("Running", None)
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-b-4x4", "falcon-ms-4x4"]
+    h.clock.advance(1)
+    h.submit("w", topology="4x4", sim={"duration_seconds": 60})
+    if restart:
+        h.run_for(30)
+        assert h.statuses()["a"] == ("Running", None)
+        assert h.statuses()["ms"] == ("Pending", "ClusterBusy")
+        h.restart()
+    h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    assert h.statuses()["a"] == ("Succeeded", None)
+    assert h.statuses()["b"] == ("Running", None)  # ms did not wait for b's slice
+    retained = [e.event for e in h.app.store.read_stream("a")
+                if isinstance(e.event, ev.NodePoolRetained)]
+    assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
+    taken = [e.event for e in h.app.store.read_stream("ms")
+             if isinstance(e.event, ev.NodePoolTaken)]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert _create_requests(h) == [(0, 1)]  # its second slice was never created
+    events = h.events("ms")
+    assert events[events.index("NodePoolTaken") + 1] == "NodePoolReady"  # no slice missing
+    kube = h.world.cluster("v6e-res").kube
+    assert {job.pool for job in kube.jobs.values()
+            if job.name.startswith("falcon-ms")} == {"falcon-ms-4x4", "falcon-a-4x4"}
+    assert h.statuses()["w"][0] == "Pending"
+    assert not {"NodePoolReused", "NodePoolCreateRequested"} & set(h.events("w"))
+    h.run()
+    assert {t: h.statuses()[t] for t in ("a", "b", "ms", "w")} == {
+        t: ("Succeeded", None) for t in ("a", "b", "ms", "w")}
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); node pool falcon-ms-4x4 handed "
+                                      "over to w; node pool falcon-a-4x4 deleted")
+    assert [(e.event.pool_name, e.event.from_task) for e in h.app.store.read_stream("w")
+            if isinstance(e.event, ev.NodePoolReused)] == [("falcon-ms-4x4", "ms")]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
 
 def test_an_aborted_partial_create_deletes_the_slices_it_holds(make: Make, db_url: str) -> None:
@@ -362,6 +425,30 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
     samples = pool_samples(task.TaskStates([ms]), {})
     assert {(s.name, s.state, s.owner_task) for s in samples} == {
         ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
+
+
+def test_a_pool_taken_after_a_partial_create_stands_for_the_next_slice() -> None:
+    """A three-slice partial create made its first slice, took a's pool for the second
+    and created the third: its pools in slice order are its own, a's, and its own
+    third (the group's second name stays unused), so the JobSet and the hand-over see
+    each slice's pool."""
+    at = dt.datetime(2026, 11, 1, 9)
+    request = {"pool_name": "falcon-ms-4x4", "supply_mode": "reservation",
+               "machine_type": "ct6e-standard-4t", "node_count": 4,
+               "reservation": "v6e-res-r", "scale_down_unneeded_seconds": 60, "slices": 3}
+    ms = task.fold("ms", [(e, at) for e in (
+        ev.TaskAccepted("ms", "user-a", {"slices": 3}, "v6e", "4x4", at),
+        ev.ClusterChosen("c-1", "v6e-res", "4x4", "only-candidate", ()),
+        ev.TaskPicked("c-1", "4x4", "only-waiting", (), None),
+        ev.NodePoolCreateRequested(**request, first_slice=0, upto=1),
+        ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
+        ev.ReservationInsufficient("v6e-res-r", 0, 2, 1),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
+        ev.NodePoolCreateRequested(**request, first_slice=2, upto=0),
+    )])
+    assert ms.node_pools == ("falcon-ms-4x4", "falcon-a-4x4", "falcon-ms-4x4-s2")
+    assert ms.held_pools == ms.node_pools and ms.took == (("falcon-a-4x4", "a"),)
+    assert ms.slices_requested == 3
 
 
 def _waiting_behind_a_and_b(make: Make, settings: Settings | None = None) -> Harness:
