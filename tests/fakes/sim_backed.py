@@ -595,7 +595,7 @@ class SimKubeServer(FakeKubeServer):
         if refused is not None and self._refusals.get(sim_job.name) != refused.count:
             self._refusals[sim_job.name] = refused.count
             self.record_event("Job", sim_job.name, "FailedCreate",
-                              f"Error creating: {refused.message}", namespace=ns,
+                              refused.event_message, namespace=ns,
                               count=refused.count, first=refused.first)
             changed = True
         wanted = self._job_status(sim_job)
