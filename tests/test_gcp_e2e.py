@@ -468,6 +468,25 @@ def test_a_failing_slice_restarts_the_jobset_then_fails_it(make: Make) -> None:
         f"{SLICE_POOLS} deleted")
 
 
+def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make) -> None:
+    """The world's JobSet webhook refuses the followers while the leader waits for TPUs:
+    the API server shows that as the child Job's FailedCreate event, which the informer
+    reads, so the task says it after the leader's cause, as on the sim backend. (Only
+    the gcp run: its diagnosis of the pending leader is worded as the real API's, not
+    as the simulated one's.)"""
+    gcp = make("gcp", reserved_cluster(count=16))
+    gcp.submit("t1", topology="4x4", slices=2, timeout_seconds=900,
+               sim={"outcome": "unschedulable"})
+    gcp.run()
+    assert gcp.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "Timeout")]
+    words = ("until it is scheduled the JobSet webhook refuses its followers (expected, "
+             'transient): child Job falcon-t1-slice-0: Error creating: admission webhook '
+             '"vpod.kb.io" denied the request: follower pod node selector not set')
+    pending = [m for m in gcp.messages["t1"] if m.startswith("pods pending: ") and words in m]
+    assert pending, gcp.messages["t1"]
+    assert 0 < pending[0].index("Insufficient google.com/tpu") < pending[0].index(words)
+
+
 def test_an_aborted_multi_slice_task_deletes_its_jobset_and_every_pool(make: Make) -> None:
     def scenario(h: Harness) -> None:
         h.submit("t1", topology="4x4", slices=2, sim={"duration_seconds": 5000})

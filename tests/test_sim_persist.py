@@ -4,7 +4,9 @@ A world saved and loaded again at any moment goes on exactly as the world that w
 never saved: the same pools at the same moments, the same observations delivered in
 the same order, with the same random draws (stockouts, delivery faults) after the
 load as before it. A timeline entry that could not be written down is refused when it
-is scheduled. The world keeps its own record of the creates it accepted. Only the rows that changed are written per save, and the change rows are
+is scheduled. A world saved with objects of another shape (a field renamed since) fails
+the load with one line naming the fields. The world keeps its own record of the creates it
+accepted. Only the rows that changed are written per save, and the change rows are
 compacted so a load reads at most ``compact_every`` saves besides the snapshot.
 """
 
@@ -175,6 +177,26 @@ def test_a_world_this_version_cannot_read_fails_the_load_naming_why(
             tables.sim_world_changes.c.kind.like("%:SimPool")).values(
             kind="falcon_es.adapters.sim.gke:RenamedPool"))
     with pytest.raises(SavedWorldError, match="cannot be loaded: .*RenamedPool.*another version"):
+        WorldStore(engine).load(VirtualClock(START))
+
+
+def test_a_saved_object_whose_fields_this_version_renamed_fails_the_load_naming_them(
+        engine: sa.engine.Engine) -> None:
+    """A Job saved when its FailedCreate was kept under another field name: loaded as it
+    is, it would carry the stale field and lack the current one."""
+    sim = Sim(BASE)
+    sim.create(sim.east, "falcon-a", "2x2", "reservation", "res-a")
+    sim.edge(sim.east).submit_job(job("job-a", "falcon-a"))
+    saved = sim.world.cluster(sim.east).kube.jobs["job-a"].__dict__
+    del saved["refused"]
+    saved["followers_refusal"] = None
+    store = WorldStore(engine)
+    store.attach(sim.world)
+    with engine.begin() as conn:
+        store.save(conn)
+    with pytest.raises(SavedWorldError, match=r"cannot be loaded: a saved SimJob has the fields "
+                                              r"\['followers_refusal'\] this version has not, "
+                                              r"and lacks \['refused'\].*another version"):
         WorldStore(engine).load(VirtualClock(START))
 
 

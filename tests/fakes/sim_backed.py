@@ -18,7 +18,8 @@ scenarios must reach the same job-table results.
   watches them and publishes to Google's Pub/Sub emulator. The Job controller's events
   on a Job are reflected too: ``SuccessfulCreate`` for each pod the world creates, and
   ``FailedCreate`` (aggregated, its count the world's) for a Job whose pods an
-  admission webhook denies (the ``create-denied`` outcome). A JobSet created through it
+  admission webhook denies (the ``create-denied`` outcome) or a JobSet child whose
+  followers the JobSet webhook refuses while its leader waits. A JobSet created through it
   is submitted to the world, whose JobSet controller makes the child Jobs
   (``<jobset>-slice-<i>``, recreated under the same names on a restart); the API server
   shows those children (owned by the JobSet, made as its own small controller makes
@@ -595,7 +596,7 @@ class SimKubeServer(FakeKubeServer):
         if refused is not None and self._refusals.get(sim_job.name) != refused.count:
             self._refusals[sim_job.name] = refused.count
             self.record_event("Job", sim_job.name, "FailedCreate",
-                              f"Error creating: {refused.message}", namespace=ns,
+                              refused.event_message, namespace=ns,
                               count=refused.count, first=refused.first)
             changed = True
         wanted = self._job_status(sim_job)

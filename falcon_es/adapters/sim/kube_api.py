@@ -53,7 +53,7 @@ from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
 from falcon_es.adapters.sim.kube_objects import (
-    FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimCreateFailure, SimJob, SimPod, SimService,
+    FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
 )
 from falcon_es.adapters.sim.timeline import Method, Timeline
 
@@ -155,7 +155,7 @@ class KubeService:
         if exclusive and min(job.parallelism, job.completions) > 1:
             job.followers_held = True
             self.new_pod(job, 0)
-            self.jobsets.refuse_followers(job)
+            self.jobsets.refuse_followers(job, now)
         else:
             for index in range(min(job.parallelism, job.completions)):
                 self.new_pod(job, index)
@@ -212,7 +212,7 @@ class KubeService:
             self._unbind(pod, moment)
             job.pods.remove(pod)
         self.forget_unbound(job)
-        job.followers_held, job.followers_refusal = False, None
+        job.followers_held, job.refused = False, None
         self._dirty[job.name] = job
         self._reschedule(moment, freed)
 
@@ -229,7 +229,7 @@ class KubeService:
         if job is None:
             return None
         if job.refused is not None:
-            return f"Error creating: {job.refused.message}"
+            return job.refused.event_message
         pending = [p for p in job.pods if p.phase == PENDING]
         if not pending:
             return None
@@ -294,9 +294,7 @@ class KubeService:
         pods = tuple(p.observation() for p in job.pods)
         running = sum(1 for p in job.pods if p.phase == RUNNING_PHASE)
         succeeded = sum(1 for p in job.pods if p.phase == SUCCEEDED)
-        refused = job.refused
-        refusal = (None if refused is None
-                   else CreateRefusal(f"Error creating: {refused.message}", refused.count))
+        refusal = None if job.refused is None else job.refused.observation()
         return running, succeeded, job.failed, job.condition, pods, refusal
 
     # ---------------------------------------------------------- scheduling
@@ -467,12 +465,7 @@ class KubeService:
         event counts it, and the controller tries again after its backoff."""
         if self.jobs.get(job.name) is not job:
             return
-        refused = job.refused
-        if refused is None:
-            job.refused = refused = SimCreateFailure(DENIAL, 1, moment, moment)
-        else:
-            refused.count += 1
-            refused.last = moment
+        refused = job.refuse(DENIAL, 1, moment)
         self._dirty[job.name] = job
         delay = min(_SYNC_BACKOFF_CAP, _SYNC_BACKOFF_START * 2 ** min(refused.count - 1, 16))
         self._timeline.at(seconds_after(moment, delay), self._refuse_pods, job)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from falcon_es.ports import (
-    ALREADY_EXISTS, INVALID, JOBSET_KIND, CreateRefusal, JobObservation, JobRef, PortError,
+    ALREADY_EXISTS, INVALID, JOBSET_KIND, JobObservation, JobRef, PortError,
 )
 
 from falcon_es.adapters.sim.common import (
@@ -73,7 +73,9 @@ EXCLUSIVE_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 COMPLETED, FAILED_CONDITION = "Completed", "Failed"
 ALL_JOBS_COMPLETED, FAILED_JOBS, REACHED_MAX_RESTARTS = (
     "AllJobsCompleted", "FailedJobs", "ReachedMaxRestarts")
-FOLLOWER_REFUSED = ('Error creating: admission webhook "vpod.kb.io" denied the request: '
+#: The validating pod webhook's answer to a follower created before its leader is
+#: scheduled (the Job controller's FailedCreate prefixes "Error creating: ").
+FOLLOWER_REFUSED = ('admission webhook "vpod.kb.io" denied the request: '
                     "follower pod node selector not set")
 
 
@@ -137,15 +139,13 @@ class SimJobSets:
             return
         self._kube.forget_unbound(job)
         job.selector = {**job.selector, POOL_SELECTOR: pool}
-        job.followers_held = False
-        job.followers_refusal, job.followers_refusal_count = None, 0
+        job.followers_held, job.refused = False, None
         for index in range(1, min(job.parallelism, job.completions)):
             self._kube.new_pod(job, index)
 
-    def refuse_followers(self, job: SimJob) -> None:
+    def refuse_followers(self, job: SimJob, moment: dt.datetime) -> None:
         """The Job controller tried the followers; the validating webhook refused them."""
-        job.followers_refusal = FOLLOWER_REFUSED
-        job.followers_refusal_count += max(1, min(job.parallelism, job.completions) - 1)
+        job.refuse(FOLLOWER_REFUSED, max(1, min(job.parallelism, job.completions) - 1), moment)
 
     def child_changed(self, job: SimJob) -> None:
         if job.jobset in self.jobsets:
@@ -221,13 +221,13 @@ class SimJobSets:
     def observe(self, jobset: SimJobSet, moment: dt.datetime) -> JobObservation:
         jobs = [self._kube.jobs[n] for n in jobset.children if n in self._kube.jobs]
         pods = tuple(p.observation() for job in jobs for p in job.pods)
-        refused = next((j for j in jobs if j.followers_refusal), None)
         refusal = None
-        if refused is not None and refused.followers_refusal is not None:
-            leader = next((p for p in refused.pods if p.index == 0), None)
-            refusal = CreateRefusal(f"child Job {refused.name}: {refused.followers_refusal}",
-                                    refused.followers_refusal_count,
-                                    transient=leader is None or leader.node is None)
+        for child in jobs:
+            if child.refused is not None:
+                leader = next((p for p in child.pods if p.index == 0), None)
+                refusal = child.refused.observation(
+                    f"child Job {child.name}: ", transient=leader is None or leader.node is None)
+                break
         condition = {COMPLETED: "Complete", FAILED_CONDITION: "Failed"}.get(
             jobset.condition or "")
         per_child = int(jobset.template["spec"].get("completions") or 1)

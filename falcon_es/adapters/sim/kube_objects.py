@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from falcon_es.ports import PodObservation
+from falcon_es.ports import CreateRefusal, PodObservation
 from falcon_es.spec import SimBehaviour
 
 POOL_SELECTOR = "cloud.google.com/gke-nodepool"
@@ -46,13 +46,25 @@ class SimPod:
 @dataclasses.dataclass
 class SimCreateFailure:
     """The Job controller's FailedCreate event on a Job, as the event recorder
-    aggregates it: the refusal's words, how many attempts it counts, the first and
-    the latest."""
+    aggregates it: the API server's answer to the pod create, how many pods it counts,
+    the first and the latest. Whatever refused them (an admission webhook denying the
+    Job's pods, the JobSet pod webhook refusing followers while their leader waits),
+    the event reads the same, so it is one record."""
 
-    message: str
+    message: str  # the API server's words; the Job controller prefixes "Error creating: "
     count: int
     first: dt.datetime
     last: dt.datetime
+
+    @property
+    def event_message(self) -> str:
+        """The FailedCreate event's words, as the Job controller records them."""
+        return f"Error creating: {self.message}"
+
+    def observation(self, about: str = "", *, transient: bool = False) -> CreateRefusal:
+        """What the informer publishes of it; ``about`` leads the words (a JobSet names
+        the child Job the event is on)."""
+        return CreateRefusal(f"{about}{self.event_message}", self.count, transient=transient)
 
 
 @dataclasses.dataclass
@@ -86,10 +98,8 @@ class SimJob:
     jobset: str | None = None
     allowed_pools: tuple[str, ...] = ()
     followers_held: bool = False
-    #: The newest FailedCreate of its pods while it lasts, and how many it aggregates.
-    followers_refusal: str | None = None
-    followers_refusal_count: int = 0
-    #: The Job controller's refusals to create its pods (the ``create-denied`` outcome).
+    #: The FailedCreate of its pods while it lasts: the ``create-denied`` outcome's
+    #: webhook, or a JobSet child's followers refused until the leader is scheduled.
     refused: SimCreateFailure | None = None
 
     @property
@@ -101,6 +111,18 @@ class SimJob:
     def finished(self) -> bool:
         """The Job has its final condition (Complete or Failed)."""
         return self.condition is not None
+
+    def refuse(self, message: str, pods: int, moment: dt.datetime) -> SimCreateFailure:
+        """The Job controller's create of ``pods`` pods was refused at ``moment``: the
+        event recorder counts them into the Job's FailedCreate (a new one when it has
+        none, else the same event counted up)."""
+        refused = self.refused
+        if refused is None:
+            self.refused = refused = SimCreateFailure(message, pods, moment, moment)
+        else:
+            refused.message, refused.last = message, moment
+            refused.count += pods
+        return refused
 
     def live_pods(self) -> list[SimPod]:
         """The pods that still hold or wait for a node."""

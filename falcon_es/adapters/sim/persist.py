@@ -22,8 +22,9 @@ world's: they are wired again at load, never saved.
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import datetime as dt
+import enum
 import io
 import pickle
 import random
@@ -340,8 +341,21 @@ def _shell(kind: str) -> object:
 def _fill(shell: object, state: Any) -> None:
     if isinstance(shell, random.Random):
         shell.setstate(state)
-    else:
-        shell.__dict__.update(state)
+        return
+    if dataclasses.is_dataclass(shell):
+        _check_shape(type(shell), state)
+    shell.__dict__.update(state)
+
+
+def _check_shape(cls: type, state: Mapping[str, object]) -> None:
+    """A saved dataclass must have the fields its class has now: a field renamed or
+    dropped since the save would otherwise load as a stale attribute beside a missing
+    one, and the world would go on silently wrong (or fail later, mid-run)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    gone, new = sorted(set(state) - fields), sorted(fields - set(state))
+    if gone or new:
+        raise ValueError(f"a saved {cls.__qualname__} has the fields {gone} this version has "
+                         f"not, and lacks {new}")
 
 
 def _insert(conn: Connection, table: sa.Table, rows: Iterable[Mapping[str, object]]) -> None:
