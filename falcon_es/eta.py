@@ -143,9 +143,15 @@ class SlotTimes:
         if typical is None:
             return None
         mix = self._mix(key, running)
-        step = dt.timedelta(seconds=mix.step if mix is not None else typical)
+        seconds = mix.step if mix is not None else typical
         remaining = 0.0
         if held_since is not None:
+            # A hold in progress already longer than the step says the queue slowed
+            # down: it counts as one more hold, at least as long as it has lasted.
+            held = (now - held_since).total_seconds()
+            if held > seconds:
+                count = len(self._holds[key])
+                seconds = (seconds * count + held) / (count + 1)
             rests: Sequence[float] = self._holds[key]
             since = held_since
             by_phase = self._rest.get((key, phase[0])) if phase is not None else None
@@ -155,6 +161,7 @@ class SlotTimes:
             longer = [rest - spent for rest in rests if rest > spent]
             remaining = (statistics.median(longer) if longer
                          else FLOOR * statistics.fmean(rests))
+        step = dt.timedelta(seconds=seconds)
         first = now + dt.timedelta(seconds=remaining)
         if mix is None or not mix.short:
             return Estimate(now, first, step)

@@ -69,7 +69,10 @@ def test_a_holder_past_the_usual_hold_is_expected_to_end_soon_not_at_once() -> N
     assert fresh is not None and fresh.first == now + dt.timedelta(seconds=450)
     late = times.estimate(KEY, now, now - dt.timedelta(hours=2))
     assert late is not None and late.first == now + dt.timedelta(seconds=500 * FLOOR)
-    assert late.start(2) == late.first + dt.timedelta(seconds=1000)
+    # The hold in progress (two hours) counts as a fourth hold: the queue slowed down.
+    assert late.step == dt.timedelta(seconds=(3 * 500 + 7200) / 4)
+    assert late.start(2) == late.first + 2 * late.step
+    assert fresh.step == dt.timedelta(seconds=500), "a hold within the usual changes nothing"
     free = times.estimate(KEY, now, None)
     assert free is not None and free.first == now
     for _ in range(WINDOW):
@@ -174,9 +177,9 @@ def test_the_queue_view_times_runs_and_tells_pool_takes_from_other_holds() -> No
     (bob,) = world.slot_holders()
     world.now += dt.timedelta(minutes=1)
     world.free(bob, fail=False)  # a short one: 60 s, a pool taken
-    world.tick()  # cid takes the slot
     world.now += dt.timedelta(minutes=19)
     world.emit(ann, ev.JobSucceeded(1))  # ann ran 20 min
+    world.tick()  # cid takes the slot
     times = world.view.slot_times
     assert times.typical(KEY) == (604 + 60) / 2
     # One run ended since the first hold, and one pick took a pool: p = 1; bob runs and
