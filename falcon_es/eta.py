@@ -146,10 +146,12 @@ class SlotTimes:
         seconds = mix.step if mix is not None else typical
         remaining = 0.0
         if held_since is not None:
-            # A hold in progress already longer than the step says the queue slowed
-            # down: it counts as one more hold, at least as long as it has lasted.
+            # A hold in progress already longer than the usual long hold (a creation
+            # or a wait for room; the mean step, mostly pool takes, is no measure of
+            # one) says the queue slowed down: it counts as one more hold, at least as
+            # long as it has lasted.
             held = (now - held_since).total_seconds()
-            if held > seconds:
+            if held > (mix.long if mix is not None else seconds):
                 count = len(self._holds[key])
                 seconds = (seconds * count + held) / (count + 1)
             rests: Sequence[float] = self._holds[key]

@@ -190,3 +190,18 @@ def test_the_queue_view_times_runs_and_tells_pool_takes_from_other_holds() -> No
     assert estimate is not None
     assert abs(estimate.step.total_seconds() - expected) < 1e-6, (estimate.step, expected)
     assert estimate.step < dt.timedelta(seconds=(604 + 60) / 2), "not the plain mean"
+
+
+def test_a_creation_in_progress_longer_than_the_step_is_no_slowdown() -> None:
+    """In a queue whose picks are mostly pool takes, a hold longer than the mean step
+    is the usual creation; only one longer than the usual long hold says the queue
+    slowed down."""
+    times = SlotTimes()
+    now = dt.datetime(2026, 11, 1, 10)
+    _pool_leaving_queue(times, now)
+    step = times.step(KEY, running=10)
+    assert step is not None and step < 500.0
+    creating = times.estimate(KEY, now, now - dt.timedelta(seconds=500), running=10)
+    assert creating is not None and abs(creating.step.total_seconds() - step) < 1e-3
+    stuck = times.estimate(KEY, now, now - dt.timedelta(seconds=4000), running=10)
+    assert stuck is not None and abs(stuck.step.total_seconds() - (step * 10 + 4000) / 11) < 1e-3
