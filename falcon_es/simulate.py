@@ -6,7 +6,7 @@ flex-start), generates a seeded arrival stream of tasks for them, runs the real
 handlers, store and projections against the simulated backend, and reports what a
 capacity planner asks: throughput, wait-time percentiles per actor and per queue, how
 often pools were reused, node-pool hours by supply mode, and final Status/Reason; and
-how good the Waiting message's expected starts were (``EtaLog``).
+how good the Waiting message's expected starts were (``falcon_es.eta_error``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from falcon_es import db, job_rows
 from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
+from falcon_es.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
 from falcon_es.tables import JobTable
@@ -120,51 +121,6 @@ class _Arrivals:
                             spec=a.spec, now=a.at, job=self.job)
 
 
-#: A remaining wait shorter than this counts as this long when an expected start's error
-#: is taken relative to it (a start expected 'now' that comes 10 s later is not 'off by
-#: 100%' in any sense a person waiting cares about).
-ETA_MIN_WAIT = dt.timedelta(minutes=1)
-
-
-class EtaLog:
-    """Every expected start the queue view rendered for a waiting task (at submit and
-    at each refresh), to be compared with the moment the task was really picked."""
-
-    def __init__(self) -> None:
-        self.told: dict[str, dict[dt.datetime, dt.datetime]] = defaultdict(dict)
-
-    def record(self, task_id: str, at: dt.datetime, expected: dt.datetime) -> None:
-        self.told[task_id][at] = expected  # the last rendering of one moment counts
-
-    def report(self, picked: Mapping[str, dt.datetime]) -> dict[str, Any]:
-        """Median and p90 of |expected - picked| / max(picked - told at, ETA_MIN_WAIT),
-        for the first expected start of each task (at submit) and for all of them."""
-        first: list[float] = []
-        every: list[float] = []
-        for task_id, told in self.told.items():
-            at_pick = picked.get(task_id)
-            if at_pick is None:
-                continue
-            moments = sorted(m for m in told if m <= at_pick)
-            for index, moment in enumerate(moments):
-                error = abs((told[moment] - at_pick).total_seconds()) / max(
-                    at_pick - moment, ETA_MIN_WAIT).total_seconds()
-                every.append(error)
-                if index == 0:
-                    first.append(error)
-        return {"tasks_with_estimate": len(first), "tasks_picked": len(picked),
-                "at_submit": _relative(first), "at_every_refresh": _relative(every)}
-
-
-def _relative(errors: list[float]) -> dict[str, float]:
-    if not errors:
-        return {}
-    ordered = sorted(errors)
-    return {"median": round(statistics.median(ordered), 3),
-            "p90": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3),
-            "count": len(ordered)}
-
-
 def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: int = 1,
                    db_url: str | None = None, mean_gap_seconds: float = 60.0,
                    horizon_hours: float = 168.0) -> dict[str, Any]:
@@ -195,21 +151,12 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
         script.admit()
         loop_report = svc.loop.run(until_idle=True, stop=stop)
         report = _report(svc.app.store.read_after(0), clock.now())
-        report["eta_relative_error"] = etas.report(_first_picks(svc.app.store.read_after(0)))
+        report["eta_relative_error"] = etas.report(first_picks(svc.app.store.read_after(0)))
         report["unfinished"] = sum(1 for s in svc.app.tasks.all() if not s.is_terminal)
         report.update(ticks=loop_report.ticks, stopped_by=loop_report.stopped_by, wall_seconds=round(time.perf_counter() - wall_start, 2),
                       seed=seed, tasks=tasks)
         svc.close()
     return report
-
-
-def _first_picks(records: Iterator[RecordedEvent]) -> dict[str, dt.datetime]:
-    """When each task first took its queue's slot."""
-    picked: dict[str, dt.datetime] = {}
-    for record in records:
-        if record.type_name == "TaskPicked":
-            picked.setdefault(record.stream_id, record.recorded_at)
-    return picked
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -298,13 +245,5 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("wait to Running (s) by queue:")
     for queue, p in report["wait_seconds_by_queue"].items():
         lines.append(f"  {queue:<24} p50 {p['p50']:>8}  p90 {p['p90']:>8}  p99 {p['p99']:>8}")
-    eta = report.get("eta_relative_error")
-    if eta:
-        lines.append(f"expected start vs pick, relative error ({eta['tasks_with_estimate']} of "
-                     f"{eta['tasks_picked']} picked tasks had one):")
-        for label, key in (("at submit", "at_submit"), ("at every refresh", "at_every_refresh")):
-            figures = eta[key]
-            if figures:
-                lines.append(f"  {label:<17} median {figures['median']:.1%}  "
-                             f"p90 {figures['p90']:.1%}  ({figures['count']} estimates)")
+    lines += eta_lines(report.get("eta_relative_error"))
     return "\n".join(lines)

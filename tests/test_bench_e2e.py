@@ -58,6 +58,26 @@ def test_every_task_ends_and_the_report_has_its_figures(server: str | None) -> N
     lines = e2e.format_report(report).splitlines()
     assert lines[0].startswith(f"e2e lifecycle bench on {report['backend']}: {TASKS} tasks")
     assert lines[-1].startswith("final: ")
+    assert report["eta_relative_error"] is None, "measured on request only"
+
+
+def test_the_bench_measures_the_expected_starts_on_request(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bench.db'}"
+    result = CliRunner().invoke(main, ["bench", "e2e", "--tasks", "120", "--db", url,
+                                       "--burst", "60", "--burst-every", "60", "--eta"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    heading = next(i for i, line in enumerate(lines)
+                   if line.startswith("expected start vs pick, relative error ("))
+    assert lines[heading + 1].lstrip().startswith("at submit         median ")
+    assert lines[heading + 2].lstrip().startswith("at every refresh  median ")
+    report = e2e.e2e_benchmark(tasks=120, seed=1, eta=True, burst=60, burst_every=60.0)
+    eta = report["eta_relative_error"]
+    # The bursts fill queues faster than slots pass: most tasks wait and are told when.
+    assert eta["tasks_picked"] == 120 - report["final"].get("Failed/InvalidTopology", 0)
+    assert 60 <= eta["tasks_with_estimate"] <= eta["tasks_picked"]
+    assert eta["at_every_refresh"]["count"] > eta["at_submit"]["count"]
+    assert 0 <= eta["at_submit"]["median"] <= eta["at_submit"]["p90"]
 
 
 def test_the_scratch_mysql_database_is_dropped_afterwards() -> None:

@@ -8,7 +8,7 @@ import datetime as dt
 
 from falcon_es import events as ev
 from falcon_es.eta import FLOOR, WINDOW, SlotTimes
-from falcon_es.simulate import EtaLog
+from falcon_es.eta_error import EtaLog
 from tests.test_scheduling_properties import World
 
 KEY = ("c0", "2x2")

@@ -56,6 +56,7 @@ from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
 from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
 from falcon_es.clock import VirtualClock
+from falcon_es.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.runtime import TickReport
 from falcon_es.settings import Settings
 from falcon_es.job_mapping import JobMapping
@@ -251,14 +252,16 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
                   burst: int = DEFAULT_BURST, burst_every: float = DEFAULT_BURST_EVERY,
                   resolution: float = DEFAULT_RESOLUTION,
                   progress: Callable[[str], None] | None = None,
-                  job_mapping: JobMapping = JobMapping()) -> dict[str, Any]:
+                  job_mapping: JobMapping = JobMapping(), eta: bool = False) -> dict[str, Any]:
     """Run ``tasks`` through their lifecycle and return the figures (``format_report``).
 
     ``world`` is a sim config file (default: the packaged bench world); the upper layer
     submits ``burst`` tasks every ``burst_every`` virtual seconds (``burst >= tasks``:
     all up front); ``resolution`` is the loop's virtual-time step (0: exact jumps);
-    ``job_mapping`` names the job table and its columns (in the scratch database).
-    Raises ``BenchError`` when a task did not end."""
+    ``job_mapping`` names the job table and its columns (in the scratch database);
+    ``eta``: also measure the Waiting message's expected starts against the picks
+    (``falcon_es.eta_error``; every estimate is held until the run ends, so the memory
+    figures grow with it). Raises ``BenchError`` when a task did not end."""
     if tasks <= 0:
         raise BenchInputError(f"--tasks {tasks}: expected a positive number of tasks")
     if burst <= 0:
@@ -271,7 +274,7 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
             resources.files(__package__).joinpath(WORLD_RESOURCE)) as packaged:
         settings = Settings(db_url=url, job_mapping=mapping)
         return _run(settings, Path(world) if world else packaged, plan, seed, resolution,
-                    progress)
+                    progress, EtaLog() if eta else None)
 
 
 class UpperLayerPlan:
@@ -347,7 +350,8 @@ class _ScriptedUpperLayer:
 
 
 def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
-         resolution: float, progress: Callable[[str], None] | None) -> dict[str, Any]:
+         resolution: float, progress: Callable[[str], None] | None,
+         etas: EtaLog | None) -> dict[str, Any]:
     clock = VirtualClock(START)
     upper_layer = _ScriptedUpperLayer(plan, clock, JobTable(settings.job_mapping))
     world = load_sim_config(world_path)
@@ -356,6 +360,8 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
     svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
                         script=upper_layer, resolution=resolution)
     count = len(plan.planned)
+    if etas is not None and svc.app.queue_view is not None:
+        svc.app.queue_view.predictions = etas.record
     try:
         backend = svc.app.engine.dialect.name
         if progress:
@@ -413,6 +419,8 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "final": dict(sorted(outcomes.items())),
             "multi_slice": dict(sorted(multi_slice.items())),
             "all_terminal": True,
+            "eta_relative_error": (etas.report(first_picks(svc.app.store.read_after(0)))
+                                   if etas is not None else None),
             "target": {"seconds_for_10k_sqlite": TARGET_SECONDS_10K_SQLITE,
                        "met": (wall <= TARGET_SECONDS_10K_SQLITE
                                if backend == "sqlite" and count >= DEFAULT_TASKS else None)},
@@ -477,6 +485,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         "multi-slice tasks: " + (", ".join(f"{k} {v}" for k, v in report["multi_slice"].items())
                                  or "none"),
         "final: " + ", ".join(f"{k} {v}" for k, v in report["final"].items()),
+        *eta_lines(report.get("eta_relative_error")),
     ]
     return "\n".join(lines)
 

@@ -117,12 +117,16 @@ def bench_restart(ctx: click.Context, db_url: str | None, history: int, live: in
 @click.option("--world", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A sim config to run in instead of the bench world (the run "
                    "registers its clusters).")
+@click.option("--eta", is_flag=True,
+              help="Also measure the Waiting message's expected starts against the "
+                   "moments the tasks were picked (every estimate is held until the "
+                   "run ends: the memory figures grow with it).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @friendly
 def bench_e2e(ctx: click.Context, tasks: int, db_urls: tuple[str, ...], seed: int,
               burst: int | None, burst_every: float | None, resolution: float | None,
-              world: str | None, as_json: bool) -> None:
+              world: str | None, eta: bool, as_json: bool) -> None:
     """Tasks through their whole lifecycle on the sim backend: wall time, tasks/s,
     database round trips per task, peak memory, ticks, final Status/Reason."""
     from falcon_es.bench import e2e
@@ -139,7 +143,7 @@ def bench_e2e(ctx: click.Context, tasks: int, db_urls: tuple[str, ...], seed: in
             reports.append(e2e.e2e_benchmark(
                 tasks=tasks, db_url=target, seed=seed, world=world,
                 progress=lambda m: click.echo(m, err=True),
-                job_mapping=ctx.obj["settings"].job_mapping, **options))
+                job_mapping=ctx.obj["settings"].job_mapping, eta=eta, **options))
         except e2e.BenchInputError as error:
             raise Failure(str(error)) from error
         except e2e.BenchError as error:
