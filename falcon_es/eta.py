@@ -12,7 +12,9 @@ takes a pool a task of the queue left when it ended (seconds) and one that waits
 reservation's room or a pool's creation (many minutes), and how many of the next picks
 are of the first kind depends on how many of the queue's tasks run now, not on the mix
 of the last hour (in ``falcon-es simulate`` a flex-start queue whose running tasks grew
-was told waits two to three times too long by the plain mean). What is summed is a
+was told waits two to three times too long by the plain mean); a hold still in
+progress that is already longer than the queue's usual long hold counts as one more
+hold, since the queue has slowed down. What is summed is a
 number of holds, so means, not medians (the median of skewed holds told waits half as
 long as they were). The holder's remaining time depends on its state: a holder
 Dispatching is seconds from running, one in ClusterBusy may wait for a reservation's
