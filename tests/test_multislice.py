@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator
+from types import MappingProxyType
 
 import pytest
 
@@ -177,6 +178,74 @@ def test_a_partial_create_takes_the_pool_a_task_of_its_queue_leaves_before_the_t
                                       "over to w; node pool falcon-a-4x4 deleted")
     assert [(e.event.pool_name, e.event.from_task) for e in h.app.store.read_stream("w")
             if isinstance(e.event, ev.NodePoolReused)] == [("falcon-ms-4x4", "ms")]
+    assert h.live_pools() == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_partial_create_still_in_flight_takes_the_pool_a_task_of_its_queue_leaves(
+        make: Make, db_url: str, restart: bool) -> None:
+    """Three 4x4 slices: "a" and "b" run on two, and the two-slice task "ms", picked
+    once b runs, asks to create the third (the only one with room) and holds the slot in
+    Provisioning while that create runs; "w" waits behind it. a ends during the create:
+    its pool is retained for ms, which takes it at once for its missing slice, asks the
+    reservation for nothing more, and is ready (both pools, eight nodes) as soon as its
+    own slice is, then runs its JobSet on both pools; w gets neither before ms is done.
+
+    Timing: reservation creates take 600 s here (60 s elsewhere), so a starts at about
+    660 s, b at about 1320 s, and ms's create runs from then to about 1920 s; a runs
+    1000 s and so ends at about 1660 s, with the create some 340 s under way and some
+    260 s still to go. The restart (during ms's create, before a ends) shows that a
+    controller rebuilt from the live tasks finds the same taker."""
+    latency = MappingProxyType({"reservation": Span(600, 600), "on-demand": Span(120, 120),
+                                "flex-start": Span(300, 300)})
+    h = make(reserved_cluster(count=12, create_latency=latency),
+             settings=Settings(db_url=db_url, multislice_partial_create=True))
+    h.submit("a", topology="4x4", sim={"duration_seconds": 1000})
+    h.clock.advance(1)
+    h.submit("b", topology="4x4", sim={"duration_seconds": 5000})
+    h.clock.advance(1)
+    submit(h, "ms", sim={"duration_seconds": 60})
+    h.clock.advance(1)
+    h.submit("w", topology="4x4", sim={"duration_seconds": 60})
+    h.run(until=lambda: "NodePoolCreateStarted" in h.events("ms"))
+    assert _create_requests(h) == [(0, 1)]  # room for one slice of two
+    if restart:
+        h.run_for(30)
+        assert h.statuses()["a"] == ("Running", None)
+        assert h.statuses()["ms"] == ("Pending", "Provisioning")
+        h.restart()
+    h.run(until=lambda: "NodePoolTaken" in h.events("ms"))
+    assert h.statuses()["a"] == ("Succeeded", None)
+    assert h.statuses()["ms"] == ("Pending", "Provisioning")
+    events = h.events("ms")
+    assert events[events.index("NodePoolCreateStarted") + 1:] == ["NodePoolTaken"]
+    assert {p.name: p.status for p in h.world.pools()}["falcon-ms-4x4"] == "PROVISIONING"
+    retained = [e.event for e in h.app.store.read_stream("a")
+                if isinstance(e.event, ev.NodePoolRetained)]
+    assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
+    taken = [e.event for e in h.app.store.read_stream("ms")
+             if isinstance(e.event, ev.NodePoolTaken)]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
+    assert h.statuses()["b"] == ("Running", None)  # ms did not wait for b's slice
+    ready = [e.event for e in h.app.store.read_stream("ms")
+             if isinstance(e.event, ev.NodePoolReady)]
+    assert ready == [ev.NodePoolReady("falcon-ms-4x4", 8)]  # both slices' nodes
+    assert _create_requests(h) == [(0, 1)]  # its second slice was never asked for
+    assert "ReservationInsufficient" not in h.events("ms")
+    assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-b-4x4", "falcon-ms-4x4"]
+    kube = h.world.cluster("v6e-res").kube
+    assert {job.pool for job in kube.jobs.values()
+            if job.name.startswith("falcon-ms")} == {"falcon-ms-4x4", "falcon-a-4x4"}
+    assert h.statuses()["w"][0] == "Pending"
+    assert not {"NodePoolReused", "NodePoolTaken", "NodePoolCreateRequested"} & set(
+        h.events("w"))
+    h.run()
+    assert {t: h.statuses()[t] for t in ("a", "b", "ms", "w")} == {
+        t: ("Succeeded", None) for t in ("a", "b", "ms", "w")}
+    assert h.row("ms")["message"] == ("succeeded (8 pod(s)); node pool falcon-ms-4x4 handed "
+                                      "over to w; node pool falcon-a-4x4 deleted")
     assert h.live_pools() == []
     assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
 
