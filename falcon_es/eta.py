@@ -41,7 +41,6 @@ import datetime as dt
 import statistics
 from collections import deque
 from collections.abc import Hashable, Sequence
-from typing import TypeVar
 
 #: Slot holds remembered per queue (and per holder state): recent enough to follow a
 #: change of the world (a reservation filling up, a stockout), enough that one long
@@ -77,11 +76,10 @@ class SlotTimes:
     """The recent slot holds of every queue (seconds from pick to giving it up)."""
 
     def __init__(self) -> None:
-        self._holds: dict[Hashable, deque[float]] = {}
+        #: Per queue, the recent holds as (seconds, took a pool a run left, ended at).
+        self._holds: dict[Hashable, deque[tuple[float, bool, dt.datetime | None]]] = {}
         #: (queue, holder state) -> seconds from entering that state to the hold's end.
         self._rest: dict[tuple[Hashable, str], deque[float]] = {}
-        #: Per queue, the recent holds as (seconds, took a pool that was there, ended at).
-        self._kinds: dict[Hashable, deque[tuple[float, bool, dt.datetime]]] = {}
         #: Per queue, the recent runs as (seconds from pods running to the end, ended at).
         self._runs: dict[Hashable, deque[tuple[float, dt.datetime]]] = {}
 
@@ -91,12 +89,10 @@ class SlotTimes:
         """One hold that ended: its length, and for each state the holder passed
         through, the seconds from entering it to the end; ``reused``: the holder took
         a pool another task of its queue left (no room or creation waited for)."""
-        _append(self._holds, key, seconds)
+        holds = self._holds.setdefault(key, deque(maxlen=WINDOW))
+        holds.append((max(0.0, seconds), reused, ended_at))
         for phase, rest in phases:
-            _append(self._rest, (key, phase), rest)
-        if ended_at is not None:
-            window = self._kinds.setdefault(key, deque(maxlen=WINDOW))
-            window.append((max(0.0, seconds), reused, ended_at))
+            self._rest.setdefault((key, phase), deque(maxlen=WINDOW)).append(max(0.0, rest))
 
     def record_run(self, key: Hashable, seconds: float, ended_at: dt.datetime) -> None:
         """One task of the queue that ran (pods running) and ended."""
@@ -111,16 +107,17 @@ class SlotTimes:
         return mix.step if mix is not None else typical
 
     def _mix(self, key: Hashable, running: int | None) -> _Mix | None:
-        kinds = self._kinds.get(key)
         runs = self._runs.get(key)
-        if running is None or not kinds or not runs:
+        if running is None or not runs:
             return None
-        long_holds = [s for s, reused, _ in kinds if not reused]
-        short_holds = [s for s, reused, _ in kinds if reused]
+        dated = [(s, reused, at) for s, reused, at in self._holds.get(key, ()) if at is not None]
+        long_holds = [s for s, reused, _ in dated if not reused]
+        short_holds = [s for s, reused, _ in dated if reused]
         per_run = statistics.fmean(s for s, _ in runs)
         if not long_holds or not per_run:
             return None
-        since = kinds[0][2] - dt.timedelta(seconds=kinds[0][0])
+        seconds, _, ended_at = dated[0]
+        since = ended_at - dt.timedelta(seconds=seconds)
         ended = sum(1 for _, at in runs if at >= since)
         share = min(1.0, len(short_holds) / ended) if ended else 0.0
         return _Mix(share * running / per_run,
@@ -129,7 +126,7 @@ class SlotTimes:
 
     def typical(self, key: Hashable) -> float | None:
         holds = self._holds.get(key)
-        return statistics.fmean(holds) if holds else None
+        return statistics.fmean(s for s, _, _ in holds) if holds else None
 
     def estimate(self, key: Hashable, now: dt.datetime, held_since: dt.datetime | None,
                  phase: tuple[str, dt.datetime] | None = None,
@@ -153,10 +150,10 @@ class SlotTimes:
             # one) says the queue slowed down: it counts as one more hold, at least as
             # long as it has lasted.
             held = (now - held_since).total_seconds()
+            holds = [s for s, _, _ in self._holds[key]]
             if held > (mix.long if mix is not None else seconds):
-                count = len(self._holds[key])
-                seconds = (seconds * count + held) / (count + 1)
-            rests: Sequence[float] = self._holds[key]
+                seconds = (seconds * len(holds) + held) / (len(holds) + 1)
+            rests: Sequence[float] = holds
             since = held_since
             by_phase = self._rest.get((key, phase[0])) if phase is not None else None
             if phase is not None and by_phase:
@@ -191,13 +188,3 @@ class _Mix:
         if busy >= 1.0:
             return self.short
         return 1.0 / (self.reuse_rate + (1.0 - busy) / self.long)
-
-
-_Key = TypeVar("_Key", bound=Hashable)
-
-
-def _append(windows: dict[_Key, deque[float]], key: _Key, seconds: float) -> None:
-    window = windows.get(key)
-    if window is None:
-        window = windows[key] = deque(maxlen=WINDOW)
-    window.append(max(0.0, seconds))
