@@ -1,0 +1,88 @@
+"""The documentation: the README stays a short entry point whose links all lead somewhere,
+and the site under ``docs/`` builds with ``mkdocs build --strict`` (a broken link, a
+missing anchor or a page left out of the navigation fails it). The command-line
+reference is generated from the click commands when the site is built; the metrics page
+is held equal to the metrics the code registers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from falcon_es.cli import COMMANDS, main
+from falcon_es.observability.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES = 250
+#: A Markdown link or image: the target up to the closing parenthesis (an optional
+#: title after a space is left out).
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def test_the_readme_is_at_most_250_lines() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; move detail into a page under docs/")
+
+
+def relative_links(text: str) -> list[str]:
+    targets = [m.group(1) for m in LINK.finditer(text)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:|^#|^/", t)]
+
+
+def test_every_relative_link_in_the_readme_points_at_an_existing_file() -> None:
+    links = relative_links(README.read_text(encoding="utf-8"))
+    assert links, "the README links nowhere: where would a newcomer go next?"
+    missing = [link for link in links
+               if not (ROOT / link.split("#", 1)[0]).exists()]
+    assert missing == []
+
+
+def test_the_link_pattern_reads_markdown_links() -> None:
+    text = ("[a](docs/a.md) ![i](docs/i.png \"title\") [b](https://x.org/y) [c](#top) "
+            "[e](docs/e.md#part)")
+    assert relative_links(text) == ["docs/a.md", "docs/i.png", "docs/e.md#part"]
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    # Not --quiet: it filters the warnings out before --strict counts them.
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict",
+         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert built.returncode == 0, built.stdout + built.stderr
+    # The command-line reference is read from the click group when the site is built:
+    # every command of the program has its section there.
+    cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    for name in COMMANDS:
+        assert f"falcon-es {name}" in cli, f"{name} missing from the generated CLI reference"
+
+
+def test_the_cli_reference_is_generated_from_the_click_group() -> None:
+    page = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
+    assert "::: mkdocs-click" in page
+    assert ":module: falcon_es.cli" in page
+    assert ":command: main" in page
+    assert main.name is not None and COMMANDS
+
+
+def registered_metrics() -> set[str]:
+    metrics = Metrics(process_collectors=False)
+    names = set()
+    for family in metrics.registry.collect():
+        names.add(family.name + "_total" if family.type == "counter" else family.name)
+    return names
+
+
+def test_the_metrics_page_lists_exactly_the_metrics_the_code_registers() -> None:
+    page = (DOCS / "reference" / "metrics.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(falcon_\w+)` \|", page, re.MULTILINE))
+    assert documented == registered_metrics()
