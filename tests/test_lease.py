@@ -329,13 +329,15 @@ def test_an_elector_given_a_plain_client_still_writes_micro_time(
 # --------------------------------------------------------------------- settings
 
 def test_lease_settings_default_and_from_the_environment() -> None:
-    assert LeaseSettings.from_env({}) == LeaseSettings(
-        "falcon-controller", "falcon", 15.0, 10.0, 2.0)
-    assert LeaseSettings.from_env({
+    assert Settings.from_env({}).lease == LeaseSettings(
+        name="falcon-controller", namespace="falcon", lease_duration=15.0,
+        renew_deadline=10.0, retry_period=2.0)
+    assert Settings.from_env({
         "FALCON_LEASE_NAME": "falcon-a", "FALCON_LEASE_NAMESPACE": "ops",
         "FALCON_LEASE_DURATION": "30", "FALCON_LEASE_RENEW_DEADLINE": "20",
         "FALCON_LEASE_RETRY_PERIOD": "4",
-    }) == LeaseSettings("falcon-a", "ops", 30.0, 20.0, 4.0)
+    }).lease == LeaseSettings(name="falcon-a", namespace="ops", lease_duration=30.0,
+                              renew_deadline=20.0, retry_period=4.0)
 
 
 @pytest.mark.parametrize(("environ", "words"), [
@@ -348,7 +350,7 @@ def test_lease_settings_default_and_from_the_environment() -> None:
 ])
 def test_unsafe_lease_settings_name_the_variable(environ: dict, words: str) -> None:
     with pytest.raises(LeaseConfigError, match=None) as error:
-        LeaseSettings.from_env(environ)
+        Settings.from_env(environ)
     assert words in str(error.value)
 
 

@@ -291,7 +291,7 @@ def test_a_waiting_task_aborted_leaves_the_queue(app: App) -> None:
     ctl.tick()
     job_rows.request_abort(app.engine, t2, app.clock.now())
     ctl.tick()
-    app.clock.advance(app.settings.position_refresh_seconds)
+    app.clock.advance(app.settings.scheduling.position_refresh_seconds)
     ctl.tick()  # t3 moved up when t2 left: written once the queue's interval is over
     assert position(row(app, t3)["message"]) == "#1, next in line"
     run(app, t1)

@@ -139,8 +139,8 @@ def test_a_simulated_run_publishes_every_event_to_the_emulator_in_order_per_task
 
 
 def test_the_bus_setting_is_checked_and_the_gcp_backend_keeps_pubsub(tmp_path: Path) -> None:
-    assert Settings.from_env({"FALCON_BUS": "pubsub"}).bus == "pubsub"
-    assert Settings.from_env({}).bus is None
+    assert Settings.from_env({"FALCON_BUS": "pubsub"}).bus.kind == "pubsub"
+    assert Settings.from_env({}).bus.kind is None
     with pytest.raises(SettingsError, match="FALCON_BUS='kafka': expected one of sim, pubsub"):
         Settings.from_env({"FALCON_BUS": "kafka"})
     url = f"sqlite:///{tmp_path / 'gcp.db'}"

@@ -94,20 +94,20 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     transition histograms and event counts follow each commit; ``follow_log`` folds
     what another writer appended before each tick (one read of the log head per
     tick), for when nothing guarantees a single writer."""
-    engine = engine or db.make_engine(settings.db_url)
+    engine = engine or db.make_engine(settings.database.db_url)
     clock = clock or WallClock()
     job = JobTable(settings.job_mapping)
     tasks = TaskStates()
-    queue_view = QueueView(tasks, settings.language, QueueBook(settings.priorities),
+    queue_view = QueueView(tasks, settings.job_table.language, QueueBook(settings.scheduling.priorities),
                            job=job, clock=clock,
-                           refresh_seconds=settings.position_refresh_seconds)
+                           refresh_seconds=settings.scheduling.position_refresh_seconds)
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
-    live = LiveSet(tasks, index, create_grace_seconds=settings.create_visibility_grace_seconds)
+    live = LiveSet(tasks, index, create_grace_seconds=settings.lifecycle.create_visibility_grace_seconds)
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index,
-        RefusedRowsProjection(job, settings.language)]
+        tasks, JobTableProjection(tasks, job, settings.job_table.language), queue_view, index,
+        RefusedRowsProjection(job, settings.job_table.language)]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:
@@ -189,7 +189,7 @@ def staging_ports(settings: Settings, world: SimWorld,
     from falcon_es.adapters.staging import EdgeRelay, StagingBus
 
     pubsub = pubsub_bus(settings)
-    relay = EdgeRelay(world.bus, world.config.delivery.topic, pubsub, settings.edge_events_topic)
+    relay = EdgeRelay(world.bus, world.config.delivery.topic, pubsub, settings.bus.edge_events_topic)
     return dataclasses.replace(ports, bus=StagingBus(pubsub, ports.bus)), relay
 
 
@@ -292,16 +292,16 @@ def build_service(
         elif world is None:
             world = sim_world(clock, sim_config, seed, app)
             _note_unregistered(app, world)
-        # The status handler pulls settings.edge_events_subscription on either backend:
+        # The status handler pulls settings.bus.edge_events_subscription on either backend:
         # attach it to the topic the simulated informers publish to.
-        world.bus.subscribe(world.config.delivery.topic, settings.edge_events_subscription)
+        world.bus.subscribe(world.config.delivery.topic, settings.bus.edge_events_subscription)
         ports = ports or world.ports()
-        if settings.bus == PUBSUB_BUS:
+        if settings.bus.kind == PUBSUB_BUS:
             ports, relay = staging_ports(settings, world, ports)
             on_tick = _also(relay, on_tick)
     else:
         world = None
-        if settings.bus == SIM_BUS:
+        if settings.bus.kind == SIM_BUS:
             raise BackendError("FALCON_BUS=sim with the gcp backend: the edge clusters' "
                                "informers publish to Pub/Sub, so the gcp backend's bus is "
                                "Pub/Sub (unset FALCON_BUS or set it to pubsub)")
@@ -330,7 +330,7 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
                      ignored=metrics.job_row_ignored if metrics is not None else None)
     settings = app.settings
-    reservation_reads = ReservationReads(settings.reservation_read_seconds)
+    reservation_reads = ReservationReads(settings.lifecycle.reservation_read_seconds)
 
     def make_context() -> HandlerContext:
         # One poll of the upper layer's inputs per tick, shared by the intake handlers.
@@ -362,7 +362,7 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
     return Controller(app.store, app.tasks, handlers, make_context,
                       after_commit=after_commit, before_commit=before_commit,
                       reloaded=(app.queue_view.resync, app.index.resync, app.live.resync),
-                      controller_id=settings.controller_id)
+                      controller_id=settings.database.controller_id)
 
 
 def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controller,

@@ -79,7 +79,7 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
     for suffix in ("", "-wal", "-shm", ".controller.lock"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     url = f"sqlite:///{db_path}"
-    settings = Settings(db_url=url, language=lang)
+    settings = Settings.of(db_url=url, language=lang)
     engine = db.make_engine(url)
     db.upgrade(engine)
     db.create_job_table(engine, JobTable(settings.job_mapping))

@@ -130,7 +130,7 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
     wall_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         url = db_url or f"sqlite:///{Path(tmp) / 'simulate.db'}"
-        settings = Settings(db_url=url)
+        settings = Settings.of(db_url=url)
         engine = db.make_engine(url)
         db.upgrade(engine)
         db.create_job_table(engine, JobTable(settings.job_mapping))

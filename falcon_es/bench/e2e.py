@@ -274,7 +274,7 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
     mapping = bench_mapping(job_mapping)
     with scratch_database(db_url, JobTable(mapping)) as url, resources.as_file(
             resources.files(__package__).joinpath(WORLD_RESOURCE)) as packaged:
-        settings = Settings(db_url=url, job_mapping=mapping)
+        settings = Settings.of(db_url=url, job_mapping=mapping)
         return _run(settings, Path(world) if world else packaged, plan, seed, resolution,
                     progress, EtaLog() if eta else None)
 
@@ -401,7 +401,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "conflicts": report.conflicts,
             "ms_per_tick": round(wall * 1000 / report.ticks, 3) if report.ticks else 0.0,
             "position_rows": svc.app.queue_view.rows_written,
-            "position_refresh_seconds": svc.app.settings.position_refresh_seconds,
+            "position_refresh_seconds": svc.app.settings.scheduling.position_refresh_seconds,
             "statements": counter.statements,
             "statements_per_task": round(counter.statements / count, 2),
             "executemany_statements": counter.executemany,

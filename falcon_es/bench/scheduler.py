@@ -205,7 +205,7 @@ def _scratch(server: str | None) -> Iterator[str]:
 def _run_size(url: str, size: int, handlers: Sequence[Handler], seed: int) -> SizeReport:
     engine = db.make_engine(url)
     db.upgrade(engine)
-    settings = Settings(db_url=url)
+    settings = Settings.of(db_url=url)
     db.create_job_table(engine, JobTable(settings.job_mapping))
     clock = VirtualClock(START)
     app = open_app(settings, clock, engine=engine)

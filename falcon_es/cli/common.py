@@ -125,7 +125,7 @@ def engine_of(ctx: click.Context) -> Engine:
     if engine is None:
         from falcon_es.storage import db
 
-        engine = db.make_engine(settings_of(ctx).db_url)
+        engine = db.make_engine(settings_of(ctx).database.db_url)
         ctx.obj["engine"] = engine
         ctx.call_on_close(engine.dispose)
     return engine

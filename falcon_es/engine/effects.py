@@ -117,7 +117,7 @@ class EffectExecutor:
         return self._next_sweep is None or now >= self._next_sweep
 
     def swept(self, now: dt.datetime) -> None:
-        self._next_sweep = now + dt.timedelta(seconds=self.settings.orphan_sweep_seconds)
+        self._next_sweep = now + dt.timedelta(seconds=self.settings.lifecycle.orphan_sweep_seconds)
 
     def next_due(self) -> dt.datetime | None:
         """The earliest moment an open intent will be tried again (for a loop that
@@ -204,7 +204,7 @@ class EffectExecutor:
         if state is None or error is None:
             self._later_unrecorded(intent, now, error)
             return
-        retrying = call_failed(state, intent.kind, error.message, self.settings)
+        retrying = call_failed(state, intent.kind, error.message, self.settings.retry)
         if retrying is None:
             attempts = failed_calls(state, intent.kind) + 1
             log.warning("%s %s on %s: %s; gave up after %d attempts", intent.kind,
@@ -450,7 +450,7 @@ class EffectExecutor:
         operation ends)."""
         self._deleting[intent] = operation_id
         self._not_before[intent] = now + dt.timedelta(
-            seconds=self.settings.operation_poll_seconds)
+            seconds=self.settings.lifecycle.operation_poll_seconds)
 
     def _is_stopping(self, cluster: Cluster, name: str) -> bool:
         try:
