@@ -462,7 +462,8 @@ def ungrouped(data: dict[str, Any]) -> dict[str, Any]:
     the composite values of earlier versions (a ``JobMapping``, a ``RetryPolicies``, a
     ``PriorityPolicy``) given as the fields they stand for."""
     grouped: dict[str, Any] = {}
-    for key, value in data.items():
+    # Whole groups first, so a field named on its own wins over its group's value.
+    for key, value in sorted(data.items(), key=lambda item: _flattened(*item) != {item[0]: {}}):
         for group, fields in _flattened(key, value).items():
             if group in Settings.model_fields and not fields:
                 grouped[group] = value
