@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from falcon_es.app.bootstrap import build_service
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app
 from falcon_es.storage import db
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import VirtualClock
@@ -691,8 +691,8 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
     migrate(url)
     metrics = Metrics(clock=VirtualClock(START))
-    svc = build_service(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
-                        metrics=metrics)
+    svc = build_service(open_app(Settings(db_url=url), VirtualClock(START), metrics=metrics),
+                        None, RunOptions(sim_config=world))
     registry.add_cluster(svc.app.store, name="v6e-res", project="p", location="us-east5-b",
                          tpu_type="v6e", gcs_bucket="logs", default_reservation="r")
     try:

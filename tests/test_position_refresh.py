@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from falcon_es.storage import db, registry
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.app.service import Service
@@ -71,7 +71,7 @@ class PositionWrites:
 
 
 def service(app: App) -> Service:
-    return build_service(app.settings, app=app, handlers=SCHEDULING)
+    return build_service(app, None, RunOptions(handlers=SCHEDULING))
 
 
 def shown(app: App, ids: list[str]) -> list[str | None]:

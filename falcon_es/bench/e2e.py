@@ -56,7 +56,7 @@ from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
-from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport
@@ -321,11 +321,12 @@ class _ScriptedUpperLayer:
     kept apart (and its statements are not counted), so the figures are the
     controller's."""
 
-    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock, job: JobTable) -> None:
+    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock, job: JobTable,
+                 engine: Engine) -> None:
         self.plan = plan
         self.clock = clock
         self.job = job
-        self.engine: Engine | None = None
+        self.engine: Engine | None = engine
         self.counter: StatementCounter | None = None
         self.seconds = 0.0
 
@@ -355,21 +356,19 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
          resolution: float, progress: Callable[[str], None] | None,
          etas: EtaLog | None) -> dict[str, Any]:
     clock = VirtualClock(START)
-    upper_layer = _ScriptedUpperLayer(plan, clock, JobTable(settings.job_mapping))
     world = load_sim_config(world_path)
-    app = open_app(settings, clock)
+    app = open_app(settings, clock, predictions=etas.record if etas is not None else None)
+    upper_layer = _ScriptedUpperLayer(plan, clock, app.job, app.engine)
     register_sim_clusters(app, world)  # the bench world's clusters, before it starts
-    svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
-                        script=upper_layer, resolution=resolution)
+    svc = build_service(app, None, RunOptions(sim_config=world, seed=seed, script=upper_layer,
+                                              resolution=resolution))
     count = len(plan.planned)
-    if etas is not None and svc.app.queue_view is not None:
-        svc.app.queue_view.predictions = etas.record
     try:
         backend = svc.app.engine.dialect.name
         if progress:
             progress(f"{count} tasks on {backend} ...")
         with StatementCounter(svc.app.engine) as counter:
-            upper_layer.engine, upper_layer.counter = svc.app.engine, counter
+            upper_layer.counter = counter
             rss_before = _max_rss_kib()
             started = time.perf_counter()
             cpu_started = time.process_time()

@@ -427,7 +427,7 @@ def measure(url: str) -> dict[str, Any]:
     NOW), re-issue its open intents, run one tick; the seconds that took and the
     process's peak resident set."""
     started = time.perf_counter()
-    svc = build_service(Settings.of(db_url=url), backend="sim", clock=VirtualClock(NOW))
+    svc = build_service(open_app(Settings.of(db_url=url), VirtualClock(NOW)))
     folded = time.perf_counter()
     svc.catch_up()
     svc.loop.run(max_ticks=1)

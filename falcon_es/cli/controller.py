@@ -89,7 +89,7 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
                 leader_election: str | None, in_process_informers: bool | None = None) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     from falcon_es.app import service
-    from falcon_es.app.bootstrap import BackendError, build_service, continue_world
+    from falcon_es.app.bootstrap import BackendError, RunOptions, build_service, open_app
     from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability.metrics import Metrics
     from falcon_es.storage.registry import list_clusters
@@ -109,19 +109,20 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
     ports = gcp_ports(settings) if backend == "gcp" else None
 
     def build(leadership: Leadership | None = None) -> Service:
+        # A world kept in the database is loaded from it by each term: another replica
+        # may have led it meanwhile; else a later term goes on in the same world.
+        world = None if sim_snapshot_every else serving.world
+        options = RunOptions(backend=backend, realtime=realtime, sim_config=sim_config,
+                             seed=seed, tick_seconds=tick_seconds, world=world,
+                             world_continues=world is not None,
+                             sim_snapshot_every=sim_snapshot_every, leadership=leadership)
+        app = open_app(settings, options.clock(), metrics=metrics,
+                       follow_log=election != "db")
         try:
-            built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
-                                  realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                                  ports=ports,
-                                  # A world kept in the database is loaded from it by each
-                                  # term: another replica may have led it meanwhile.
-                                  world=None if sim_snapshot_every else serving.world,
-                                  sim_snapshot_every=sim_snapshot_every,
-                                  leadership=leadership, follow_log=election != "db")
+            built = build_service(app, ports, options)
         except BackendError as error:
+            app.close()
             raise Failure(str(error)) from error
-        if built.world is not None:  # a later leadership term goes on in the same world
-            continue_world(built.world, built.app)
         serving.svc, serving.world = built, built.world
         return built
 

@@ -35,7 +35,7 @@ from falcon_es.storage import registry
 from falcon_es.adapters.sim import (
     SimClusterConfig, SimWorld, behaviour_from_tasks, build_sim_ports,
 )
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.handlers import outbox
 from falcon_es.domain.ports import (
@@ -96,8 +96,7 @@ class HandlerBench:
         self._controller: Controller | None = None
         if handler is not None:
             self._controller = build_service(
-                settings, app=self._app, world=self.world, ports=self.ports,
-                handlers=(handler,)).controller
+                self._app, self.ports, RunOptions(world=self.world, handlers=(handler,))).controller
 
     def _register(self, config: SimClusterConfig) -> Cluster:
         return registry.add_cluster(
