@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
 import random
 from collections.abc import Mapping
@@ -211,7 +212,7 @@ class RetrySettings(BaseModel):
         set for that API, as they were given."""
         for api in APIS:
             try:
-                self.for_api(api)
+                self._backoff(api)
             except RetryConfigError as error:
                 named = [f"FALCON_RETRY_{api.upper()}_{_FIELDS[field][0]}="
                          f"{getattr(self, f'{api}_{field}'):g}"
@@ -221,17 +222,18 @@ class RetrySettings(BaseModel):
 
     def for_api(self, api: str) -> Backoff:
         """The backoff of ``api`` (one of ``APIS``)."""
-        if api not in APIS:
-            raise RetryConfigError(
-                f"no retry policy for API {api!r}; known: {', '.join(sorted(APIS))}")
+        return self.policies.for_api(api)
+
+    @functools.cached_property
+    def policies(self) -> RetryPolicies:
+        """The same backoffs as one ``RetryPolicies`` (built once: every failed call
+        and every retry's due time reads them)."""
+        return RetryPolicies({api: self._backoff(api) for api in APIS})
+
+    def _backoff(self, api: str) -> Backoff:
         values = {field: getattr(self, f"{api}_{field}") for field in _FIELDS}
         return Backoff(**values) if api not in UNLIMITED else Backoff(
             **{**values, "attempts": None})
-
-    @property
-    def policies(self) -> RetryPolicies:
-        """The same backoffs as one ``RetryPolicies``."""
-        return RetryPolicies({api: self.for_api(api) for api in APIS})
 
     @classmethod
     def of(cls, policies: RetryPolicies) -> RetrySettings:

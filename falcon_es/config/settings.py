@@ -11,6 +11,7 @@ page from these declarations.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any
@@ -61,8 +62,8 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 def _language(value: Any) -> str:
-    """``en`` or ``zh``; a locale such as ``zh_CN.UTF-8`` names its language."""
-    language = str(value).split("_")[0].split(".")[0].lower() or "en"
+    """``en`` or ``zh``; a locale such as ``zh_CN`` names its language."""
+    language = str(value).split("_")[0].lower() or "en"
     if language not in LANGUAGES:
         raise ValueError(f"expected one of {', '.join(LANGUAGES)}")
     return language
@@ -211,7 +212,7 @@ class SchedulingSettings(BaseModel):
     max_moves: Count = setting(3, "FALCON_MAX_MOVES",
                                doc="How many times one task may move to another cluster")
 
-    @property
+    @functools.cached_property
     def priorities(self) -> PriorityPolicy:
         """The classes and the aging rule, as the queue book reads them."""
         return PriorityPolicy(parse_classes(self.priority_classes), self.aging_points,
@@ -440,16 +441,18 @@ class Settings(BaseSettings):
         """These settings with some fields of some groups changed (a command's flags)."""
         data: dict[str, Any] = {name: getattr(self, name) for name in type(self).model_fields}
         for group, values in groups.items():
-            data[group] = getattr(self, group).model_copy(update=dict(values))
+            model = getattr(self, group)  # rebuilt, not copied: a copy keeps cached values
+            given = {name: getattr(model, name) for name in model.model_fields_set}
+            data[group] = type(model)(**{**given, **values})
         return type(self)(**data)
 
-    @property
+    @functools.cached_property
     def job_mapping(self) -> JobMapping:
         """The job table's name and column names, as the SQL reads them."""
         return JobMapping.parse(self.job_table.table, self.job_table.columns,
                                 priority_requests=self.features.priority_requests)
 
-    @property
+    @functools.cached_property
     def spec_limits(self) -> SpecLimits:
         """What a task's spec is checked against."""
         lifecycle = self.lifecycle
