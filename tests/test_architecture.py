@@ -5,7 +5,9 @@ that import each other."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -51,8 +53,23 @@ def test_the_floor_plan_holds() -> None:
     checked by import-linter on the installed package, TYPE_CHECKING imports included."""
     from importlinter.cli import lint_imports
 
-    assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0, (
-        "an import breaks the floor plan; `lint-imports` prints which and where")
+    with loggers_kept_enabled():
+        result = lint_imports(config_filename=str(ROOT / "pyproject.toml"))
+    assert result == 0, "an import breaks the floor plan; `lint-imports` prints which and where"
+
+
+@contextlib.contextmanager
+def loggers_kept_enabled() -> Iterator[None]:
+    """import-linter configures logging with ``dictConfig``, which disables every logger
+    that exists already: the loggers of the modules the other tests imported, whose
+    records those tests read (caplog)."""
+    loggers = [logger for logger in logging.root.manager.loggerDict.values()
+               if isinstance(logger, logging.Logger) and not logger.disabled]
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.disabled = False
 
 
 def test_the_floor_plan_covers_every_package() -> None:
