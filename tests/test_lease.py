@@ -453,7 +453,7 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
     for name in ("a", "b"):
         services.append(build_service(
             open_app(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock,
-                     follow_log=True), None, RunOptions(world=world))))
+                     follow_log=True), None, RunOptions(world=world)))
     a, b = services
     tasks = [f"t{i}" for i in range(6)]
     for index, task_id in enumerate(tasks):
