@@ -299,7 +299,8 @@ class QueueView:
     # ------------------------------------------------------------ InlineProjection
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
         self.fold(self.tasks.changes(), recorded)
-        self.refresh(conn)
+        # The append's moment (the tick's one clock reading), not a reading of our own.
+        self.refresh(conn, now=recorded[-1].recorded_at if recorded else None)
 
     def committed(self) -> None:
         self.book.commit()
@@ -565,7 +566,7 @@ class QueueView:
         return next(after + n for n in range(slices) if (after + n) % slices in occupied)
 
     def pending_positions(self, due: Mapping[QueueKey, Collection[int] | None] | None = None,
-                          ) -> list[tuple[str, str]]:
+                          *, now: dt.datetime | None = None) -> list[tuple[str, str]]:
         """Rows to write now: in each queue of ``due`` (default: every queue that
         changed within the last interval, every slice) the rows of its due slices
         (None: all) whose position Message differs from what the job table holds, plus
@@ -574,7 +575,7 @@ class QueueView:
             due = dict.fromkeys(set(self._dirty) | self.book.changed)
         rows: list[tuple[str, str]] = []
         written = self._written
-        now = self.now()
+        now = self.now() if now is None else now
         for key in sorted(due):
             slices = due[key]
             if slices is None:
@@ -645,14 +646,15 @@ class QueueView:
         self._buckets[key] = (order, buckets)
         return buckets, 0
 
-    def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
+    def refresh(self, conn: Connection, *, every_queue: bool = False,
+                now: dt.datetime | None = None) -> int:
         """Write, within the open transaction, the rows needed at once and the rows of
         the slices due (``every_queue``: every slice of every queue that changed within
-        the interval); kept once it commits."""
-        now = self.now()
+        the interval), as of ``now`` (None: the clock's time); kept once it commits."""
+        now = self.now() if now is None else now
         self.book.mark_aged(now)
         due = None if every_queue else self.due_slices(now)
-        rows = self.pending_positions(due)
+        rows = self.pending_positions(due, now=now)
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
@@ -676,7 +678,7 @@ class QueueView:
             return 0
         try:
             with engine.begin() as conn:
-                rows = self.refresh(conn)
+                rows = self.refresh(conn, now=now)
         except BaseException:
             self._drop_staged()
             raise
