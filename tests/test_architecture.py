@@ -67,6 +67,34 @@ def test_the_floor_plan_covers_every_package() -> None:
     assert packages - {"falcon_es.demo_data"} == declared
 
 
+#: The lifecycle index's writing methods: a projection is written only from committed
+#: events (its InlineProjection half) or when the log is folded again.
+INDEX_WRITES = frozenset({"apply", "committed", "discarded", "rebuild", "resync", "forget",
+                          "update"})
+
+
+def index_writes_in(source: str, label: str) -> Iterator[str]:
+    """Calls of ``<...>index.<write>(...)``: a handler writing the lifecycle index."""
+    for node in ast.walk(ast.parse(source, label)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in INDEX_WRITES):
+            owner = node.func.value
+            name = (owner.id if isinstance(owner, ast.Name)
+                    else owner.attr if isinstance(owner, ast.Attribute) else "")
+            if name == "index":
+                yield f"{label}:{node.lineno} {ast.unparse(node.func)}"
+
+
+def test_handlers_never_write_the_lifecycle_index() -> None:
+    """Projections are written only from committed events: what a handler keeps across
+    ticks (when a create is next looked at) lives in the engine's ``OperationPolls``."""
+    found = [hit for module in modules("falcon_es/handlers")
+             for hit in index_writes_in((ROOT / module).read_text(encoding="utf-8"), module)]
+    assert found == []
+    assert list(index_writes_in("ctx.index.update(s)\nindex.ids()\n", "s")) == [
+        "s:1 ctx.index.update"]
+
+
 def _mutable(value: ast.expr) -> bool:
     if isinstance(value, MUTABLE_LITERALS):
         return True

@@ -27,7 +27,7 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
     together, done when all are, failed with the first error), asked at most every
     ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
     and a create takes minutes); None when it is not time yet or the call failed."""
-    due = ctx.index.poll_due(state)
+    due = ctx.polls.due(state)
     operations = [o for o in (state.pool_operation or "", *state.slice_operations) if o]
     if not operations or (due is not None and ctx.now < due):
         return None
@@ -41,7 +41,7 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
             if error.code != NOT_FOUND:
                 # Whatever the error, the next look waits a poll interval: an error
                 # must not turn the poll into a call per tick.
-                ctx.index.polled(state, ctx.now + interval, ctx.now)
+                ctx.polls.polled(state, ctx.now + interval, ctx.now)
                 log.warning("operation %s of pool %s: %s", operation_id,
                             state.node_pool_name, error)
                 return None
@@ -52,11 +52,11 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
             unknown = True
             continue
         if operation.done and operation.error:
-            ctx.index.polled(state, None, ctx.now)
+            ctx.polls.polled(state, None, ctx.now)
             return operation
         if not operation.done:
             pending = pending or operation
-    ctx.index.polled(state, None if pending is None and not unknown else ctx.now + interval,
+    ctx.polls.polled(state, None if pending is None and not unknown else ctx.now + interval,
                      ctx.now)
     return pending or Operation(operations[0], done=True)
 

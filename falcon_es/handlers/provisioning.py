@@ -349,7 +349,7 @@ class _Provisioner:
             due = retry_due_at(state, state.retry_kind, self.ctx.settings)
             if due is not None and self.ctx.now < due:
                 return
-            polled = self.ctx.index.poll_due(state)  # the last look failed: not before
+            polled = self.ctx.polls.due(state)  # the last look failed: not before
             if polled is not None and self.ctx.now < polled:
                 return
         elif state.pool_operation or state.slice_operations:
@@ -403,7 +403,7 @@ class _Provisioner:
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll
         interval, so neither a slow pool nor an error turns it into a call per tick."""
-        self.ctx.index.polled(state, self.ctx.now + dt.timedelta(
+        self.ctx.polls.polled(state, self.ctx.now + dt.timedelta(
             seconds=self.ctx.settings.operation_poll_seconds), self.ctx.now)
 
     def _not_visible(self, state: TaskState, pool: str) -> None:
@@ -457,7 +457,7 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
         if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
                 and fresh.retry_kind not in _POLL_KINDS):
             # A running create operation asked a moment ago: nothing to ask it yet.
-            due = index.poll_due(fresh)
+            due = ctx.polls.due(fresh)
             if due is not None and ctx.now < due:
                 continue
         provisioner.run(fresh)
