@@ -209,7 +209,7 @@ def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
 def test_bulk_position_rendering_equals_position_message() -> None:
     import datetime as dt
 
-    from falcon_es.domain.queue_book import Entry
+    from falcon_es.domain.queue_places import Entry
     from falcon_es.projections.queues import positions
 
     at = dt.datetime(2026, 1, 1)

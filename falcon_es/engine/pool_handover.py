@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from falcon_es.domain import events as ev
 from falcon_es.domain.handover import can_take_pool, pools_wanted, taker_rank
 from falcon_es.domain.intents import JOB_GONE, PoolDisposition, PoolIntent
-from falcon_es.domain.queue_book import QueueKey
+from falcon_es.domain.queue_places import QueueKey
 from falcon_es.domain.task import TaskState
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.runtime import Tick

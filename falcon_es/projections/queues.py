@@ -48,7 +48,8 @@ from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
 from falcon_es.domain.eta import Estimate, SlotTimes
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.queue_book import Entry, Placement, QueueBook, QueueKey
+from falcon_es.domain.queue_book import QueueBook
+from falcon_es.domain.queue_places import Entry, Placement, QueueKey
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage.tables import JobSql, JobTable
 from falcon_es.domain.task import Change, TaskState, TaskStates
