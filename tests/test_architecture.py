@@ -67,6 +67,18 @@ def test_the_floor_plan_covers_every_package() -> None:
     assert packages - {"falcon_es.demo_data"} == declared
 
 
+#: The most lines a module may have: past it, a module holds several concepts that
+#: want modules (and names) of their own.
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    lengths = {module: len((ROOT / module).read_text(encoding="utf-8").splitlines())
+               for module in modules("falcon_es")}
+    over = {module: n for module, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert over == {}, f"modules over {MAX_MODULE_LINES} lines: split them along their concepts"
+
+
 #: The lifecycle index's writing methods: a projection is written only from committed
 #: events (its InlineProjection half) or when the log is folded again.
 INDEX_WRITES = frozenset({"apply", "committed", "discarded", "rebuild", "resync", "forget",

@@ -47,7 +47,9 @@ from falcon_es.projections.job_table import (
     PROJECTED_COLUMNS, refusal_update, row_values, write_refusals, write_rows,
 )
 from falcon_es.projections.messages import position_part
-from falcon_es.projections.queues import QueueView, positions_of, write_positions
+from falcon_es.projections.position_messages import positions_of
+from falcon_es.projections.position_rows import write_positions
+from falcon_es.projections.queues import QueueView
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.
