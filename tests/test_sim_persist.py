@@ -250,7 +250,8 @@ def _goes_on_alike(engine: sa.engine.Engine, sim: Sim) -> None:
 
 
 def test_a_saved_world_loads_after_its_classes_moved_to_other_modules(
-        engine: sa.engine.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        engine: sa.engine.Engine, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Rows and pickles name classes by their saved names: a sim class and a domain
     value the world holds moved to modules that did not exist at the save, and gone
     from their old ones, the world loads and goes on."""
@@ -266,6 +267,7 @@ def test_a_saved_world_loads_after_its_classes_moved_to_other_modules(
         blobs = [r.kind.encode() + r.blob for r in conn.execute(
             sa.select(tables.sim_world_changes))]
     assert blobs and not any(b"falcon_es" in blob for blob in blobs), "no module path saved"
+    assert "no saved name" not in caplog.text
     _goes_on_alike(engine, sim)
 
 
@@ -336,3 +338,26 @@ def test_every_class_of_the_simulator_has_a_saved_name_or_is_never_saved() -> No
                 missing.append(f"{module.__name__}.{cls.__qualname__}")
     assert missing == []
     assert len(set(SAVED_CLASSES.values())) == len(SAVED_CLASSES), "one name per class"
+
+
+def test_every_value_class_the_simulator_takes_from_elsewhere_has_a_saved_name() -> None:
+    """The domain's values a sim module uses (a create refusal, a Job reference) may
+    sit in the world: named, or known never to be saved (ports, protocols, errors)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from falcon_es.adapters import sim as sim_package
+    from falcon_es.adapters.sim.saved_names import SAVED_CLASSES
+
+    never_saved = {"Clock", "PortError", "Ports", "TaskStates"}
+    named = set(SAVED_CLASSES.values())
+    missing = set()
+    for info in pkgutil.iter_modules(sim_package.__path__):
+        module = importlib.import_module(f"{sim_package.__name__}.{info.name}")
+        for cls in vars(module).values():
+            if (inspect.isclass(cls) and cls.__module__.startswith("falcon_es.")
+                    and not cls.__module__.startswith(sim_package.__name__)
+                    and cls not in named and cls.__qualname__ not in never_saved):
+                missing.add(f"{cls.__module__}.{cls.__qualname__}")
+    assert missing == set()

@@ -32,6 +32,7 @@ import dataclasses
 import datetime as dt
 import enum
 import io
+import logging
 import pickle
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,6 +49,8 @@ from falcon_es.domain.clusters import Cluster
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource
 from falcon_es.adapters.sim.saved_names import SAVED_CLASSES, saved_names
 from falcon_es.adapters.sim.world import SimWorld
+
+log = logging.getLogger("falcon_es.adapters.sim.persist")
 
 #: Saves between two compactions of the world's change rows (``run --sim-snapshot-every``).
 DEFAULT_COMPACT_EVERY = 200
@@ -153,13 +156,16 @@ class _Pickler(pickle.Pickler):
 
 
 def _class_id(cls: type, names: Mapping[type, str]) -> tuple[str, str] | None:
+    """The class's saved name; None: pickled by its module path (the standard
+    library's classes, and one of ours that was not named, which is logged: the save
+    goes on, and the world depends on that path until the class is named)."""
     name = names.get(cls)
     if name is not None:
         return ("class", name)
     if cls.__module__.startswith("falcon_es."):
-        raise TypeError(f"the simulated world holds a {cls.__qualname__} "
-                        f"({cls.__module__}), which has no saved name: add it to "
-                        "falcon_es.adapters.sim.saved_names")
+        log.warning("the simulated world holds a %s (%s), which has no saved name: it is "
+                    "saved by module path; add it to falcon_es.adapters.sim.saved_names",
+                    cls.__qualname__, cls.__module__)
     return None
 
 
@@ -333,13 +339,10 @@ class WorldStore:
         return _Pickler(out, key_of, refs, self._names)
 
     def _kind(self, cls: type) -> str:
-        """A row's kind: its class's saved name."""
+        """A row's kind: its class's saved name (its module path, as worlds saved
+        before names have it, for a class not named)."""
         found = _class_id(cls, self._names)
-        if found is None:
-            raise TypeError(f"the simulated world holds a {cls.__qualname__} "
-                            f"({cls.__module__}), which has no saved name: add it to "
-                            "falcon_es.adapters.sim.saved_names")
-        return NAMED + found[1]
+        return f"{cls.__module__}:{cls.__qualname__}" if found is None else NAMED + found[1]
 
     def _pickle_all(self, world: SimWorld) -> dict[str, tuple[str, bytes]]:
         """Every object reachable from the world, by key, pickled (a frozen one that

@@ -18,7 +18,7 @@ from falcon_es.adapters.sim import (
     bus, common, compute, config, gke, informer, kube, kube_api, kube_jobset, kube_objects,
     timeline, world,
 )
-from falcon_es.domain import ports, spec, tpu
+from falcon_es.domain import clusters, ports, spec, tpu
 
 #: Saved name -> class, for every class a saved world holds (rows and values).
 SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
@@ -64,12 +64,20 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "Informer": informer.Informer,
     # The bus.
     "SimBus": bus.SimBus,
-    "BusMessage": bus._Message,
-    "BusEntry": bus._Entry,
-    "BusSubscription": bus._Subscription,
+    "SimBusMessage": bus._Message,
+    "SimBusEntry": bus._Entry,
+    "SimBusSubscription": bus._Subscription,
     # Values of the domain the world holds.
+    "Cluster": clusters.Cluster,
     "JobObservation": ports.JobObservation,
     "PodObservation": ports.PodObservation,
+    "CreateRefusal": ports.CreateRefusal,
+    "JobRef": ports.JobRef,
+    "NodeCounts": ports.NodeCounts,
+    "NodePoolInfo": ports.NodePoolInfo,
+    "NodePoolSpec": ports.NodePoolSpec,
+    "Operation": ports.Operation,
+    "BusMessage": ports.BusMessage,
     "SimBehaviour": spec.SimBehaviour,
     "SliceShape": tpu.SliceShape,
     "MappingProxyType": MappingProxyType,
