@@ -324,9 +324,10 @@ def _measure_tick(app: App, controller: Any, decide_ms: list[float]) -> tuple[fl
     refresh_ms: list[float] = []
     refresh = view.refresh
 
-    def timed_refresh(conn: Any, *, every_queue: bool = False) -> int:
+    def timed_refresh(conn: Any, *, every_queue: bool = False,
+                      now: dt.datetime | None = None) -> int:
         started = time.perf_counter()
-        rows = refresh(conn, every_queue=every_queue)
+        rows = refresh(conn, every_queue=every_queue, now=now)
         refresh_ms.append((time.perf_counter() - started) * 1000)
         return rows
 
