@@ -7,7 +7,9 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.runtime import Tick
-from falcon_es.domain.queue_book import PriorityChange, PriorityRefused, judge_priority_request
+from falcon_es.domain.priority_requests import (
+    PriorityChange, PriorityRefused, judge_priority_request,
+)
 from falcon_es.domain.spec import INVALID_ID, SpecError, parse_spec
 
 INTAKE_BATCH = 5000
