@@ -7,6 +7,8 @@ import dataclasses
 import datetime as dt
 
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
+from falcon_es.domain import events as ev
+from falcon_es.domain.spec import TaskSpec
 from falcon_es.domain.task import TaskState, TaskStates
 
 T0 = dt.datetime(2026, 11, 1, 9)
@@ -80,15 +82,17 @@ def test_a_multi_slice_holder_waiting_for_room_is_a_taker_only_while_it_holds_sl
     not use one before the rest fits); one holding the slice its partial create made is
     a taker for the slice it lacks, ahead of the waiting tasks, and none once both of
     its slices are asked for."""
-    holding_nothing = dataclasses.replace(waiting("ms", 5, "ClusterBusy"), spec={"slices": 2})
+    holding_nothing = dataclasses.replace(waiting("ms", 5, "ClusterBusy"),
+                                          spec=TaskSpec("", "v6e", "2x2", slices=2))
     index = LifecycleIndex(TaskStates([holding_nothing, waiting("w", 1)]))
     index.rebuild()
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]
 
     partial = dataclasses.replace(
         holding_nothing, node_pool_name="falcon-ms-2x2", pool_intent="create-started",
-        slices_requested=1, pool_request={"pool_name": "falcon-ms-2x2", "slices": 2,
-                                          "first_slice": 0, "upto": 1})
+        slices_requested=1, pool_request=ev.NodePoolCreateRequested(
+            "falcon-ms-2x2", "flex-start", "ct6e-standard-4t", 1, None, 600,
+            slices=2, first_slice=0, upto=1))
     index.update(partial)
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["ms", "w"]
     index.update(dataclasses.replace(partial, state="Pending.Provisioning", slices_requested=2))

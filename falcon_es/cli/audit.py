@@ -225,7 +225,8 @@ def _live_look(settings: Settings, state: TaskState,
             pools.append(f"{name}: {info.status}, {ready}/{shape.hosts} nodes Ready")
         except PortError as error:
             pools.append(f"{name}: could not look: {error.message}")
-    reservation = state.pool_request.get("reservation") or cluster.default_reservation
+    asked = state.pool_request.reservation if state.pool_request is not None else None
+    reservation = asked or cluster.default_reservation
     seen = None
     if reservation:
         try:

@@ -105,7 +105,8 @@ def task_intents(state: TaskState) -> tuple[Intent, ...]:
     if state.pool_intent == PoolIntent.CREATE_REQUESTED and state.node_pool_name:
         # The first pool of the task's own group (not a pool it took, which comes first
         # in ``node_pools``).
-        own = str(state.pool_request.get("pool_name") or state.node_pool_name)
+        request = state.pool_request
+        own = request.pool_name if request is not None else state.node_pool_name
         found.append(Intent(IntentKind.POOL_CREATE, state.task_id, own, cluster_id))
     if state.job_name and state.job_intent == JobIntent.SUBMIT_REQUESTED:
         found.append(Intent(IntentKind.JOB_SUBMIT, state.task_id, state.job_name, cluster_id))

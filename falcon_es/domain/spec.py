@@ -100,7 +100,9 @@ class TaskSpec:
     supply_mode: str | None = None
     timeout_seconds: int = 24 * 3600
     display_name: str | None = None
-    sim: SimBehaviour = SimBehaviour()
+    #: How a simulated workload behaves. None only in a spec read back from the log
+    #: that named none (``from_data``): the sim's configured Job defaults apply.
+    sim: SimBehaviour | None = SimBehaviour()
     #: Slices of ``topology`` the task runs on: 1 is a Job on one pool, more a JobSet
     #: with one child Job per slice, each on a pool of its own.
     slices: int = 1
@@ -115,6 +117,34 @@ class TaskSpec:
         data["args"] = list(self.args)
         data["env"] = {k: v for k, v in self.env}
         return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], tpu_type: str, topology: str) -> TaskSpec:
+        """The spec a stored ``TaskAccepted`` carries (``to_data``'s form), read back
+        without validating it again: intake did before it entered the log. A field the
+        data lacks or holds as null (a spec recorded before the field existed, or a
+        hand-built one) takes the default declared above, so readers need none of their
+        own; the TPU type and topology default to the event's."""
+        given = {name: data[name] for name in _SPEC_FIELDS
+                 if name in data and data[name] is not None}
+        given.setdefault("image", "")
+        given.setdefault("tpu_type", tpu_type)
+        given.setdefault("topology", topology)
+        for name in ("command", "args"):
+            if name in given:
+                given[name] = tuple(given[name])
+        if "env" in given:
+            env = given["env"]
+            given["env"] = tuple(sorted(env.items() if isinstance(env, Mapping) else env))
+        if "sim" in given:
+            given["sim"] = SimBehaviour(**given["sim"])
+        else:
+            given["sim"] = None
+        return cls(**given)
+
+
+#: The fields ``TaskSpec.from_data`` reads back from a stored spec.
+_SPEC_FIELDS = tuple(field.name for field in dataclasses.fields(TaskSpec))
 
 
 def load_spec(raw: Any) -> Any:

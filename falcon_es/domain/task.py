@@ -15,6 +15,10 @@ from typing import Any, NamedTuple
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
+from falcon_es.domain.intents import (
+    RESERVATION_CHECK, IntentKind, JobIntent, PoolDisposition, PoolIntent,
+)
+from falcon_es.domain.spec import TaskSpec
 
 #: Events that describe a pool after the task ended (or, NodeWaitExtended, that its
 #: wait for nodes goes on): they add a note to the Message and leave the main message
@@ -29,13 +33,15 @@ _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
 #: executor's intent kinds): once one is folded, a note saying the step is being
 #: retried is stale and the note it replaced comes back.
 STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
-    "pool-create": frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
-    "job-submit": frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
-    "job-delete": frozenset({"JobDeleted"}),
-    "pool-delete": frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
-    "reservation-check": frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
+    IntentKind.POOL_CREATE: frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
+    IntentKind.JOB_SUBMIT: frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
+    IntentKind.JOB_DELETE: frozenset({"JobDeleted"}),
+    IntentKind.POOL_DELETE: frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
+    RESERVATION_CHECK: frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
                                     "NodePoolFailed"}),
 })
+#: The spec of a task not accepted (yet): its defaults, so readers need no None check.
+NO_SPEC = TaskSpec(image="", tpu_type="", topology="", sim=None)
 _WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
@@ -49,7 +55,8 @@ class TaskState:
     failure_reason: str | None = None
     name: str = ""
     actor: str = ""
-    spec: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The accepted spec, typed (``NO_SPEC`` before ``TaskAccepted``).
+    spec: TaskSpec = NO_SPEC
     tpu_type: str = ""
     topology: str = ""
     submitted_at: dt.datetime | None = None
@@ -76,15 +83,16 @@ class TaskState:
     #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
     note_before_retry: ev.Event | None = None
     #: Provisioning bookkeeping the handlers need (which step is in flight).
-    pool_intent: str | None = None  # create-requested | create-started | ready
-    job_intent: str | None = None  # submit-requested | submitted | delete-requested
-    pool_disposition: str | None = None  # retained | delete-requested | deleted
+    pool_intent: PoolIntent | None = None
+    job_intent: JobIntent | None = None
+    pool_disposition: PoolDisposition | None = None
     last_event_at: dt.datetime | None = None
     phase_started_at: dt.datetime | None = None
     #: Lifecycle bookkeeping: what the provisioning, dispatch, status, abort and
     #: deprovision handlers decide from.
     pool_requested_at: dt.datetime | None = None
-    pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
+    #: The create intent itself: the task's last ``NodePoolCreateRequested``.
+    pool_request: ev.NodePoolCreateRequested | None = None
     pool_operation: str | None = None  # the GKE create operation ("" when adopted)
     #: The create operations of a multi-slice task's other pools (slices 1..N-1; of a
     #: partial create's continuation, its pools after the first).
@@ -163,7 +171,7 @@ class TaskState:
     @property
     def slices(self) -> int:
         """Slices the task runs on: one node pool each (the spec's ``slices``)."""
-        return int(self.spec.get("slices") or 1)
+        return self.spec.slices
 
     @property
     def node_pools(self) -> tuple[str, ...]:
@@ -174,10 +182,9 @@ class TaskState:
             return ()
         if not self.taken_pools:
             return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
-        own = self.pool_request.get("pool_name")
-        if not own:
+        if self.pool_request is None:
             return self.taken_pools
-        group = naming.pool_group(str(own), self.slices_requested)
+        group = naming.pool_group(self.pool_request.pool_name, self.slices_requested)
         taken = dict(zip(self.taken_slices, self.taken_pools, strict=True))
         return tuple(taken.get(i, name) for i, name in enumerate(group))
 
@@ -185,7 +192,7 @@ class TaskState:
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose fate the task decides when it ends: those it took and those
         its create may have made (none when GKE refused the create outright)."""
-        if self.pool_intent in (None, "not-created"):
+        if self.pool_intent in (None, PoolIntent.NOT_CREATED):
             return self.taken_pools
         return self.node_pools
 
@@ -306,15 +313,29 @@ def _built(fields: dict[str, Any]) -> TaskState:
     return new
 
 
+#: The enum members the fold writes, bound once: an enum attribute costs more to look
+#: up than a module global, and the fold runs once per stored event.
+_CREATE_REQUESTED, _CREATE_STARTED, _READY = (
+    PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED, PoolIntent.READY)
+_NOT_CREATED, _POOL_FAILED = PoolIntent.NOT_CREATED, PoolIntent.FAILED
+_SUBMIT_REQUESTED, _SUBMITTED, _SUBMIT_FAILED = (
+    JobIntent.SUBMIT_REQUESTED, JobIntent.SUBMITTED, JobIntent.SUBMIT_FAILED)
+_CANCELLED, _FINISHED = JobIntent.CANCELLED, JobIntent.FINISHED
+_JOB_DELETE_REQUESTED, _JOB_DELETED = JobIntent.DELETE_REQUESTED, JobIntent.DELETED
+_RETAINED, _DELETE_FAILED = PoolDisposition.RETAINED, PoolDisposition.DELETE_FAILED
+_POOL_DELETE_REQUESTED, _POOL_DELETED = (
+    PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETED)
+
+
 def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str, Any]:
     match event:
         case ev.TaskAccepted() | ev.TaskRejected():
             fields: dict[str, Any] = {"name": event.name, "actor": event.actor}
             if isinstance(event, ev.TaskAccepted):
+                spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
                 fields.update(
-                    spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
-                    submitted_at=event.submitted_at,
-                    priority=int(event.spec.get("priority") or 0),
+                    spec=spec, tpu_type=event.tpu_type, topology=event.topology,
+                    submitted_at=event.submitted_at, priority=spec.priority,
                 )
             return fields
         case ev.ClusterChosen():
@@ -332,7 +353,7 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             return {"cluster_id": None, "cluster_name": None}
         case ev.NodePoolReused():
             return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
-                    "pool_intent": "ready", "pool_from_task": event.from_task}
+                    "pool_intent": _READY, "pool_from_task": event.from_task}
         case ev.NodePoolTaken():
             return {"node_pool_name": state.node_pool_name or event.pool_name,
                     "supply_mode": event.supply_mode,
@@ -343,11 +364,11 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolCreateRequested():
             return {"node_pool_name": (state.node_pool_name if state.taken_pools
                                        else event.pool_name), "supply_mode": event.supply_mode,
-                    "pool_intent": "create-requested", "pool_requested_at": at,
-                    "pool_operation": None, "pool_request": event.to_data(),
+                    "pool_intent": _CREATE_REQUESTED, "pool_requested_at": at,
+                    "pool_operation": None, "pool_request": event,
                     "slices_requested": event.upto or event.slices}
         case ev.NodePoolCreateStarted():
-            return {"pool_intent": "create-started", "pool_operation": event.operation,
+            return {"pool_intent": _CREATE_STARTED, "pool_operation": event.operation,
                     "slice_operations": event.slice_operations}
         case ev.NodePoolNotVisible():
             streak = state.retry_kind == event.type_name and state.not_visible_since
@@ -359,12 +380,12 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolFailed():
             # A create refused outright left nothing behind; a failed operation may
             # have left a pool in ERROR that must still be deleted.
-            refused = state.pool_intent in (None, "create-requested")
-            return {"pool_intent": "not-created" if refused else "failed"}
+            refused = state.pool_intent in (None, _CREATE_REQUESTED)
+            return {"pool_intent": _NOT_CREATED if refused else _POOL_FAILED}
         case ev.JobSubmitFailed():
-            return {"job_intent": "submit-failed"}
+            return {"job_intent": _SUBMIT_FAILED}
         case ev.JobSubmitCancelled():
-            return {"job_intent": "cancelled"}
+            return {"job_intent": _CANCELLED}
         case ev.PodsPending():
             return {"pending_diagnosis": event.diagnosis, "refused_since": None,
                     "last_resource_version": event.resource_version}
@@ -382,19 +403,19 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
             return {"pods_active": event.active, "pending_diagnosis": None,
                     "refused_since": None, "last_resource_version": event.resource_version}
         case ev.JobSucceeded() | ev.JobFailed():
-            return {"job_intent": "finished",
+            return {"job_intent": _FINISHED,
                     "last_resource_version": event.resource_version}
         case ev.NodePoolReady():
-            return {"pool_intent": "ready"}
+            return {"pool_intent": _READY}
         case ev.JobSubmitRequested():
-            return {"job_name": event.job_name, "job_intent": "submit-requested"}
+            return {"job_name": event.job_name, "job_intent": _SUBMIT_REQUESTED}
         case ev.JobSubmitted():
             return {"job_name": event.job_name, "job_uid": event.job_uid,
-                    "job_intent": "submitted", "dispatched_at": at}
+                    "job_intent": _SUBMITTED, "dispatched_at": at}
         case ev.JobDeleteRequested():
-            return {"job_intent": "delete-requested"}
+            return {"job_intent": _JOB_DELETE_REQUESTED}
         case ev.JobDeleted():
-            return {"job_intent": "deleted"}
+            return {"job_intent": _JOB_DELETED}
         case ev.AbortRequested():
             return {"aborting_at": event.requested_at or at, "abort_phase": event.phase}
         case ev.TaskAborted():
@@ -402,25 +423,25 @@ def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str
         case ev.NodePoolRetained():
             # A multi-slice task may delete some pools and retain others: the
             # disposition follows the delete, and ``pools_retained`` the rest.
-            kept = state.pool_disposition in (None, "retained")
-            return {"pool_disposition": "retained" if kept else state.pool_disposition,
+            kept = state.pool_disposition in (None, _RETAINED)
+            return {"pool_disposition": _RETAINED if kept else state.pool_disposition,
                     "pools_retained": {**state.pools_retained, event.pool_name: event.for_task}}
         case ev.NodePoolHandedOver():
             return {"pools_retained": {**state.pools_retained, event.pool_name: event.to_task},
                     "pools_handed_over": (*state.pools_handed_over, event.pool_name)}
         case ev.NodePoolDeleteFailed():
-            return {"pool_disposition": "delete-failed", "retry_kind": event.type_name,
+            return {"pool_disposition": _DELETE_FAILED, "retry_kind": event.type_name,
                     "retry_attempt": event.attempt, "retry_at": at}
         case ev.NodePoolDeleteRequested():
             deleting = (event.pool_name, *event.slice_pools)
-            return {"pool_disposition": "delete-requested", "pools_deleting": deleting,
+            return {"pool_disposition": _POOL_DELETE_REQUESTED, "pools_deleting": deleting,
                     "pools_retained": {p: t for p, t in state.pools_retained.items()
                                        if p not in deleting}}
         case ev.ApiCallRetrying():
             due = at + dt.timedelta(seconds=event.retry_in_seconds)
             return {"api_retries": {**state.api_retries, event.step: (event.attempt, due)}}
         case ev.NodePoolDeleted():
-            return {"pool_disposition": "deleted"}
+            return {"pool_disposition": _POOL_DELETED}
     return {}
 
 

@@ -266,18 +266,18 @@ class EffectExecutor:
         re-issued create adopts those an earlier attempt made; a partial create's
         request names the slices it creates)."""
         request = state.pool_request
-        supply_mode = str(request.get("supply_mode") or state.supply_mode or "")
+        assert request is not None  # a create intent is open only once one was asked for
+        supply_mode = request.supply_mode
         operations: list[str] = []
-        group = naming.pool_group(intent.name, int(request.get("slices") or 1))
-        for name in group[int(request.get("first_slice") or 0):
-                          int(request.get("upto") or 0) or len(group)]:
+        group = naming.pool_group(intent.name, request.slices)
+        for name in group[request.first_slice:request.upto or len(group)]:
             spec = NodePoolSpec(
                 cluster=cluster,
                 name=name,
                 shape=slice_shape(state.tpu_type, state.topology),
                 supply_mode=supply_mode,
-                reservation=request.get("reservation"),
-                scale_down_unneeded_seconds=int(request.get("scale_down_unneeded_seconds") or 0),
+                reservation=request.reservation,
+                scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
                 labels=pool_labels(state.task_id, state.topology, supply_mode),
             )
             try:

@@ -245,19 +245,16 @@ class LifecycleIndex:
             if not hosts:
                 del self._reserving[previous]
         request = state.pool_request
-        reservation = request.get("reservation")
-        if (reservation and state.cluster_id
+        reservation = request.reservation if request is not None else None
+        if (request is not None and reservation and state.cluster_id
                 and state.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
                 and state.pool_disposition != PoolDisposition.DELETED
                 # A partial create waiting for the rest: its creates are done, its VMs
                 # are in inUseCount.
                 and state.reason != chart.PendingReason.CLUSTER_BUSY):
-            key = (state.cluster_id, str(reservation))
-            slices = int(request.get("slices") or 1)
-            creating = (int(request.get("upto") or 0) or slices) - int(
-                request.get("first_slice") or 0)
-            self._reserving.setdefault(key, {})[task_id] = int(
-                request.get("node_count") or 0) * creating
+            key = (state.cluster_id, reservation)
+            creating = (request.upto or request.slices) - request.first_slice
+            self._reserving.setdefault(key, {})[task_id] = request.node_count * creating
             self._reserves[task_id] = key
 
     def reserving(self, cluster_id: str, reservation: str, *, besides: str = "") -> int:

@@ -68,9 +68,9 @@ _POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})
 def supply_mode_for(state: TaskState, cluster: Cluster) -> str:
     """The task's own supply mode, else the cluster default: the reservation where the
     cluster has one, flex-start otherwise."""
-    asked = state.spec.get("supply_mode")
+    asked = state.spec.supply_mode
     if asked:
-        return str(asked)
+        return asked
     return RESERVATION if cluster.default_reservation else FLEX_START
 
 

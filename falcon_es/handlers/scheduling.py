@@ -130,8 +130,7 @@ def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskSta
 
 
 def _supply_mode(state: TaskState) -> str | None:
-    mode = state.spec.get("supply_mode")
-    return str(mode) if mode else None
+    return state.spec.supply_mode or None
 
 
 def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:

@@ -56,8 +56,8 @@ RETRIES = (
 def job_deadline(state: TaskState) -> dt.datetime | None:
     if state.state not in DISPATCHED or state.dispatched_at is None:
         return None
-    timeout = state.spec.get("timeout_seconds")
-    if not isinstance(timeout, int) or timeout <= 0:
+    timeout = state.spec.timeout_seconds
+    if timeout <= 0:
         return None
     return state.dispatched_at + dt.timedelta(seconds=timeout)
 
@@ -119,7 +119,7 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
         if deadline is not None and ctx.now >= deadline:
             pending = (state.pending_diagnosis
                        if state.reason == chart.PendingReason.DISPATCHING else None)
-            tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"]),
+            tick.emit(state.task_id, ev.TaskTimedOut(state.spec.timeout_seconds,
                                                      pending or ""))
             if state.job_name:
                 tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "timeout"))

@@ -166,8 +166,8 @@ class HandlerBench:
         shape = slice_shape(state.tpu_type, state.topology)
         pool = naming.pool_name(state.task_id, state.topology)
         job = naming.job_name(state.task_id)
-        supply_mode = str(state.spec.get("supply_mode") or (
-            "reservation" if cluster.default_reservation else "flex-start"))
+        supply_mode = state.spec.supply_mode or (
+            "reservation" if cluster.default_reservation else "flex-start")
         match step:
             case "waiting":
                 return (ev.ClusterChosen(cluster.id, cluster.name, state.topology,
@@ -206,13 +206,14 @@ class HandlerBench:
         returns the create operation."""
         state = self.state(task_id)
         request = state.pool_request
+        assert request is not None
         cluster = self._cluster_by_id(state.cluster_id)
-        supply_mode = str(request["supply_mode"])
+        supply_mode = request.supply_mode
         return self.ports.node_pools.create(NodePoolSpec(
-            cluster=cluster, name=str(request["pool_name"]),
+            cluster=cluster, name=request.pool_name,
             shape=slice_shape(state.tpu_type, state.topology), supply_mode=supply_mode,
-            reservation=request.get("reservation"),
-            scale_down_unneeded_seconds=int(request["scale_down_unneeded_seconds"]),
+            reservation=request.reservation,
+            scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
             labels=pool_labels(task_id, state.topology, supply_mode)))
 
     def add_pool(self, name: str, labels: Mapping[str, str], *, cluster: str | None = None,

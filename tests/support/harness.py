@@ -257,7 +257,8 @@ class Harness:
         """The sim behaviour of a task's Job: its spec's ``sim`` (wired as the
         composition root does, so handlers never see it)."""
         state = self.app.tasks.get(task_id)
-        return state.spec.get("sim") if state is not None else None
+        sim = state.spec.sim if state is not None else None
+        return dataclasses.asdict(sim) if sim is not None else None
 
     # --------------------------------------------------------------- set-up
     def add_cluster(self, config: SimClusterConfig) -> Cluster:
