@@ -379,7 +379,7 @@ def quiet_world(clock: VirtualClock, services: list[service.Service], db_url: st
         for svc in services:
             state = svc.app.tasks.get(task_id)
             if state is not None:
-                sim = state.spec.sim
+                sim = state.submission.spec.sim
                 return dataclasses.asdict(sim) if sim is not None else None
         return None
 

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
@@ -42,17 +42,19 @@ STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
 })
 #: The spec of a task not accepted (yet): its defaults, so readers need no None check.
 NO_SPEC = TaskSpec(image="", tpu_type="", topology="", sim=None)
+#: An empty read-only mapping: the default of the records' mappings (a record's
+#: default is shared by every task that has not changed it, so it must not change).
+NOTHING: Mapping[Any, Any] = MappingProxyType({})
 _WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskState:
-    task_id: str
-    state: str = chart.NEW
-    version: int = 0
-    failure_reason: str | None = None
+class Submission:
+    """What the task is: the row as intake accepted it (``TaskAccepted``, or the name
+    and actor of a ``TaskRejected``), and the priority it is served by."""
+
     name: str = ""
     actor: str = ""
     #: The accepted spec, typed (``NO_SPEC`` before ``TaskAccepted``).
@@ -60,47 +62,41 @@ class TaskState:
     tpu_type: str = ""
     topology: str = ""
     submitted_at: dt.datetime | None = None
-    #: The priority the task is served by (the spec's; higher first).
+    #: The priority the task is served by (the spec's, until ``PriorityChanged``;
+    #: higher first).
     priority: int = 0
-    #: Times the task moved to another cluster while it waited (``TaskMoved``).
-    moves: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the task queues: its cluster (with its topology, the queue it waits in)."""
+
     cluster_id: str | None = None
     cluster_name: str | None = None
-    node_pool_name: str | None = None
+    #: Times the task moved to another cluster while it waited (``TaskMoved``).
+    moves: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRecord:
+    """The task's node pools: the create it asked for, the pools it took from ended
+    tasks, and what became of them once it ended."""
+
+    #: The task's first pool: the one it creates, took or reuses.
+    name: str | None = None
     supply_mode: str | None = None
-    job_name: str | None = None
-    job_uid: str | None = None
-    dispatched_at: dt.datetime | None = None
-    aborting_at: dt.datetime | None = None
-    aborted_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
-    updated_at: dt.datetime | None = None
-    #: Structured message: the event whose type is the catalog key and whose data are
-    #: its arguments. The event itself, not its data: a fold sets it on most events and
-    #: the arguments are only needed when a row is rendered.
-    message_event: ev.Event | None = None
-    note_event: ev.Event | None = None
-    #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
-    note_before_retry: ev.Event | None = None
-    #: Provisioning bookkeeping the handlers need (which step is in flight).
-    pool_intent: PoolIntent | None = None
-    job_intent: JobIntent | None = None
-    pool_disposition: PoolDisposition | None = None
-    last_event_at: dt.datetime | None = None
-    phase_started_at: dt.datetime | None = None
-    #: Lifecycle bookkeeping: what the provisioning, dispatch, status, abort and
-    #: deprovision handlers decide from.
-    pool_requested_at: dt.datetime | None = None
+    intent: PoolIntent | None = None
+    requested_at: dt.datetime | None = None
     #: The create intent itself: the task's last ``NodePoolCreateRequested``.
-    pool_request: ev.NodePoolCreateRequested | None = None
-    pool_operation: str | None = None  # the GKE create operation ("" when adopted)
+    request: ev.NodePoolCreateRequested | None = None
+    operation: str | None = None  # the GKE create operation ("" when adopted)
     #: The create operations of a multi-slice task's other pools (slices 1..N-1; of a
     #: partial create's continuation, its pools after the first).
     slice_operations: tuple[str, ...] = ()
     #: How many slices' pools have been asked for (0: none yet); fewer than ``slices``
     #: while a partial create waits for the rest.
     slices_requested: int = 0
-    pool_from_task: str | None = None  # the task that handed its pool over to this one
+    from_task: str | None = None  # the task that handed its pool over to this one
     #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in the order
     #: taken, the task each came from, and the slice each stands for: the slices asked
     #: for so far when it was taken (before any create, the first slices; with
@@ -109,22 +105,29 @@ class TaskState:
     taken_pools: tuple[str, ...] = ()
     taken_from: tuple[str, ...] = ()
     taken_slices: tuple[int, ...] = ()
+    disposition: PoolDisposition | None = None
     #: The task's pools retained for a waiting task once it ended: pool -> that task
     #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
     #: leaves when its delete is asked for.
-    pools_retained: dict[str, str] = dataclasses.field(default_factory=dict)
+    retained: Mapping[str, str] = dataclasses.field(default_factory=lambda: NOTHING)
     #: Those of them another task took, as the task's own stream says
     #: (``NodePoolHandedOver``).
-    pools_handed_over: tuple[str, ...] = ()
+    handed_over: tuple[str, ...] = ()
     #: The pools of the task's last delete request (``NodePoolDeleteRequested``).
-    pools_deleting: tuple[str, ...] = ()
-    retry_kind: str | None = None  # the event type of the step being retried
-    retry_attempt: int = 0
-    retry_at: dt.datetime | None = None
-    #: Calls retried after transient API errors (``ApiCallRetrying``): per step, the
-    #: attempts made so far and when the next one is due.
-    api_retries: dict[str, tuple[int, dt.datetime]] = dataclasses.field(default_factory=dict)
-    not_visible_since: dt.datetime | None = None  # first 404 of the current streak
+    deleting: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    """The task's workload (a Job, or a multi-slice task's JobSet) and what its last
+    observations said."""
+
+    name: str | None = None
+    uid: str | None = None
+    intent: JobIntent | None = None
+    #: When the workload was submitted, or its pods got their nodes: the Job's own
+    #: timeout counts from it.
+    dispatched_at: dt.datetime | None = None
     last_resource_version: int = 0  # of the last Job observation folded
     pods_active: int | None = None
     pending_diagnosis: str | None = None
@@ -136,7 +139,58 @@ class TaskState:
     #: (``NodeWaitExtended``): the node deadline counts from them.
     awaiting_nodes_since: dt.datetime | None = None
     wait_extended_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Retries:
+    """What the task is retrying: a polled step (a pool not visible yet, nodes not
+    Ready, a reservation too full) and calls that failed with transient API errors."""
+
+    kind: str | None = None  # the event type of the step being retried
+    attempt: int = 0
+    at: dt.datetime | None = None
+    #: Calls retried after transient API errors (``ApiCallRetrying``): per step, the
+    #: attempts made so far and when the next one is due.
+    api_calls: Mapping[str, tuple[int, dt.datetime]] = dataclasses.field(
+        default_factory=lambda: NOTHING)
+    not_visible_since: dt.datetime | None = None  # first 404 of the current streak
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How the task ends: an abort asked for and done, the end, and a failure's Reason."""
+
+    aborting_at: dt.datetime | None = None
     abort_phase: str | None = None
+    aborted_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    failure_reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskState:
+    """A task's state: where it is in the chart, what its row shows, and one record per
+    concern (each replaced only by the events about it, so a fold copies little)."""
+
+    task_id: str
+    state: str = chart.NEW
+    version: int = 0
+    updated_at: dt.datetime | None = None
+    last_event_at: dt.datetime | None = None
+    phase_started_at: dt.datetime | None = None
+    #: Structured message: the event whose type is the catalog key and whose data are
+    #: its arguments. The event itself, not its data: a fold sets it on most events and
+    #: the arguments are only needed when a row is rendered.
+    message_event: ev.Event | None = None
+    note_event: ev.Event | None = None
+    #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
+    note_before_retry: ev.Event | None = None
+    submission: Submission = Submission()
+    placement: Placement = Placement()
+    pool: PoolRecord = PoolRecord()
+    job: JobRecord = JobRecord()
+    retries: Retries = Retries()
+    ending: Ending = Ending()
 
     @property
     def status(self) -> str:
@@ -149,7 +203,7 @@ class TaskState:
         if status == chart.PENDING:
             return chart.pending_reason(self.state)
         if status == chart.FAILED:
-            return self.failure_reason
+            return self.ending.failure_reason
         return None
 
     @property
@@ -171,42 +225,45 @@ class TaskState:
     @property
     def slices(self) -> int:
         """Slices the task runs on: one node pool each (the spec's ``slices``)."""
-        return self.spec.slices
+        return self.submission.spec.slices
 
     @property
     def node_pools(self) -> tuple[str, ...]:
         """Every pool the task holds or asked for, in slice order: each slice's pool it
-        took, or the one it creates (``node_pool_name`` and, for a multi-slice task, the
+        took, or the one it creates (``pool.name`` and, for a multi-slice task, the
         pools named after it; slices taken leave their names of the group unused)."""
-        if self.node_pool_name is None:
+        pool = self.pool
+        if pool.name is None:
             return ()
-        if not self.taken_pools:
-            return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
-        if self.pool_request is None:
-            return self.taken_pools
-        group = naming.pool_group(self.pool_request.pool_name, self.slices_requested)
-        taken = dict(zip(self.taken_slices, self.taken_pools, strict=True))
+        if not pool.taken_pools:
+            return naming.pool_group(pool.name, pool.slices_requested or self.slices)
+        if pool.request is None:
+            return pool.taken_pools
+        group = naming.pool_group(pool.request.pool_name, pool.slices_requested)
+        taken = dict(zip(pool.taken_slices, pool.taken_pools, strict=True))
         return tuple(taken.get(i, name) for i, name in enumerate(group))
 
     @property
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose fate the task decides when it ends: those it took and those
         its create may have made (none when GKE refused the create outright)."""
-        if self.pool_intent in (None, PoolIntent.NOT_CREATED):
-            return self.taken_pools
+        if self.pool.intent in (None, PoolIntent.NOT_CREATED):
+            return self.pool.taken_pools
         return self.node_pools
 
     @property
     def retained_idle(self) -> tuple[str, ...]:
         """The task's retained pools no task took, as far as its own stream says."""
-        return tuple(p for p in self.pools_retained if p not in self.pools_handed_over)
+        pool = self.pool
+        return tuple(p for p in pool.retained if p not in pool.handed_over)
 
     @property
     def took(self) -> tuple[tuple[str, str], ...]:
         """(pool, task it came from) of every pool the task took over."""
-        if self.pool_from_task and self.node_pool_name and not self.taken_pools:
-            return ((self.node_pool_name, self.pool_from_task),)
-        return tuple(zip(self.taken_pools, self.taken_from, strict=True))
+        pool = self.pool
+        if pool.from_task and pool.name and not pool.taken_pools:
+            return ((pool.name, pool.from_task),)
+        return tuple(zip(pool.taken_pools, pool.taken_from, strict=True))
 
     @property
     def is_terminal(self) -> bool:
@@ -217,11 +274,16 @@ class TaskState:
         return self.status == chart.PENDING and self.reason in chart.SLOT_REASONS
 
 
+#: Per record of ``TaskState``, the changes one event makes to it.
+Changes = dict[str, dict[str, Any]]
+
+
 def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskState:
     """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it.
 
-    Replays call this once per stored event, so it copies the state's fields once and
-    builds the new state without the frozen ``__init__`` (see ``_built``)."""
+    Replays call this once per stored event, so it copies the state's fields once,
+    replaces only the records the event changes, and builds the new state and records
+    without the frozen ``__init__`` (see ``_built``)."""
     type_name = type(event).__name__
     current = state.state
     target = chart.next_state(state.task_id, current, type_name)
@@ -230,15 +292,16 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     fields["version"] = state.version + 1
     fields["updated_at"] = fields["last_event_at"] = recorded_at
     status = _STATUS_OF.get(target) or chart.status_of(target)
+    changes = _changes_from(event, state, recorded_at)
     if target != current:
         fields["phase_started_at"] = recorded_at
         if status == chart.FAILED and (
                 _STATUS_OF.get(current) or chart.status_of(current)) != chart.FAILED:
-            fields["failure_reason"] = event.failure()
-    if status in chart.TERMINAL_STATUSES and state.finished_at is None:
-        fields["finished_at"] = recorded_at
-    if state.api_retries:
-        _end_retried_steps(fields, state, type_name)
+            _change_unless_set(changes, "ending", "failure_reason", event.failure())
+    if status in chart.TERMINAL_STATUSES and state.ending.finished_at is None:
+        _change_unless_set(changes, "ending", "finished_at", recorded_at)
+    if state.retries.api_calls:
+        _end_retried_steps(changes, state, type_name)
     note = state.note_event
     if type(note) is ev.ApiCallRetrying and type_name in STEP_OUTCOMES.get(note.step, ()):
         fields["note_event"] = state.note_before_retry
@@ -248,25 +311,38 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
         fields["note_event"] = event
     elif not isinstance(event, _SILENT_EVENTS):
         fields["message_event"] = event
-    fields.update(_fields_from(event, state, recorded_at))
     if current == _WAITING_FOR_NODE and target != current:
-        # The nodes came (or the wait ended otherwise): the Job's own timeout counts
-        # from here, not from a submit that preceded hours of waiting for capacity.
-        fields["awaiting_nodes_since"] = fields["wait_extended_at"] = None
-        if type(fields["note_event"]) is ev.NodeWaitExtended:
-            fields["note_event"] = None
-        if state.job_uid is not None and status in (chart.PENDING, chart.RUNNING):
-            fields["dispatched_at"] = recorded_at
+        _end_node_wait(fields, changes, state, status, recorded_at)
+    for record, changed in changes.items():
+        fields[record] = _replaced(fields[record], changed)
     return _built(fields)
 
 
-def _end_retried_steps(fields: dict[str, Any], state: TaskState, type_name: str) -> None:
+def _change_unless_set(changes: Changes, record: str, name: str, value: Any) -> None:
+    """A change the fold makes whatever the event, unless the event's own sets it."""
+    changes.setdefault(record, {}).setdefault(name, value)
+
+
+def _end_node_wait(fields: dict[str, Any], changes: Changes, state: TaskState,
+                   status: str, at: dt.datetime) -> None:
+    """The nodes came (or the wait ended otherwise): the Job's own timeout counts from
+    here, not from a submit that preceded hours of waiting for capacity."""
+    job = changes.setdefault("job", {})
+    job["awaiting_nodes_since"] = job["wait_extended_at"] = None
+    if type(fields["note_event"]) is ev.NodeWaitExtended:
+        fields["note_event"] = None
+    if state.job.uid is not None and status in (chart.PENDING, chart.RUNNING):
+        job["dispatched_at"] = at
+
+
+def _end_retried_steps(changes: Changes, state: TaskState, type_name: str) -> None:
     """A step's outcome ends its series of failed calls: the attempts counted are
     those since the step last got an answer."""
-    ended = [step for step in state.api_retries if type_name in STEP_OUTCOMES.get(step, ())]
+    api_calls = state.retries.api_calls
+    ended = [step for step in api_calls if type_name in STEP_OUTCOMES.get(step, ())]
     if ended:
-        fields["api_retries"] = {step: retried for step, retried in state.api_retries.items()
-                                 if step not in ended}
+        _change_unless_set(changes, "retries", "api_calls", {
+            step: retried for step, retried in api_calls.items() if step not in ended})
 
 
 def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
@@ -282,35 +358,40 @@ def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
     fields["note_event"] = event
 
 
-_FIELDS = dataclasses.fields(TaskState)
-#: Defaults of a task the log has not mentioned yet, for ``new_state``.
-_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {f.name: f.default for f in _FIELDS if f.default is not dataclasses.MISSING})
-_FACTORIES: tuple[tuple[str, Any], ...] = tuple(
-    (f.name, f.default_factory) for f in _FIELDS if f.default_factory is not dataclasses.MISSING)
-_ONLY_TASK_ID_REQUIRED = {f.name for f in _FIELDS} == {"task_id", *_DEFAULTS, *(n for n, _ in _FACTORIES)}
-
-
 def new_state(task_id: str) -> TaskState:
-    """``TaskState(task_id)``, the state before a task's first event, built in a few
-    dict operations: a replay starts one per task, and the frozen ``__init__`` of ~40
-    fields costs about as much as folding several events."""
-    if not _ONLY_TASK_ID_REQUIRED:
-        return TaskState(task_id)
+    """``TaskState(task_id)``, the state before a task's first event, built from one
+    dict of defaults (the records' defaults are shared: they are frozen): a replay
+    starts one per task, and the frozen ``__init__`` costs about as much as folding
+    an event."""
     fields = dict(_DEFAULTS)
     fields["task_id"] = task_id
-    for name, factory in _FACTORIES:
-        fields[name] = factory()
     return _built(fields)
 
 
 def _built(fields: dict[str, Any]) -> TaskState:
     """A ``TaskState`` holding ``fields`` (every field, by name), made without the
-    frozen ``__init__``, which sets each of its ~40 fields through
-    ``object.__setattr__``."""
+    frozen ``__init__``, which sets each field through ``object.__setattr__``."""
     new = object.__new__(TaskState)
     object.__setattr__(new, "__dict__", fields)
     return new
+
+
+_Record = TypeVar("_Record", Submission, Placement, PoolRecord, JobRecord, Retries, Ending)
+
+
+def _replaced(record: _Record, changed: dict[str, Any]) -> _Record:
+    """``dataclasses.replace(record, **changed)`` without the frozen ``__init__``: the
+    fold replaces a record on most events."""
+    fields = record.__dict__.copy()
+    fields.update(changed)
+    new = object.__new__(type(record))
+    object.__setattr__(new, "__dict__", fields)
+    return new
+
+
+#: Defaults of a task the log has not mentioned yet, for ``new_state``.
+_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in dataclasses.fields(TaskState) if f.name != "task_id"})
 
 
 #: The enum members the fold writes, bound once: an enum attribute costs more to look
@@ -327,121 +408,128 @@ _POOL_DELETE_REQUESTED, _POOL_DELETED = (
     PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETED)
 
 
-def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str, Any]:
+def _changes_from(event: ev.Event, state: TaskState, at: dt.datetime) -> Changes:
+    """The changes ``event`` makes to the task's records, per record (a new dict each
+    call: ``evolve`` adds its own)."""
     match event:
-        case ev.TaskAccepted() | ev.TaskRejected():
-            fields: dict[str, Any] = {"name": event.name, "actor": event.actor}
-            if isinstance(event, ev.TaskAccepted):
-                spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
-                fields.update(
-                    spec=spec, tpu_type=event.tpu_type, topology=event.topology,
-                    submitted_at=event.submitted_at, priority=spec.priority,
-                )
-            return fields
+        case ev.TaskAccepted():
+            spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
+            return {"submission": {
+                "name": event.name, "actor": event.actor, "spec": spec,
+                "tpu_type": event.tpu_type, "topology": event.topology,
+                "submitted_at": event.submitted_at, "priority": spec.priority}}
+        case ev.TaskRejected():
+            return {"submission": {"name": event.name, "actor": event.actor}}
         case ev.ClusterChosen():
-            return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
+            return {"placement": {"cluster_id": event.cluster_id,
+                                  "cluster_name": event.cluster_name}}
         case ev.TaskMoved():
-            return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
-                    "moves": event.moves}
+            return {"placement": {"cluster_id": event.to_cluster_id,
+                                  "cluster_name": event.to_cluster_name, "moves": event.moves}}
         case ev.PriorityChanged():
-            return {"priority": event.new}
+            return {"submission": {"priority": event.new}}
         case ev.SlotYielded():
             # Back in the queue: a later pick starts its reservation checks afresh.
-            return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,
-                    "api_retries": {}}
+            return {"retries": {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}}
         case ev.TaskRequeued():
-            return {"cluster_id": None, "cluster_name": None}
+            return {"placement": {"cluster_id": None, "cluster_name": None}}
         case ev.NodePoolReused():
-            return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
-                    "pool_intent": _READY, "pool_from_task": event.from_task}
+            return {"pool": {"name": event.pool_name, "supply_mode": event.supply_mode,
+                             "intent": _READY, "from_task": event.from_task}}
         case ev.NodePoolTaken():
-            return {"node_pool_name": state.node_pool_name or event.pool_name,
-                    "supply_mode": event.supply_mode,
-                    "taken_pools": (*state.taken_pools, event.pool_name),
-                    "taken_from": (*state.taken_from, event.from_task),
-                    "taken_slices": (*state.taken_slices, state.slices_requested),
-                    "slices_requested": state.slices_requested + 1}
+            pool = state.pool
+            return {"pool": {"name": pool.name or event.pool_name,
+                             "supply_mode": event.supply_mode,
+                             "taken_pools": (*pool.taken_pools, event.pool_name),
+                             "taken_from": (*pool.taken_from, event.from_task),
+                             "taken_slices": (*pool.taken_slices, pool.slices_requested),
+                             "slices_requested": pool.slices_requested + 1}}
         case ev.NodePoolCreateRequested():
-            return {"node_pool_name": (state.node_pool_name if state.taken_pools
-                                       else event.pool_name), "supply_mode": event.supply_mode,
-                    "pool_intent": _CREATE_REQUESTED, "pool_requested_at": at,
-                    "pool_operation": None, "pool_request": event,
-                    "slices_requested": event.upto or event.slices}
+            pool = state.pool
+            return {"pool": {"name": pool.name if pool.taken_pools else event.pool_name,
+                             "supply_mode": event.supply_mode, "intent": _CREATE_REQUESTED,
+                             "requested_at": at, "operation": None, "request": event,
+                             "slices_requested": event.upto or event.slices}}
         case ev.NodePoolCreateStarted():
-            return {"pool_intent": _CREATE_STARTED, "pool_operation": event.operation,
-                    "slice_operations": event.slice_operations}
+            return {"pool": {"intent": _CREATE_STARTED, "operation": event.operation,
+                             "slice_operations": event.slice_operations}}
         case ev.NodePoolNotVisible():
-            streak = state.retry_kind == event.type_name and state.not_visible_since
-            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
-                    "retry_at": at, "not_visible_since": streak or at}
+            retries = state.retries
+            streak = retries.kind == event.type_name and retries.not_visible_since
+            return {"retries": {"kind": event.type_name, "attempt": event.attempt,
+                                "at": at, "not_visible_since": streak or at}}
         case ev.ReservationInsufficient() | ev.NodesNotReady():
-            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
-                    "retry_at": at}
+            return {"retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
         case ev.NodePoolFailed():
             # A create refused outright left nothing behind; a failed operation may
             # have left a pool in ERROR that must still be deleted.
-            refused = state.pool_intent in (None, _CREATE_REQUESTED)
-            return {"pool_intent": _NOT_CREATED if refused else _POOL_FAILED}
+            refused = state.pool.intent in (None, _CREATE_REQUESTED)
+            return {"pool": {"intent": _NOT_CREATED if refused else _POOL_FAILED}}
         case ev.JobSubmitFailed():
-            return {"job_intent": _SUBMIT_FAILED}
+            return {"job": {"intent": _SUBMIT_FAILED}}
         case ev.JobSubmitCancelled():
-            return {"job_intent": _CANCELLED}
+            return {"job": {"intent": _CANCELLED}}
         case ev.PodsPending():
-            return {"pending_diagnosis": event.diagnosis, "refused_since": None,
-                    "last_resource_version": event.resource_version}
+            return {"job": {"pending_diagnosis": event.diagnosis, "refused_since": None,
+                            "last_resource_version": event.resource_version}}
         case ev.NodesAwaited():
-            return {"awaiting_nodes_since": state.awaiting_nodes_since or at,
-                    "pending_diagnosis": event.cause, "refused_since": None,
-                    "last_resource_version": event.resource_version}
+            return {"job": {"awaiting_nodes_since": state.job.awaiting_nodes_since or at,
+                            "pending_diagnosis": event.cause, "refused_since": None,
+                            "last_resource_version": event.resource_version}}
         case ev.NodeWaitExtended():
-            return {"wait_extended_at": at}
+            return {"job": {"wait_extended_at": at}}
         case ev.PodsRefused():
-            since = None if event.transient else (state.refused_since or at)
-            return {"pending_diagnosis": event.message, "refused_since": since,
-                    "last_resource_version": event.resource_version}
+            since = None if event.transient else (state.job.refused_since or at)
+            return {"job": {"pending_diagnosis": event.message, "refused_since": since,
+                            "last_resource_version": event.resource_version}}
         case ev.PodsRunning():
-            return {"pods_active": event.active, "pending_diagnosis": None,
-                    "refused_since": None, "last_resource_version": event.resource_version}
+            return {"job": {"pods_active": event.active, "pending_diagnosis": None,
+                            "refused_since": None,
+                            "last_resource_version": event.resource_version}}
         case ev.JobSucceeded() | ev.JobFailed():
-            return {"job_intent": _FINISHED,
-                    "last_resource_version": event.resource_version}
+            return {"job": {"intent": _FINISHED,
+                            "last_resource_version": event.resource_version}}
         case ev.NodePoolReady():
-            return {"pool_intent": _READY}
+            return {"pool": {"intent": _READY}}
         case ev.JobSubmitRequested():
-            return {"job_name": event.job_name, "job_intent": _SUBMIT_REQUESTED}
+            return {"job": {"name": event.job_name, "intent": _SUBMIT_REQUESTED}}
         case ev.JobSubmitted():
-            return {"job_name": event.job_name, "job_uid": event.job_uid,
-                    "job_intent": _SUBMITTED, "dispatched_at": at}
+            return {"job": {"name": event.job_name, "uid": event.job_uid,
+                            "intent": _SUBMITTED, "dispatched_at": at}}
         case ev.JobDeleteRequested():
-            return {"job_intent": _JOB_DELETE_REQUESTED}
+            return {"job": {"intent": _JOB_DELETE_REQUESTED}}
         case ev.JobDeleted():
-            return {"job_intent": _JOB_DELETED}
+            return {"job": {"intent": _JOB_DELETED}}
         case ev.AbortRequested():
-            return {"aborting_at": event.requested_at or at, "abort_phase": event.phase}
+            return {"ending": {"aborting_at": event.requested_at or at,
+                               "abort_phase": event.phase}}
         case ev.TaskAborted():
-            return {"aborted_at": at}
+            return {"ending": {"aborted_at": at}}
         case ev.NodePoolRetained():
             # A multi-slice task may delete some pools and retain others: the
-            # disposition follows the delete, and ``pools_retained`` the rest.
-            kept = state.pool_disposition in (None, _RETAINED)
-            return {"pool_disposition": _RETAINED if kept else state.pool_disposition,
-                    "pools_retained": {**state.pools_retained, event.pool_name: event.for_task}}
+            # disposition follows the delete, and ``retained`` the rest.
+            pool = state.pool
+            kept = pool.disposition in (None, _RETAINED)
+            return {"pool": {"disposition": _RETAINED if kept else pool.disposition,
+                             "retained": {**pool.retained, event.pool_name: event.for_task}}}
         case ev.NodePoolHandedOver():
-            return {"pools_retained": {**state.pools_retained, event.pool_name: event.to_task},
-                    "pools_handed_over": (*state.pools_handed_over, event.pool_name)}
+            pool = state.pool
+            return {"pool": {"retained": {**pool.retained, event.pool_name: event.to_task},
+                             "handed_over": (*pool.handed_over, event.pool_name)}}
         case ev.NodePoolDeleteFailed():
-            return {"pool_disposition": _DELETE_FAILED, "retry_kind": event.type_name,
-                    "retry_attempt": event.attempt, "retry_at": at}
+            return {"pool": {"disposition": _DELETE_FAILED},
+                    "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
         case ev.NodePoolDeleteRequested():
             deleting = (event.pool_name, *event.slice_pools)
-            return {"pool_disposition": _POOL_DELETE_REQUESTED, "pools_deleting": deleting,
-                    "pools_retained": {p: t for p, t in state.pools_retained.items()
-                                       if p not in deleting}}
+            return {"pool": {"disposition": _POOL_DELETE_REQUESTED, "deleting": deleting,
+                             "retained": {p: t for p, t in state.pool.retained.items()
+                                          if p not in deleting}}}
         case ev.ApiCallRetrying():
             due = at + dt.timedelta(seconds=event.retry_in_seconds)
-            return {"api_retries": {**state.api_retries, event.step: (event.attempt, due)}}
+            return {"retries": {"api_calls": {**state.retries.api_calls,
+                                              event.step: (event.attempt, due)}}}
         case ev.NodePoolDeleted():
-            return {"pool_disposition": _POOL_DELETED}
+            return {"pool": {"disposition": _POOL_DELETED}}
     return {}
 
 
