@@ -3,6 +3,12 @@
 ``evolve`` is pure and uses the compiled chart table, so folding a million events costs
 dictionary look-ups, not state-machine engine calls. Handlers decide from a
 ``TaskState``; projections render it into the job table.
+
+A ``TaskState`` holds its chart state and the row's message itself, and the rest in one
+frozen record per concern (``Submission``, ``Placement``, ``PoolRecord``, ``JobRecord``,
+``Retries``, ``Ending``): an event replaces only the records it is about, and the values
+are typed as what they are (the spec a ``TaskSpec``, the pool request its event, the
+intents' progress their enums), so readers need no defaults of their own.
 """
 
 from __future__ import annotations
@@ -45,9 +51,15 @@ NO_SPEC = TaskSpec(image="", tpu_type="", topology="", sim=None)
 #: An empty read-only mapping: the default of the records' mappings (a record's
 #: default is shared by every task that has not changed it, so it must not change).
 NOTHING: Mapping[Any, Any] = MappingProxyType({})
+
 _WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
+
+
+def _nothing() -> Mapping[Any, Any]:
+    """``NOTHING``, as a default factory (a dataclass takes no unhashable default)."""
+    return NOTHING
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +121,7 @@ class PoolRecord:
     #: The task's pools retained for a waiting task once it ended: pool -> that task
     #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
     #: leaves when its delete is asked for.
-    retained: Mapping[str, str] = dataclasses.field(default_factory=lambda: NOTHING)
+    retained: Mapping[str, str] = dataclasses.field(default_factory=_nothing)
     #: Those of them another task took, as the task's own stream says
     #: (``NodePoolHandedOver``).
     handed_over: tuple[str, ...] = ()
@@ -152,7 +164,7 @@ class Retries:
     #: Calls retried after transient API errors (``ApiCallRetrying``): per step, the
     #: attempts made so far and when the next one is due.
     api_calls: Mapping[str, tuple[int, dt.datetime]] = dataclasses.field(
-        default_factory=lambda: NOTHING)
+        default_factory=_nothing)
     not_visible_since: dt.datetime | None = None  # first 404 of the current streak
 
 
