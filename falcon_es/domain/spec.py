@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from falcon_es.domain.priority import PriorityError, PriorityPolicy
@@ -124,27 +125,30 @@ class TaskSpec:
         without validating it again: intake did before it entered the log. A field the
         data lacks or holds as null (a spec recorded before the field existed, or a
         hand-built one) takes the default declared above, so readers need none of their
-        own; the TPU type and topology default to the event's."""
-        given = {name: data[name] for name in _SPEC_FIELDS
-                 if name in data and data[name] is not None}
-        given.setdefault("image", "")
-        given.setdefault("tpu_type", tpu_type)
-        given.setdefault("topology", topology)
-        for name in ("command", "args"):
-            if name in given:
-                given[name] = tuple(given[name])
-        if "env" in given:
-            env = given["env"]
-            given["env"] = tuple(sorted(env.items() if isinstance(env, Mapping) else env))
-        if "sim" in given:
-            given["sim"] = SimBehaviour(**given["sim"])
-        else:
-            given["sim"] = None
-        return cls(**given)
+        own; the TPU type and topology default to the event's.
+
+        A replay reads one per task, so it is built without the frozen ``__init__``."""
+        fields = {**_SPEC_DEFAULTS, "tpu_type": tpu_type, "topology": topology}
+        for name, value in data.items():
+            if value is not None and name in fields:
+                fields[name] = value
+        command, args, env, sim = fields["command"], fields["args"], fields["env"], data.get("sim")
+        if type(command) is not tuple:
+            fields["command"] = tuple(command)
+        if type(args) is not tuple:
+            fields["args"] = tuple(args)
+        if type(env) is not tuple:
+            fields["env"] = tuple(sorted(env.items() if isinstance(env, Mapping) else env))
+        fields["sim"] = None if sim is None else SimBehaviour(**sim)
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "__dict__", fields)
+        return spec
 
 
-#: The fields ``TaskSpec.from_data`` reads back from a stored spec.
-_SPEC_FIELDS = tuple(field.name for field in dataclasses.fields(TaskSpec))
+#: Every field of ``TaskSpec`` and its default (``image`` has none: ""), for ``from_data``.
+_SPEC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    field.name: "" if field.default is dataclasses.MISSING else field.default
+    for field in dataclasses.fields(TaskSpec)})
 
 
 def load_spec(raw: Any) -> Any:

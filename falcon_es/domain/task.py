@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
@@ -304,7 +304,8 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     fields["version"] = state.version + 1
     fields["updated_at"] = fields["last_event_at"] = recorded_at
     status = _STATUS_OF.get(target) or chart.status_of(target)
-    changes = _changes_from(event, state, recorded_at)
+    changes_of = _CHANGES_OF.get(type(event))
+    changes = changes_of(event, state, recorded_at) if changes_of is not None else {}
     if target != current:
         fields["phase_started_at"] = recorded_at
         if status == chart.FAILED and (
@@ -326,7 +327,12 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     if current == _WAITING_FOR_NODE and target != current:
         _end_node_wait(fields, changes, state, status, recorded_at)
     for record, changed in changes.items():
-        fields[record] = _replaced(fields[record], changed)
+        # ``dataclasses.replace`` without the frozen ``__init__``: most events
+        # replace one record.
+        old = fields[record]
+        replaced = object.__new__(type(old))
+        object.__setattr__(replaced, "__dict__", {**old.__dict__, **changed})
+        fields[record] = replaced
     return _built(fields)
 
 
@@ -388,19 +394,6 @@ def _built(fields: dict[str, Any]) -> TaskState:
     return new
 
 
-_Record = TypeVar("_Record", Submission, Placement, PoolRecord, JobRecord, Retries, Ending)
-
-
-def _replaced(record: _Record, changed: dict[str, Any]) -> _Record:
-    """``dataclasses.replace(record, **changed)`` without the frozen ``__init__``: the
-    fold replaces a record on most events."""
-    fields = record.__dict__.copy()
-    fields.update(changed)
-    new = object.__new__(type(record))
-    object.__setattr__(new, "__dict__", fields)
-    return new
-
-
 #: Defaults of a task the log has not mentioned yet, for ``new_state``.
 _DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {f.name: f.default for f in dataclasses.fields(TaskState) if f.name != "task_id"})
@@ -420,129 +413,260 @@ _POOL_DELETE_REQUESTED, _POOL_DELETED = (
     PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETED)
 
 
-def _changes_from(event: ev.Event, state: TaskState, at: dt.datetime) -> Changes:
-    """The changes ``event`` makes to the task's records, per record (a new dict each
-    call: ``evolve`` adds its own)."""
-    match event:
-        case ev.TaskAccepted():
-            spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
-            return {"submission": {
-                "name": event.name, "actor": event.actor, "spec": spec,
-                "tpu_type": event.tpu_type, "topology": event.topology,
-                "submitted_at": event.submitted_at, "priority": spec.priority}}
-        case ev.TaskRejected():
-            return {"submission": {"name": event.name, "actor": event.actor}}
-        case ev.ClusterChosen():
-            return {"placement": {"cluster_id": event.cluster_id,
-                                  "cluster_name": event.cluster_name}}
-        case ev.TaskMoved():
-            return {"placement": {"cluster_id": event.to_cluster_id,
-                                  "cluster_name": event.to_cluster_name, "moves": event.moves}}
-        case ev.PriorityChanged():
-            return {"submission": {"priority": event.new}}
-        case ev.SlotYielded():
-            # Back in the queue: a later pick starts its reservation checks afresh.
-            return {"retries": {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}}
-        case ev.TaskRequeued():
-            return {"placement": {"cluster_id": None, "cluster_name": None}}
-        case ev.NodePoolReused():
-            return {"pool": {"name": event.pool_name, "supply_mode": event.supply_mode,
-                             "intent": _READY, "from_task": event.from_task}}
-        case ev.NodePoolTaken():
-            pool = state.pool
-            return {"pool": {"name": pool.name or event.pool_name,
-                             "supply_mode": event.supply_mode,
-                             "taken_pools": (*pool.taken_pools, event.pool_name),
-                             "taken_from": (*pool.taken_from, event.from_task),
-                             "taken_slices": (*pool.taken_slices, pool.slices_requested),
-                             "slices_requested": pool.slices_requested + 1}}
-        case ev.NodePoolCreateRequested():
-            pool = state.pool
-            return {"pool": {"name": pool.name if pool.taken_pools else event.pool_name,
-                             "supply_mode": event.supply_mode, "intent": _CREATE_REQUESTED,
-                             "requested_at": at, "operation": None, "request": event,
-                             "slices_requested": event.upto or event.slices}}
-        case ev.NodePoolCreateStarted():
-            return {"pool": {"intent": _CREATE_STARTED, "operation": event.operation,
-                             "slice_operations": event.slice_operations}}
-        case ev.NodePoolNotVisible():
-            retries = state.retries
-            streak = retries.kind == event.type_name and retries.not_visible_since
-            return {"retries": {"kind": event.type_name, "attempt": event.attempt,
-                                "at": at, "not_visible_since": streak or at}}
-        case ev.ReservationInsufficient() | ev.NodesNotReady():
-            return {"retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
-        case ev.NodePoolFailed():
-            # A create refused outright left nothing behind; a failed operation may
-            # have left a pool in ERROR that must still be deleted.
-            refused = state.pool.intent in (None, _CREATE_REQUESTED)
-            return {"pool": {"intent": _NOT_CREATED if refused else _POOL_FAILED}}
-        case ev.JobSubmitFailed():
-            return {"job": {"intent": _SUBMIT_FAILED}}
-        case ev.JobSubmitCancelled():
-            return {"job": {"intent": _CANCELLED}}
-        case ev.PodsPending():
-            return {"job": {"pending_diagnosis": event.diagnosis, "refused_since": None,
-                            "last_resource_version": event.resource_version}}
-        case ev.NodesAwaited():
-            return {"job": {"awaiting_nodes_since": state.job.awaiting_nodes_since or at,
-                            "pending_diagnosis": event.cause, "refused_since": None,
-                            "last_resource_version": event.resource_version}}
-        case ev.NodeWaitExtended():
-            return {"job": {"wait_extended_at": at}}
-        case ev.PodsRefused():
-            since = None if event.transient else (state.job.refused_since or at)
-            return {"job": {"pending_diagnosis": event.message, "refused_since": since,
-                            "last_resource_version": event.resource_version}}
-        case ev.PodsRunning():
-            return {"job": {"pods_active": event.active, "pending_diagnosis": None,
-                            "refused_since": None,
-                            "last_resource_version": event.resource_version}}
-        case ev.JobSucceeded() | ev.JobFailed():
-            return {"job": {"intent": _FINISHED,
-                            "last_resource_version": event.resource_version}}
-        case ev.NodePoolReady():
-            return {"pool": {"intent": _READY}}
-        case ev.JobSubmitRequested():
-            return {"job": {"name": event.job_name, "intent": _SUBMIT_REQUESTED}}
-        case ev.JobSubmitted():
-            return {"job": {"name": event.job_name, "uid": event.job_uid,
-                            "intent": _SUBMITTED, "dispatched_at": at}}
-        case ev.JobDeleteRequested():
-            return {"job": {"intent": _JOB_DELETE_REQUESTED}}
-        case ev.JobDeleted():
-            return {"job": {"intent": _JOB_DELETED}}
-        case ev.AbortRequested():
-            return {"ending": {"aborting_at": event.requested_at or at,
-                               "abort_phase": event.phase}}
-        case ev.TaskAborted():
-            return {"ending": {"aborted_at": at}}
-        case ev.NodePoolRetained():
-            # A multi-slice task may delete some pools and retain others: the
-            # disposition follows the delete, and ``retained`` the rest.
-            pool = state.pool
-            kept = pool.disposition in (None, _RETAINED)
-            return {"pool": {"disposition": _RETAINED if kept else pool.disposition,
-                             "retained": {**pool.retained, event.pool_name: event.for_task}}}
-        case ev.NodePoolHandedOver():
-            pool = state.pool
-            return {"pool": {"retained": {**pool.retained, event.pool_name: event.to_task},
-                             "handed_over": (*pool.handed_over, event.pool_name)}}
-        case ev.NodePoolDeleteFailed():
-            return {"pool": {"disposition": _DELETE_FAILED},
-                    "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
-        case ev.NodePoolDeleteRequested():
-            deleting = (event.pool_name, *event.slice_pools)
-            return {"pool": {"disposition": _POOL_DELETE_REQUESTED, "deleting": deleting,
-                             "retained": {p: t for p, t in state.pool.retained.items()
-                                          if p not in deleting}}}
-        case ev.ApiCallRetrying():
-            due = at + dt.timedelta(seconds=event.retry_in_seconds)
-            return {"retries": {"api_calls": {**state.retries.api_calls,
-                                              event.step: (event.attempt, due)}}}
-        case ev.NodePoolDeleted():
-            return {"pool": {"disposition": _POOL_DELETED}}
-    return {}
+def _on_task_accepted(event: ev.TaskAccepted, state: TaskState, at: dt.datetime) -> Changes:
+    spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
+    return {"submission": {
+        "name": event.name, "actor": event.actor, "spec": spec,
+        "tpu_type": event.tpu_type, "topology": event.topology,
+        "submitted_at": event.submitted_at, "priority": spec.priority}}
+
+
+def _on_task_rejected(event: ev.TaskRejected, state: TaskState, at: dt.datetime) -> Changes:
+    return {"submission": {"name": event.name, "actor": event.actor}}
+
+
+def _on_cluster_chosen(event: ev.ClusterChosen, state: TaskState,
+                       at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": event.cluster_id,
+                          "cluster_name": event.cluster_name}}
+
+
+def _on_task_moved(event: ev.TaskMoved, state: TaskState, at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": event.to_cluster_id,
+                          "cluster_name": event.to_cluster_name, "moves": event.moves}}
+
+
+def _on_priority_changed(event: ev.PriorityChanged, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    return {"submission": {"priority": event.new}}
+
+
+def _on_slot_yielded(event: ev.SlotYielded, state: TaskState, at: dt.datetime) -> Changes:
+    # Back in the queue: a later pick starts its reservation checks afresh.
+    return {"retries": {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}}
+
+
+def _on_task_requeued(event: ev.TaskRequeued, state: TaskState, at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": None, "cluster_name": None}}
+
+
+def _on_node_pool_reused(event: ev.NodePoolReused, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    return {"pool": {"name": event.pool_name, "supply_mode": event.supply_mode,
+                     "intent": _READY, "from_task": event.from_task}}
+
+
+def _on_node_pool_taken(event: ev.NodePoolTaken, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"name": pool.name or event.pool_name,
+                     "supply_mode": event.supply_mode,
+                     "taken_pools": (*pool.taken_pools, event.pool_name),
+                     "taken_from": (*pool.taken_from, event.from_task),
+                     "taken_slices": (*pool.taken_slices, pool.slices_requested),
+                     "slices_requested": pool.slices_requested + 1}}
+
+
+def _on_node_pool_create_requested(event: ev.NodePoolCreateRequested, state: TaskState,
+                                   at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"name": pool.name if pool.taken_pools else event.pool_name,
+                     "supply_mode": event.supply_mode, "intent": _CREATE_REQUESTED,
+                     "requested_at": at, "operation": None, "request": event,
+                     "slices_requested": event.upto or event.slices}}
+
+
+def _on_node_pool_create_started(event: ev.NodePoolCreateStarted, state: TaskState,
+                                 at: dt.datetime) -> Changes:
+    return {"pool": {"intent": _CREATE_STARTED, "operation": event.operation,
+                     "slice_operations": event.slice_operations}}
+
+
+def _on_node_pool_not_visible(event: ev.NodePoolNotVisible, state: TaskState,
+                              at: dt.datetime) -> Changes:
+    retries = state.retries
+    streak = retries.kind == event.type_name and retries.not_visible_since
+    return {"retries": {"kind": event.type_name, "attempt": event.attempt,
+                        "at": at, "not_visible_since": streak or at}}
+
+
+def _on_polled_again(event: ev.ReservationInsufficient | ev.NodesNotReady,
+                     state: TaskState, at: dt.datetime) -> Changes:
+    return {"retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+
+
+def _on_node_pool_failed(event: ev.NodePoolFailed, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    # A create refused outright left nothing behind; a failed operation may
+    # have left a pool in ERROR that must still be deleted.
+    refused = state.pool.intent in (None, _CREATE_REQUESTED)
+    return {"pool": {"intent": _NOT_CREATED if refused else _POOL_FAILED}}
+
+
+def _on_job_submit_failed(event: ev.JobSubmitFailed, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    return {"job": {"intent": _SUBMIT_FAILED}}
+
+
+def _on_job_submit_cancelled(event: ev.JobSubmitCancelled, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"intent": _CANCELLED}}
+
+
+def _on_pods_pending(event: ev.PodsPending, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"pending_diagnosis": event.diagnosis, "refused_since": None,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_nodes_awaited(event: ev.NodesAwaited, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"awaiting_nodes_since": state.job.awaiting_nodes_since or at,
+                    "pending_diagnosis": event.cause, "refused_since": None,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_node_wait_extended(event: ev.NodeWaitExtended, state: TaskState,
+                           at: dt.datetime) -> Changes:
+    return {"job": {"wait_extended_at": at}}
+
+
+def _on_pods_refused(event: ev.PodsRefused, state: TaskState, at: dt.datetime) -> Changes:
+    since = None if event.transient else (state.job.refused_since or at)
+    return {"job": {"pending_diagnosis": event.message, "refused_since": since,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_pods_running(event: ev.PodsRunning, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"pods_active": event.active, "pending_diagnosis": None,
+                    "refused_since": None,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_job_ended(event: ev.JobSucceeded | ev.JobFailed, state: TaskState,
+                  at: dt.datetime) -> Changes:
+    return {"job": {"intent": _FINISHED,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_node_pool_ready(event: ev.NodePoolReady, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    return {"pool": {"intent": _READY}}
+
+
+def _on_job_submit_requested(event: ev.JobSubmitRequested, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"name": event.job_name, "intent": _SUBMIT_REQUESTED}}
+
+
+def _on_job_submitted(event: ev.JobSubmitted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"name": event.job_name, "uid": event.job_uid,
+                    "intent": _SUBMITTED, "dispatched_at": at}}
+
+
+def _on_job_delete_requested(event: ev.JobDeleteRequested, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"intent": _JOB_DELETE_REQUESTED}}
+
+
+def _on_job_deleted(event: ev.JobDeleted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"intent": _JOB_DELETED}}
+
+
+def _on_abort_requested(event: ev.AbortRequested, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    return {"ending": {"aborting_at": event.requested_at or at,
+                       "abort_phase": event.phase}}
+
+
+def _on_task_aborted(event: ev.TaskAborted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"ending": {"aborted_at": at}}
+
+
+def _on_node_pool_retained(event: ev.NodePoolRetained, state: TaskState,
+                           at: dt.datetime) -> Changes:
+    # A multi-slice task may delete some pools and retain others: the
+    # disposition follows the delete, and ``retained`` the rest.
+    pool = state.pool
+    kept = pool.disposition in (None, _RETAINED)
+    return {"pool": {"disposition": _RETAINED if kept else pool.disposition,
+                     "retained": {**pool.retained, event.pool_name: event.for_task}}}
+
+
+def _on_node_pool_handed_over(event: ev.NodePoolHandedOver, state: TaskState,
+                              at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"retained": {**pool.retained, event.pool_name: event.to_task},
+                     "handed_over": (*pool.handed_over, event.pool_name)}}
+
+
+def _on_node_pool_delete_failed(event: ev.NodePoolDeleteFailed, state: TaskState,
+                                at: dt.datetime) -> Changes:
+    return {"pool": {"disposition": _DELETE_FAILED},
+            "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+
+
+def _on_node_pool_delete_requested(event: ev.NodePoolDeleteRequested, state: TaskState,
+                                   at: dt.datetime) -> Changes:
+    deleting = (event.pool_name, *event.slice_pools)
+    return {"pool": {"disposition": _POOL_DELETE_REQUESTED, "deleting": deleting,
+                     "retained": {p: t for p, t in state.pool.retained.items()
+                                  if p not in deleting}}}
+
+
+def _on_api_call_retrying(event: ev.ApiCallRetrying, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    due = at + dt.timedelta(seconds=event.retry_in_seconds)
+    return {"retries": {"api_calls": {**state.retries.api_calls,
+                                      event.step: (event.attempt, due)}}}
+
+
+def _on_node_pool_deleted(event: ev.NodePoolDeleted, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    return {"pool": {"disposition": _POOL_DELETED}}
+
+
+#: A function of ``TaskState``'s record changes per event type (one look-up per folded
+#: event, where a ``match`` tries the types one after another), each returning a new
+#: dict: ``evolve`` adds its own changes to it. Event types absent change no record.
+_CHANGES_OF: Mapping[type[ev.Event], Callable[[Any, TaskState, dt.datetime], Changes]] = (
+    MappingProxyType({
+        ev.TaskAccepted: _on_task_accepted,
+        ev.TaskRejected: _on_task_rejected,
+        ev.ClusterChosen: _on_cluster_chosen,
+        ev.TaskMoved: _on_task_moved,
+        ev.PriorityChanged: _on_priority_changed,
+        ev.SlotYielded: _on_slot_yielded,
+        ev.TaskRequeued: _on_task_requeued,
+        ev.NodePoolReused: _on_node_pool_reused,
+        ev.NodePoolTaken: _on_node_pool_taken,
+        ev.NodePoolCreateRequested: _on_node_pool_create_requested,
+        ev.NodePoolCreateStarted: _on_node_pool_create_started,
+        ev.NodePoolNotVisible: _on_node_pool_not_visible,
+        ev.ReservationInsufficient: _on_polled_again,
+        ev.NodesNotReady: _on_polled_again,
+        ev.NodePoolFailed: _on_node_pool_failed,
+        ev.JobSubmitFailed: _on_job_submit_failed,
+        ev.JobSubmitCancelled: _on_job_submit_cancelled,
+        ev.PodsPending: _on_pods_pending,
+        ev.NodesAwaited: _on_nodes_awaited,
+        ev.NodeWaitExtended: _on_node_wait_extended,
+        ev.PodsRefused: _on_pods_refused,
+        ev.PodsRunning: _on_pods_running,
+        ev.JobSucceeded: _on_job_ended,
+        ev.JobFailed: _on_job_ended,
+        ev.NodePoolReady: _on_node_pool_ready,
+        ev.JobSubmitRequested: _on_job_submit_requested,
+        ev.JobSubmitted: _on_job_submitted,
+        ev.JobDeleteRequested: _on_job_delete_requested,
+        ev.JobDeleted: _on_job_deleted,
+        ev.AbortRequested: _on_abort_requested,
+        ev.TaskAborted: _on_task_aborted,
+        ev.NodePoolRetained: _on_node_pool_retained,
+        ev.NodePoolHandedOver: _on_node_pool_handed_over,
+        ev.NodePoolDeleteFailed: _on_node_pool_delete_failed,
+        ev.NodePoolDeleteRequested: _on_node_pool_delete_requested,
+        ev.ApiCallRetrying: _on_api_call_retrying,
+        ev.NodePoolDeleted: _on_node_pool_deleted,
+    }))
 
 
 def fold(task_id: str, recorded: list[tuple[ev.Event, dt.datetime]]) -> TaskState:
