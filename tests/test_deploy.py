@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
 from falcon_es.observability import HealthServer, Metrics, PoolSample
 from falcon_es.domain.ports import RETRYABLE
-from falcon_es.domain.task import TaskState
+from tests.support.task_states import task_state
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -497,8 +497,8 @@ def scraped() -> Iterator[str]:
     import datetime as dt
 
     now = dt.datetime(2026, 11, 1, 9)
-    states = [TaskState("t1", state="Running", cluster_name="edge-a", topology="2x2",
-                        supply_mode="flex-start", submitted_at=now)]
+    states = [task_state("t1", state="Running", cluster_name="edge-a", topology="2x2",
+                         supply_mode="flex-start", submitted_at=now)]
     pools = [PoolSample("edge-a", "falcon-t1", "2x2", "flex-start", "active", "t1",
                         created_at=now - dt.timedelta(hours=2))]
     metrics = Metrics(tasks=lambda: states, pools=lambda: pools)

@@ -10,6 +10,7 @@ two candidates never may append at once.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -380,7 +381,8 @@ def quiet_world(clock: VirtualClock, services: list[service.Service], db_url: st
         for svc in services:
             state = svc.app.tasks.get(task_id)
             if state is not None:
-                return state.spec.get("sim")
+                sim = state.submission.spec.sim
+                return dataclasses.asdict(sim) if sim is not None else None
         return None
 
     register_quiet_cluster(db_url)

@@ -3,17 +3,19 @@ its holders of retained pools, per pool."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
+from falcon_es.domain import events as ev
+from falcon_es.domain.spec import TaskSpec
 from falcon_es.domain.task import TaskState, TaskStates
+from tests.support.task_states import replaced
 
 T0 = dt.datetime(2026, 11, 1, 9)
 
 
 def waiting(task_id: str, minute: int, reason: str = "Waiting") -> TaskState:
-    return dataclasses.replace(
+    return replaced(
         TaskState(task_id), state=f"Pending.{reason}", cluster_id="c-1", topology="2x2",
         submitted_at=T0 + dt.timedelta(minutes=minute))
 
@@ -21,25 +23,26 @@ def waiting(task_id: str, minute: int, reason: str = "Waiting") -> TaskState:
 def test_takers_come_slot_holders_first_then_in_submit_order_and_follow_changes() -> None:
     states = [waiting("late", 9), waiting("early", 1), waiting("holder", 5, "ClusterBusy"),
               waiting("other-queue", 0)]
-    states[3] = dataclasses.replace(states[3], topology="4x4")
+    states[3] = replaced(states[3], topology="4x4")
     index = LifecycleIndex(TaskStates(states))
     index.rebuild()
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["holder", "early", "late"]
 
-    index.update(dataclasses.replace(states[2], pool_intent="create-requested"))  # has a pool now
-    index.update(dataclasses.replace(states[1], state="Pending.ClusterBusy"))  # took the slot
+    index.update(replaced(states[2], pool_intent="create-requested"))  # has a pool now
+    index.update(replaced(states[1], state="Pending.ClusterBusy"))  # took the slot
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["early", "late"]
     assert index.takers(("c-1", "2x2")) == {"early", "late"}
-    index.update(dataclasses.replace(states[1], state="Running"))
+    index.update(replaced(states[1], state="Running"))
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["late"]
     assert list(index.takers_in_order(("c-1", "4x4"))) == ["other-queue"]
 
 
 def ended_two_slice(**changes: object) -> TaskState:
     """An ended two-slice task that retained both its pools, for "s1" and "s2"."""
-    return dataclasses.replace(
+    return replaced(
         TaskState("ms"), state="Succeeded", cluster_id="c-1", topology="2x2",
-        spec={"slices": 2}, node_pool_name="falcon-ms-2x2", pool_intent="ready",
+        spec=TaskSpec("", "v6e", "2x2", slices=2), node_pool_name="falcon-ms-2x2",
+        pool_intent="ready",
         slices_requested=2, pool_disposition="retained",
         pools_retained={"falcon-ms-2x2": "s1", "falcon-ms-2x2-s1": "s2"}, **changes)
 
@@ -48,7 +51,7 @@ def test_each_retained_pool_of_a_group_is_held_and_handed_on_alone() -> None:
     """s1 took one pool: the other is still the holder's and retained, in the index
     the taker's state built and in one rebuilt from the holder alone (a restart after
     s1 left memory), where the holder's own NodePoolHandedOver says so."""
-    taker = dataclasses.replace(
+    taker = replaced(
         waiting("s1", 1), state="Running", node_pool_name="falcon-ms-2x2",
         pool_intent="ready", pool_from_task="ms")
     index = LifecycleIndex(TaskStates([ended_two_slice(), taker, waiting("s2", 2)]))
@@ -67,7 +70,7 @@ def test_each_retained_pool_of_a_group_is_held_and_handed_on_alone() -> None:
     assert index.holder(("c-1", "falcon-ms-2x2")) is None
     assert index.pool_watch() == set()
 
-    index.update(dataclasses.replace(waiting("s2", 2), state="Pending.Provisioning",
+    index.update(replaced(waiting("s2", 2), state="Pending.Provisioning",
                                      node_pool_name="falcon-ms-2x2-s1", pool_intent="ready",
                                      pool_from_task="ms"))
     assert index.retained(("c-1", "2x2")) == set()
@@ -80,18 +83,20 @@ def test_a_multi_slice_holder_waiting_for_room_is_a_taker_only_while_it_holds_sl
     not use one before the rest fits); one holding the slice its partial create made is
     a taker for the slice it lacks, ahead of the waiting tasks, and none once both of
     its slices are asked for."""
-    holding_nothing = dataclasses.replace(waiting("ms", 5, "ClusterBusy"), spec={"slices": 2})
+    holding_nothing = replaced(waiting("ms", 5, "ClusterBusy"),
+                                          spec=TaskSpec("", "v6e", "2x2", slices=2))
     index = LifecycleIndex(TaskStates([holding_nothing, waiting("w", 1)]))
     index.rebuild()
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]
 
-    partial = dataclasses.replace(
+    partial = replaced(
         holding_nothing, node_pool_name="falcon-ms-2x2", pool_intent="create-started",
-        slices_requested=1, pool_request={"pool_name": "falcon-ms-2x2", "slices": 2,
-                                          "first_slice": 0, "upto": 1})
+        slices_requested=1, pool_request=ev.NodePoolCreateRequested(
+            "falcon-ms-2x2", "flex-start", "ct6e-standard-4t", 1, None, 600,
+            slices=2, first_slice=0, upto=1))
     index.update(partial)
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["ms", "w"]
-    index.update(dataclasses.replace(partial, state="Pending.Provisioning", slices_requested=2))
+    index.update(replaced(partial, state="Pending.Provisioning", slices_requested=2))
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]
 
 

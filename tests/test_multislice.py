@@ -517,7 +517,7 @@ def test_a_pool_taken_after_a_partial_create_stands_for_the_next_slice() -> None
     )])
     assert ms.node_pools == ("falcon-ms-4x4", "falcon-a-4x4", "falcon-ms-4x4-s2")
     assert ms.held_pools == ms.node_pools and ms.took == (("falcon-a-4x4", "a"),)
-    assert ms.slices_requested == 3
+    assert ms.pool.slices_requested == 3
 
 
 def _waiting_behind_a_and_b(make: Make, settings: Settings | None = None) -> Harness:

@@ -26,6 +26,7 @@ from falcon_es.domain.ports import QUOTA_EXCEEDED, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, StreamAppend
 from falcon_es.domain.task import TaskState, TaskStates
+from tests.support.task_states import task_state
 from tests.conftest import migrate
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
@@ -83,8 +84,8 @@ def to_dispatching(cluster: str = "edge-a", topology: str = "2x2",
 
 def state(task_id: str, state_name: str, cluster: str | None = "edge-a",
           topology: str = "2x2", failure: str | None = None) -> TaskState:
-    return TaskState(task_id, state=state_name, cluster_name=cluster, topology=topology,
-                     supply_mode="reservation", failure_reason=failure)
+    return task_state(task_id, state=state_name, cluster_name=cluster, topology=topology,
+                      supply_mode="reservation", failure_reason=failure)
 
 
 @pytest.fixture

@@ -134,7 +134,8 @@ def test_a_cluster_busy_holder_yields_its_slot_to_a_higher_priority() -> None:
     high = world.arrive("cid", "2x2", 100)
     world.tick()
     yielded = world.tasks.get(low)
-    assert (yielded.reason, yielded.cluster_id, yielded.retry_attempt) == ("Waiting", "c0", 0)
+    assert (yielded.reason, yielded.placement.cluster_id,
+            yielded.retries.attempt) == ("Waiting", "c0", 0)
     assert yielded.message_event == ev.SlotYielded(high, "cid-job-3", 100, -100)
     assert world.picks[-1].task_id == high
     assert [e.task_id for e in world.view.book.pick_order(("c0", "2x2"), world.now)] == [low, same]
@@ -173,19 +174,19 @@ def test_a_waiting_task_moves_off_a_stuck_queue_to_a_free_one() -> None:
     world, stuck, mover = _stuck_queue()
     world.now += dt.timedelta(seconds=899)
     world.tick()
-    assert world.tasks.get(mover).cluster_id == "c0", "not stuck long enough yet"
+    assert world.tasks.get(mover).placement.cluster_id == "c0", "not stuck long enough yet"
     world.now += dt.timedelta(seconds=1)
     world.tick()
     moved = world.tasks.get(mover)
     assert moved.message_event is not None and moved.reason == "Provisioning"
-    assert (moved.cluster_id, moved.moves) == ("c1", 1)
+    assert (moved.placement.cluster_id, moved.placement.moves) == ("c1", 1)
     assert world.picks[-1].task_id == mover and world.picks[-1].queue == ("c1", "2x2")
     # Its new queue gets stuck too and the old one frees: a slot holder never moves.
     world.emit(mover, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
     world.free(stuck, fail=False)
     world.now += dt.timedelta(seconds=1000)
     world.tick()
-    assert world.tasks.get(mover).holds_slot and world.tasks.get(mover).cluster_id == "c1"
+    assert world.tasks.get(mover).holds_slot and world.tasks.get(mover).placement.cluster_id == "c1"
 
 
 def test_a_move_names_both_clusters_and_why() -> None:
@@ -215,11 +216,11 @@ def test_moves_per_task_are_bounded(max_moves: int) -> None:
     high = world.arrive("cid", "2x2", 100)
     world.tick()  # cid's task lands on c1 and bob's yields the slot to it
     world.emit(high, ev.ReservationInsufficient("v6e-res", 0, 1, 1))
-    assert (world.tasks.get(mover).reason, world.tasks.get(mover).moves) == ("Waiting", 1)
+    assert (world.tasks.get(mover).reason, world.tasks.get(mover).placement.moves) == ("Waiting", 1)
     world.set_status(2, "active")
     world.now += dt.timedelta(seconds=900)
     world.tick()
-    assert world.tasks.get(mover).cluster_id == ("c1" if max_moves == 1 else "c2")
+    assert world.tasks.get(mover).placement.cluster_id == ("c1" if max_moves == 1 else "c2")
 
 
 def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() -> None:
@@ -232,12 +233,12 @@ def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() 
     world.now += dt.timedelta(seconds=1)
     world.arrive("dee", "2x2", 100)  # c1: dee's takes the slot
     world.tick()
-    assert world.tasks.get(world.picks[-1].task_id).cluster_id == "c1"
+    assert world.tasks.get(world.picks[-1].task_id).placement.cluster_id == "c1"
     high = world.arrive("fay", "2x2", 100)
     world.tick()
     # c0 holds three tasks and c1 one, but one would be ahead of it in each: the tie
     # goes to the name (by queue length alone it went to c1).
-    assert world.tasks.get(high).cluster_id == "c0"
+    assert world.tasks.get(high).placement.cluster_id == "c0"
     assert world.picks[-1].task_id != high
     assert world.view.book.ahead(("c0", "2x2"), 100) == 2  # its holder and fay's
     assert world.view.book.ahead(("c0", "2x2"), -100) == 4

@@ -216,9 +216,9 @@ def test_the_attempt_count_restarts_once_the_step_got_an_answer() -> None:
     throttled = ev.ApiCallRetrying("compute", RESERVATION_CHECK, 1, 8, "503", 5)
     events = (*RUN[:3], throttled, ev.ReservationInsufficient("r", 0, 1, 1))
     state = fold("t-1", [(e, AT + dt.timedelta(seconds=i)) for i, e in enumerate(events)])
-    assert state.api_retries == {}
+    assert state.retries.api_calls == {}
     still = fold("t-1", [(e, AT) for e in events[:-1]])
-    assert still.api_retries == {RESERVATION_CHECK: (1, AT + dt.timedelta(seconds=5))}
+    assert still.retries.api_calls == {RESERVATION_CHECK: (1, AT + dt.timedelta(seconds=5))}
 
 
 def test_every_retried_step_has_a_call_name_an_api_and_its_outcomes() -> None:

@@ -173,39 +173,41 @@ class World:
         for other in ids - {task_id}:
             state = tick.state(other)
             if (state is not None and state.status == chart.PENDING
-                    and state.reason == "Waiting" and (state.cluster_id, state.topology) == key):
+                    and state.reason == "Waiting"
+                    and (state.placement.cluster_id, state.submission.topology) == key):
                 waiting.append(state)
         # The bands whose earliest task has aged highest compete, by today's rule.
         earliest: dict[int, dt.datetime] = {}
         for state in waiting:
-            assert state.submitted_at is not None
-            earliest[state.priority] = min(earliest.get(state.priority, state.submitted_at),
-                                           state.submitted_at)
+            assert state.submission.submitted_at is not None
+            submitted, priority = state.submission.submitted_at, state.submission.priority
+            earliest[priority] = min(earliest.get(priority, submitted), submitted)
         level = {base: self.policy.effective(base, at, self.now) for base, at in earliest.items()}
         top = max(level.values())
-        assert event.effective == top and event.priority == picked.priority
+        assert event.effective == top and event.priority == picked.submission.priority
         assert {b["priority"]: b["effective"] for b in event.priorities} == level
-        waiting = [s for s in waiting if level[s.priority] == top]
+        waiting = [s for s in waiting if level[s.submission.priority] == top]
         heads: dict[str, TaskState] = {}
-        for state in sorted(waiting, key=lambda s: (s.submitted_at, s.task_id)):
-            heads.setdefault(state.actor, state)
+        for state in sorted(waiting, key=lambda s: (s.submission.submitted_at, s.task_id)):
+            heads.setdefault(state.submission.actor, state)
         last = self.last_served.get(key)
         eligible = [h for a, h in heads.items() if not (a == last and len(heads) > 1)]
-        expected = min(eligible, key=lambda s: (s.submitted_at, s.task_id))
+        expected = min(eligible, key=lambda s: (s.submission.submitted_at, s.task_id))
         assert task_id == expected.task_id, (key, task_id, expected.task_id, last)
         assert picked in waiting, "a pick serves the highest effective priority"
         # FIFO within the actor, and no actor twice in a row while another waits.
-        assert heads[picked.actor].task_id == task_id
-        if last == picked.actor:
+        assert heads[picked.submission.actor].task_id == task_id
+        if last == picked.submission.actor:
             assert len(heads) == 1, f"{last} served twice in a row while others wait in {key}"
-        self.last_served[key] = picked.actor
-        self.picks.append(Pick(key, task_id, picked.actor))
+        self.last_served[key] = picked.submission.actor
+        self.picks.append(Pick(key, task_id, picked.submission.actor))
 
     def _check_invariants(self) -> None:
         holders: dict[tuple[str, str], list[str]] = defaultdict(list)
         for state in self.tasks.all():
             if state.holds_slot:
-                holders[(state.cluster_id, state.topology)].append(state.task_id)
+                holders[(state.placement.cluster_id, state.submission.topology)].append(
+                    state.task_id)
         for key, ids in holders.items():
             assert len(ids) == 1, f"queue {key} has {len(ids)} slot holders"
         self.view.book.check(self.now)

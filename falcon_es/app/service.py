@@ -52,13 +52,13 @@ class Service:
             return False
         for task_id in index.ids(Group.POOL_WATCH):
             state = tasks.get(task_id)
-            if state is not None and (needs_disposal(state) or state.pool_disposition
+            if state is not None and (needs_disposal(state) or state.pool.disposition
                                       == PoolDisposition.DELETE_FAILED):
                 return False
         for state in tasks.all():
             if not state.is_terminal or needs_disposal(state):
                 return False
-            if state.pool_disposition == PoolDisposition.DELETE_FAILED:
+            if state.pool.disposition == PoolDisposition.DELETE_FAILED:
                 return False
         return not executor.open_intents() and not executor.has_outcomes
 

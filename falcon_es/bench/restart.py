@@ -194,7 +194,7 @@ def _render(kind: str, queue: Queue, actor: str) -> _Template:
     rows = []
     for stream, state in states.items():
         values = row_values(state, "en")
-        rows.append((stream, {"name": state.name, "actor": state.actor,
+        rows.append((stream, {"name": state.submission.name, "actor": state.submission.actor,
                               "spec": json.dumps(_spec(queue)), **values}))
     return _Template(tuple(events), tuple(rows))
 

@@ -203,18 +203,18 @@ def _live_look(settings: Settings, state: TaskState,
     from falcon_es.engine.task_manifests import workload_kind
     from falcon_es.domain.tpu import slice_shape
 
-    cluster = clusters.get(state.cluster_id or "")
+    cluster = clusters.get(state.placement.cluster_id or "")
     now = WallClock().now()
     if cluster is None:
         return LiveLook(at=now)
     ports = gcp_ports(settings)
     edge = ports.edges.for_cluster(cluster)
-    shape = slice_shape(state.tpu_type, state.topology)
+    shape = slice_shape(state.submission.tpu_type, state.submission.topology)
     workload = None
-    if state.job_name:
+    if state.job.name:
         try:
-            workload = edge.diagnose_pending(state.job_name) or (
-                f"{workload_kind(state)} {state.job_name}: no pod waits")
+            workload = edge.diagnose_pending(state.job.name) or (
+                f"{workload_kind(state)} {state.job.name}: no pod waits")
         except PortError as error:
             workload = f"could not look: {error.message}"
     pools = []
@@ -225,12 +225,13 @@ def _live_look(settings: Settings, state: TaskState,
             pools.append(f"{name}: {info.status}, {ready}/{shape.hosts} nodes Ready")
         except PortError as error:
             pools.append(f"{name}: could not look: {error.message}")
-    reservation = state.pool_request.get("reservation") or cluster.default_reservation
+    asked = state.pool.request.reservation if state.pool.request is not None else None
+    reservation = asked or cluster.default_reservation
     seen = None
     if reservation:
         try:
             free = ports.reservations.remaining_slices(cluster, str(reservation), shape)
-            seen = f"{reservation}: {free} slice(s) of {state.topology} free"
+            seen = f"{reservation}: {free} slice(s) of {state.submission.topology} free"
         except PortError as error:
             seen = f"{reservation}: could not look: {error.message}"
     return LiveLook(workload=workload, pools=tuple(pools), reservation=seen, at=now)

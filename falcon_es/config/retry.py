@@ -274,17 +274,17 @@ def retry_backoff(retry: RetrySettings, kind: str) -> Backoff:
 
 def retry_due_at(state: TaskState, kind: str, retry: RetrySettings) -> dt.datetime | None:
     """When the next attempt of ``kind`` is due for this task (None: try now)."""
-    if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
+    if state.retries.kind != kind or state.retries.at is None or state.retries.attempt < 1:
         return None
-    delay = seeded_delay(retry_backoff(retry, kind), state.retry_attempt,
-                         f"{state.task_id}:{kind}:{state.retry_attempt}")
-    return state.retry_at + dt.timedelta(seconds=delay)
+    delay = seeded_delay(retry_backoff(retry, kind), state.retries.attempt,
+                         f"{state.task_id}:{kind}:{state.retries.attempt}")
+    return state.retries.at + dt.timedelta(seconds=delay)
 
 
 def call_retry_due_at(state: TaskState, step: str) -> dt.datetime | None:
     """When the call of ``step`` that last failed with a transient error is due again
     (recorded by ``ApiCallRetrying``; None when it never failed)."""
-    retried = state.api_retries.get(step)
+    retried = state.retries.api_calls.get(step)
     return retried[1] if retried is not None else None
 
 
@@ -314,7 +314,7 @@ def call_failed(state: TaskState, step: str, error: str,
 
 def failed_calls(state: TaskState, step: str) -> int:
     """How many calls of ``step`` failed with a transient error, as the log says."""
-    retried = state.api_retries.get(step)
+    retried = state.retries.api_calls.get(step)
     return retried[0] if retried is not None else 0
 
 
@@ -325,4 +325,4 @@ def gave_up(attempts: int, error: str) -> str:
 
 def next_attempt(state: TaskState, kind: str) -> int:
     """The attempt number of the next log-driven retry of ``kind``."""
-    return state.retry_attempt + 1 if state.retry_kind == kind else 1
+    return state.retries.attempt + 1 if state.retries.kind == kind else 1

@@ -39,11 +39,11 @@ def pools_wanted(state: TaskState) -> int:
     """How many more retained pools the task could take: one per slice it has neither
     taken nor asked to create (a task creating all of its slices takes none; a partial
     create, ``multislice_partial_create``, takes pools for the slices it lacks)."""
-    if state.pool_intent is None:
-        return state.slices - state.slices_requested
-    if state.pool_intent not in _CREATING:
+    if state.pool.intent is None:
+        return state.slices - state.pool.slices_requested
+    if state.pool.intent not in _CREATING:
         return 0
-    return state.slices - (state.slices_requested or state.slices)
+    return state.slices - (state.pool.slices_requested or state.slices)
 
 
 def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bool:
@@ -57,8 +57,8 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
     return (
         state is not None
         and pools_wanted(state) > 0
-        and state.cluster_id == cluster_id
-        and state.topology == topology
+        and state.placement.cluster_id == cluster_id
+        and state.submission.topology == topology
         and state.state.startswith(_PENDING_PREFIX)
         and state.state[len(_PENDING_PREFIX):] in TAKER_REASONS
         and not (state.slices > 1 and state.reason == chart.PendingReason.CLUSTER_BUSY
@@ -70,10 +70,10 @@ def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:
     """Who gets a retained pool first: a slot holder still short of a pool (it is
     provisioning now, or holds some slices and waits for room for the rest), then
     waiting tasks, each in submit order."""
-    return (state.reason == chart.PendingReason.WAITING, state.submitted_at or dt.datetime.min,
-            state.task_id)
+    return (state.reason == chart.PendingReason.WAITING,
+            state.submission.submitted_at or dt.datetime.min, state.task_id)
 
 
 def needs_disposal(state: TaskState) -> bool:
     """The task holds pools whose fate (hand over or delete) is not decided yet."""
-    return state.pool_disposition is None and bool(state.held_pools)
+    return state.pool.disposition is None and bool(state.held_pools)

@@ -106,18 +106,19 @@ class Outcome:
 
 def task_intents(state: TaskState) -> tuple[Intent, ...]:
     """The intents of one task that have no outcome yet."""
-    cluster_id = state.cluster_id or ""
+    cluster_id = state.placement.cluster_id or ""
     found: list[Intent] = []
-    if state.pool_intent == PoolIntent.CREATE_REQUESTED and state.node_pool_name:
+    if state.pool.intent == PoolIntent.CREATE_REQUESTED and state.pool.name:
         # The first pool of the task's own group (not a pool it took, which comes first
         # in ``node_pools``).
-        own = str(state.pool_request.get("pool_name") or state.node_pool_name)
+        request = state.pool.request
+        own = request.pool_name if request is not None else state.pool.name
         found.append(Intent(IntentKind.POOL_CREATE, state.task_id, own, cluster_id))
-    if state.job_name and state.job_intent == JobIntent.SUBMIT_REQUESTED:
-        found.append(Intent(IntentKind.JOB_SUBMIT, state.task_id, state.job_name, cluster_id))
-    if state.job_name and state.job_intent == JobIntent.DELETE_REQUESTED:
-        found.append(Intent(IntentKind.JOB_DELETE, state.task_id, state.job_name, cluster_id))
-    deleting = state.pools_deleting or state.node_pools[:1]
-    if deleting and state.pool_disposition == PoolDisposition.DELETE_REQUESTED:
+    if state.job.name and state.job.intent == JobIntent.SUBMIT_REQUESTED:
+        found.append(Intent(IntentKind.JOB_SUBMIT, state.task_id, state.job.name, cluster_id))
+    if state.job.name and state.job.intent == JobIntent.DELETE_REQUESTED:
+        found.append(Intent(IntentKind.JOB_DELETE, state.task_id, state.job.name, cluster_id))
+    deleting = state.pool.deleting or state.node_pools[:1]
+    if deleting and state.pool.disposition == PoolDisposition.DELETE_REQUESTED:
         found.append(Intent(IntentKind.POOL_DELETE, state.task_id, deleting[0], cluster_id))
     return tuple(found)

@@ -40,7 +40,7 @@ def judge_priority_request(task_id: str, state: TaskState | None, requested: obj
     if state is None:
         return PriorityRefused(f"Falcon-ES has no task {task_id} (not taken in yet, or its "
                                "row is not a task); only a waiting task's priority can change")
-    if new == state.priority:
+    if new == state.submission.priority:
         return None
     where = state.status if state.reason is None else f"{state.status}/{state.reason}"
     if state.is_terminal:
@@ -49,4 +49,4 @@ def judge_priority_request(task_id: str, state: TaskState | None, requested: obj
     if state.status != chart.PENDING or state.reason != chart.PendingReason.WAITING:
         return PriorityRefused(f"task {task_id} is {where}, no longer waiting (it was "
                                "picked already); only a waiting task's priority can change")
-    return PriorityChange(state.priority, new)
+    return PriorityChange(state.submission.priority, new)

@@ -97,9 +97,9 @@ class QueueBook:
                 self._move(state.task_id, None)
             return
         if current is not None and current[0] == target:
-            if current[1].priority == state.priority:
+            if current[1].priority == state.submission.priority:
                 return
-            entry = dataclasses.replace(current[1], priority=state.priority)
+            entry = dataclasses.replace(current[1], priority=state.submission.priority)
             self._journal(state.task_id, current)
             self._move(state.task_id, None)
             self._move(state.task_id, (target, entry))

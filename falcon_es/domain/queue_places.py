@@ -47,9 +47,9 @@ class Entry:
 
     @classmethod
     def of(cls, state: TaskState) -> Entry:
-        submitted = state.submitted_at or _EPOCH
-        return cls(state.task_id, state.actor, state.name, submitted, state.tpu_type,
-                   state.topology, (submitted, state.task_id), state.priority)
+        submitted = state.submission.submitted_at or _EPOCH
+        return cls(state.task_id, state.submission.actor, state.submission.name, submitted, state.submission.tpu_type,
+                   state.submission.topology, (submitted, state.task_id), state.submission.priority)
 
 
 Place = tuple[str, Any]  # (kind, QueueKey or TPU type)
@@ -61,24 +61,24 @@ def place_of(state: TaskState, current: Place | None) -> Place | None:
     if status == chart.PENDING:
         reason = state.reason
         if reason == "Waiting":
-            if state.cluster_id is None:
-                return (Placement.UNPLACED, state.tpu_type)
-            return (Placement.WAITING, (state.cluster_id, state.topology))
-        if reason in chart.SLOT_REASONS and state.cluster_id is not None:
-            return (Placement.SLOT, (state.cluster_id, state.topology))
+            if state.placement.cluster_id is None:
+                return (Placement.UNPLACED, state.submission.tpu_type)
+            return (Placement.WAITING, (state.placement.cluster_id, state.submission.topology))
+        if reason in chart.SLOT_REASONS and state.placement.cluster_id is not None:
+            return (Placement.SLOT, (state.placement.cluster_id, state.submission.topology))
         return None
-    if status == chart.RUNNING and state.cluster_id is not None:
-        return (Placement.RUNNING, (state.cluster_id, state.topology))
+    if status == chart.RUNNING and state.placement.cluster_id is not None:
+        return (Placement.RUNNING, (state.placement.cluster_id, state.submission.topology))
     if status == chart.ABORTING:
         if current is not None and current[0] == Placement.SLOT:
             return current
-        if current is None and state.cluster_id is not None and _aborted_in_slot(state):
+        if current is None and state.placement.cluster_id is not None and _aborted_in_slot(state):
             # Placed from its state alone (a controller starting from the live set): it
             # held the slot when the abort came, and keeps it until the abort ends.
-            return (Placement.SLOT, (state.cluster_id, state.topology))
+            return (Placement.SLOT, (state.placement.cluster_id, state.submission.topology))
     return None
 
 
 def _aborted_in_slot(state: TaskState) -> bool:
-    status, _, reason = (state.abort_phase or "").partition("/")
+    status, _, reason = (state.ending.abort_phase or "").partition("/")
     return status == chart.PENDING and reason in chart.SLOT_REASONS

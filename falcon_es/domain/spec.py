@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from falcon_es.domain.priority import PriorityError, PriorityPolicy
@@ -100,7 +101,9 @@ class TaskSpec:
     supply_mode: str | None = None
     timeout_seconds: int = 24 * 3600
     display_name: str | None = None
-    sim: SimBehaviour = SimBehaviour()
+    #: How a simulated workload behaves. None only in a spec read back from the log
+    #: that named none (``from_data``): the sim's configured Job defaults apply.
+    sim: SimBehaviour | None = SimBehaviour()
     #: Slices of ``topology`` the task runs on: 1 is a Job on one pool, more a JobSet
     #: with one child Job per slice, each on a pool of its own.
     slices: int = 1
@@ -115,6 +118,37 @@ class TaskSpec:
         data["args"] = list(self.args)
         data["env"] = {k: v for k, v in self.env}
         return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], tpu_type: str, topology: str) -> TaskSpec:
+        """The spec a stored ``TaskAccepted`` carries (``to_data``'s form), read back
+        without validating it again: intake did before it entered the log. A field the
+        data lacks or holds as null (a spec recorded before the field existed, or a
+        hand-built one) takes the default declared above, so readers need none of their
+        own; the TPU type and topology default to the event's.
+
+        A replay reads one per task, so it is built without the frozen ``__init__``."""
+        fields = {**_SPEC_DEFAULTS, "tpu_type": tpu_type, "topology": topology}
+        for name, value in data.items():
+            if value is not None and name in fields:
+                fields[name] = value
+        command, args, env, sim = fields["command"], fields["args"], fields["env"], data.get("sim")
+        if type(command) is not tuple:
+            fields["command"] = tuple(command)
+        if type(args) is not tuple:
+            fields["args"] = tuple(args)
+        if type(env) is not tuple:
+            fields["env"] = tuple(sorted(env.items() if isinstance(env, Mapping) else env))
+        fields["sim"] = None if sim is None else SimBehaviour(**sim)
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "__dict__", fields)
+        return spec
+
+
+#: Every field of ``TaskSpec`` and its default (``image`` has none: ""), for ``from_data``.
+_SPEC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    field.name: "" if field.default is dataclasses.MISSING else field.default
+    for field in dataclasses.fields(TaskSpec)})
 
 
 def load_spec(raw: Any) -> Any:

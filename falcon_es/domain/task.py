@@ -3,18 +3,32 @@
 ``evolve`` is pure and uses the compiled chart table, so folding a million events costs
 dictionary look-ups, not state-machine engine calls. Handlers decide from a
 ``TaskState``; projections render it into the job table.
+
+A ``TaskState`` holds its chart state and the row's message itself, and the rest in one
+frozen record per concern (``task_records``: ``Submission``, ``Placement``,
+``PoolRecord``, ``JobRecord``, ``Retries``, ``Ending``): an event replaces only the
+records it is about, and the values are typed as what they are (the spec a
+``TaskSpec``, the pool request its event, the intents' progress their enums), so
+readers need no defaults of their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
+from falcon_es.domain.intents import (
+    RESERVATION_CHECK, IntentKind, JobIntent, PoolDisposition, PoolIntent,
+)
+from falcon_es.domain.spec import TaskSpec
+from falcon_es.domain.task_records import (
+    NOTHING, Ending, JobRecord, Placement, PoolRecord, Retries, Submission,
+)
 
 #: Events that describe a pool after the task ended (or, NodeWaitExtended, that its
 #: wait for nodes goes on): they add a note to the Message and leave the main message
@@ -29,11 +43,11 @@ _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
 #: executor's intent kinds): once one is folded, a note saying the step is being
 #: retried is stale and the note it replaced comes back.
 STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
-    "pool-create": frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
-    "job-submit": frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
-    "job-delete": frozenset({"JobDeleted"}),
-    "pool-delete": frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
-    "reservation-check": frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
+    IntentKind.POOL_CREATE: frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
+    IntentKind.JOB_SUBMIT: frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
+    IntentKind.JOB_DELETE: frozenset({"JobDeleted"}),
+    IntentKind.POOL_DELETE: frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
+    RESERVATION_CHECK: frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
                                     "NodePoolFailed"}),
 })
 _WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
@@ -43,31 +57,15 @@ _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in
 
 @dataclasses.dataclass(frozen=True)
 class TaskState:
+    """A task's state: where it is in the chart, what its row shows, and one record per
+    concern (each replaced only by the events about it, so a fold copies little)."""
+
     task_id: str
     state: str = chart.NEW
     version: int = 0
-    failure_reason: str | None = None
-    name: str = ""
-    actor: str = ""
-    spec: dict[str, Any] = dataclasses.field(default_factory=dict)
-    tpu_type: str = ""
-    topology: str = ""
-    submitted_at: dt.datetime | None = None
-    #: The priority the task is served by (the spec's; higher first).
-    priority: int = 0
-    #: Times the task moved to another cluster while it waited (``TaskMoved``).
-    moves: int = 0
-    cluster_id: str | None = None
-    cluster_name: str | None = None
-    node_pool_name: str | None = None
-    supply_mode: str | None = None
-    job_name: str | None = None
-    job_uid: str | None = None
-    dispatched_at: dt.datetime | None = None
-    aborting_at: dt.datetime | None = None
-    aborted_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
+    last_event_at: dt.datetime | None = None
+    phase_started_at: dt.datetime | None = None
     #: Structured message: the event whose type is the catalog key and whose data are
     #: its arguments. The event itself, not its data: a fold sets it on most events and
     #: the arguments are only needed when a row is rendered.
@@ -75,60 +73,12 @@ class TaskState:
     note_event: ev.Event | None = None
     #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
     note_before_retry: ev.Event | None = None
-    #: Provisioning bookkeeping the handlers need (which step is in flight).
-    pool_intent: str | None = None  # create-requested | create-started | ready
-    job_intent: str | None = None  # submit-requested | submitted | delete-requested
-    pool_disposition: str | None = None  # retained | delete-requested | deleted
-    last_event_at: dt.datetime | None = None
-    phase_started_at: dt.datetime | None = None
-    #: Lifecycle bookkeeping: what the provisioning, dispatch, status, abort and
-    #: deprovision handlers decide from.
-    pool_requested_at: dt.datetime | None = None
-    pool_request: dict[str, Any] = dataclasses.field(default_factory=dict)  # the create intent
-    pool_operation: str | None = None  # the GKE create operation ("" when adopted)
-    #: The create operations of a multi-slice task's other pools (slices 1..N-1; of a
-    #: partial create's continuation, its pools after the first).
-    slice_operations: tuple[str, ...] = ()
-    #: How many slices' pools have been asked for (0: none yet); fewer than ``slices``
-    #: while a partial create waits for the rest.
-    slices_requested: int = 0
-    pool_from_task: str | None = None  # the task that handed its pool over to this one
-    #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in the order
-    #: taken, the task each came from, and the slice each stands for: the slices asked
-    #: for so far when it was taken (before any create, the first slices; with
-    #: ``multislice_partial_create``, a partial create may take pools for slices after
-    #: those it created).
-    taken_pools: tuple[str, ...] = ()
-    taken_from: tuple[str, ...] = ()
-    taken_slices: tuple[int, ...] = ()
-    #: The task's pools retained for a waiting task once it ended: pool -> that task
-    #: (``NodePoolRetained``; the task that took it, ``NodePoolHandedOver``); a pool
-    #: leaves when its delete is asked for.
-    pools_retained: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: Those of them another task took, as the task's own stream says
-    #: (``NodePoolHandedOver``).
-    pools_handed_over: tuple[str, ...] = ()
-    #: The pools of the task's last delete request (``NodePoolDeleteRequested``).
-    pools_deleting: tuple[str, ...] = ()
-    retry_kind: str | None = None  # the event type of the step being retried
-    retry_attempt: int = 0
-    retry_at: dt.datetime | None = None
-    #: Calls retried after transient API errors (``ApiCallRetrying``): per step, the
-    #: attempts made so far and when the next one is due.
-    api_retries: dict[str, tuple[int, dt.datetime]] = dataclasses.field(default_factory=dict)
-    not_visible_since: dt.datetime | None = None  # first 404 of the current streak
-    last_resource_version: int = 0  # of the last Job observation folded
-    pods_active: int | None = None
-    pending_diagnosis: str | None = None
-    #: When the Job controller's current run of pod-create refusals was first folded
-    #: (``PodsRefused``, not transient): the grace before JobSubmitFailed counts from it.
-    refused_since: dt.datetime | None = None
-    #: When the pods of a submitted workload began waiting for an autoscaled pool's
-    #: nodes (``NodesAwaited``), and when that wait was last extended
-    #: (``NodeWaitExtended``): the node deadline counts from them.
-    awaiting_nodes_since: dt.datetime | None = None
-    wait_extended_at: dt.datetime | None = None
-    abort_phase: str | None = None
+    submission: Submission = Submission()
+    placement: Placement = Placement()
+    pool: PoolRecord = PoolRecord()
+    job: JobRecord = JobRecord()
+    retries: Retries = Retries()
+    ending: Ending = Ending()
 
     @property
     def status(self) -> str:
@@ -141,7 +91,7 @@ class TaskState:
         if status == chart.PENDING:
             return chart.pending_reason(self.state)
         if status == chart.FAILED:
-            return self.failure_reason
+            return self.ending.failure_reason
         return None
 
     @property
@@ -163,43 +113,45 @@ class TaskState:
     @property
     def slices(self) -> int:
         """Slices the task runs on: one node pool each (the spec's ``slices``)."""
-        return int(self.spec.get("slices") or 1)
+        return self.submission.spec.slices
 
     @property
     def node_pools(self) -> tuple[str, ...]:
         """Every pool the task holds or asked for, in slice order: each slice's pool it
-        took, or the one it creates (``node_pool_name`` and, for a multi-slice task, the
+        took, or the one it creates (``pool.name`` and, for a multi-slice task, the
         pools named after it; slices taken leave their names of the group unused)."""
-        if self.node_pool_name is None:
+        pool = self.pool
+        if pool.name is None:
             return ()
-        if not self.taken_pools:
-            return naming.pool_group(self.node_pool_name, self.slices_requested or self.slices)
-        own = self.pool_request.get("pool_name")
-        if not own:
-            return self.taken_pools
-        group = naming.pool_group(str(own), self.slices_requested)
-        taken = dict(zip(self.taken_slices, self.taken_pools, strict=True))
+        if not pool.taken_pools:
+            return naming.pool_group(pool.name, pool.slices_requested or self.slices)
+        if pool.request is None:
+            return pool.taken_pools
+        group = naming.pool_group(pool.request.pool_name, pool.slices_requested)
+        taken = dict(zip(pool.taken_slices, pool.taken_pools, strict=True))
         return tuple(taken.get(i, name) for i, name in enumerate(group))
 
     @property
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose fate the task decides when it ends: those it took and those
         its create may have made (none when GKE refused the create outright)."""
-        if self.pool_intent in (None, "not-created"):
-            return self.taken_pools
+        if self.pool.intent in (None, PoolIntent.NOT_CREATED):
+            return self.pool.taken_pools
         return self.node_pools
 
     @property
     def retained_idle(self) -> tuple[str, ...]:
         """The task's retained pools no task took, as far as its own stream says."""
-        return tuple(p for p in self.pools_retained if p not in self.pools_handed_over)
+        pool = self.pool
+        return tuple(p for p in pool.retained if p not in pool.handed_over)
 
     @property
     def took(self) -> tuple[tuple[str, str], ...]:
         """(pool, task it came from) of every pool the task took over."""
-        if self.pool_from_task and self.node_pool_name and not self.taken_pools:
-            return ((self.node_pool_name, self.pool_from_task),)
-        return tuple(zip(self.taken_pools, self.taken_from, strict=True))
+        pool = self.pool
+        if pool.from_task and pool.name and not pool.taken_pools:
+            return ((pool.name, pool.from_task),)
+        return tuple(zip(pool.taken_pools, pool.taken_from, strict=True))
 
     @property
     def is_terminal(self) -> bool:
@@ -210,11 +162,16 @@ class TaskState:
         return self.status == chart.PENDING and self.reason in chart.SLOT_REASONS
 
 
+#: Per record of ``TaskState``, the changes one event makes to it.
+Changes = dict[str, dict[str, Any]]
+
+
 def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskState:
     """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it.
 
-    Replays call this once per stored event, so it copies the state's fields once and
-    builds the new state without the frozen ``__init__`` (see ``_built``)."""
+    Replays call this once per stored event, so it copies the state's fields once,
+    replaces only the records the event changes, and builds the new state and records
+    without the frozen ``__init__`` (see ``_built``)."""
     type_name = type(event).__name__
     current = state.state
     target = chart.next_state(state.task_id, current, type_name)
@@ -223,15 +180,17 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
     fields["version"] = state.version + 1
     fields["updated_at"] = fields["last_event_at"] = recorded_at
     status = _STATUS_OF.get(target) or chart.status_of(target)
+    changes_of = _CHANGES_OF.get(type(event))
+    changes = changes_of(event, state, recorded_at) if changes_of is not None else {}
     if target != current:
         fields["phase_started_at"] = recorded_at
         if status == chart.FAILED and (
                 _STATUS_OF.get(current) or chart.status_of(current)) != chart.FAILED:
-            fields["failure_reason"] = event.failure()
-    if status in chart.TERMINAL_STATUSES and state.finished_at is None:
-        fields["finished_at"] = recorded_at
-    if state.api_retries:
-        _end_retried_steps(fields, state, type_name)
+            _change_unless_set(changes, "ending", "failure_reason", event.failure())
+    if status in chart.TERMINAL_STATUSES and state.ending.finished_at is None:
+        _change_unless_set(changes, "ending", "finished_at", recorded_at)
+    if state.retries.api_calls:
+        _end_retried_steps(changes, state, type_name)
     note = state.note_event
     if type(note) is ev.ApiCallRetrying and type_name in STEP_OUTCOMES.get(note.step, ()):
         fields["note_event"] = state.note_before_retry
@@ -241,25 +200,43 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
         fields["note_event"] = event
     elif not isinstance(event, _SILENT_EVENTS):
         fields["message_event"] = event
-    fields.update(_fields_from(event, state, recorded_at))
     if current == _WAITING_FOR_NODE and target != current:
-        # The nodes came (or the wait ended otherwise): the Job's own timeout counts
-        # from here, not from a submit that preceded hours of waiting for capacity.
-        fields["awaiting_nodes_since"] = fields["wait_extended_at"] = None
-        if type(fields["note_event"]) is ev.NodeWaitExtended:
-            fields["note_event"] = None
-        if state.job_uid is not None and status in (chart.PENDING, chart.RUNNING):
-            fields["dispatched_at"] = recorded_at
+        _end_node_wait(fields, changes, state, status, recorded_at)
+    for record, changed in changes.items():
+        # ``dataclasses.replace`` without the frozen ``__init__``: most events
+        # replace one record.
+        old = fields[record]
+        replaced = object.__new__(type(old))
+        object.__setattr__(replaced, "__dict__", {**old.__dict__, **changed})
+        fields[record] = replaced
     return _built(fields)
 
 
-def _end_retried_steps(fields: dict[str, Any], state: TaskState, type_name: str) -> None:
+def _change_unless_set(changes: Changes, record: str, name: str, value: Any) -> None:
+    """A change the fold makes whatever the event, unless the event's own sets it."""
+    changes.setdefault(record, {}).setdefault(name, value)
+
+
+def _end_node_wait(fields: dict[str, Any], changes: Changes, state: TaskState,
+                   status: str, at: dt.datetime) -> None:
+    """The nodes came (or the wait ended otherwise): the Job's own timeout counts from
+    here, not from a submit that preceded hours of waiting for capacity."""
+    job = changes.setdefault("job", {})
+    job["awaiting_nodes_since"] = job["wait_extended_at"] = None
+    if type(fields["note_event"]) is ev.NodeWaitExtended:
+        fields["note_event"] = None
+    if state.job.uid is not None and status in (chart.PENDING, chart.RUNNING):
+        job["dispatched_at"] = at
+
+
+def _end_retried_steps(changes: Changes, state: TaskState, type_name: str) -> None:
     """A step's outcome ends its series of failed calls: the attempts counted are
     those since the step last got an answer."""
-    ended = [step for step in state.api_retries if type_name in STEP_OUTCOMES.get(step, ())]
+    api_calls = state.retries.api_calls
+    ended = [step for step in api_calls if type_name in STEP_OUTCOMES.get(step, ())]
     if ended:
-        fields["api_retries"] = {step: retried for step, retried in state.api_retries.items()
-                                 if step not in ended}
+        _change_unless_set(changes, "retries", "api_calls", {
+            step: retried for step, retried in api_calls.items() if step not in ended})
 
 
 def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
@@ -275,153 +252,297 @@ def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
     fields["note_event"] = event
 
 
-_FIELDS = dataclasses.fields(TaskState)
-#: Defaults of a task the log has not mentioned yet, for ``new_state``.
-_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {f.name: f.default for f in _FIELDS if f.default is not dataclasses.MISSING})
-_FACTORIES: tuple[tuple[str, Any], ...] = tuple(
-    (f.name, f.default_factory) for f in _FIELDS if f.default_factory is not dataclasses.MISSING)
-_ONLY_TASK_ID_REQUIRED = {f.name for f in _FIELDS} == {"task_id", *_DEFAULTS, *(n for n, _ in _FACTORIES)}
-
-
 def new_state(task_id: str) -> TaskState:
-    """``TaskState(task_id)``, the state before a task's first event, built in a few
-    dict operations: a replay starts one per task, and the frozen ``__init__`` of ~40
-    fields costs about as much as folding several events."""
-    if not _ONLY_TASK_ID_REQUIRED:
-        return TaskState(task_id)
+    """``TaskState(task_id)``, the state before a task's first event, built from one
+    dict of defaults (the records' defaults are shared: they are frozen): a replay
+    starts one per task, and the frozen ``__init__`` costs about as much as folding
+    an event."""
     fields = dict(_DEFAULTS)
     fields["task_id"] = task_id
-    for name, factory in _FACTORIES:
-        fields[name] = factory()
     return _built(fields)
 
 
 def _built(fields: dict[str, Any]) -> TaskState:
     """A ``TaskState`` holding ``fields`` (every field, by name), made without the
-    frozen ``__init__``, which sets each of its ~40 fields through
-    ``object.__setattr__``."""
+    frozen ``__init__``, which sets each field through ``object.__setattr__``."""
     new = object.__new__(TaskState)
     object.__setattr__(new, "__dict__", fields)
     return new
 
 
-def _fields_from(event: ev.Event, state: TaskState, at: dt.datetime) -> dict[str, Any]:
-    match event:
-        case ev.TaskAccepted() | ev.TaskRejected():
-            fields: dict[str, Any] = {"name": event.name, "actor": event.actor}
-            if isinstance(event, ev.TaskAccepted):
-                fields.update(
-                    spec=event.spec, tpu_type=event.tpu_type, topology=event.topology,
-                    submitted_at=event.submitted_at,
-                    priority=int(event.spec.get("priority") or 0),
-                )
-            return fields
-        case ev.ClusterChosen():
-            return {"cluster_id": event.cluster_id, "cluster_name": event.cluster_name}
-        case ev.TaskMoved():
-            return {"cluster_id": event.to_cluster_id, "cluster_name": event.to_cluster_name,
-                    "moves": event.moves}
-        case ev.PriorityChanged():
-            return {"priority": event.new}
-        case ev.SlotYielded():
-            # Back in the queue: a later pick starts its reservation checks afresh.
-            return {"retry_kind": None, "retry_attempt": 0, "retry_at": None,
-                    "api_retries": {}}
-        case ev.TaskRequeued():
-            return {"cluster_id": None, "cluster_name": None}
-        case ev.NodePoolReused():
-            return {"node_pool_name": event.pool_name, "supply_mode": event.supply_mode,
-                    "pool_intent": "ready", "pool_from_task": event.from_task}
-        case ev.NodePoolTaken():
-            return {"node_pool_name": state.node_pool_name or event.pool_name,
-                    "supply_mode": event.supply_mode,
-                    "taken_pools": (*state.taken_pools, event.pool_name),
-                    "taken_from": (*state.taken_from, event.from_task),
-                    "taken_slices": (*state.taken_slices, state.slices_requested),
-                    "slices_requested": state.slices_requested + 1}
-        case ev.NodePoolCreateRequested():
-            return {"node_pool_name": (state.node_pool_name if state.taken_pools
-                                       else event.pool_name), "supply_mode": event.supply_mode,
-                    "pool_intent": "create-requested", "pool_requested_at": at,
-                    "pool_operation": None, "pool_request": event.to_data(),
-                    "slices_requested": event.upto or event.slices}
-        case ev.NodePoolCreateStarted():
-            return {"pool_intent": "create-started", "pool_operation": event.operation,
-                    "slice_operations": event.slice_operations}
-        case ev.NodePoolNotVisible():
-            streak = state.retry_kind == event.type_name and state.not_visible_since
-            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
-                    "retry_at": at, "not_visible_since": streak or at}
-        case ev.ReservationInsufficient() | ev.NodesNotReady():
-            return {"retry_kind": event.type_name, "retry_attempt": event.attempt,
-                    "retry_at": at}
-        case ev.NodePoolFailed():
-            # A create refused outright left nothing behind; a failed operation may
-            # have left a pool in ERROR that must still be deleted.
-            refused = state.pool_intent in (None, "create-requested")
-            return {"pool_intent": "not-created" if refused else "failed"}
-        case ev.JobSubmitFailed():
-            return {"job_intent": "submit-failed"}
-        case ev.JobSubmitCancelled():
-            return {"job_intent": "cancelled"}
-        case ev.PodsPending():
-            return {"pending_diagnosis": event.diagnosis, "refused_since": None,
-                    "last_resource_version": event.resource_version}
-        case ev.NodesAwaited():
-            return {"awaiting_nodes_since": state.awaiting_nodes_since or at,
+#: Defaults of a task the log has not mentioned yet, for ``new_state``.
+_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in dataclasses.fields(TaskState) if f.name != "task_id"})
+
+
+#: The enum members the fold writes, bound once: an enum attribute costs more to look
+#: up than a module global, and the fold runs once per stored event.
+_CREATE_REQUESTED, _CREATE_STARTED, _READY = (
+    PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED, PoolIntent.READY)
+_NOT_CREATED, _POOL_FAILED = PoolIntent.NOT_CREATED, PoolIntent.FAILED
+_SUBMIT_REQUESTED, _SUBMITTED, _SUBMIT_FAILED = (
+    JobIntent.SUBMIT_REQUESTED, JobIntent.SUBMITTED, JobIntent.SUBMIT_FAILED)
+_CANCELLED, _FINISHED = JobIntent.CANCELLED, JobIntent.FINISHED
+_JOB_DELETE_REQUESTED, _JOB_DELETED = JobIntent.DELETE_REQUESTED, JobIntent.DELETED
+_RETAINED, _DELETE_FAILED = PoolDisposition.RETAINED, PoolDisposition.DELETE_FAILED
+_POOL_DELETE_REQUESTED, _POOL_DELETED = (
+    PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETED)
+
+
+def _on_task_accepted(event: ev.TaskAccepted, state: TaskState, at: dt.datetime) -> Changes:
+    spec = TaskSpec.from_data(event.spec, event.tpu_type, event.topology)
+    return {"submission": {
+        "name": event.name, "actor": event.actor, "spec": spec,
+        "tpu_type": event.tpu_type, "topology": event.topology,
+        "submitted_at": event.submitted_at, "priority": spec.priority}}
+
+
+def _on_task_rejected(event: ev.TaskRejected, state: TaskState, at: dt.datetime) -> Changes:
+    return {"submission": {"name": event.name, "actor": event.actor}}
+
+
+def _on_cluster_chosen(event: ev.ClusterChosen, state: TaskState,
+                       at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": event.cluster_id,
+                          "cluster_name": event.cluster_name}}
+
+
+def _on_task_moved(event: ev.TaskMoved, state: TaskState, at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": event.to_cluster_id,
+                          "cluster_name": event.to_cluster_name, "moves": event.moves}}
+
+
+def _on_priority_changed(event: ev.PriorityChanged, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    return {"submission": {"priority": event.new}}
+
+
+def _on_slot_yielded(event: ev.SlotYielded, state: TaskState, at: dt.datetime) -> Changes:
+    # Back in the queue: a later pick starts its reservation checks afresh.
+    return {"retries": {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}}
+
+
+def _on_task_requeued(event: ev.TaskRequeued, state: TaskState, at: dt.datetime) -> Changes:
+    return {"placement": {"cluster_id": None, "cluster_name": None}}
+
+
+def _on_node_pool_reused(event: ev.NodePoolReused, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    return {"pool": {"name": event.pool_name, "supply_mode": event.supply_mode,
+                     "intent": _READY, "from_task": event.from_task}}
+
+
+def _on_node_pool_taken(event: ev.NodePoolTaken, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"name": pool.name or event.pool_name,
+                     "supply_mode": event.supply_mode,
+                     "taken_pools": (*pool.taken_pools, event.pool_name),
+                     "taken_from": (*pool.taken_from, event.from_task),
+                     "taken_slices": (*pool.taken_slices, pool.slices_requested),
+                     "slices_requested": pool.slices_requested + 1}}
+
+
+def _on_node_pool_create_requested(event: ev.NodePoolCreateRequested, state: TaskState,
+                                   at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"name": pool.name if pool.taken_pools else event.pool_name,
+                     "supply_mode": event.supply_mode, "intent": _CREATE_REQUESTED,
+                     "requested_at": at, "operation": None, "request": event,
+                     "slices_requested": event.upto or event.slices}}
+
+
+def _on_node_pool_create_started(event: ev.NodePoolCreateStarted, state: TaskState,
+                                 at: dt.datetime) -> Changes:
+    return {"pool": {"intent": _CREATE_STARTED, "operation": event.operation,
+                     "slice_operations": event.slice_operations}}
+
+
+def _on_node_pool_not_visible(event: ev.NodePoolNotVisible, state: TaskState,
+                              at: dt.datetime) -> Changes:
+    retries = state.retries
+    streak = retries.kind == event.type_name and retries.not_visible_since
+    return {"retries": {"kind": event.type_name, "attempt": event.attempt,
+                        "at": at, "not_visible_since": streak or at}}
+
+
+def _on_polled_again(event: ev.ReservationInsufficient | ev.NodesNotReady,
+                     state: TaskState, at: dt.datetime) -> Changes:
+    return {"retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+
+
+def _on_node_pool_failed(event: ev.NodePoolFailed, state: TaskState,
+                         at: dt.datetime) -> Changes:
+    # A create refused outright left nothing behind; a failed operation may
+    # have left a pool in ERROR that must still be deleted.
+    refused = state.pool.intent in (None, _CREATE_REQUESTED)
+    return {"pool": {"intent": _NOT_CREATED if refused else _POOL_FAILED}}
+
+
+def _on_job_submit_failed(event: ev.JobSubmitFailed, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    return {"job": {"intent": _SUBMIT_FAILED}}
+
+
+def _on_job_submit_cancelled(event: ev.JobSubmitCancelled, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"intent": _CANCELLED}}
+
+
+def _on_pods_pending(event: ev.PodsPending, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"pending_diagnosis": event.diagnosis, "refused_since": None,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_nodes_awaited(event: ev.NodesAwaited, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"awaiting_nodes_since": state.job.awaiting_nodes_since or at,
                     "pending_diagnosis": event.cause, "refused_since": None,
-                    "last_resource_version": event.resource_version}
-        case ev.NodeWaitExtended():
-            return {"wait_extended_at": at}
-        case ev.PodsRefused():
-            since = None if event.transient else (state.refused_since or at)
-            return {"pending_diagnosis": event.message, "refused_since": since,
-                    "last_resource_version": event.resource_version}
-        case ev.PodsRunning():
-            return {"pods_active": event.active, "pending_diagnosis": None,
-                    "refused_since": None, "last_resource_version": event.resource_version}
-        case ev.JobSucceeded() | ev.JobFailed():
-            return {"job_intent": "finished",
-                    "last_resource_version": event.resource_version}
-        case ev.NodePoolReady():
-            return {"pool_intent": "ready"}
-        case ev.JobSubmitRequested():
-            return {"job_name": event.job_name, "job_intent": "submit-requested"}
-        case ev.JobSubmitted():
-            return {"job_name": event.job_name, "job_uid": event.job_uid,
-                    "job_intent": "submitted", "dispatched_at": at}
-        case ev.JobDeleteRequested():
-            return {"job_intent": "delete-requested"}
-        case ev.JobDeleted():
-            return {"job_intent": "deleted"}
-        case ev.AbortRequested():
-            return {"aborting_at": event.requested_at or at, "abort_phase": event.phase}
-        case ev.TaskAborted():
-            return {"aborted_at": at}
-        case ev.NodePoolRetained():
-            # A multi-slice task may delete some pools and retain others: the
-            # disposition follows the delete, and ``pools_retained`` the rest.
-            kept = state.pool_disposition in (None, "retained")
-            return {"pool_disposition": "retained" if kept else state.pool_disposition,
-                    "pools_retained": {**state.pools_retained, event.pool_name: event.for_task}}
-        case ev.NodePoolHandedOver():
-            return {"pools_retained": {**state.pools_retained, event.pool_name: event.to_task},
-                    "pools_handed_over": (*state.pools_handed_over, event.pool_name)}
-        case ev.NodePoolDeleteFailed():
-            return {"pool_disposition": "delete-failed", "retry_kind": event.type_name,
-                    "retry_attempt": event.attempt, "retry_at": at}
-        case ev.NodePoolDeleteRequested():
-            deleting = (event.pool_name, *event.slice_pools)
-            return {"pool_disposition": "delete-requested", "pools_deleting": deleting,
-                    "pools_retained": {p: t for p, t in state.pools_retained.items()
-                                       if p not in deleting}}
-        case ev.ApiCallRetrying():
-            due = at + dt.timedelta(seconds=event.retry_in_seconds)
-            return {"api_retries": {**state.api_retries, event.step: (event.attempt, due)}}
-        case ev.NodePoolDeleted():
-            return {"pool_disposition": "deleted"}
-    return {}
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_node_wait_extended(event: ev.NodeWaitExtended, state: TaskState,
+                           at: dt.datetime) -> Changes:
+    return {"job": {"wait_extended_at": at}}
+
+
+def _on_pods_refused(event: ev.PodsRefused, state: TaskState, at: dt.datetime) -> Changes:
+    since = None if event.transient else (state.job.refused_since or at)
+    return {"job": {"pending_diagnosis": event.message, "refused_since": since,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_pods_running(event: ev.PodsRunning, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"pods_active": event.active, "pending_diagnosis": None,
+                    "refused_since": None,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_job_ended(event: ev.JobSucceeded | ev.JobFailed, state: TaskState,
+                  at: dt.datetime) -> Changes:
+    return {"job": {"intent": _FINISHED,
+                    "last_resource_version": event.resource_version}}
+
+
+def _on_node_pool_ready(event: ev.NodePoolReady, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    return {"pool": {"intent": _READY}}
+
+
+def _on_job_submit_requested(event: ev.JobSubmitRequested, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"name": event.job_name, "intent": _SUBMIT_REQUESTED}}
+
+
+def _on_job_submitted(event: ev.JobSubmitted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"name": event.job_name, "uid": event.job_uid,
+                    "intent": _SUBMITTED, "dispatched_at": at}}
+
+
+def _on_job_delete_requested(event: ev.JobDeleteRequested, state: TaskState,
+                             at: dt.datetime) -> Changes:
+    return {"job": {"intent": _JOB_DELETE_REQUESTED}}
+
+
+def _on_job_deleted(event: ev.JobDeleted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"job": {"intent": _JOB_DELETED}}
+
+
+def _on_abort_requested(event: ev.AbortRequested, state: TaskState,
+                        at: dt.datetime) -> Changes:
+    return {"ending": {"aborting_at": event.requested_at or at,
+                       "abort_phase": event.phase}}
+
+
+def _on_task_aborted(event: ev.TaskAborted, state: TaskState, at: dt.datetime) -> Changes:
+    return {"ending": {"aborted_at": at}}
+
+
+def _on_node_pool_retained(event: ev.NodePoolRetained, state: TaskState,
+                           at: dt.datetime) -> Changes:
+    # A multi-slice task may delete some pools and retain others: the
+    # disposition follows the delete, and ``retained`` the rest.
+    pool = state.pool
+    kept = pool.disposition in (None, _RETAINED)
+    return {"pool": {"disposition": _RETAINED if kept else pool.disposition,
+                     "retained": {**pool.retained, event.pool_name: event.for_task}}}
+
+
+def _on_node_pool_handed_over(event: ev.NodePoolHandedOver, state: TaskState,
+                              at: dt.datetime) -> Changes:
+    pool = state.pool
+    return {"pool": {"retained": {**pool.retained, event.pool_name: event.to_task},
+                     "handed_over": (*pool.handed_over, event.pool_name)}}
+
+
+def _on_node_pool_delete_failed(event: ev.NodePoolDeleteFailed, state: TaskState,
+                                at: dt.datetime) -> Changes:
+    return {"pool": {"disposition": _DELETE_FAILED},
+            "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+
+
+def _on_node_pool_delete_requested(event: ev.NodePoolDeleteRequested, state: TaskState,
+                                   at: dt.datetime) -> Changes:
+    deleting = (event.pool_name, *event.slice_pools)
+    return {"pool": {"disposition": _POOL_DELETE_REQUESTED, "deleting": deleting,
+                     "retained": {p: t for p, t in state.pool.retained.items()
+                                  if p not in deleting}}}
+
+
+def _on_api_call_retrying(event: ev.ApiCallRetrying, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    due = at + dt.timedelta(seconds=event.retry_in_seconds)
+    return {"retries": {"api_calls": {**state.retries.api_calls,
+                                      event.step: (event.attempt, due)}}}
+
+
+def _on_node_pool_deleted(event: ev.NodePoolDeleted, state: TaskState,
+                          at: dt.datetime) -> Changes:
+    return {"pool": {"disposition": _POOL_DELETED}}
+
+
+#: A function of ``TaskState``'s record changes per event type (one look-up per folded
+#: event, where a ``match`` tries the types one after another), each returning a new
+#: dict: ``evolve`` adds its own changes to it. Event types absent change no record.
+_CHANGES_OF: Mapping[type[ev.Event], Callable[[Any, TaskState, dt.datetime], Changes]] = (
+    MappingProxyType({
+        ev.TaskAccepted: _on_task_accepted,
+        ev.TaskRejected: _on_task_rejected,
+        ev.ClusterChosen: _on_cluster_chosen,
+        ev.TaskMoved: _on_task_moved,
+        ev.PriorityChanged: _on_priority_changed,
+        ev.SlotYielded: _on_slot_yielded,
+        ev.TaskRequeued: _on_task_requeued,
+        ev.NodePoolReused: _on_node_pool_reused,
+        ev.NodePoolTaken: _on_node_pool_taken,
+        ev.NodePoolCreateRequested: _on_node_pool_create_requested,
+        ev.NodePoolCreateStarted: _on_node_pool_create_started,
+        ev.NodePoolNotVisible: _on_node_pool_not_visible,
+        ev.ReservationInsufficient: _on_polled_again,
+        ev.NodesNotReady: _on_polled_again,
+        ev.NodePoolFailed: _on_node_pool_failed,
+        ev.JobSubmitFailed: _on_job_submit_failed,
+        ev.JobSubmitCancelled: _on_job_submit_cancelled,
+        ev.PodsPending: _on_pods_pending,
+        ev.NodesAwaited: _on_nodes_awaited,
+        ev.NodeWaitExtended: _on_node_wait_extended,
+        ev.PodsRefused: _on_pods_refused,
+        ev.PodsRunning: _on_pods_running,
+        ev.JobSucceeded: _on_job_ended,
+        ev.JobFailed: _on_job_ended,
+        ev.NodePoolReady: _on_node_pool_ready,
+        ev.JobSubmitRequested: _on_job_submit_requested,
+        ev.JobSubmitted: _on_job_submitted,
+        ev.JobDeleteRequested: _on_job_delete_requested,
+        ev.JobDeleted: _on_job_deleted,
+        ev.AbortRequested: _on_abort_requested,
+        ev.TaskAborted: _on_task_aborted,
+        ev.NodePoolRetained: _on_node_pool_retained,
+        ev.NodePoolHandedOver: _on_node_pool_handed_over,
+        ev.NodePoolDeleteFailed: _on_node_pool_delete_failed,
+        ev.NodePoolDeleteRequested: _on_node_pool_delete_requested,
+        ev.ApiCallRetrying: _on_api_call_retrying,
+        ev.NodePoolDeleted: _on_node_pool_deleted,
+    }))
 
 
 def fold(task_id: str, recorded: list[tuple[ev.Event, dt.datetime]]) -> TaskState:

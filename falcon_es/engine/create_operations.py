@@ -28,7 +28,7 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
     ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
     and a create takes minutes); None when it is not time yet or the call failed."""
     due = ctx.polls.due(state)
-    operations = [o for o in (state.pool_operation or "", *state.slice_operations) if o]
+    operations = [o for o in (state.pool.operation or "", *state.pool.slice_operations) if o]
     if not operations or (due is not None and ctx.now < due):
         return None
     interval = dt.timedelta(seconds=ctx.settings.lifecycle.operation_poll_seconds)
@@ -43,12 +43,12 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
                 # must not turn the poll into a call per tick.
                 ctx.polls.polled(state, ctx.now + interval, ctx.now)
                 log.warning("operation %s of pool %s: %s", operation_id,
-                            state.node_pool_name, error)
+                            state.pool.name, error)
                 return None
             # GKE keeps operations for a limited time, and one can be unknown after a
             # long outage: the create ended one way or the other, and the pool says how.
             log.warning("create operation %s of pool %s is unknown to GKE; looking at "
-                        "the pool", operation_id, state.node_pool_name)
+                        "the pool", operation_id, state.pool.name)
             unknown = True
             continue
         if operation.done and operation.error:
@@ -64,9 +64,9 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
 def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext) -> bool:
     """True once no create of the task's pool is in flight (a delete issued while GKE
     still runs the create operation is refused)."""
-    if state.pool_intent == PoolIntent.CREATE_REQUESTED:
+    if state.pool.intent == PoolIntent.CREATE_REQUESTED:
         return False
-    if state.pool_intent != PoolIntent.CREATE_STARTED or not state.pool_operation:
+    if state.pool.intent != PoolIntent.CREATE_STARTED or not state.pool.operation:
         return True
     if cluster is None:
         return False

@@ -260,7 +260,7 @@ class EffectExecutor:
                 self.ports.edges.for_cluster(cluster).delete_job(intent.name,
                                                                  workload_kind(state))
                 self._queue(intent, ev.JobDeleted(intent.name), now)
-            elif intent.kind == IntentKind.POOL_DELETE and len(state.pools_deleting) > 1:
+            elif intent.kind == IntentKind.POOL_DELETE and len(state.pool.deleting) > 1:
                 self._delete_group(intent, cluster, now, state)
             elif intent.kind == IntentKind.POOL_DELETE:
                 self._delete_pool(intent, cluster, now, state)
@@ -272,20 +272,20 @@ class EffectExecutor:
         """Create the task's pool (a multi-slice task's pools, one after another: a
         re-issued create adopts those an earlier attempt made; a partial create's
         request names the slices it creates)."""
-        request = state.pool_request
-        supply_mode = str(request.get("supply_mode") or state.supply_mode or "")
+        request = state.pool.request
+        assert request is not None  # a create intent is open only once one was asked for
+        supply_mode = request.supply_mode
         operations: list[str] = []
-        group = naming.pool_group(intent.name, int(request.get("slices") or 1))
-        for name in group[int(request.get("first_slice") or 0):
-                          int(request.get("upto") or 0) or len(group)]:
+        group = naming.pool_group(intent.name, request.slices)
+        for name in group[request.first_slice:request.upto or len(group)]:
             spec = NodePoolSpec(
                 cluster=cluster,
                 name=name,
-                shape=slice_shape(state.tpu_type, state.topology),
+                shape=slice_shape(state.submission.tpu_type, state.submission.topology),
                 supply_mode=supply_mode,
-                reservation=request.get("reservation"),
-                scale_down_unneeded_seconds=int(request.get("scale_down_unneeded_seconds") or 0),
-                labels=pool_labels(state.task_id, state.topology, supply_mode),
+                reservation=request.reservation,
+                scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
+                labels=pool_labels(state.task_id, state.submission.topology, supply_mode),
             )
             try:
                 operations.append(self.ports.node_pools.create(spec).id)
@@ -388,7 +388,7 @@ class EffectExecutor:
         pools = self.ports.node_pools
         left = 0
         try:
-            for name in state.pools_deleting:
+            for name in state.pool.deleting:
                 try:
                     if pools.get(cluster, name).status != "STOPPING":
                         pools.delete(cluster, name)
@@ -470,7 +470,7 @@ class EffectExecutor:
             self._queue(intent, ev.OrphanPoolDeleted(intent.cluster_id, intent.name), now)
         else:
             state = self.tasks.get(intent.stream_id)
-            others = state.pools_deleting[1:] if state is not None else ()
+            others = state.pool.deleting[1:] if state is not None else ()
             self._queue(intent, ev.NodePoolDeleted(intent.name, others), now)
 
     def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,

@@ -156,13 +156,13 @@ class LifecycleIndex:
             self._intents.pop(task_id, None)
             self.polls.forget(task_id)
             self._set_wake(task_id, None)
-            for pool in {*state.node_pools, *state.pools_retained}:
+            for pool in {*state.node_pools, *state.pool.retained}:
                 self._superseded.discard((task_id, pool))
             for pool, from_task in state.took:
                 if self.tasks.get(from_task) is None:
                     self._superseded.discard((from_task, pool))
-            for pool in state.node_pools if state.cluster_id else ():
-                key = (state.cluster_id or "", pool)
+            for pool in state.node_pools if state.placement.cluster_id else ():
+                key = (state.placement.cluster_id or "", pool)
                 holder = self._holders.get(key)
                 if holder == task_id:
                     del self._holders[key]
@@ -178,7 +178,7 @@ class LifecycleIndex:
         state = self.tasks.get(task_id)
         if state is None:
             return frozenset()
-        return frozenset(p for p in {*state.node_pools, *state.pools_retained}
+        return frozenset(p for p in {*state.node_pools, *state.pool.retained}
                          if (task_id, p) in self._superseded)
 
     def _leave_groups(self, task_id: str) -> None:
@@ -206,18 +206,19 @@ class LifecycleIndex:
         for group in groups:
             self._groups[group].add(task_id)
         taker = retained = None
-        if state.cluster_id and can_take_pool(state, state.cluster_id, state.topology):
-            taker = (state.cluster_id, state.topology)
+        if state.placement.cluster_id and can_take_pool(
+                state, state.placement.cluster_id, state.submission.topology):
+            taker = (state.placement.cluster_id, state.submission.topology)
             self._takers.setdefault(taker, set()).add(task_id)
             rank = self._ranks[task_id] = taker_rank(state)
             self._taker_order.setdefault(taker, SortedList()).add(rank)
-        if not (state.cluster_id and state.is_terminal):
+        if not (state.placement.cluster_id and state.is_terminal):
             waiting = frozenset()
         if waiting:
-            retained = (state.cluster_id or "", state.topology)
+            retained = (state.placement.cluster_id or "", state.submission.topology)
             self._retained.setdefault(retained, set()).update((task_id, p) for p in waiting)
             if not (needs_disposal(state)
-                    or state.pool_disposition == PoolDisposition.DELETE_FAILED):
+                    or state.pool.disposition == PoolDisposition.DELETE_FAILED):
                 self._only_retained.add(task_id)
         self._member[task_id] = (groups, taker, retained, waiting)
         self._track_promises(state, waiting)
@@ -231,7 +232,7 @@ class LifecycleIndex:
             self._intents[task_id] = intents
         else:
             self._intents.pop(task_id, None)
-        if state.job_name:
+        if state.job.name:
             label = naming.task_label(task_id)
             if label != task_id:
                 self._by_label[label] = task_id
@@ -250,20 +251,17 @@ class LifecycleIndex:
             hosts.pop(task_id, None)
             if not hosts:
                 del self._reserving[previous]
-        request = state.pool_request
-        reservation = request.get("reservation")
-        if (reservation and state.cluster_id
-                and state.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
-                and state.pool_disposition != PoolDisposition.DELETED
+        request = state.pool.request
+        reservation = request.reservation if request is not None else None
+        if (request is not None and reservation and state.placement.cluster_id
+                and state.pool.intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED)
+                and state.pool.disposition != PoolDisposition.DELETED
                 # A partial create waiting for the rest: its creates are done, its VMs
                 # are in inUseCount.
                 and state.reason != chart.PendingReason.CLUSTER_BUSY):
-            key = (state.cluster_id, str(reservation))
-            slices = int(request.get("slices") or 1)
-            creating = (int(request.get("upto") or 0) or slices) - int(
-                request.get("first_slice") or 0)
-            self._reserving.setdefault(key, {})[task_id] = int(
-                request.get("node_count") or 0) * creating
+            key = (state.placement.cluster_id, reservation)
+            creating = (request.upto or request.slices) - request.first_slice
+            self._reserving.setdefault(key, {})[task_id] = request.node_count * creating
             self._reserves[task_id] = key
 
     def reserving(self, cluster_id: str, reservation: str, *, besides: str = "") -> int:
@@ -275,7 +273,7 @@ class LifecycleIndex:
     def _track_promises(self, state: TaskState, waiting: frozenset[str]) -> None:
         for pool in waiting:
             held = (state.task_id, pool)
-            taker_id = state.pools_retained[pool]
+            taker_id = state.pool.retained[pool]
             self._promised_to[held] = taker_id
             self._promised_by.setdefault(taker_id, set()).add(held)
             self._judge_promise(state, pool)
@@ -293,10 +291,11 @@ class LifecycleIndex:
                     del self._promised_by[taker_id]
 
     def _judge_promise(self, holder: TaskState, pool: str) -> None:
-        taker_id = holder.pools_retained.get(pool)
+        taker_id = holder.pool.retained.get(pool)
         taker = self.tasks.get(taker_id) if taker_id else None
         held = (holder.task_id, pool)
-        if holder.cluster_id and can_take_pool(taker, holder.cluster_id, holder.topology):
+        if holder.placement.cluster_id and can_take_pool(
+                taker, holder.placement.cluster_id, holder.submission.topology):
             self._kept.add(held)
         else:
             self._kept.discard(held)
@@ -324,7 +323,7 @@ class LifecycleIndex:
             return (Group.ABORTING,)
         if status in chart.TERMINAL_STATUSES and (
                 needs_disposal(state) or waiting
-                or state.pool_disposition == PoolDisposition.DELETE_FAILED):
+                or state.pool.disposition == PoolDisposition.DELETE_FAILED):
             return (Group.POOL_WATCH,)
         return ()
 
@@ -332,18 +331,18 @@ class LifecycleIndex:
         """The holder of a pool is the task that last took it: its creator, then each
         task it was handed over to (``NodePoolReused.from_task`` and
         ``NodePoolTaken.from_task`` name the previous one)."""
-        if not state.cluster_id:
+        if not state.placement.cluster_id:
             return
         for pool, from_task in state.took:
             if (from_task, pool) not in self._superseded:
                 self._superseded.add((from_task, pool))
                 self._forget_pool_duty(from_task, pool)
-        created = state.pool_requested_at
-        taken = set(state.taken_pools)
+        created = state.pool.requested_at
+        taken = set(state.pool.taken_pools)
         for pool in state.held_pools:
-            if pool in state.pools_handed_over:
+            if pool in state.pool.handed_over:
                 continue  # the task that took it holds it (if it is still known)
-            key = (state.cluster_id, pool)
+            key = (state.placement.cluster_id, pool)
             if created is not None and pool not in taken:
                 known = self._created_at.get(key)
                 if known is None or created < known:
@@ -395,9 +394,9 @@ class LifecycleIndex:
         """Still responsible for this pool of its own: no task took it over, in an
         earlier tick (the index knows) or in this one (``handed_over``, from
         ``Tick.handed_over_now``)."""
-        if state.cluster_id is None:
+        if state.placement.cluster_id is None:
             return False
-        if self.holder((state.cluster_id, pool)) not in (None, state.task_id):
+        if self.holder((state.placement.cluster_id, pool)) not in (None, state.task_id):
             return False
         return (state.task_id, pool) not in handed_over
 

@@ -66,7 +66,7 @@ def holds_something(state: TaskState, *, handed_on: Collection[str]) -> bool:
     task and not taken yet). ``handed_on``: its pools another task took over."""
     if not state.is_terminal or task_intents(state) or needs_disposal(state):
         return True
-    if state.pool_disposition in _POOL_OPEN:
+    if state.pool.disposition in _POOL_OPEN:
         return True
     return any(pool not in handed_on for pool in state.retained_idle)
 
@@ -77,9 +77,9 @@ def verdict(state: TaskState, *, handed_on: Collection[str], now: dt.datetime,
     pool it created may still show up: unless another task took each of them)."""
     if holds_something(state, handed_on=handed_on):
         return Verdict.LIVE, None
-    created = [p for p in state.node_pools if p not in state.taken_pools]
-    if state.pool_requested_at is not None and not all(p in handed_on for p in created):
-        until = state.pool_requested_at + grace
+    created = [p for p in state.node_pools if p not in state.pool.taken_pools]
+    if state.pool.requested_at is not None and not all(p in handed_on for p in created):
+        until = state.pool.requested_at + grace
         if until > now:
             return Verdict.LINGERS, until
     return Verdict.RETIRED, None
@@ -307,7 +307,7 @@ class LiveSet:
             if isinstance(event, ev.TaskPicked):
                 state = self.tasks.get(record.stream_id)
                 if state is not None:
-                    plan.served[(event.cluster_id, event.topology)] = state.actor
+                    plan.served[(event.cluster_id, event.topology)] = state.submission.actor
         for key, actor in list(plan.served.items()):
             if self._served.get(key) == actor:
                 del plan.served[key]
@@ -402,7 +402,7 @@ class _FromLog:
     def watched(self, stream_id: str, version: int, event: ev.Event,
                 state: TaskState | None) -> None:
         if isinstance(event, ev.TaskPicked) and state is not None:
-            self.served[(event.cluster_id, event.topology)] = state.actor
+            self.served[(event.cluster_id, event.topology)] = state.submission.actor
         elif isinstance(event, ev.NodePoolReused) and event.from_task:
             # The holder's last event (NodePoolRetained) usually came before: it was
             # judged live then, and is not; otherwise it is judged when it ends.

@@ -39,7 +39,7 @@ class PoolDecider:
         self._loaded.add(key)
         for holder_id, pool in self.index.retained(key):
             holder = self.tick.state(holder_id)
-            taker_id = holder.pools_retained.get(pool) if holder is not None else None
+            taker_id = holder.pool.retained.get(pool) if holder is not None else None
             if taker_id:
                 self.promised[taker_id] += 1
 
@@ -72,19 +72,19 @@ class PoolDecider:
         """Hand each of the ended task's pools over, or delete it: a pool that reached
         readiness goes to the best waiting task of its queue, one pool per slice that
         task still needs, and the pools nobody takes are deleted together."""
-        if state.cluster_id is None or not state.held_pools:
+        if state.placement.cluster_id is None or not state.held_pools:
             return
-        taken = set(state.taken_pools)
+        taken = set(state.pool.taken_pools)
         handed: list[tuple[str, TaskState]] = []
         for pool in state.held_pools:
-            if state.pool_intent != PoolIntent.READY and pool not in taken:
+            if state.pool.intent != PoolIntent.READY and pool not in taken:
                 continue  # its create failed or never finished: it goes
-            taker = self.taker_for(state.cluster_id, state.topology)
+            taker = self.taker_for(state.placement.cluster_id, state.submission.topology)
             if taker is None:
                 break
             self.promised[taker.task_id] += 1
             handed.append((pool, taker))
-        if handed and state.job_intent not in JOB_GONE:
+        if handed and state.job.intent not in JOB_GONE:
             self.promised.subtract(taker.task_id for _, taker in handed)
             return  # hand over once the Job no longer holds the nodes
         for pool, taker in handed:
@@ -96,23 +96,23 @@ class PoolDecider:
 
     def check_retained(self, holder: TaskState, pool: str) -> None:
         """A retained pool stays promised while its taker can still take it."""
-        if holder.cluster_id is None:
+        if holder.placement.cluster_id is None:
             return
-        self._load((holder.cluster_id, holder.topology))
-        taker_id = holder.pools_retained.get(pool)
+        self._load((holder.placement.cluster_id, holder.submission.topology))
+        taker_id = holder.pool.retained.get(pool)
         taker = self.tick.state(taker_id) if taker_id else None
-        if can_take_pool(taker, holder.cluster_id, holder.topology):
+        if can_take_pool(taker, holder.placement.cluster_id, holder.submission.topology):
             return
         if taker_id:
             self.promised[taker_id] -= 1
-        other = self.taker_for(holder.cluster_id, holder.topology)
+        other = self.taker_for(holder.placement.cluster_id, holder.submission.topology)
         if other is not None:
             self.promised[other.task_id] += 1
             self.tick.emit(holder.task_id, ev.NodePoolRetained(pool, other.task_id))
         else:
             # A delete of its other pools may still be under way: the new request
             # names them too, so none is left behind.
-            deleting = (holder.pools_deleting if holder.pool_disposition in (
+            deleting = (holder.pool.deleting if holder.pool.disposition in (
                 PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED) else ())
             self.tick.emit(holder.task_id, delete_requested([*deleting, pool]))
 

@@ -80,7 +80,7 @@ class Tick:
         tick, the older one wins)."""
         wanted = {*ids, *self._overlay}
         states = [s for task_id in wanted if (s := self.state(task_id)) is not None]
-        states.sort(key=lambda s: (s.submitted_at or _EARLIEST, s.task_id))
+        states.sort(key=lambda s: (s.submission.submitted_at or _EARLIEST, s.task_id))
         return states
 
     def handed_over_now(self) -> set[tuple[str, str]]:

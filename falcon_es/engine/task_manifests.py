@@ -53,15 +53,15 @@ def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> d
     if state.slices > 1:
         return manifests.render_jobset(
             task_id=state.task_id,
-            spec=state.spec,
-            shape=slice_shape(state.tpu_type, state.topology),
+            spec=state.submission.spec.to_data(),
+            shape=slice_shape(state.submission.tpu_type, state.submission.topology),
             pool_names=state.node_pools,
             placement=job_placement(settings, cluster),
         )
     return manifests.render_job(
         task_id=state.task_id,
-        spec=state.spec,
-        shape=slice_shape(state.tpu_type, state.topology),
-        pool_name=state.node_pool_name or "",
+        spec=state.submission.spec.to_data(),
+        shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+        pool_name=state.pool.name or "",
         placement=job_placement(settings, cluster),
     )

@@ -46,20 +46,20 @@ def advance_aborts(tick: Tick, ctx: HandlerContext) -> None:
     decider = PoolDecider(tick, ctx.index)
     for state in aborting:
         state = _stop_job(tick, state)
-        if state.job_intent not in JOB_GONE:
+        if state.job.intent not in JOB_GONE:
             continue
         if needs_disposal(state):
-            if not pool_settled(state, clusters.get(state.cluster_id or ""), ctx):
+            if not pool_settled(state, clusters.get(state.placement.cluster_id or ""), ctx):
                 continue
             decider.dispose(state)
             state = tick.state(state.task_id) or state
             if needs_disposal(state):
                 continue
-        tick.emit(state.task_id, ev.TaskAborted(state.abort_phase or "New"))
+        tick.emit(state.task_id, ev.TaskAborted(state.ending.abort_phase or "New"))
 
 
 def _stop_job(tick: Tick, state: TaskState) -> TaskState:
     """Ask for the Job to be deleted when one was submitted."""
-    if state.job_intent == JobIntent.SUBMITTED and state.job_name:
-        return tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "abort")) or state
+    if state.job.intent == JobIntent.SUBMITTED and state.job.name:
+        return tick.emit(state.task_id, ev.JobDeleteRequested(state.job.name, "abort")) or state
     return state

@@ -49,15 +49,15 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
         if not holder.is_terminal:
             continue
         if needs_disposal(holder):
-            if pool_settled(holder, clusters.get(holder.cluster_id or ""), ctx):
+            if pool_settled(holder, clusters.get(holder.placement.cluster_id or ""), ctx):
                 decider.dispose(holder)
             continue
         for pool in sorted(holder.retained_idle):
             if index.is_holder(holder, pool, handed_over):
                 decider.check_retained(holder, pool)
                 holder = tick.state(holder.task_id) or holder
-        if (holder.pool_disposition == PoolDisposition.DELETE_FAILED
-                and holder.pools_deleting):
+        if (holder.pool.disposition == PoolDisposition.DELETE_FAILED
+                and holder.pool.deleting):
             due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings.retry)
             if due is None or ctx.now >= due:
-                tick.emit(holder.task_id, delete_requested(holder.pools_deleting))
+                tick.emit(holder.task_id, delete_requested(holder.pool.deleting))

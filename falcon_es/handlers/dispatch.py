@@ -21,7 +21,7 @@ from falcon_es.engine.runtime import Tick
 def dispatch(tick: Tick, ctx: HandlerContext) -> None:
     for state in tick.candidates(ctx.index.ids(Group.DISPATCHING)):
         if (state.status == chart.PENDING and state.reason == chart.PendingReason.DISPATCHING
-                and state.job_intent is None and state.pool_intent == PoolIntent.READY
-                and state.node_pool_name):
+                and state.job.intent is None and state.pool.intent == PoolIntent.READY
+                and state.pool.name):
             tick.emit(state.task_id, ev.JobSubmitRequested(naming.job_name(state.task_id),
-                                                           state.node_pool_name))
+                                                           state.pool.name))

@@ -73,8 +73,8 @@ def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str 
     was handed over to in this tick, as its holder's own stream already says."""
     holder_id = ctx.index.holder((cluster_id, name))
     holder = tick.state(holder_id) if holder_id is not None else None
-    if holder is not None and name in holder.pools_handed_over:
-        return holder.pools_retained.get(name, holder_id)
+    if holder is not None and name in holder.pool.handed_over:
+        return holder.pool.retained.get(name, holder_id)
     return holder_id
 
 
@@ -90,8 +90,8 @@ def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str, pool: str,
         return True
     if not holder.is_terminal or pool in holder.retained_idle:
         return False
-    if pool in holder.pools_deleting or holder.pool_disposition is None:
-        owned = holder.pool_disposition in OWNED_BY_DEPROVISION
+    if pool in holder.pool.deleting or holder.pool.disposition is None:
+        owned = holder.pool.disposition in OWNED_BY_DEPROVISION
     else:
         owned = False  # retained once, then deleted with other pools: not this one
     if owned:

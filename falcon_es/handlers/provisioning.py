@@ -69,9 +69,9 @@ _POLL_KINDS = frozenset({"NodePoolNotVisible", "NodesNotReady"})
 def supply_mode_for(state: TaskState, cluster: Cluster) -> str:
     """The task's own supply mode, else the cluster default: the reservation where the
     cluster has one, flex-start otherwise."""
-    asked = state.spec.get("supply_mode")
+    asked = state.submission.spec.supply_mode
     if asked:
-        return str(asked)
+        return asked
     return RESERVATION if cluster.default_reservation else FLEX_START
 
 
@@ -98,17 +98,17 @@ class _Provisioner:
         self.granted_hosts: dict[tuple[str, str], int] = {}
 
     def run(self, state: TaskState) -> None:
-        cluster = self.clusters.get(state.cluster_id or "")
+        cluster = self.clusters.get(state.placement.cluster_id or "")
         if cluster is None:
             log.error("task %s is provisioning on cluster %s, which is not registered",
-                      state.task_id, state.cluster_id)
+                      state.task_id, state.placement.cluster_id)
             return
-        if state.pool_intent is None:
+        if state.pool.intent is None:
             if state.slices > 1:
                 self.take(state, cluster)
             elif not self.reuse(state, cluster):
                 self.acquire(state, cluster)
-        elif state.pool_intent == PoolIntent.CREATE_STARTED:
+        elif state.pool.intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
 
     # ------------------------------------------------------------------- reuse
@@ -121,7 +121,8 @@ class _Provisioner:
                 continue
             if verdict:
                 self.tick.emit(state.task_id, ev.NodePoolReused(
-                    pool, holder.task_id, holder.supply_mode or supply_mode_for(state, cluster)))
+                    pool, holder.task_id,
+                    holder.pool.supply_mode or supply_mode_for(state, cluster)))
                 self._handed_over(holder, pool, state)
             return True
         return False
@@ -133,12 +134,12 @@ class _Provisioner:
         in which the rest can be created too, so a task waiting for room holds nothing."""
         # A task holding pools it took came from a partial create (the setting may have
         # been turned off since): it goes on as one.
-        partial = self.ctx.settings.features.multislice_partial_create or bool(state.taken_pools)
+        partial = self.ctx.settings.features.multislice_partial_create or bool(state.pool.taken_pools)
         if not partial and not self._due(state):
             return  # the idle pools are looked at when it tries again, not every tick
         supply_mode = supply_mode_for(state, cluster)
         taking, waiting = self._choose_idle(state, cluster, supply_mode)
-        rest = state.slices - state.slices_requested - len(taking)
+        rest = state.slices - state.pool.slices_requested - len(taking)
         granted: int | None = None
         if not partial:
             if waiting:
@@ -150,17 +151,17 @@ class _Provisioner:
         state = self._take_all(state, taking, supply_mode)
         if waiting:
             return
-        if len(state.taken_pools) < state.slices:
+        if len(state.pool.taken_pools) < state.slices:
             if granted is None:
                 self.acquire(state, cluster)
             else:
                 self._create(state, cluster, granted)
-        elif state.taken_pools:
+        elif state.pool.taken_pools:
             # Every slice on a pool that was running its earlier task's work: as a reused
             # pool, ready at once.
-            hosts = slice_shape(state.tpu_type, state.topology).hosts
+            hosts = slice_shape(state.submission.tpu_type, state.submission.topology).hosts
             self.tick.emit(state.task_id, ev.NodePoolReady(
-                state.taken_pools[0], hosts * len(state.taken_pools)))
+                state.pool.taken_pools[0], hosts * len(state.pool.taken_pools)))
 
     def take_missing(self, state: TaskState, cluster: Cluster) -> tuple[TaskState, bool]:
         """A partial create takes idle pools of its queue for the slices it has neither
@@ -168,7 +169,7 @@ class _Provisioner:
         slice less to wait for reservation room for. Returns the task as it is then,
         and whether it waits for an idle pool being repaired (it asks for no slice in
         its place meanwhile)."""
-        supply_mode = state.supply_mode or supply_mode_for(state, cluster)
+        supply_mode = state.pool.supply_mode or supply_mode_for(state, cluster)
         taking, waiting = self._choose_idle(state, cluster, supply_mode)
         return self._take_all(state, taking, supply_mode), waiting
 
@@ -179,9 +180,9 @@ class _Provisioner:
         usable yet (being repaired, a look that failed)."""
         taking: list[tuple[TaskState, str]] = []
         for holder, pool in self._idle_pools(state, cluster):
-            if state.slices_requested + len(taking) >= state.slices:
+            if state.pool.slices_requested + len(taking) >= state.slices:
                 break
-            if (holder.supply_mode or supply_mode) != supply_mode:
+            if (holder.pool.supply_mode or supply_mode) != supply_mode:
                 continue  # one supply mode per group: the task's pools scale alike
             verdict = self._idle_pool_usable(holder, pool, cluster)
             if verdict is None:
@@ -226,19 +227,19 @@ class _Provisioner:
         this task first."""
         index = self.ctx.index
         idle = []
-        for holder_id, pool in index.retained((cluster.id, state.topology)):
+        for holder_id, pool in index.retained((cluster.id, state.submission.topology)):
             holder = self.tick.state(holder_id)
             if (holder is None or not holder.is_terminal or pool not in holder.retained_idle
                     or (cluster.id, pool) in self.taken
                     or not index.is_holder(holder, pool, self.handed_over)):
                 continue
             idle.append((holder, pool))
-        idle.sort(key=lambda held: (held[0].pools_retained[held[1]] != state.task_id, held[1]))
+        idle.sort(key=lambda held: (held[0].pool.retained[held[1]] != state.task_id, held[1]))
         return idle
 
     # ----------------------------------------------------------------- acquire
     def acquire(self, state: TaskState, cluster: Cluster) -> None:
-        granted = self._grant(state, cluster, state.slices - state.slices_requested)
+        granted = self._grant(state, cluster, state.slices - state.pool.slices_requested)
         if granted is not None:
             self._create(state, cluster, granted)
 
@@ -250,7 +251,7 @@ class _Provisioner:
             return None
         if supply_mode_for(state, cluster) != RESERVATION:
             return needed
-        pool = naming.pool_name(state.task_id, state.topology)
+        pool = naming.pool_name(state.task_id, state.submission.topology)
         reservation = cluster.default_reservation
         if not reservation:
             self.tick.emit(state.task_id, ev.NodePoolFailed(
@@ -272,17 +273,17 @@ class _Provisioner:
     def _create(self, state: TaskState, cluster: Cluster, granted: int) -> None:
         """Ask for the task's pools: the ``granted`` slices after those it has."""
         supply_mode = supply_mode_for(state, cluster)
-        shape = slice_shape(state.tpu_type, state.topology)
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
         upto = 0  # every slice still to create
-        if state.slices_requested + granted < state.slices:
-            upto = state.slices_requested + granted
+        if state.pool.slices_requested + granted < state.slices:
+            upto = state.pool.slices_requested + granted
         self.tick.emit(state.task_id, ev.NodePoolCreateRequested(
-            pool_name=naming.pool_name(state.task_id, state.topology),
+            pool_name=naming.pool_name(state.task_id, state.submission.topology),
             supply_mode=supply_mode, machine_type=shape.machine_type,
             node_count=shape.hosts,
             reservation=cluster.default_reservation if supply_mode == RESERVATION else None,
             scale_down_unneeded_seconds=scale_down_seconds(supply_mode, self.ctx.settings),
-            slices=state.slices, first_slice=state.slices_requested, upto=upto,
+            slices=state.slices, first_slice=state.pool.slices_requested, upto=upto,
         ))
 
     def _reserve(self, state: TaskState, cluster: Cluster, reservation: str, pool: str,
@@ -290,7 +291,7 @@ class _Provisioner:
         """The slices the reservation grants this task now (less what creates granted
         earlier in this tick will take): every one of the ``needed``, or none; with
         ``multislice_partial_create``, as many as fit."""
-        shape = slice_shape(state.tpu_type, state.topology)
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
         try:
             remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
         except PortError as error:
@@ -337,22 +338,22 @@ class _Provisioner:
             state, waiting = self.take_missing(state, cluster)
             if waiting:
                 return
-        pool = state.node_pool_name or ""
+        pool = state.pool.name or ""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
             # A partial create holding its first slices, waiting for room for the rest.
             self.acquire(state, cluster)
             return
-        if state.retry_kind in _POLL_KINDS:
+        if state.retries.kind in _POLL_KINDS:
             # Looking again after a 404 or unready nodes: the create operation had
             # finished without error before either was recorded, and a finished
             # operation never changes, so only the retry's time matters.
-            due = retry_due_at(state, state.retry_kind, self.ctx.settings.retry)
+            due = retry_due_at(state, state.retries.kind, self.ctx.settings.retry)
             if due is not None and self.ctx.now < due:
                 return
             polled = self.ctx.polls.due(state)  # the last look failed: not before
             if polled is not None and self.ctx.now < polled:
                 return
-        elif state.pool_operation or state.slice_operations:
+        elif state.pool.operation or state.pool.slice_operations:
             operation = ask_create_operation(state, cluster, self.ctx)
             if operation is None or not operation.done:
                 return
@@ -377,7 +378,7 @@ class _Provisioner:
             if info.status != "RUNNING":
                 self._look_again_later(state)  # still provisioning, or being repaired
                 return
-            if autoscaled(state.supply_mode):
+            if autoscaled(state.pool.supply_mode):
                 continue  # its nodes come for the workload's pods: no need to count
             try:
                 counts = self.ports.edges.for_cluster(cluster).node_counts(name)
@@ -387,12 +388,13 @@ class _Provisioner:
                 return
             ready += counts.ready
             registered += counts.registered
-        total = slice_shape(state.tpu_type, state.topology).hosts * len(state.node_pools)
-        partial = state.slices_requested < state.slices
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        total = shape.hosts * len(state.node_pools)
+        partial = state.pool.slices_requested < state.slices
         if ready >= total and partial:
             # The part created is up (its VMs count in inUseCount now): ask for the rest.
             self.acquire(state, cluster)
-        elif ready >= total or autoscaled(state.supply_mode):
+        elif ready >= total or autoscaled(state.pool.supply_mode):
             self.tick.emit(state.task_id, ev.NodePoolReady(pool, ready))
         elif partial:
             self._look_again_later(state)  # no WaitingForNode before every slice is asked for
@@ -410,7 +412,7 @@ class _Provisioner:
         """The grace runs from the first 404 after the create finished: GKE's listing
         lags the operation, and a long flex-start create must not use the grace up."""
         grace = self.ctx.settings.lifecycle.create_visibility_grace_seconds
-        since = (state.not_visible_since if state.retry_kind == "NodePoolNotVisible"
+        since = (state.retries.not_visible_since if state.retries.kind == "NodePoolNotVisible"
                  else None) or self.ctx.now
         waited = (self.ctx.now - since).total_seconds()
         if waited < grace:
@@ -425,8 +427,8 @@ class _Provisioner:
 def lacks_slices(state: TaskState) -> bool:
     """A partial create (``multislice_partial_create``) whose creates so far leave
     slices without a pool."""
-    return (state.pool_intent == PoolIntent.CREATE_STARTED
-            and state.slices_requested < state.slices)
+    return (state.pool.intent == PoolIntent.CREATE_STARTED
+            and state.pool.slices_requested < state.slices)
 
 
 def provision(tick: Tick, ctx: HandlerContext) -> None:
@@ -443,19 +445,19 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
         if (fresh is None or fresh.status != chart.PENDING
                 or fresh.reason not in chart.ACQUIRING_REASONS):
             continue
-        if lacks_slices(fresh) and fresh.cluster_id and index.retained(
-                (fresh.cluster_id, fresh.topology)):
+        if lacks_slices(fresh) and fresh.placement.cluster_id and index.retained(
+                (fresh.placement.cluster_id, fresh.submission.topology)):
             provisioner.run(fresh)  # an idle pool for a slice it lacks: no waiting for polls
             continue
-        if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
-                and fresh.retry_kind in _POLL_KINDS):
+        if (fresh.task_id not in touched and fresh.pool.intent == PoolIntent.CREATE_STARTED
+                and fresh.retries.kind in _POLL_KINDS):
             # Waiting for a retry: its wake moment (no later than the retry) says
             # whether ``follow`` has anything to do yet, without working the retry out.
             wake = index.wake_at(fresh.task_id)
             if wake is not None and ctx.now < wake:
                 continue
-        if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
-                and fresh.retry_kind not in _POLL_KINDS):
+        if (fresh.task_id not in touched and fresh.pool.intent == PoolIntent.CREATE_STARTED
+                and fresh.retries.kind not in _POLL_KINDS):
             # A running create operation asked a moment ago: nothing to ask it yet.
             due = ctx.polls.due(fresh)
             if due is not None and ctx.now < due:

@@ -32,7 +32,7 @@ def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
         return
     asked: dict[str, set[str]] = {}
     for state in ctx.tasks.live():
-        asked.setdefault(state.tpu_type, set()).add(state.topology)
+        asked.setdefault(state.submission.tpu_type, set()).add(state.submission.topology)
     for cluster in ctx.clusters:
         reservation = cluster.default_reservation
         if not reservation:

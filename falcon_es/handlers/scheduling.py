@@ -97,7 +97,7 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
         shared: dict[str | None, NoMatch | NoneActive | None] = {}
         for entry in entries:
             state = tick.state(entry.task_id)
-            if not _is_waiting(state) or state.cluster_id is not None:
+            if not _is_waiting(state) or state.placement.cluster_id is not None:
                 if state is not None:
                     book.sync(state)
                 continue
@@ -108,7 +108,7 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
                 shared[mode] = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
             choice = shared[mode] or choose_cluster(
                 tpu_type, entry.topology, ctx.clusters,
-                functools.partial(book.ahead, priority=state.priority), idle_pools, mode)
+                functools.partial(book.ahead, priority=state.submission.priority), idle_pools, mode)
             event = _decision_event(choice, state)
             if event is None:
                 continue
@@ -119,19 +119,18 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
 
 def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskState) -> ev.Event | None:
     if isinstance(choice, ClusterChoice):
-        return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.topology,
+        return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.submission.topology,
                                 choice.why, choice.candidates)
     if isinstance(choice, NoMatch):
-        return ev.NoMatchingCluster(state.tpu_type, choice.registered_tpu_types,
+        return ev.NoMatchingCluster(state.submission.tpu_type, choice.registered_tpu_types,
                                     choice.supply_mode, choice.without_reservation)
     unchanged = (state.message_key == "NoActiveCluster"
                  and list(state.message_args.get("clusters", ())) == list(choice.clusters))
-    return None if unchanged else ev.NoActiveCluster(state.tpu_type, choice.clusters)
+    return None if unchanged else ev.NoActiveCluster(state.submission.tpu_type, choice.clusters)
 
 
 def _supply_mode(state: TaskState) -> str | None:
-    mode = state.spec.get("supply_mode")
-    return str(mode) if mode else None
+    return state.submission.spec.supply_mode or None
 
 
 def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
@@ -149,15 +148,15 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
             continue
         for entry in book.pick_order(key, tick.now):
             state = tick.state(entry.task_id)
-            if not _is_waiting(state) or state.moves >= settings.scheduling.max_moves:
+            if not _is_waiting(state) or state.placement.moves >= settings.scheduling.max_moves:
                 continue
-            target = move_target(state.tpu_type, state.topology, key[0], ctx.clusters, book,
-                                 _supply_mode(state))
+            target = move_target(state.submission.tpu_type, state.submission.topology, key[0],
+                                 ctx.clusters, book, _supply_mode(state))
             if target is None:
                 break  # no free queue elsewhere: the others of this queue cannot move either
             after = tick.emit(entry.task_id, ev.TaskMoved(
                 source.id, source.name, target.id, target.name, str(holder.reason), held,
-                state.moves + 1))
+                state.placement.moves + 1))
             if after is not None:
                 book.sync(after)
             break  # one per queue per tick: the target is no longer free
@@ -180,7 +179,8 @@ def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
             # Waiting with the task, holding capacity no one could use.
             continue
         decision = book.decide(key, tick.now)
-        held = policy.effective(state.priority, state.submitted_at or tick.now, tick.now)
+        held = policy.effective(state.submission.priority,
+                                state.submission.submitted_at or tick.now, tick.now)
         if decision is None or decision.effective <= held:
             continue
         after = tick.emit(state.task_id, ev.SlotYielded(
@@ -198,7 +198,7 @@ def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
             continue
         while (decision := book.decide(key, tick.now)) is not None:
             state = tick.state(decision.winner.task_id)
-            if not _is_waiting(state) or state.cluster_id != key[0]:
+            if not _is_waiting(state) or state.placement.cluster_id != key[0]:
                 if state is None:
                     break
                 book.sync(state)

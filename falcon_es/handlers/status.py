@@ -108,16 +108,16 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
     for message_id, observation in received:
         state = tick.state(task_id)
         cluster = observation.cluster_name
-        if (state is not None and state.state in OBSERVED and state.job_uid is None
+        if (state is not None and state.state in OBSERVED and state.job.uid is None
                 and state.state != WAITING_FOR_NODE):
             ctx.edge_outcomes.append((cluster, "held"))
             continue  # the submit's outcome is not folded yet: let it come back
         if (state is None or state.state not in OBSERVED
-                or observation.job_uid != state.job_uid):
+                or observation.job_uid != state.job.uid):
             ctx.acks.append(message_id)
             ctx.edge_outcomes.append((cluster, "unknown-task"))
             continue
-        if observation.resource_version <= state.last_resource_version:
+        if observation.resource_version <= state.job.last_resource_version:
             ctx.acks.append(message_id)
             ctx.edge_outcomes.append((cluster, "stale"))
             continue
@@ -162,7 +162,7 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     if state.status == chart.RUNNING:
         shown = state.message_event
         shown_restarts = shown.restarts if isinstance(shown, ev.PodsRunning) else 0
-        if active != state.pods_active or restarts != shown_restarts:
+        if active != state.job.pods_active or restarts != shown_restarts:
             return [ev.PodsRunning(active, total, version, restarts)]
         return []
     if total > 0 and running + observation.succeeded >= total:
@@ -197,7 +197,7 @@ def _events_for(ctx: HandlerContext, state: TaskState,
         diagnosis = _diagnose(ctx, state, observation)
         shown = state.message_event
         refused_before = isinstance(shown, ev.PodsPending) and bool(shown.followers_refused)
-        if (diagnosis != state.pending_diagnosis or refused_before
+        if (diagnosis != state.job.pending_diagnosis or refused_before
                 or state.state == WAITING_FOR_NODE):
             return [ev.PodsPending(diagnosis, version)]
     return []
@@ -211,8 +211,8 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
     cause; None when the pool is not autoscaled or its nodes are all there (then the
     pods wait for something else). The control plane was RUNNING when the workload was
     submitted; a pool broken since shows in the diagnosis."""
-    cluster = next((c for c in ctx.clusters if c.id == state.cluster_id), None)
-    if cluster is None or not autoscaled(state.supply_mode) or not state.node_pools:
+    cluster = next((c for c in ctx.clusters if c.id == state.placement.cluster_id), None)
+    if cluster is None or not autoscaled(state.pool.supply_mode) or not state.node_pools:
         return None
     registered = ready = 0
     try:
@@ -222,12 +222,13 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
             registered += counts.registered
             ready += counts.ready
     except PortError as error:
-        log.warning("nodes of pool %s: %s", state.node_pool_name, error)
+        log.warning("nodes of pool %s: %s", state.pool.name, error)
         return None
-    expected = slice_shape(state.tpu_type, state.topology).hosts * state.slices
+    shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+    expected = shape.hosts * state.slices
     if ready >= expected:
         return None
-    return ev.NodesAwaited(state.node_pool_name or "", expected, registered, ready,
+    return ev.NodesAwaited(state.pool.name or "", expected, registered, ready,
                            "RUNNING", _diagnose(ctx, state, observation),
                            observation.resource_version)
 
@@ -263,7 +264,7 @@ def _failure_cause(pod: PodObservation | None,
 def _diagnose(ctx: HandlerContext, state: TaskState, observation: JobObservation) -> str:
     """Root cause first: ask the edge cluster why the pods wait (it looks upstream:
     scheduling events, the node pool, capacity), fall back to the pod's own words."""
-    cluster = next((c for c in ctx.clusters if c.id == state.cluster_id), None)
+    cluster = next((c for c in ctx.clusters if c.id == state.placement.cluster_id), None)
     if cluster is not None:
         try:
             found = ctx.ports.edges.for_cluster(cluster).diagnose_pending(observation.job_name)

@@ -54,19 +54,19 @@ RETRIES = (
 
 
 def job_deadline(state: TaskState) -> dt.datetime | None:
-    if state.state not in DISPATCHED or state.dispatched_at is None:
+    if state.state not in DISPATCHED or state.job.dispatched_at is None:
         return None
-    timeout = state.spec.get("timeout_seconds")
-    if not isinstance(timeout, int) or timeout <= 0:
+    timeout = state.submission.spec.timeout_seconds
+    if timeout <= 0:
         return None
-    return state.dispatched_at + dt.timedelta(seconds=timeout)
+    return state.job.dispatched_at + dt.timedelta(seconds=timeout)
 
 
 def refusal_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
     """When a run of pod-create refusals fails the task (None: no such run)."""
-    if state.state != DISPATCHING or state.refused_since is None:
+    if state.state != DISPATCHING or state.job.refused_since is None:
         return None
-    return state.refused_since + dt.timedelta(seconds=settings.lifecycle.failed_create_grace_seconds)
+    return state.job.refused_since + dt.timedelta(seconds=settings.lifecycle.failed_create_grace_seconds)
 
 
 def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
@@ -76,18 +76,18 @@ def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime |
     ``RETENTION_RECHECK`` after the last extension."""
     if state.state not in PROVISIONING:
         return None
-    if state.wait_extended_at is not None:
-        return state.wait_extended_at + RETENTION_RECHECK
+    if state.job.wait_extended_at is not None:
+        return state.job.wait_extended_at + RETENTION_RECHECK
     limit = dt.timedelta(seconds=settings.lifecycle.flex_start_provisioning_timeout_seconds
-                         if state.supply_mode == "flex-start"
+                         if state.pool.supply_mode == "flex-start"
                          else settings.lifecycle.provisioning_timeout_seconds)
-    if state.pool_intent == PoolIntent.READY and state.awaiting_nodes_since is not None:
-        return (state.pool_requested_at or state.awaiting_nodes_since) + limit
-    if (state.pool_requested_at is None
-            or state.pool_intent not in (PoolIntent.CREATE_REQUESTED,
+    if state.pool.intent == PoolIntent.READY and state.job.awaiting_nodes_since is not None:
+        return (state.pool.requested_at or state.job.awaiting_nodes_since) + limit
+    if (state.pool.requested_at is None
+            or state.pool.intent not in (PoolIntent.CREATE_REQUESTED,
                                          PoolIntent.CREATE_STARTED)):
         return None
-    return state.pool_requested_at + limit
+    return state.pool.requested_at + limit
 
 
 def _retains(state: TaskState, ctx: HandlerContext) -> bool:
@@ -96,17 +96,18 @@ def _retains(state: TaskState, ctx: HandlerContext) -> bool:
     cluster, which the capacity could serve instead."""
     if not ctx.settings.features.retain_waiting_pool or state.state != WAITING_FOR_NODE:
         return False
-    if state.pool_intent not in (PoolIntent.READY, PoolIntent.CREATE_STARTED):
+    if state.pool.intent not in (PoolIntent.READY, PoolIntent.CREATE_STARTED):
         return False
-    if any(cluster == state.cluster_id and topology != state.topology
+    if any(cluster == state.placement.cluster_id and topology != state.submission.topology
            for cluster, topology in ctx.queues.waiting_queues()):
         return False
     # Queues never block each other: the other topology's task may be past Waiting,
     # itself after the same capacity.
     for task_id in ctx.index.ids(Group.ACQUIRING, Group.DISPATCHING):
         other = ctx.tasks.get(task_id)
-        if (other is not None and other.cluster_id == state.cluster_id
-                and other.topology != state.topology and other.status == chart.PENDING):
+        if (other is not None and other.placement.cluster_id == state.placement.cluster_id
+                and other.submission.topology != state.submission.topology
+                and other.status == chart.PENDING):
             return False
     return True
 
@@ -117,33 +118,33 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
             continue
         deadline = job_deadline(state)
         if deadline is not None and ctx.now >= deadline:
-            pending = (state.pending_diagnosis
+            pending = (state.job.pending_diagnosis
                        if state.reason == chart.PendingReason.DISPATCHING else None)
-            tick.emit(state.task_id, ev.TaskTimedOut(int(state.spec["timeout_seconds"]),
+            tick.emit(state.task_id, ev.TaskTimedOut(state.submission.spec.timeout_seconds,
                                                      pending or ""))
-            if state.job_name:
-                tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name, "timeout"))
+            if state.job.name:
+                tick.emit(state.task_id, ev.JobDeleteRequested(state.job.name, "timeout"))
             continue
         deadline = refusal_deadline(state, ctx.settings)
-        if deadline is not None and ctx.now >= deadline and state.refused_since:
-            refused = int((ctx.now - state.refused_since).total_seconds())
-            job_name = state.job_name or ""
-            tick.emit(state.task_id, ev.JobSubmitFailed(job_name, state.pending_diagnosis or "",
+        if deadline is not None and ctx.now >= deadline and state.job.refused_since:
+            refused = int((ctx.now - state.job.refused_since).total_seconds())
+            job_name = state.job.name or ""
+            tick.emit(state.task_id, ev.JobSubmitFailed(job_name, state.job.pending_diagnosis or "",
                                                         refused))
             if job_name:
                 tick.emit(state.task_id, ev.JobDeleteRequested(job_name, "pods refused"))
             continue
         deadline = provisioning_deadline(state, ctx.settings)
-        began = state.pool_requested_at or state.awaiting_nodes_since
+        began = state.pool.requested_at or state.job.awaiting_nodes_since
         if deadline is not None and ctx.now >= deadline and began:
             waited = int((ctx.now - began).total_seconds())
-            pool = state.node_pool_name or ""
+            pool = state.pool.name or ""
             if _retains(state, ctx):
                 tick.emit(state.task_id, ev.NodeWaitExtended(pool, waited))
                 continue
             tick.emit(state.task_id, ev.NodePoolTimedOut(pool, waited, _wait_cause(state)))
-            if state.job_name and state.job_uid:
-                tick.emit(state.task_id, ev.JobDeleteRequested(state.job_name,
+            if state.job.name and state.job.uid:
+                tick.emit(state.task_id, ev.JobDeleteRequested(state.job.name,
                                                                "nodes not ready"))
 
 
@@ -178,7 +179,7 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
     moments: list[dt.datetime] = []
     for state in states:
         if state.is_terminal:
-            if state.pool_disposition == PoolDisposition.DELETE_FAILED:
+            if state.pool.disposition == PoolDisposition.DELETE_FAILED:
                 due = retry_due_at(state, "NodePoolDeleteFailed", settings.retry)
                 if due is not None:
                     moments.append(due)
@@ -190,13 +191,13 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
         for kind, states_retrying in RETRIES:
             if state.state in states_retrying and (
                     kind == "ReservationInsufficient"
-                    or state.pool_intent == PoolIntent.CREATE_STARTED):
+                    or state.pool.intent == PoolIntent.CREATE_STARTED):
                 # A pool's looks are retried while its create is followed; a
                 # workload waiting for an autoscaled pool's nodes has none to retry.
                 due = retry_due_at(state, kind, settings.retry)
                 if due is not None:
                     moments.append(due)
-        if state.api_retries and state.pool_intent is None:
+        if state.retries.api_calls and state.pool.intent is None:
             due = call_retry_due_at(state, RESERVATION_CHECK)
             if due is not None:
                 moments.append(due)

@@ -133,8 +133,8 @@ _SLOT_STATES = frozenset(
     if chart.status_of(state) == chart.PENDING and chart.pending_reason(state) in chart.SLOT_REASONS
 )
 
-_LABEL_FIELDS = operator.attrgetter("state", "failure_reason", "cluster_name", "topology",
-                                    "supply_mode")
+_LABEL_FIELDS = operator.attrgetter("state", "ending.failure_reason", "placement.cluster_name",
+                                    "submission.topology", "pool.supply_mode")
 #: (state, failure_reason, cluster, topology, supply_mode) -> number of tasks.
 Groups = Tally[tuple[str, str | None, str | None, str, str | None]]
 
@@ -148,9 +148,9 @@ def group_tasks(states: Iterable[TaskState]) -> tuple[Groups, dict[tuple[str, st
     snapshot = states if isinstance(states, (list, tuple)) else list(states)
     groups: Groups = Tally(map(_LABEL_FIELDS, snapshot))
     holders = {
-        (state.cluster_name, state.topology): state.task_id
+        (state.placement.cluster_name, state.submission.topology): state.task_id
         for state in snapshot
-        if state.state in _SLOT_STATES and state.cluster_name
+        if state.state in _SLOT_STATES and state.placement.cluster_name
     }
     return groups, holders
 
@@ -502,18 +502,18 @@ class Transition:
     at: dt.datetime
 
     def observe(self, metrics: Metrics) -> None:
-        submitted = self.state.submitted_at
+        submitted = self.state.submission.submitted_at
         if submitted is None:
             return
         seconds = max(0.0, (self.at - submitted).total_seconds())
         if self.status == chart.RUNNING:
             metrics.submit_to_running.labels(
-                self.state.cluster_name or NO_CLUSTER, self.state.topology,
-                self.state.supply_mode or "").observe(seconds)
+                self.state.placement.cluster_name or NO_CLUSTER, self.state.submission.topology,
+                self.state.pool.supply_mode or "").observe(seconds)
         else:
-            reason = (self.state.failure_reason or "") if self.status == chart.FAILED else ""
+            reason = (self.state.ending.failure_reason or "") if self.status == chart.FAILED else ""
             metrics.submit_to_terminal.labels(
-                self.status, reason, self.state.topology).observe(seconds)
+                self.status, reason, self.state.submission.topology).observe(seconds)
 
 
 class MetricsProjection:

@@ -138,7 +138,7 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
         case ev.TaskRejected():
             return [Node(f"invalid task spec: {event.field}: {event.detail}", source, at)]
         case ev.NoMatchingCluster():
-            return [Node(f"no active cluster offers {state.tpu_type}", source, at)]
+            return [Node(f"no active cluster offers {state.submission.tpu_type}", source, at)]
         case ev.NodePoolFailed():
             return [Node(f"GKE: {event.error}", source, at),
                     Node(f"node pool {event.pool_name} cannot be used", source, at)]
@@ -199,7 +199,7 @@ def _wait_nodes(state: TaskState, record: RecordedEvent | None) -> list[Node]:
     match event:
         case ev.ReservationInsufficient():
             return [Node(f"reservation {event.reservation} has {event.remaining} slice(s) of "
-                         f"{state.topology} free, {event.needed} needed "
+                         f"{state.submission.topology} free, {event.needed} needed "
                          f"(reservation_remaining_slices={event.remaining} "
                          f"reservation_needed_slices={event.needed})", source, at)]
         case ev.NodesNotReady():
@@ -245,7 +245,7 @@ def _pending_nodes(record: RecordedEvent) -> list[Node]:
 
 def _queue_nodes(state: TaskState, queue: Mapping[str, Any] | None) -> list[Node]:
     if queue is None:
-        return [Node(f"waiting for a cluster of {state.tpu_type}", "queue view")]
+        return [Node(f"waiting for a cluster of {state.submission.tpu_type}", "queue view")]
     where = f"queue {queue.get('cluster') or queue.get('cluster_id')}/{queue.get('topology')}"
     waiting = queue.get("waiting") or []
     mine = next((w for w in waiting if w.get("task_id") == state.task_id), None)

@@ -42,12 +42,12 @@ def row_values(state: TaskState, lang: str) -> dict[str, Any]:
         "status": status,
         "reason": state.reason,
         "message": task_message(state, lang),
-        "cluster_id": state.cluster_id,
-        "node_pool_name": state.node_pool_name,
-        "job_uid": state.job_uid,
-        "dispatched_at": state.dispatched_at,
-        "aborted_at": state.aborted_at,
-        "finished_at": state.finished_at,
+        "cluster_id": state.placement.cluster_id,
+        "node_pool_name": state.pool.name,
+        "job_uid": state.job.uid,
+        "dispatched_at": state.job.dispatched_at,
+        "aborted_at": state.ending.aborted_at,
+        "finished_at": state.ending.finished_at,
         "updated_at": state.updated_at,
     }
 

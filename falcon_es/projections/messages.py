@@ -310,10 +310,10 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
     parts = []
     if state.message_key:
         parts.append(render(state.message_key, state.message_args, lang))
-    for pool, taker in state.pools_retained.items():
+    for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
-                               and state.note_args.get("pool_name") in state.pools_retained):
+                               and state.note_args.get("pool_name") in state.pool.retained):
         parts.append(render(state.note_key, state.note_args, lang))
     return SEPARATOR[lang].join(parts) or None
 

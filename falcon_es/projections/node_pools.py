@@ -27,17 +27,17 @@ def pool_state(holder: TaskState, pool: str) -> str:
     """What became of the pool, as its holder's events tell."""
     if pool in holder.retained_idle:
         return IDLE_RETAINED
-    disposition = holder.pool_disposition
-    if disposition is not None and holder.pools_deleting and pool not in holder.pools_deleting:
+    disposition = holder.pool.disposition
+    if disposition is not None and holder.pool.deleting and pool not in holder.pool.deleting:
         return DELETED  # deleted by an earlier request of the task
     if disposition == PoolDisposition.DELETED:
         return DELETED
     if (disposition in (PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED)
-            or holder.pool_intent == PoolIntent.FAILED):
+            or holder.pool.intent == PoolIntent.FAILED):
         return DELETING
     if disposition == PoolDisposition.RETAINED:
         return IDLE_RETAINED
-    if holder.pool_intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED):
+    if holder.pool.intent in (PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED):
         return CREATING
     return ACTIVE
 
@@ -54,7 +54,7 @@ def pool_samples(tasks: TaskStates, clusters: Mapping[str, Cluster]) -> list[Poo
         cluster = clusters.get(cluster_id)
         samples.append(PoolSample(
             cluster=cluster.name if cluster is not None else cluster_id, name=name,
-            topology=holder.topology, supply_mode=holder.supply_mode or "",
+            topology=holder.submission.topology, supply_mode=holder.pool.supply_mode or "",
             state=pool_state(holder, name), owner_task=holder_id,
             created_at=index.created_at((cluster_id, name)),
         ))

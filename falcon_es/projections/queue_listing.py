@@ -28,8 +28,8 @@ def queue_rows(
             state = tasks.get(task_id)
             holders.append({
                 "task_id": task_id,
-                "actor": state.actor if state else None,
-                "name": state.name if state else None,
+                "actor": state.submission.actor if state else None,
+                "name": state.submission.name if state else None,
                 "status": state.status if state else None,
                 "reason": state.reason if state else None,
             })

@@ -178,11 +178,12 @@ class QueueView:
             if isinstance(event, ev.TaskPicked):
                 state = self.tasks.get(record.stream_id)
                 if state is not None:
-                    book.served((event.cluster_id, event.topology), state.actor)
+                    book.served((event.cluster_id, event.topology), state.submission.actor)
             elif isinstance(event, ev.NodePoolRetained):
                 state = self.tasks.get(record.stream_id)
-                if state is not None and state.cluster_id is not None:
-                    book.pool_retained(event.pool_name, (state.cluster_id, state.topology))
+                if state is not None and state.placement.cluster_id is not None:
+                    book.pool_retained(event.pool_name, (state.placement.cluster_id,
+                                                         state.submission.topology))
             elif isinstance(event, (ev.NodePoolDeleteRequested, ev.NodePoolDeleted)):
                 for pool in (event.pool_name, *event.slice_pools):
                     book.pool_gone(pool)
@@ -265,8 +266,8 @@ class QueueView:
         since = state.phase_started_at or now
         reservation = (state.message_args if state.message_key == "ReservationInsufficient"
                        else None)
-        reason = wait_reason(f"{state.actor}: {state.name}", state.reason or state.status,
-                             since, reservation, self.lang)
+        reason = wait_reason(f"{state.submission.actor}: {state.submission.name}",
+                             state.reason or state.status, since, reservation, self.lang)
         return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since,
                                                      phases[-1] if phases else None,
                                                      self.book.running(key) + 1,
@@ -303,9 +304,10 @@ class QueueView:
         book = self.book
         for state in states:
             self._place(state)
-            if state.is_terminal and state.cluster_id is not None:
+            if state.is_terminal and state.placement.cluster_id is not None:
                 for pool in state.retained_idle:
-                    book.pool_retained(pool, (state.cluster_id, state.topology))
+                    book.pool_retained(
+                        pool, (state.placement.cluster_id, state.submission.topology))
         for key, actor in served.items():
             book.served(key, actor)
         book.commit()

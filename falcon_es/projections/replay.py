@@ -118,7 +118,7 @@ class _Unended:
     def picked(self, stream_id: str, version: int, event: ev.Event,
                state: TaskState | None) -> None:
         if isinstance(event, ev.TaskPicked) and state is not None:
-            self.served[(event.cluster_id, event.topology)] = state.actor
+            self.served[(event.cluster_id, event.topology)] = state.submission.actor
 
     def view(self, lang: str) -> QueueView:
         view = QueueView(TaskStates(self.states), lang, QueueBook(self.policy))
@@ -333,9 +333,11 @@ def state_rows(states: TaskStates, lang: str, queues: QueueView | None = None) -
     ``queues``, waiting tasks show their position then)."""
     positions = dict(queues.all_positions()) if queues is not None else {}
     rows = []
-    for state in sorted(states.all(), key=lambda s: (s.submitted_at or dt.datetime.min, s.task_id)):
+    for state in sorted(states.all(), key=lambda s: (
+            s.submission.submitted_at or dt.datetime.min, s.task_id)):
         values = row_values(state, lang)
         if state.task_id in positions:
             values["message"] = positions[state.task_id]
-        rows.append({"id": state.task_id, "name": state.name, "actor": state.actor, **values})
+        rows.append({"id": state.task_id, "name": state.submission.name,
+                     "actor": state.submission.actor, **values})
     return rows

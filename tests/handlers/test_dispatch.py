@@ -15,7 +15,7 @@ def test_a_task_whose_pool_is_ready_asks_for_its_job_on_that_pool(
     bench.bring("t1", "pool-ready")
 
     assert bench.run() == [("t1", ev.JobSubmitRequested("falcon-t1", "falcon-t1-2x2"))]
-    assert bench.state("t1").job_intent == "submit-requested"
+    assert bench.state("t1").job.intent == "submit-requested"
     assert (bench.row("t1")["status"], bench.row("t1")["reason"]) == ("Pending", "Dispatching")
 
 

@@ -70,7 +70,7 @@ def test_a_waiting_tasks_priority_changes_with_the_requester_and_the_order_follo
     assert task == "second" and isinstance(changed, ev.PriorityChanged)
     assert (changed.old, changed.new, changed.requester) == (0, 50, "ops-alice")
     assert changed.requested_at == bench.clock.now()
-    assert bench.state("second").priority == 50
+    assert bench.state("second").submission.priority == 50
     assert bench.row("second")["message"].startswith("#1, next in line")
     assert bench.row("first")["message"].startswith("#2, 1 ahead (user-a: second)")
     # Read again inside the margin: applied already, nothing more is recorded.

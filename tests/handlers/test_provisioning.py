@@ -69,7 +69,7 @@ def test_a_pool_retained_for_the_task_is_reused_instead_of_creating_one(
     bench.bring("new", "picked")
 
     assert bench.run() == [("new", ev.NodePoolReused("falcon-old-2x2", "old", "reservation"))]
-    assert bench.state("new").node_pool_name == "falcon-old-2x2"
+    assert bench.state("new").pool.name == "falcon-old-2x2"
 
 
 def test_a_retained_pool_gone_while_idle_is_given_up_and_a_new_one_asked_for(

@@ -79,7 +79,7 @@ def test_waiting_tasks_leave_a_cluster_that_went_inactive_acquiring_ones_stay(
     bench.set_cluster_status("v6e-res", "maintenance")
 
     assert bench.run() == [("waiting", ev.TaskRequeued(cluster.id, "v6e-res", "maintenance"))]
-    assert bench.state("waiting").cluster_id is None
+    assert bench.state("waiting").placement.cluster_id is None
     assert bench.state("acquiring").reason == "Provisioning"
 
 

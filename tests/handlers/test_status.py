@@ -171,19 +171,19 @@ def test_pods_refused_by_a_webhook_show_at_once_and_clear_when_pods_are_created(
     row = bench.row("t1")
     assert (row["status"], row["reason"], row["message"]) == (
         "Pending", "Dispatching", f"pods of Job falcon-t1 cannot be created: {WEBHOOK}")
-    refused_at = bench.state("t1").refused_since
+    refused_at = bench.state("t1").job.refused_since
     assert refused_at == bench.clock.now()
 
     bench.advance(30)  # the Job controller tried again: the same words, counted
     bench.observe("t1", resource_version=6, refusal=CreateRefusal(WEBHOOK, count=4))
     assert bench.run() == []
-    assert bench.state("t1").refused_since == refused_at
+    assert bench.state("t1").job.refused_since == refused_at
 
     pending = PodObservation("falcon-t1-0", "Pending", reason="Unschedulable",
                              message="0/2 nodes are available: 2 Insufficient google.com/tpu")
     bench.observe("t1", resource_version=8, pods=(pending,))
     assert [type(e) for _, e in bench.run()] == [ev.PodsPending]
-    assert bench.state("t1").refused_since is None
+    assert bench.state("t1").job.refused_since is None
     assert bench.row("t1")["message"].startswith("pods pending: ")
     assert bench.backlog() == 0
 
@@ -208,13 +208,13 @@ def test_a_transient_refusal_is_shown_and_starts_no_grace(make_bench: HandlerBen
 
     bench.observe("t1", resource_version=3, refusal=CreateRefusal(WEBHOOK, transient=True))
     assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, True, 3))]
-    assert bench.state("t1").refused_since is None
+    assert bench.state("t1").job.refused_since is None
     assert bench.row("t1")["message"].endswith(" (expected to clear; waiting)")
 
     # The same words, no longer transient: the grace starts now.
     bench.observe("t1", resource_version=4, refusal=CreateRefusal(WEBHOOK))
     assert bench.run() == [("t1", ev.PodsRefused("falcon-t1", WEBHOOK, False, 4))]
-    assert bench.state("t1").refused_since == bench.clock.now()
+    assert bench.state("t1").job.refused_since == bench.clock.now()
 
 
 def test_pods_waiting_for_an_autoscaled_pools_nodes_are_waiting_for_node_and_a_refusal_shows(
@@ -246,15 +246,15 @@ def test_pods_waiting_for_an_autoscaled_pools_nodes_are_waiting_for_node_and_a_r
     row = bench.row("t1")
     assert (row["status"], row["reason"], row["message"]) == (
         "Pending", "Dispatching", f"pods of Job falcon-t1 cannot be created: {WEBHOOK}")
-    assert bench.state("t1").refused_since == bench.clock.now()
+    assert bench.state("t1").job.refused_since == bench.clock.now()
 
     bench.observe("t1", resource_version=8, pods=(pending,))
     assert [type(e) for _, e in bench.run()] == [ev.NodesAwaited]
-    assert bench.state("t1").refused_since is None
+    assert bench.state("t1").job.refused_since is None
     bench.advance(3600)
     bench.observe("t1", resource_version=9, active=1,
                   pods=(PodObservation("falcon-t1-0", "Running"),))
     assert bench.run() == [("t1", ev.PodsRunning(1, 1, 9))]
     state = bench.state("t1")
-    assert (state.status, state.dispatched_at) == ("Running", bench.clock.now())
+    assert (state.status, state.job.dispatched_at) == ("Running", bench.clock.now())
     assert bench.backlog() == 0

@@ -149,4 +149,4 @@ def test_a_refusal_that_clears_or_is_transient_fails_nothing(
     bench.advance(3600)
     assert bench.run() == []
     assert timeouts.next_due([bench.state("t1")], bench.settings) == (
-        bench.state("t1").dispatched_at + dt.timedelta(seconds=7200))  # its own timeout only
+        bench.state("t1").job.dispatched_at + dt.timedelta(seconds=7200))  # its own timeout only

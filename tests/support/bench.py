@@ -162,19 +162,20 @@ class HandlerBench:
 
     def _step(self, step: str, state: TaskState, cluster: Cluster) -> tuple[ev.Event, ...]:
         """The events that take ``state`` through ``step`` of ``STEPS`` on ``cluster``."""
-        shape = slice_shape(state.tpu_type, state.topology)
-        pool = naming.pool_name(state.task_id, state.topology)
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        pool = naming.pool_name(state.task_id, state.submission.topology)
         job = naming.job_name(state.task_id)
-        supply_mode = str(state.spec.get("supply_mode") or (
-            "reservation" if cluster.default_reservation else "flex-start"))
+        supply_mode = state.submission.spec.supply_mode or (
+            "reservation" if cluster.default_reservation else "flex-start")
         match step:
             case "waiting":
-                return (ev.ClusterChosen(cluster.id, cluster.name, state.topology,
+                return (ev.ClusterChosen(cluster.id, cluster.name, state.submission.topology,
                                          "only-candidate",
                                          ({"cluster_id": cluster.id, "name": cluster.name,
                                            "queued": 0, "idle_pool": False},)),)
             case "picked":
-                return (ev.TaskPicked(cluster.id, state.topology, "only-waiting", (), None, 1),)
+                return (ev.TaskPicked(cluster.id, state.submission.topology, "only-waiting", (),
+                                      None, 1),)
             case "create-requested":
                 return (ev.NodePoolCreateRequested(
                     pool, supply_mode, shape.machine_type, shape.hosts,
@@ -204,15 +205,17 @@ class HandlerBench:
         its ``NodePoolCreateRequested`` (same name, shape, supply mode and labels);
         returns the create operation."""
         state = self.state(task_id)
-        request = state.pool_request
-        cluster = self._cluster_by_id(state.cluster_id)
-        supply_mode = str(request["supply_mode"])
+        request = state.pool.request
+        assert request is not None
+        cluster = self._cluster_by_id(state.placement.cluster_id)
+        supply_mode = request.supply_mode
         return self.ports.node_pools.create(NodePoolSpec(
-            cluster=cluster, name=str(request["pool_name"]),
-            shape=slice_shape(state.tpu_type, state.topology), supply_mode=supply_mode,
-            reservation=request.get("reservation"),
-            scale_down_unneeded_seconds=int(request["scale_down_unneeded_seconds"]),
-            labels=pool_labels(task_id, state.topology, supply_mode)))
+            cluster=cluster, name=request.pool_name,
+            shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+            supply_mode=supply_mode,
+            reservation=request.reservation,
+            scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
+            labels=pool_labels(task_id, state.submission.topology, supply_mode)))
 
     def add_pool(self, name: str, labels: Mapping[str, str], *, cluster: str | None = None,
                  topology: str = "2x2", supply_mode: str = "flex-start") -> Operation:
@@ -248,8 +251,8 @@ class HandlerBench:
         ``job_uid`` says otherwise)."""
         state = self.state(task_id)
         observation = JobObservation(
-            cluster_name=state.cluster_name or "", job_name=state.job_name or "",
-            job_uid=job_uid if job_uid is not None else (state.job_uid or ""),
+            cluster_name=state.placement.cluster_name or "", job_name=state.job.name or "",
+            job_uid=job_uid if job_uid is not None else (state.job.uid or ""),
             task_id=naming.task_label(task_id), resource_version=resource_version,
             active=active, succeeded=succeeded, failed=failed, completions=completions,
             pods=tuple(pods), observed_at=observed_at or self.clock.now(),

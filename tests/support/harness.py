@@ -261,7 +261,8 @@ class Harness:
         """The sim behaviour of a task's Job: its spec's ``sim`` (wired as the
         composition root does, so handlers never see it)."""
         state = self.app.tasks.get(task_id)
-        return state.spec.get("sim") if state is not None else None
+        sim = state.submission.spec.sim if state is not None else None
+        return dataclasses.asdict(sim) if sim is not None else None
 
     # --------------------------------------------------------------- set-up
     def add_cluster(self, config: SimClusterConfig) -> Cluster:
@@ -345,7 +346,7 @@ class Harness:
         if (self.ticks_since_start == 0 or self.executor.has_outcomes
                 or self.executor.open_intents()
                 or any(not s.is_terminal or needs_disposal(s) or task_intents(s)
-                       or s.pool_disposition == "delete-failed" for s in states)):
+                       or s.pool.disposition == "delete-failed" for s in states)):
             return False
         return all(status in ("Succeeded", "Failed", "Aborted")
                    for status, _ in self.statuses().values())

@@ -48,8 +48,8 @@ def behaviour_from_tasks(tasks: TaskStates) -> BehaviourSource:
 
     def lookup(task_id: str) -> Mapping[str, Any] | None:
         state = tasks.get(task_id)
-        sim = state.spec.get("sim") if state is not None else None
-        return sim if isinstance(sim, Mapping) else None
+        sim = state.submission.spec.sim if state is not None else None
+        return dataclasses.asdict(sim) if sim is not None else None
 
     return lookup
 
