@@ -3,6 +3,7 @@ its holders of retained pools, per pool."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
