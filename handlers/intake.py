@@ -3,14 +3,25 @@ priority change requests the upper layer wrote are folded into the log."""
 
 from __future__ import annotations
 
+import logging
+
 from falcon_es import chart
 from falcon_es import events as ev
 from falcon_es.context import HandlerContext
 from falcon_es.runtime import Tick
 from falcon_es.scheduling import PriorityChange, PriorityRefused, judge_priority_request
+from falcon_es.inbox import NewRow
 from falcon_es.spec import INVALID_ID, SpecError, parse_spec
 
+log = logging.getLogger("falcon_es.intake")
+
 INTAKE_BATCH = 5000
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """Bound what an unexpected error can put into a Message."""
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
@@ -38,17 +49,33 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
     for row in rows:
         if tick.state(row.id) is not None or row.id in in_log:
             continue
-        actor = f"upper-layer:{row.actor}"
-        try:
-            spec = parse_spec(row.spec_raw, ctx.spec_limits)
-        except SpecError as error:
-            tick.emit(row.id, ev.TaskRejected(row.name, row.actor, error.reason, error.field,
-                                              error.detail), actor=actor)
-            continue
-        tick.emit(row.id, ev.TaskAccepted(
+        take_in(tick, ctx, row)
+
+
+def take_in(tick: Tick, ctx: HandlerContext, row: NewRow) -> None:
+    """One new row into the log, accepted or rejected. Whatever goes wrong while
+    judging it (a decoder or validator raising something it was never meant to) fails
+    this row alone: its Reason and a Message naming what raised, logged once (the row
+    is failed, so it is never read as new again)."""
+    actor = f"upper-layer:{row.actor}"
+    try:
+        spec = parse_spec(row.spec_raw, ctx.spec_limits)
+        accepted = ev.TaskAccepted(
             name=row.name, actor=row.actor, spec=spec.to_data(), tpu_type=spec.tpu_type,
             topology=spec.topology, submitted_at=row.created_at,
-        ), actor=actor)
+        )
+    except SpecError as error:
+        tick.emit(row.id, ev.TaskRejected(row.name, row.actor, error.reason, error.field,
+                                          error.detail), actor=actor)
+        return
+    except Exception as error:  # noqa: BLE001 - one row's trouble stays that row's
+        detail = f"could not be read ({type(error).__name__}: {_short(str(error))})"
+        log.warning("job row %s failed at intake: spec: %s", row.id, detail,
+                    extra={"task_id": row.id})
+        tick.emit(row.id, ev.TaskRejected(row.name, row.actor, "InvalidSpec", "spec", detail),
+                  actor=actor)
+        return
+    tick.emit(row.id, accepted, actor=actor)
 
 
 def notice_abort_requests(tick: Tick, ctx: HandlerContext) -> None:
