@@ -36,7 +36,9 @@ from falcon_es.lifecycle_index import LifecycleIndex
 from falcon_es.live_set import LiveSet
 from falcon_es.loop import Leadership, Loop, Script, leadership_fence
 from falcon_es.ports import Ports
-from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
+from falcon_es.projections.job_table import (
+    JobTableProjection, RefusedRowsProjection, RowCheckProjection,
+)
 from falcon_es.projections.queues import QueueView
 from falcon_es.reservation_reads import ReservationReads
 from falcon_es.runtime import AfterCommit, Controller, Handler, Tick, TickReport
@@ -104,9 +106,11 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
     live = LiveSet(tasks, index, create_grace_seconds=settings.create_visibility_grace_seconds)
+    # Refusals before the task rows: a row refused DuplicateId is never its id's task's.
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, job, settings.language), queue_view, index,
-        RefusedRowsProjection(job, settings.language)]
+        tasks, RefusedRowsProjection(job, settings.language),
+        JobTableProjection(tasks, job, settings.language),
+        RowCheckProjection(tasks, job, settings.language), queue_view, index]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:
@@ -327,7 +331,8 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor,
                 metrics: Metrics | None, leadership: Leadership | None,
                 world_store: WorldStore | None = None) -> Controller:
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
-                     ignored=metrics.job_row_ignored if metrics is not None else None)
+                     ignored=metrics.job_row_ignored if metrics is not None else None,
+                     diverged=metrics.job_row_diverged if metrics is not None else None)
     settings = app.settings
     reservation_reads = ReservationReads(settings.reservation_read_seconds)
 

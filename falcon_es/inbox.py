@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import json
 import logging
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
@@ -22,8 +23,9 @@ from sqlalchemy.engine import Engine
 
 from falcon_es import db, statuses
 from falcon_es.clock import Clock
+from falcon_es.events import ROW_CHECKS_STREAM
 from falcon_es.spec import INVALID_COLUMN, INVALID_ID
-from falcon_es.tables import STREAM_ID_LENGTH, JobTable, task_events
+from falcon_es.tables import ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, task_events
 from falcon_es.timestamps import as_timestamp
 
 log = logging.getLogger("falcon_es.inbox")
@@ -60,6 +62,17 @@ PRIORITY_MARGIN = dt.timedelta(minutes=10)
 PRIORITY_FIRST_WINDOW = dt.timedelta(days=1)
 #: Ids per ``IN (...)`` when asking the log which rows it knows.
 _IDS_PER_QUERY = 500
+#: The newest new rows every poll reads besides the oldest ``limit``: however many
+#: older rows look new (an upper layer setting thousands back to Pending), a row just
+#: submitted is read at the next tick. The older ones are judged ``limit`` a tick and
+#: marked (a Reason written), so they stop looking new.
+NEWEST_ROWS = 100
+#: How often (clock seconds) the job rows of the tasks in memory are compared with
+#: the log, and how many rows one tick reads: a full pass over N tasks takes
+#: ceil(N / ROW_CHECK_PAGE) ticks, so a row set back, forged or rewritten is put right
+#: within ROW_CHECK_SECONDS plus that many ticks.
+ROW_CHECK_SECONDS = 60.0
+ROW_CHECK_PAGE = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +103,18 @@ class BadRow:
     name: str
     actor: str
     problem: RowProblem
+
+
+@dataclasses.dataclass(frozen=True)
+class SeenRow:
+    """A task's job row as the row check reads it: Status and Reason, the created_at
+    (None when unreadable) and the spec as stored."""
+
+    id: str
+    status: Any
+    reason: Any
+    created_at: dt.datetime | None
+    spec_raw: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +149,15 @@ class Inbox(Protocol):
 
     def priority_refused(self, row: PriorityRow, why: str) -> None: ...
 
+    def rows_to_check(self, task_ids: Callable[[], Collection[str]]) -> list[str]: ...
 
+    def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]: ...
+
+    def first_finding(self, task_id: str, found: str) -> bool: ...
+
+
+#: Called once per finding of the row check (``JobRowDiverged.found``): the metric.
+Diverged = Callable[[str], None]
 #: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
 #: ``ID_TOO_LONG``, ``PRIORITY_REFUSED``): the metric.
 Ignored = Callable[[str], None]
@@ -134,6 +167,7 @@ Ignored = Callable[[str], None]
 class _Statements:
     new_rows: sa.Select[Any]
     poll: sa.CompoundSelect
+    rows_of: sa.Select[Any]
     unknown: sa.CompoundSelect
     #: The first page of the recent window, and each page after a (created_at, id).
     recent_first: sa.Select[Any]
@@ -149,16 +183,20 @@ def _statements(job: JobTable) -> _Statements:
     new_rows = (sa.select(*new_columns).where(is_new).order_by(c.created_at, c.id)
                 .limit(sa.bindparam("limit")))
     first = new_rows.subquery("new_rows")
-    # Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
-    # every abort request, told apart by ``is_abort`` and ordered as the new rows are.
-    # Each half fills the other's columns with typed NULLs so every column keeps its
-    # result processing.
+    newest = (sa.select(*new_columns).where(is_new)
+              .order_by(c.created_at.desc(), c.id.desc()).limit(NEWEST_ROWS)
+              .subquery("newest_rows"))
+    # Both inputs in one statement: new rows (the oldest ``limit`` and the newest
+    # ``NEWEST_ROWS``, each with its own LIMIT in a derived table, read twice when
+    # both hold them) and every abort request, told apart by ``is_abort`` and ordered
+    # as the new rows are. Each part fills the others' columns with typed NULLs so
+    # every column keeps its result processing.
     poll = sa.union_all(
-        sa.select(
-            first.c.id, first.c.name, first.c.actor, first.c.spec_raw, first.c.created_at,
+        *(sa.select(
+            part.c.id, part.c.name, part.c.actor, part.c.spec_raw, part.c.created_at,
             sa.type_coerce(sa.null(), c.aborting_at.type).label("aborting_at"),
             sa.literal(0).label("is_abort"),
-        ),
+        ) for part in (first, newest)),
         sa.select(
             c.id.label("id"), sa.type_coerce(sa.null(), c.name.type).label("name"),
             sa.type_coerce(sa.null(), c.actor.type).label("actor"),
@@ -169,7 +207,13 @@ def _statements(job: JobTable) -> _Statements:
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
     recent_first, recent_next = _recent_pages(job)
-    return _Statements(new_rows, poll, _unknown_statuses(job), recent_first, recent_next)
+    rows_of = sa.select(
+        c.id.label("id"), c.status.label("status"), c.reason.label("reason"),
+        sa.type_coerce(c.created_at, sa.types.NullType).label("created_at"),
+        sa.type_coerce(c.spec, sa.Text).label("spec_raw"),
+    ).where(c.id.in_(sa.bindparam("ids", expanding=True)))
+    return _Statements(new_rows, poll, rows_of, _unknown_statuses(job), recent_first,
+                       recent_next)
 
 
 def _priority_requests(job: JobTable) -> sa.Select[Any]:
@@ -256,8 +300,15 @@ class JobInbox:
     no tick carries a whole window of recent rows."""
 
     def __init__(self, engine: Engine, job: JobTable, *, clock: Clock | None = None,
-                 ignored: Ignored | None = None) -> None:
+                 ignored: Ignored | None = None, diverged: Diverged | None = None) -> None:
         self.engine = engine
+        self._diverged = diverged
+        #: The row check: when the next pass starts, the ids its pass has still to
+        #: read, and the (task, finding) already recorded (None: not read from the
+        #: log yet).
+        self._next_check: dt.datetime | None = None
+        self._to_check: list[str] = []
+        self._findings: set[tuple[str, str]] | None = None
         self.job = job
         self.reader = db.read_only(engine)
         self.clock = clock
@@ -360,12 +411,16 @@ class JobInbox:
         aborts: list[AbortRow] = []
         with self.reader.connect() as conn:
             rows = conn.exec_driver_sql(sql, params).all()
+        read: set[Any] = set()
         for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
             if is_abort:
                 abort = self._abort_row(row_id, aborting_at)
                 if abort is not None:
                     aborts.append(abort)
                 continue
+            if row_id in read:  # among both the oldest and the newest
+                continue
+            read.add(row_id)
             taken = _new_row(row_id, name, actor, spec_raw, created_at)
             if isinstance(taken, NewRow):
                 new.append(taken)
@@ -374,6 +429,48 @@ class JobInbox:
         if self.clock is not None:
             self._scan_strays(self.clock.now())
         return InboxPoll(self, limit, new, bad, aborts, self.priority_rows())
+
+    # ------------------------------------------------------------ the row check
+    def rows_to_check(self, task_ids: Callable[[], Collection[str]]) -> list[str]:
+        """The next page of task ids whose rows the row check compares with the log:
+        a pass over every task in memory (``task_ids``, asked at its start) every
+        ``ROW_CHECK_SECONDS``, ``ROW_CHECK_PAGE`` ids a tick."""
+        if not self._to_check:
+            now = self.clock.now() if self.clock is not None else None
+            if now is None or (self._next_check is not None and now < self._next_check):
+                return []
+            self._next_check = now + dt.timedelta(seconds=ROW_CHECK_SECONDS)
+            self._to_check = sorted(task_ids(), reverse=True)
+        page = self._to_check[-ROW_CHECK_PAGE:]
+        del self._to_check[-ROW_CHECK_PAGE:]
+        return page
+
+    def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
+        """These tasks' rows as they are now, by id (a task without a row is absent)."""
+        found: dict[str, SeenRow] = {}
+        ids = sorted(task_ids)
+        with self.reader.connect() as conn:
+            for start in range(0, len(ids), _IDS_PER_QUERY):
+                for row in conn.execute(self._statements.rows_of,
+                                        {"ids": ids[start:start + _IDS_PER_QUERY]}):
+                    row_id = _text(row.id)
+                    if row_id is not None:
+                        found[row_id] = SeenRow(row_id, row.status, row.reason,
+                                                as_timestamp(row.created_at), row.spec_raw)
+        return found
+
+    def first_finding(self, task_id: str, found: str) -> bool:
+        """True the first time this finding of this task is asked about, also across
+        restarts (the findings the log records are read once); counts it then."""
+        if self._findings is None:
+            self._findings = _findings_recorded(self.reader)
+        key = (task_id, found)
+        if key in self._findings:
+            return False
+        self._findings.add(key)
+        if self._diverged is not None:
+            self._diverged(found)
+        return True
 
     def _driver_sql(self, key: str, statement: sa.Select[Any] | sa.CompoundSelect,
                     ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
@@ -461,6 +558,18 @@ class JobInbox:
             self._ignored(why)
 
 
+def _findings_recorded(reader: Engine) -> set[tuple[str, str]]:
+    """(task id, finding) of every ``JobRowDiverged`` in the log."""
+    with reader.connect() as conn:
+        rows = conn.execute(sa.select(task_events.c.data).where(
+            task_events.c.stream_id == ROW_CHECKS_STREAM)).scalars().all()
+    found = set()
+    for data in rows:
+        decoded = json.loads(data) if isinstance(data, (str, bytes)) else data
+        found.add((str(decoded["task_id"]), str(decoded["found"])))
+    return found
+
+
 def _streams_known(conn: sa.Connection, ids: Collection[str]) -> set[str]:
     """Which of these ids name a stream in the log (its first event, by the unique
     (stream_id, version) index). Asked with the ids as values rather than joined:
@@ -493,6 +602,9 @@ def _new_row(row_id: Any, name: Any, actor: Any, spec_raw: Any,
         problem = RowProblem(INVALID_COLUMN, "name", f"expected text, found {_shown(name)}")
     elif task_actor is None:
         problem = RowProblem(INVALID_COLUMN, "actor", f"expected text, found {_shown(actor)}")
+    elif len(task_actor) > ACTOR_LENGTH:
+        problem = RowProblem(INVALID_COLUMN, "actor", f"{len(task_actor)} characters, longer "
+                             f"than the {ACTOR_LENGTH} Falcon-ES keeps")
     when = as_timestamp(created_at)
     if problem is None and when is None:
         problem = RowProblem(INVALID_COLUMN, "created_at",
@@ -555,3 +667,12 @@ class InboxPoll:
 
     def priority_refused(self, row: PriorityRow, why: str) -> None:
         self.inbox.priority_refused(row, why)
+
+    def rows_to_check(self, task_ids: Callable[[], Collection[str]]) -> list[str]:
+        return self.inbox.rows_to_check(task_ids)
+
+    def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
+        return self.inbox.rows_of(task_ids)
+
+    def first_finding(self, task_id: str, found: str) -> bool:
+        return self.inbox.first_finding(task_id, found)

@@ -33,6 +33,8 @@ def autoscaled(supply_mode: str | None) -> bool:
 #: Falcon-ES cannot use; the row's id does not fit the log.
 INVALID_COLUMN = "InvalidColumn"
 INVALID_ID = "InvalidId"
+#: Reason of a row whose id the log knows as another submission (a reused id).
+DUPLICATE_ID = "DuplicateId"
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.

@@ -219,6 +219,17 @@ class EventStore:
                     _STREAMS_KNOWN, {"ids": ids[first:first + STREAMS_PER_READ]}).scalars())
         return known
 
+    def streams_started(self, stream_ids: Collection[str]) -> dict[str, dt.datetime]:
+        """Those of these streams that have events in the log, with when each began
+        (its first event's recorded_at)."""
+        ids = sorted(set(stream_ids))
+        started: dict[str, dt.datetime] = {}
+        for first in range(0, len(ids), STREAMS_PER_READ):
+            with self.reader.connect() as conn:
+                started.update((row.stream_id, row.recorded_at) for row in conn.execute(
+                    _STREAMS_STARTED, {"ids": ids[first:first + STREAMS_PER_READ]}))
+        return started
+
     def read_after(
         self, position: int, *, batch_size: int = 2000, until: int | None = None
     ) -> Iterator[RecordedEvent]:
@@ -322,6 +333,9 @@ _READ_STREAMS = (
     .order_by(task_events.c.stream_id, task_events.c.version)
 )
 _STREAMS_KNOWN = sa.select(task_events.c.stream_id).where(
+    task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)),
+    task_events.c.version == 1)
+_STREAMS_STARTED = sa.select(task_events.c.stream_id, task_events.c.recorded_at).where(
     task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)),
     task_events.c.version == 1)
 
