@@ -652,9 +652,11 @@ class InboxPoll:
         self._priorities = priorities or []
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
+        """Asked for the poll's limit or more, every new row it read: the oldest and
+        the newest ``NEWEST_ROWS`` (which no number of older rows may hide)."""
         if limit > self.limit and len(self._new) + len(self._bad) >= self.limit:
             return self.inbox.new_rows(limit)
-        return self._new[:limit]
+        return list(self._new) if limit >= self.limit else self._new[:limit]
 
     def bad_rows(self) -> list[BadRow]:
         return list(self._bad)
