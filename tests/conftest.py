@@ -17,11 +17,11 @@ import freezegun
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db
-from falcon_es.bootstrap import App, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.tables import JobTable, metadata
+from falcon_es.storage import db
+from falcon_es.app.bootstrap import App, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.tables import JobTable, metadata
 
 # pydantic builds a model's schema on first use; under a frozen clock it would meet
 # freezegun's FakeDatetime (the kubernetes client's models are pydantic's), so whether

@@ -12,24 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The composition root: the only core modules that may wire in handlers, projections
-#: and adapters (bootstrap.py and cli.py choose the backends and handlers).
-#: service.py wires a running controller for the commands built on it (demo.py,
-#: simulate.py): they choose backends and handlers, so they belong to the root too.
-#: cli.py is now the falcon_es/cli/ package: every module in it is part of the root.
-COMPOSITION_ROOT_PACKAGES = ("falcon_es/cli/",)
-COMPOSITION_ROOT = frozenset({
-    "falcon_es/bootstrap.py", "falcon_es/__main__.py",
-    "falcon_es/service.py", "falcon_es/demo.py", "falcon_es/simulate.py",
-})
-#: Benchmarks drive the whole application, like the CLI that runs them.
-OUTSIDE_THE_CORE = ("falcon_es/bench/",)
-ABOVE_THE_CORE = ("falcon_es.handlers", "falcon_es.projections")
-ADAPTERS = "falcon_es.adapters"
 #: Calls that build a mutable container.
 MUTABLE_FACTORIES = frozenset({"list", "dict", "set", "defaultdict", "deque", "OrderedDict",
                                "Counter", "bytearray"})
 MUTABLE_LITERALS = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+ADAPTERS = "falcon_es.adapters"
 
 
 def modules(*tops: str) -> list[str]:
@@ -59,34 +46,25 @@ def imported(relative: str) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"{module}.{alias.name}"
 
 
-CORE = [m for m in modules("falcon_es")
-        if m not in COMPOSITION_ROOT and not m.startswith(COMPOSITION_ROOT_PACKAGES)
-        and not m.startswith(OUTSIDE_THE_CORE)]
+def test_the_floor_plan_holds() -> None:
+    """The layers and independences declared in pyproject.toml ([tool.importlinter]),
+    checked by import-linter on the installed package, TYPE_CHECKING imports included."""
+    from importlinter.cli import lint_imports
+
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0, (
+        "an import breaks the floor plan; `lint-imports` prints which and where")
 
 
-def test_the_scan_sees_the_core() -> None:
-    for expected in ("falcon_es/store.py", "falcon_es/task.py", "falcon_es/chart.py",
-                     "falcon_es/runtime.py", "falcon_es/db.py"):
-        assert expected in CORE
-    assert not any(m in CORE for m in COMPOSITION_ROOT)
-    assert "falcon_es/cli/__init__.py" in modules("falcon_es")
-    assert not any(m.startswith(COMPOSITION_ROOT_PACKAGES) for m in CORE)
-    assert list(imported("falcon_es/bootstrap.py"))
+def test_the_floor_plan_covers_every_package() -> None:
+    """Every sub-package of falcon_es sits in a layer, so nothing escapes the contract."""
+    import tomllib
 
-
-@pytest.mark.parametrize("module", CORE)
-def test_core_modules_import_no_handlers_projections_or_adapters(module: str) -> None:
-    is_adapter = module.startswith("falcon_es/adapters/")
-    wrong = []
-    for line, name in imported(module):
-        if any(name == above or name.startswith(above + ".") for above in ABOVE_THE_CORE):
-            wrong.append(f"{module}:{line} imports {name}")
-        elif not is_adapter and (name == ADAPTERS or name.startswith(ADAPTERS + ".")):
-            wrong.append(f"{module}:{line} imports {name}")
-    wrong = [w for w in wrong if not any(w.startswith(other + ".") for other in wrong)]
-    assert wrong == [], (
-        "falcon_es core must not import handlers, projections or an adapter; only the "
-        "composition root (bootstrap.py, cli/) may: " + "; ".join(wrong))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    layers = next(c["layers"] for c in config["tool"]["importlinter"]["contracts"]
+                  if c["type"] == "layers")
+    declared = {name.strip() for layer in layers for name in layer.split("|")}
+    packages = {f"falcon_es.{path.parent.name}" for path in (ROOT / "falcon_es").glob("*/__init__.py")}
+    assert packages - {"falcon_es.demo_data"} == declared
 
 
 def _mutable(value: ast.expr) -> bool:
@@ -116,7 +94,7 @@ def mutables_in(source: str, label: str) -> Iterator[str]:
             yield f"{label}:{node.lineno} {' = '.join(names)}"
 
 
-@pytest.mark.parametrize("module", modules("falcon_es", "handlers", "projections"))
+@pytest.mark.parametrize("module", modules("falcon_es"))
 def test_no_module_level_mutable_state(module: str) -> None:
     found = list(mutables_in((ROOT / module).read_text(encoding="utf-8"), module))
     assert found == [], ("module constants must be immutable (tuple, frozenset, "
@@ -135,8 +113,8 @@ def test_the_mutable_state_check_catches_what_it_should() -> None:
 
 
 def test_relative_imports_are_resolved(tmp_path: Path) -> None:
-    resolved = {name for _, name in imported("falcon_es/bootstrap.py")}
-    assert "falcon_es.store" in resolved and "falcon_es.projections.job_table" in resolved
+    resolved = {name for _, name in imported("falcon_es/app/bootstrap.py")}
+    assert "falcon_es.storage.store" in resolved and "falcon_es.projections.job_table" in resolved
 
 
 # --- Import cycles -----------------------------------------------------------------
@@ -168,14 +146,8 @@ def test_relative_imports_are_resolved(tmp_path: Path) -> None:
 # package (``from falcon_es.adapters.gcp import pools`` in one of its modules) is a
 # cycle: that module sees whatever the half-run ``__init__`` has bound so far.
 
-#: Where each package of the wheel lives in the repository: handlers/, projections/
-#: and schema/ sit at the top and are installed (symlinked) under falcon_es.
-INSTALLED_PACKAGES = (
-    ("falcon_es", "falcon_es"),
-    ("handlers", "falcon_es.handlers"),
-    ("projections", "falcon_es.projections"),
-    ("schema", "falcon_es.schema"),
-)
+#: Where each package of the wheel lives in the repository.
+INSTALLED_PACKAGES = (("falcon_es", "falcon_es"),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,10 +291,10 @@ def describe_cycles(edges: list[Edge]) -> list[str]:
 
 def test_the_import_graph_sees_every_installed_module() -> None:
     sources = installed_sources()
-    for expected in ("falcon_es", "falcon_es.store", "falcon_es.adapters.gcp",
+    for expected in ("falcon_es", "falcon_es.storage.store", "falcon_es.adapters.gcp",
                      "falcon_es.adapters.sim.world", "falcon_es.handlers",
                      "falcon_es.handlers.intake", "falcon_es.projections.job_table",
-                     "falcon_es.schema.env"):
+                     "falcon_es.migrations.env"):
         assert expected in sources, expected
     assert not any(name.startswith(("handlers", "projections", "schema"))
                    for name in sources)

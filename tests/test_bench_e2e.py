@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from tests.conftest import MYSQL_SERVER
-from falcon_es import chart
+from falcon_es.domain import chart
 from falcon_es.bench import e2e
 from falcon_es.cli import main
 

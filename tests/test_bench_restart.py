@@ -7,12 +7,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from falcon_es import db
+from falcon_es.storage import db
 from falcon_es.bench import restart
-from falcon_es.bootstrap import open_app
+from falcon_es.app.bootstrap import open_app
 from falcon_es.cli import main
-from falcon_es.settings import Settings
-from falcon_es.tables import JobTable, live_streams
+from falcon_es.config.settings import Settings
+from falcon_es.storage.tables import JobTable, live_streams
 
 #: The job table under Falcon-ES's own names (what the tests create).
 job = JobTable().table

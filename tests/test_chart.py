@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from statemachine.exceptions import TransitionNotAllowed
 
-from falcon_es import chart
-from falcon_es import events as ev
+from falcon_es.domain import chart
+from falcon_es.domain import events as ev
 
 
 def _chart_in(state: str) -> chart.TaskChart:

@@ -15,12 +15,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from falcon_es import db
-from falcon_es.bootstrap import build_service, open_app
+from falcon_es.storage import db
+from falcon_es.app.bootstrap import build_service, open_app
 from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.tables import JobTable, clusters
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.tables import JobTable, clusters
 from falcon_es.handlers import intake
 
 from tests.conftest import MYSQL_SERVER, scratch_mysql

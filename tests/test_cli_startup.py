@@ -39,9 +39,9 @@ print(json.dumps({"output": out.getvalue(), "modules": sorted(sys.modules)}))
 #: library of the long-running processes.
 CLIENTS = ("google", "grpc", "kubernetes", "prometheus_client")
 #: What only the controller and the commands that fold or append need.
-CONTROLLER = ("statemachine", "alembic", "falcon_es.bootstrap", "falcon_es.handlers",
+CONTROLLER = ("statemachine", "alembic", "falcon_es.app.bootstrap", "falcon_es.handlers",
               "falcon_es.projections", "falcon_es.adapters", "falcon_es.observability",
-              "falcon_es.chart", "falcon_es.events")
+              "falcon_es.domain.chart", "falcon_es.domain.events")
 
 
 def loaded(*args: str) -> tuple[str, set[str]]:
@@ -99,7 +99,7 @@ def test_history_and_events_read_the_log_without_the_controller(db_url: str,
     for command in (("history", known_task), ("events", "--json")):
         output, modules = loaded("--db", db_url, *command)
         assert "TaskAccepted" in output
-        assert among(modules, ("statemachine", "falcon_es.bootstrap", "falcon_es.handlers",
+        assert among(modules, ("statemachine", "falcon_es.app.bootstrap", "falcon_es.handlers",
                                "falcon_es.projections", "falcon_es.adapters")) == []
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
 from tests.support.harness import Crash, CrashPlan, Harness, reserved_cluster, sim_config
 from tests.conftest import migrate
 

@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from falcon_es import db
+from falcon_es.storage import db
 from falcon_es.cli import main
-from falcon_es.tables import JobTable
+from falcon_es.storage.tables import JobTable
 
 #: The upper layer's table as someone might have written it by hand: no aborted_at, no
 #: job_uid, created_at stored as text, and a reason that may never be empty.

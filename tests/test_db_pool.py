@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db
+from falcon_es.storage import db
 
 
 def _pinged_checkouts(engine: sa.Engine) -> list[bool]:

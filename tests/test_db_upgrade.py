@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import command
 from click.testing import CliRunner, Result
 
-from falcon_es import db
+from falcon_es.storage import db
 from falcon_es.cli import main
 
 OWN_TABLES = {"task_events", "log_head", "checkpoints", "clusters", "alembic_version",

@@ -9,15 +9,17 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from falcon_es.bootstrap import build_service
-from falcon_es import db, job_rows, registry, service
+from falcon_es.app.bootstrap import build_service
+from falcon_es.storage import db, registry
+from falcon_es.jobtable import job_rows
+from falcon_es.app import service
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.adapters.sim import load_sim_config
-from falcon_es.demo import demo_config_path, run_demo
-from falcon_es.ports import TASK_EVENTS_TOPIC
-from falcon_es.settings import Settings
-from falcon_es.simulate import run_simulation
+from falcon_es.app.demo import demo_config_path, run_demo
+from falcon_es.domain.ports import TASK_EVENTS_TOPIC
+from falcon_es.config.settings import Settings
+from falcon_es.app.simulate import run_simulation
 from falcon_es.handlers import outbox
 from tests.conftest import migrate
 

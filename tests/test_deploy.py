@@ -11,6 +11,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
 from falcon_es.observability import HealthServer, Metrics, PoolSample
-from falcon_es.ports import RETRYABLE
-from falcon_es.task import TaskState
+from falcon_es.domain.ports import RETRYABLE
+from falcon_es.domain.task import TaskState
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -333,10 +334,9 @@ def test_dockerfile_copies_every_package_the_wheel_needs() -> None:
               for source in rest.split()[:-1]}
     for source in copied:
         assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
-    text = (ROOT / "pyproject.toml").read_text()
-    packages = re.search(r"packages = \[(.*?)\]", text, re.DOTALL)
-    assert packages is not None
-    top_levels = {name.split(".")[0] for name in re.findall(r'"([\w.]+)"', packages.group(1))}
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    top_levels = {pattern.rstrip("*").split(".")[0] for pattern in included}
     assert top_levels <= copied, f"not copied: {top_levels - copied}"
     assert "pyproject.toml" in copied and "README.md" in copied
 

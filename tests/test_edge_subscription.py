@@ -6,10 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from falcon_es.bootstrap import build_service
-from falcon_es import job_rows, registry, service
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
+from falcon_es.app.bootstrap import build_service
+from falcon_es.jobtable import job_rows
+from falcon_es.storage import registry
+from falcon_es.app import service
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
 from tests.conftest import migrate
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2",

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections.explain import LiveLook, Node, explain, render
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 

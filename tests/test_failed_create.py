@@ -13,9 +13,9 @@ import pytest
 
 from falcon_es.adapters.sim.config import SimConfig, SimConfigError
 from falcon_es.adapters.sim.kube_api import DENIAL, DENYING_WEBHOOK
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.spec import SpecError, parse_spec
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.domain.spec import SpecError, parse_spec
 from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]

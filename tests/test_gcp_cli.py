@@ -25,7 +25,9 @@ import pytest
 from click.testing import CliRunner, Result
 from google.oauth2 import service_account
 
-from falcon_es import job_rows, registry
+from falcon_es.domain.clusters import cluster_stream
+from falcon_es.jobtable import job_rows
+from falcon_es.storage import registry
 from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
@@ -34,14 +36,14 @@ from falcon_es.adapters.gcp.wiring import build_cluster_manager
 from falcon_es.adapters.sim import (
     ClusterBehaviour, JobDefaults, SimConfig, SimWorld, Span, build_sim_ports,
 )
-from falcon_es.bootstrap import open_app
+from falcon_es.app.bootstrap import open_app
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock, WallClock, utcnow
-from falcon_es.manifests import JobPlacement, render_job
-from falcon_es.ports import JobObservation
-from falcon_es.settings import Settings
-from falcon_es.spec import SUPPLY_MODES
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clock import VirtualClock, WallClock, utcnow
+from falcon_es.domain.manifests import JobPlacement, render_job
+from falcon_es.domain.ports import JobObservation
+from falcon_es.config.settings import Settings
+from falcon_es.domain.spec import SUPPLY_MODES
+from falcon_es.domain.tpu import slice_shape
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator, free_port
@@ -373,7 +375,7 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     app = open_app(Settings(db_url=installation.db_url))
     (cluster,) = app.cluster_cache.clusters()
     last = {r.event.topology: (r.event.slices, r.recorded_at.isoformat())
-            for r in app.store.read_stream(registry.cluster_stream(cluster.id))
+            for r in app.store.read_stream(cluster_stream(cluster.id))
             if r.type_name == "ReservationRead"}
     app.close()
     assert set(last) == {"2x2", "4x4"}

@@ -15,9 +15,9 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 
 from falcon_es.adapters.gcp.compute import ComputeReservations, WorkloadPolicies
-from falcon_es.ports import INVALID, NOT_FOUND, PERMISSION_DENIED, RETRYABLE, PortError
-from falcon_es.registry import Cluster
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.ports import INVALID, NOT_FOUND, PERMISSION_DENIED, RETRYABLE, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import slice_shape
 from tests.fakes.compute_server import FakeCompute, serve_rest
 
 PROJECT, ZONE = "proj-a", "us-east5-b"

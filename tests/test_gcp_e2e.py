@@ -28,19 +28,21 @@ from typing import Any
 
 import pytest
 
-from falcon_es import job_rows, manifests, naming
+from falcon_es.jobtable import job_rows
+from falcon_es.domain import manifests, naming
 from falcon_es.adapters.gcp import build_gcp_ports
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.sim import SimClusterConfig, SimConfig
 from falcon_es.adapters.sim.config import QuotaConfig, Span, StockoutConfig
 from falcon_es.adapters.sim.kube_api import DENIAL
-from falcon_es.bootstrap import open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.registry import Cluster, list_clusters
-from falcon_es.retry import Backoff
-from falcon_es.settings import Settings
-from falcon_es.tpu import slice_shape
+from falcon_es.app.bootstrap import open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.clusters import Cluster
+from falcon_es.storage.registry import list_clusters
+from falcon_es.config.retry import Backoff
+from falcon_es.config.settings import Settings
+from falcon_es.domain.tpu import slice_shape
 from falcon_es.handlers import outbox
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name

@@ -19,7 +19,7 @@ from google.cloud import container_v1
 from falcon_es.adapters.gcp import errors, pools
 from falcon_es.adapters.gcp.compute import WorkloadPolicies
 from falcon_es.adapters.gcp.gke import GkeNodePools, cluster_manager_client
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     FAILED,
     INVALID,
@@ -31,8 +31,8 @@ from falcon_es.ports import (
     NodePoolSpec,
     PortError,
 )
-from falcon_es.registry import Cluster
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import slice_shape
 from tests.fakes import compute_server, gke_server
 
 PROJECT, ZONE, NAME = "proj-a", "us-east5-b", "edge-a"

@@ -31,10 +31,10 @@ from falcon_es.adapters.gcp.informer import (
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
-from falcon_es.clock import VirtualClock, utcnow
-from falcon_es.manifests import TASK_ID_ANNOTATION
-from falcon_es.ports import CreateRefusal, JobObservation
-from falcon_es.retry import Backoff
+from falcon_es.domain.clock import VirtualClock, utcnow
+from falcon_es.domain.manifests import TASK_ID_ANNOTATION
+from falcon_es.domain.ports import CreateRefusal, JobObservation
+from falcon_es.config.retry import Backoff
 from tests.fakes import fixtures
 from tests.fakes.fixtures import (
     RecordingBus,

@@ -22,7 +22,7 @@ the second line of defence.
 
 from __future__ import annotations
 
-from falcon_es.ports import JobObservation
+from falcon_es.domain.ports import JobObservation
 from tests.test_gcp_informer import close_world, make_world, submit
 
 def _torn(observation: JobObservation) -> bool:

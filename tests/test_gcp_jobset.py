@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from falcon_es import naming
+from falcon_es.domain import naming
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster
-from falcon_es.manifests import JobPlacement, render_jobset
-from falcon_es.ports import ALREADY_EXISTS, JOBSET_KIND, PortError
-from falcon_es.spec import SpecLimits, parse_spec
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.manifests import JobPlacement, render_jobset
+from falcon_es.domain.ports import ALREADY_EXISTS, JOBSET_KIND, PortError
+from falcon_es.domain.spec import SpecLimits, parse_spec
+from falcon_es.domain.tpu import slice_shape
 from tests.fakes import fixtures
 from tests.fakes.fixtures import edge_cluster_row, edge_clusters_for
 from tests.fakes.kube_server import FakeKubeServer
@@ -114,7 +114,7 @@ def test_the_informer_publishes_one_observation_per_jobset(kube_server: FakeKube
     import threading
 
     from falcon_es.adapters.gcp.informer import EdgeInformer, InformerSettings
-    from falcon_es.ports import JobObservation
+    from falcon_es.domain.ports import JobObservation
     from tests.fakes.fixtures import RecordingBus
 
     edges = edge_clusters_for(kube_server, request_timeout_seconds=10.0)

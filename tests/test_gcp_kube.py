@@ -26,9 +26,9 @@ from falcon_es.adapters.gcp.kube_auth import (
     KubeEndpoint,
     endpoint_from_gke,
 )
-from falcon_es.clock import VirtualClock, utcnow
-from falcon_es.manifests import TASK_ID_ANNOTATION
-from falcon_es.ports import (
+from falcon_es.domain.clock import VirtualClock, utcnow
+from falcon_es.domain.manifests import TASK_ID_ANNOTATION
+from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     FAILED,
     INVALID,

@@ -17,7 +17,7 @@ from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.publisher import exceptions as publish_exceptions
 
 from falcon_es.adapters.gcp.pubsub import UNDECODABLE_KEY, PubSubBus
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     INVALID,
     NOT_FOUND,
     BusMessage,

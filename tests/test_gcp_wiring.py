@@ -18,8 +18,8 @@ from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.gcp.wiring import is_local
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings, SettingsError
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings, SettingsError
 
 NO_ADC = {"GOOGLE_APPLICATION_CREDENTIALS": "", "NO_GCE_CHECK": "True",
           "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",

@@ -1,5 +1,5 @@
-"""Issue 20: no row of the job table can stop the controller, and no submission is
-silently lost. Every case runs on SQLite and MariaDB against an upper layer's own job
+"""No row of the job table can stop the controller, and no submission is silently
+lost (README, 'The job table'). Every case runs on SQLite and MariaDB against an upper layer's own job
 table (a binary-collated id and a wider actor column where the case needs them),
 written with plain SQL through the upper layer's own driver connection.
 """
@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from falcon_es import db
-from falcon_es import events as ev
+from falcon_es.storage import db
+from falcon_es.domain import events as ev
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.inbox import ROW_CHECK_SECONDS
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.jobtable.inbox import ROW_CHECK_SECONDS
 from falcon_es.projections import replay
 from falcon_es.projections.explain import explain, render
 from falcon_es.projections.messages import CUT_MARK, MESSAGE_BYTES, fit_message
@@ -226,7 +226,7 @@ def test_an_actor_longer_than_the_log_keeps_fails_its_row_and_db_check_names_the
     assert message_of(upper, "wide") == (
         "unreadable job row: column actor: 200 characters, longer than the 128 Falcon-ES keeps")
     checked = CliRunner().invoke(main, ["--db", any_url, "db", "check"])
-    assert ("note: job.actor is VARCHAR(300): values longer than the 128 characters of "
+    assert ("note: job.actor is VARCHAR(300): actors longer than the 128 characters of "
             "Falcon-ES's last_served.actor are failed at intake (Reason InvalidColumn)"
             ) in checked.stdout
 

@@ -10,11 +10,13 @@ from collections.abc import Iterator, Sized
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import chart, db, inbox
-from falcon_es import events as ev
-from falcon_es.clock import VirtualClock
-from falcon_es.store import EventStore, Meta, StreamAppend
-from falcon_es.tables import JobTable
+from falcon_es.domain import chart
+from falcon_es.storage import db
+from falcon_es.jobtable import inbox
+from falcon_es.domain import events as ev
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.storage.store import EventStore, Meta, StreamAppend
+from falcon_es.storage.tables import JobTable
 
 START = dt.datetime(2026, 11, 1, 8, 0, 0)
 PAGE = 3

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import job_rows
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.tables import JobTable
+from falcon_es.jobtable import job_rows
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.tables import JobTable
 from falcon_es.handlers import intake
 from tests.conftest import migrate
 

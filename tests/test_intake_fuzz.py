@@ -16,18 +16,18 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from falcon_es import job_rows
-from falcon_es.bootstrap import App
-from falcon_es.runtime import Controller
-from falcon_es.spec import (
+from falcon_es.jobtable import job_rows
+from falcon_es.app.bootstrap import App
+from falcon_es.engine.runtime import Controller
+from falcon_es.domain.spec import (
     FORBIDDEN_FIELDS,
     KNOWN_FIELDS,
     SpecError,
     TaskSpec,
     parse_spec,
 )
-from falcon_es.tables import JobTable
-from falcon_es.tpu import TPU_TYPES
+from falcon_es.storage.tables import JobTable
+from falcon_es.domain.tpu import TPU_TYPES
 from falcon_es.projections.messages import render
 from tests.test_scheduling import add_cluster, controller
 

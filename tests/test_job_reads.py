@@ -9,10 +9,11 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db, job_reads, job_rows
-from falcon_es.db_urls import MysqlTarget, SqliteTarget, driver_target
-from falcon_es.job_mapping import JobMapping
-from falcon_es.tables import JobTable
+from falcon_es.storage import db
+from falcon_es.jobtable import job_reads, job_rows
+from falcon_es.config.db_urls import MysqlTarget, SqliteTarget, driver_target
+from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage.tables import JobTable
 
 SPEC = {"image": "img:1", "tpu_type": "v6e", "topology": "2x2"}
 AT = dt.datetime(2026, 11, 1, 8, 0, 0, 123456)

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db, job_rows
-from falcon_es import events as ev
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.store import EventStore, Meta, StreamAppend
-from falcon_es.tables import JobTable
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import EventStore, Meta, StreamAppend
+from falcon_es.storage.tables import JobTable
 from falcon_es.handlers import intake
 from falcon_es.projections import replay
 
@@ -382,7 +383,7 @@ def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: 
     """SQLite before 3.33 has no UPDATE ... FROM and gets the per-row compare-and-set;
     both forms must leave identical rows, an unfolded abort included."""
     from falcon_es.projections import job_table
-    from falcon_es.task import Change, fold
+    from falcon_es.domain.task import Change, fold
 
     for task_id in ("a1", "a2", "b1", "b2"):
         new_row(app, task_id)

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from falcon_es import naming
-from falcon_es.manifests import JobPlacement, child_job_name, render_jobset
-from falcon_es.spec import SpecLimits, parse_spec
-from falcon_es.tpu import TPU_TYPES, slice_shape
+from falcon_es.domain import naming
+from falcon_es.domain.manifests import JobPlacement, child_job_name, render_jobset
+from falcon_es.domain.spec import SpecLimits, parse_spec
+from falcon_es.domain.tpu import TPU_TYPES, slice_shape
 
 PLACEMENT = JobPlacement(namespace="falcon-jobs", service_account="falcon-task",
                          bucket="logs-bucket", ttl_seconds_after_finished=3600)

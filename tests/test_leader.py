@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from falcon_es import db
-from falcon_es.leader import AlreadyRunning, DatabaseLock
+from falcon_es.storage import db
+from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
 
 
 def test_second_controller_is_refused_then_allowed_after_release(db_url: str) -> None:

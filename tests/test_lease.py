@@ -27,8 +27,10 @@ from click.testing import CliRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
-from falcon_es import db, job_rows, service
+from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
+from falcon_es.app import service
 from falcon_es.adapters.gcp.lease import (
     LeaseConfigError,
     LeaseElector,
@@ -38,11 +40,11 @@ from falcon_es.adapters.gcp.lease import (
 )
 from falcon_es.adapters.sim import SimWorld
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.loop import LOST_LEADERSHIP, LoopReport
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.loop import LOST_LEADERSHIP, LoopReport
 from falcon_es.observability.health import HealthServer
-from falcon_es.settings import Settings
-from falcon_es.store import EventStore
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import EventStore
 from tests.fakes.kube_server import FakeKubeServer
 from tests.support.harness import reserved_cluster, sim_config
 from tests.conftest import migrate

@@ -12,15 +12,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from falcon_es import manifests, naming
+from falcon_es.domain import manifests, naming
 from falcon_es.adapters.sim.config import (
     QUOTA_AT_CREATE, DeliveryFaults, FaultRule, QuotaConfig, Span, StockoutConfig,
 )
-from falcon_es.clock import VirtualClock
-from falcon_es.task_manifests import pool_labels
-from falcon_es.ports import NodePoolSpec
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.task_manifests import pool_labels
+from falcon_es.domain.ports import NodePoolSpec
+from falcon_es.config.settings import Settings, SettingsError
+from falcon_es.domain.tpu import slice_shape
 from tests.support.harness import (
     Harness, Harnesses, flex_cluster, reserved_cluster,
 )
@@ -510,7 +510,7 @@ def test_orphan_pools_are_deleted_outside_the_grace(make: Make, db_url: str) -> 
 
 
 def _clusters(h: Harness) -> list:
-    from falcon_es.registry import list_clusters
+    from falcon_es.storage.registry import list_clusters
 
     with h.app.engine.connect() as conn:
         return list_clusters(conn)
@@ -519,7 +519,7 @@ def _clusters(h: Harness) -> list:
 def test_a_failed_job_seen_before_its_failed_pod_waits_for_the_root_cause(make: Make) -> None:
     """An informer's Job and Pod watches deliver independently: a Job reported Failed
     with no failed pod in view is held (unacked) until the pod's reason arrives."""
-    from falcon_es.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation
+    from falcon_es.domain.ports import EDGE_EVENTS_TOPIC, JobObservation, PodObservation
 
     h = make(reserved_cluster())
     h.submit("t1", sim={"duration_seconds": 3600})

@@ -1,4 +1,4 @@
-"""Abort in every phase (the abort table in ``handlers/abort.py``).
+"""Abort in every phase (the abort table in ``falcon_es/handlers/abort.py``).
 
 Each test asserts the exact (Status, Reason) sequence of the job table, that nothing
 the task started is left running, and what became of its node pool.
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from falcon_es.adapters.sim.config import FaultRule, Span, StockoutConfig
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from tests.support.harness import (
     Crash, CrashPlan, Harness, Harnesses, flex_cluster, reserved_cluster,
 )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from falcon_es.lifecycle_index import Group, LifecycleIndex
-from falcon_es.task import TaskState, TaskStates
+from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
+from falcon_es.domain.task import TaskState, TaskStates
 
 T0 = dt.datetime(2026, 11, 1, 9)
 

@@ -13,18 +13,19 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from falcon_es import db, registry
-from falcon_es import events as ev
-from falcon_es.clock import VirtualClock
-from falcon_es.ports import NodePoolSpec
-from falcon_es.settings import Settings
-from falcon_es.store import EventStore, Meta, StreamAppend
-from falcon_es.tables import JobTable, last_served, live_streams
+from falcon_es.domain.clusters import Cluster
+from falcon_es.storage import db, registry
+from falcon_es.domain import events as ev
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.ports import NodePoolSpec
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import EventStore, Meta, StreamAppend
+from falcon_es.storage.tables import JobTable, last_served, live_streams
 
 #: The job table under Falcon-ES's own names (what the tests create).
 job = JobTable().table
-from falcon_es.task_manifests import pool_labels
-from falcon_es.tpu import slice_shape
+from falcon_es.engine.task_manifests import pool_labels
+from falcon_es.domain.tpu import slice_shape
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 
 Make = Callable[..., Harness]
@@ -46,7 +47,7 @@ def in_memory(h: Harness) -> set[str]:
     return {s.task_id for s in h.app.tasks.all()}
 
 
-def cluster_of(h: Harness, name: str = "v6e-res") -> registry.Cluster:
+def cluster_of(h: Harness, name: str = "v6e-res") -> Cluster:
     with h.app.engine.connect() as conn:
         found = registry.find_cluster(conn, name)
     assert found is not None
@@ -266,7 +267,7 @@ def test_the_migration_gives_an_existing_log_its_live_set_and_can_run_again(
 
 def test_a_controller_started_on_a_migrated_log_folds_its_live_set(
         db_url: str, clock: VirtualClock) -> None:
-    from falcon_es.bootstrap import load_task_states, open_app
+    from falcon_es.app.bootstrap import load_task_states, open_app
 
     engine = db.make_engine(db_url)
     try:
@@ -295,7 +296,7 @@ def test_a_controller_started_on_a_migrated_log_folds_its_live_set(
 
 def test_the_live_rows_are_written_in_the_append_itself(db_url: str, clock: VirtualClock) -> None:
     """A tick that rolls back leaves the table as it was: the rows commit with the events."""
-    from falcon_es.bootstrap import open_app
+    from falcon_es.app.bootstrap import open_app
 
     app = open_app(Settings(db_url=db_url), clock)
     try:
@@ -320,7 +321,7 @@ def _explode(conn: sa.Connection) -> None:
 
 def test_another_writers_event_on_a_stream_that_left_memory_is_read_whole_quietly(
         db_url: str, clock: VirtualClock, caplog: pytest.LogCaptureFixture) -> None:
-    from falcon_es.bootstrap import load_task_states, open_app
+    from falcon_es.app.bootstrap import load_task_states, open_app
 
     mine = open_app(Settings(db_url=db_url), clock, follow_log=True)
     other = open_app(Settings(db_url=db_url), clock)
@@ -333,7 +334,7 @@ def test_another_writers_event_on_a_stream_that_left_memory_is_read_whole_quietl
         other.store.append([StreamAppend("t1", 1, (ev.AbortIgnored("Failed"),),
                                          Meta(actor="upper-layer"))])
         assert mine.follower is not None
-        with caplog.at_level("ERROR", logger="falcon_es.follow"):
+        with caplog.at_level("ERROR", logger="falcon_es.engine.follow"):
             mine.follower.catch_up()
         assert "never folded" not in caplog.text
         assert mine.follower.position == mine.store.head()

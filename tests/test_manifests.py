@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from falcon_es import manifests, naming
-from falcon_es.manifests import JobPlacement, render_headless_service, render_job
-from falcon_es.spec import parse_spec
-from falcon_es.tpu import TPU_TYPES, slice_shape
+from falcon_es.domain import manifests, naming
+from falcon_es.domain.manifests import JobPlacement, render_headless_service, render_job
+from falcon_es.domain.spec import parse_spec
+from falcon_es.domain.tpu import TPU_TYPES, slice_shape
 
 PLACEMENT = JobPlacement(namespace="falcon-jobs", service_account="falcon-task",
                          bucket="logs-bucket", ttl_seconds_after_finished=3600)

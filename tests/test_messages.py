@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from falcon_es import events as ev
-from falcon_es import job_rows
-from falcon_es.bootstrap import open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.store import Meta, StreamAppend
-from falcon_es.task import fold
+from falcon_es.domain import events as ev
+from falcon_es.jobtable import job_rows
+from falcon_es.app.bootstrap import open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import Meta, StreamAppend
+from falcon_es.domain.task import fold
 from falcon_es.projections import messages
 from falcon_es.projections.job_table import row_values
 
@@ -191,7 +191,7 @@ def test_status_reason_message_in_english_and_chinese(
 
 
 def test_the_combinations_cover_every_state_and_failure_reason() -> None:
-    from falcon_es import chart
+    from falcon_es.domain import chart
 
     covered = {(s, r) for _, s, r, _, _ in COMBINATIONS}
     for state in chart.STATES:
@@ -316,7 +316,7 @@ def test_falcon_lang_selects_the_catalog_of_the_projected_rows(db_url: str) -> N
 
 
 def test_english_is_the_default_and_unknown_languages_are_refused() -> None:
-    from falcon_es.settings import SettingsError
+    from falcon_es.config.settings import SettingsError
 
     assert Settings.from_env({}).language == "en"
     assert Settings().language == "en"

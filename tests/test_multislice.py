@@ -10,14 +10,14 @@ from types import MappingProxyType
 
 import pytest
 
-from falcon_es import events as ev
-from falcon_es import task
+from falcon_es.domain import events as ev
+from falcon_es.domain import task
 from falcon_es.adapters.sim.config import Span, StockoutConfig
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections import replay
 from falcon_es.projections.messages import task_message as project_message
 from falcon_es.projections.node_pools import pool_samples
-from falcon_es.settings import Settings
+from falcon_es.config.settings import Settings
 from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]

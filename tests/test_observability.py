@@ -14,17 +14,17 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from falcon_es.bootstrap import build_service
-from falcon_es import db
-from falcon_es import events as ev
-from falcon_es.clock import VirtualClock
+from falcon_es.app.bootstrap import build_service
+from falcon_es.storage import db
+from falcon_es.domain import events as ev
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.observability import ObservabilityConfigError, ObservabilitySettings, logs
 from falcon_es.observability.health import HealthError, HealthServer
 from falcon_es.observability.metrics import Metrics, PoolSample, error_code, queue_figures
-from falcon_es.ports import QUOTA_EXCEEDED, PortError
-from falcon_es.registry import Cluster
-from falcon_es.store import ConcurrencyError, EventStore, Meta, StreamAppend
-from falcon_es.task import TaskState, TaskStates
+from falcon_es.domain.ports import QUOTA_EXCEEDED, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, StreamAppend
+from falcon_es.domain.task import TaskState, TaskStates
 from tests.conftest import migrate
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
@@ -674,8 +674,10 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     """The ports the service wires are metered at the boundary: each GKE, Compute,
     Kubernetes and Pub/Sub call of a task's life is timed under the API's own method
     name, a throttled create counts as an error with its code and as a retry."""
-    from falcon_es import db, job_rows, registry, service
-    from falcon_es.settings import Settings
+    from falcon_es.storage import db, registry
+    from falcon_es.jobtable import job_rows
+    from falcon_es.app import service
+    from falcon_es.config.settings import Settings
 
     world = tmp_path / "world.json"
     world.write_text(json.dumps({

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from falcon_es.clock import VirtualClock
-from falcon_es.ports import NOT_FOUND, RETRYABLE, NodePoolInfo, Operation, PortError
-from falcon_es.registry import Cluster
-from falcon_es.settings import Settings
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.ports import NOT_FOUND, RETRYABLE, NodePoolInfo, Operation, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.settings import Settings
 from tests.support.harness import Harness, flex_cluster, sim_config
 
 

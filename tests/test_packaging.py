@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a source distribution of the project holds (everything the build reads).
-SOURCES = ("pyproject.toml", "README.md", "falcon_es", "projections", "handlers", "schema")
+SOURCES = ("pyproject.toml", "README.md", "falcon_es")
 TABLES = {"task_events", "log_head", "checkpoints", "clusters", "job", "alembic_version"}
 
 
@@ -53,16 +53,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_migrations_and_every_package(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "falcon_es/schema/env.py" in names
-    assert any(n.startswith("falcon_es/schema/versions/0001") for n in names)
+    assert "falcon_es/migrations/env.py" in names
+    assert any(n.startswith("falcon_es/migrations/versions/0001") for n in names)
     for package in ("falcon_es/__init__.py", "falcon_es/__main__.py",
                     "falcon_es/projections/__init__.py", "falcon_es/handlers/__init__.py",
-                    "falcon_es/schema/__init__.py"):
+                    "falcon_es/migrations/__init__.py"):
         assert package in names, package
     on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "falcon_es").rglob("*.py")
                if "__pycache__" not in p.parts}
-    on_disk |= {f"falcon_es/{p.relative_to(ROOT)}" for top in ("projections", "handlers", "schema")
-                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert on_disk <= names, f"modules left out of the wheel: {sorted(on_disk - names)}"
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"falcon_es"}, f"the wheel installs more than one top-level name: {tops}"
@@ -82,12 +80,12 @@ def test_pip_install_of_the_wheel_into_a_fresh_venv_runs_db_upgrade(wheel: Path,
     _run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
           "--no-compile", wheel], cwd=tmp_path, env=env, timeout=600)
 
-    located = _run([venv / "bin" / "python", "-c", "import falcon_es, falcon_es.schema; "
-                    "print(falcon_es.__file__); print(falcon_es.schema.__file__)"],
+    located = _run([venv / "bin" / "python", "-c", "import falcon_es, falcon_es.migrations; "
+                    "print(falcon_es.__file__); print(falcon_es.migrations.__file__)"],
                    cwd=tmp_path, env=env)
     for path in located.stdout.split():
         assert path.startswith(str(venv)), f"imported from outside the venv: {path}"
-    for top in ("handlers", "projections", "schema"):
+    for top in ("handlers", "projections", "migrations"):
         clash = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {top}"],
                                cwd=tmp_path, env=env, capture_output=True, text=True,
                                check=False)

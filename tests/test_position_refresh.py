@@ -21,13 +21,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from falcon_es import db, job_rows, registry
-from falcon_es.bootstrap import App, build_service, open_app
+from falcon_es.storage import db, registry
+from falcon_es.jobtable import job_rows
+from falcon_es.app.bootstrap import App, build_service, open_app
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.service import Service
-from falcon_es.settings import MAX_POSITION_REFRESH_SECONDS, Settings, SettingsError
-from falcon_es.tables import JobTable
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.app.service import Service
+from falcon_es.config.settings import MAX_POSITION_REFRESH_SECONDS, Settings, SettingsError
+from falcon_es.storage.tables import JobTable
 from tests.conftest import migrate
 
 #: The job table under Falcon-ES's own names (what the fixtures create).
@@ -478,7 +479,7 @@ def test_zero_writes_every_change_with_its_append(db_url: str, clock: VirtualClo
 
 
 def test_an_interval_needs_a_clock_and_cannot_be_negative() -> None:
-    from falcon_es.task import TaskStates
+    from falcon_es.domain.task import TaskStates
 
     with pytest.raises(ValueError, match="needs the clock"):
         QueueView(TaskStates(), refresh_seconds=5)

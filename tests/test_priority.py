@@ -7,10 +7,10 @@ import datetime as dt
 
 import pytest
 
-from falcon_es import events as ev
-from falcon_es.priority import PriorityError, PriorityPolicy, parse_classes
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.spec import SpecError, SpecLimits, parse_spec
+from falcon_es.domain import events as ev
+from falcon_es.domain.priority import PriorityError, PriorityPolicy, parse_classes
+from falcon_es.config.settings import Settings, SettingsError
+from falcon_es.domain.spec import SpecError, SpecLimits, parse_spec
 from tests.test_scheduling_properties import World
 
 T0 = dt.datetime(2026, 11, 1, 9, 0, 0)  # on the 5-minute grid
@@ -244,8 +244,8 @@ def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() 
 
 
 def test_a_priority_request_applies_to_a_waiting_task_only_and_says_why_not() -> None:
-    from falcon_es.scheduling import PriorityChange, PriorityRefused, judge_priority_request
-    from falcon_es.task import fold
+    from falcon_es.domain.queue_book import PriorityChange, PriorityRefused, judge_priority_request
+    from falcon_es.domain.task import fold
 
     accepted = ev.TaskAccepted("t", "user-a", {"priority": 0}, "v6e", "2x2", T0)
     chosen = ev.ClusterChosen("c-1", "gke-a", "2x2", "only-candidate", ())

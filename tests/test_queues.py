@@ -9,12 +9,12 @@ import re
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from falcon_es import events as ev
-from falcon_es import job_rows
-from falcon_es.bootstrap import App, open_app
+from falcon_es.domain import events as ev
+from falcon_es.jobtable import job_rows
+from falcon_es.app.bootstrap import App, open_app
 from falcon_es.cli import main
-from falcon_es.settings import Settings
-from falcon_es.tables import JobTable
+from falcon_es.config.settings import Settings
+from falcon_es.storage.tables import JobTable
 from falcon_es.projections import replay as rp
 from falcon_es.projections.messages import position_message
 from falcon_es.projections.queues import queue_rows
@@ -209,7 +209,7 @@ def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
 def test_bulk_position_rendering_equals_position_message() -> None:
     import datetime as dt
 
-    from falcon_es.scheduling import Entry
+    from falcon_es.domain.queue_book import Entry
     from falcon_es.projections.queues import positions
 
     at = dt.datetime(2026, 1, 1)

@@ -11,14 +11,14 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from falcon_es import job_rows
-from falcon_es import events as ev
-from falcon_es.bootstrap import App, open_app
+from falcon_es.jobtable import job_rows
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import App, open_app
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.store import Meta, StreamAppend
-from falcon_es.tables import JobTable
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import Meta, StreamAppend
+from falcon_es.storage.tables import JobTable
 from falcon_es.projections import replay
 from tests.conftest import migrate
 

@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 from google.auth.credentials import AnonymousCredentials
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.adapters.gcp.compute import ComputeReservations
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.observability.metrics import Metrics
-from falcon_es.ports import RETRYABLE, PortError
-from falcon_es.registry import Cluster, cluster_stream
-from falcon_es.settings import Settings
+from falcon_es.domain.ports import RETRYABLE, PortError
+from falcon_es.domain.clusters import Cluster, cluster_stream
+from falcon_es.config.settings import Settings
 from tests.fakes.compute_server import FakeCompute, serve_rest
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 

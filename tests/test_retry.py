@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from falcon_es import retry
-from falcon_es.retry import Backoff, RetryConfigError, RetryPolicies
+from falcon_es.config import retry
+from falcon_es.config.retry import Backoff, RetryConfigError, RetryPolicies
 
 NOW = dt.datetime(2026, 11, 1, 9, 0, 0)
 

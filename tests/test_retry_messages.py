@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import FaultRule, SimConfig, SimConfigError
-from falcon_es.clock import VirtualClock
-from falcon_es.intents import RESERVATION_CHECK, IntentKind
-from falcon_es.ports import RETRYABLE, PortError
-from falcon_es.retry import API_OF_STEP, DEFAULT_BACKOFFS, Backoff
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.task import STEP_OUTCOMES, fold
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.intents import RESERVATION_CHECK, IntentKind
+from falcon_es.domain.ports import RETRYABLE, PortError
+from falcon_es.config.retry import API_OF_STEP, DEFAULT_BACKOFFS, Backoff
+from falcon_es.config.settings import Settings, SettingsError
+from falcon_es.domain.task import STEP_OUTCOMES, fold
 from falcon_es.projections.messages import CALLS, task_message
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 

@@ -11,14 +11,15 @@ import re
 import pytest
 from freezegun import freeze_time
 
-from falcon_es import events as ev
-from falcon_es import job_rows, registry
-from falcon_es.bootstrap import App, build_service, load_task_states, open_app
-from falcon_es.clock import WallClock
-from falcon_es.registry import Cluster
-from falcon_es.runtime import Controller
-from falcon_es.settings import Settings
-from falcon_es.store import Meta, StreamAppend
+from falcon_es.domain import events as ev
+from falcon_es.jobtable import job_rows
+from falcon_es.storage import registry
+from falcon_es.app.bootstrap import App, build_service, load_task_states, open_app
+from falcon_es.domain.clock import WallClock
+from falcon_es.domain.clusters import Cluster
+from falcon_es.engine.runtime import Controller
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import Meta, StreamAppend
 from falcon_es.handlers import intake, scheduling
 
 SCHEDULING = (

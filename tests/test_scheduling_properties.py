@@ -21,17 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.dialects import sqlite
 
-from falcon_es import chart
-from falcon_es import events as ev
-from falcon_es.context import HandlerContext
-from falcon_es.lifecycle_index import LifecycleIndex
-from falcon_es.priority import PriorityPolicy
-from falcon_es.registry import Cluster
-from falcon_es.runtime import Tick
-from falcon_es.scheduling import QueueBook
-from falcon_es.settings import Settings
-from falcon_es.store import RecordedEvent
-from falcon_es.task import TaskState, TaskStates
+from falcon_es.domain import chart
+from falcon_es.domain import events as ev
+from falcon_es.engine.context import HandlerContext
+from falcon_es.engine.lifecycle_index import LifecycleIndex
+from falcon_es.domain.priority import PriorityPolicy
+from falcon_es.domain.clusters import Cluster
+from falcon_es.engine.runtime import Tick
+from falcon_es.domain.queue_book import QueueBook
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import RecordedEvent
+from falcon_es.domain.task import TaskState, TaskStates
 from falcon_es.handlers import scheduling
 from falcon_es.projections.queues import QueueView
 

@@ -15,16 +15,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from falcon_es import db, job_rows
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import SimConfig
-from falcon_es.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, build_service, open_app
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.cluster_cache import ClusterCache
-from falcon_es.ports import NOT_FOUND, PortError
-from falcon_es.service import Service
-from falcon_es.settings import Settings
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.cluster_cache import ClusterCache
+from falcon_es.domain.ports import NOT_FOUND, PortError
+from falcon_es.app.service import Service
+from falcon_es.config.settings import Settings
+from falcon_es.domain.tpu import slice_shape
 from tests.support.bench import SQLITE_ONLY
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from falcon_es import naming
+from falcon_es.domain import naming
 from falcon_es.adapters.sim import SIM_ANNOTATION
-from falcon_es.manifests import JobPlacement, render_jobset
-from falcon_es.ports import JOBSET_KIND, JobObservation
-from falcon_es.spec import SpecLimits, parse_spec
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.manifests import JobPlacement, render_jobset
+from falcon_es.domain.ports import JOBSET_KIND, JobObservation
+from falcon_es.domain.spec import SpecLimits, parse_spec
+from falcon_es.domain.tpu import slice_shape
 from tests.test_sim_world import Sim, sim_seconds
 
 PLACEMENT = JobPlacement(namespace="falcon-jobs", service_account="falcon-task",

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db, tables
+from falcon_es.storage import db, tables
 from falcon_es.adapters.sim import SimConfig, SimWorld, build_sim_ports
 from falcon_es.adapters.sim.persist import SavedWorldError, WorldStore
 from falcon_es.adapters.sim.timeline import Timeline
-from falcon_es.clock import VirtualClock
-from falcon_es.ports import ALREADY_EXISTS, JobObservation, PortError
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.ports import ALREADY_EXISTS, JobObservation, PortError
 from tests.conftest import migrate
 from tests.test_sim_world import BASE, START, Sim, job, merged
 

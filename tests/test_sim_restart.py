@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db, job_rows
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim.persist import WorldStore
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from tests.conftest import migrate, scratch_mysql
 
 TASKS = 200

@@ -15,23 +15,23 @@ from typing import Any
 
 import pytest
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.adapters.sim import (
     SIM_ANNOTATION, SimConfig, SimConfigError, SimWorld, behaviour_from_tasks, build_sim_ports,
     load_sim_config,
 )
 from falcon_es.adapters.sim.config import ReservationSize
-from falcon_es.clock import VirtualClock
-from falcon_es.simulate import simulate_world_path
-from falcon_es.ports import (
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.app.simulate import simulate_world_path
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, FAILED, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, EdgeCluster,
     JobObservation, NodePoolSpec, PortError, Ports,
 )
-from falcon_es.registry import Cluster
-from falcon_es.spec import SimBehaviour, parse_spec
-from falcon_es.store import RecordedEvent
-from falcon_es.task import TaskStates
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.spec import SimBehaviour, parse_spec
+from falcon_es.storage.store import RecordedEvent
+from falcon_es.domain.task import TaskStates
+from falcon_es.domain.tpu import slice_shape
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 EDGE = "falcon-edge-events"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.spec import MAX_RESTARTS, SpecError, SpecLimits, parse_spec
+from falcon_es.config.settings import Settings, SettingsError
+from falcon_es.domain.spec import MAX_RESTARTS, SpecError, SpecLimits, parse_spec
 
 BASE = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "4x4"}
 FOUR = SpecLimits(max_slices=4)

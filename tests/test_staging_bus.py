@@ -16,15 +16,16 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from google.cloud import pubsub_v1
 
-from falcon_es import db, job_rows
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.staging import EdgeRelay
 from falcon_es.adapters.sim import SimWorld
-from falcon_es.bootstrap import BackendError, build_service
+from falcon_es.app.bootstrap import BackendError, build_service
 from falcon_es.cli import main
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings, SettingsError
-from falcon_es.tables import task_events
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings, SettingsError
+from falcon_es.storage.tables import task_events
 from tests.conftest import migrate
 from tests.fakes import fixtures
 from tests.fakes.fixtures import RecordingBus, unique_name

@@ -10,10 +10,10 @@ from typing import ClassVar
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import events as ev
-from falcon_es.bootstrap import App
-from falcon_es.store import ConcurrencyError, Meta, StreamAppend
-from falcon_es.tables import task_events
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import App
+from falcon_es.storage.store import ConcurrencyError, Meta, StreamAppend
+from falcon_es.storage.tables import task_events
 
 META = Meta(actor="tester", causation_id="c-1", correlation_id="corr-1")
 
@@ -46,7 +46,7 @@ def test_wrong_expected_version_writes_nothing_in_any_stream(app: App) -> None:
 
 
 def test_illegal_transition_rolls_back_the_whole_tick(app: App) -> None:
-    from falcon_es.chart import IllegalTransition
+    from falcon_es.domain.chart import IllegalTransition
 
     with pytest.raises(IllegalTransition, match="task x: event JobSucceeded is not allowed in state New"):
         app.store.append([

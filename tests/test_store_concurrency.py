@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from falcon_es import db
-from falcon_es import events as ev
-from falcon_es.bootstrap import open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.store import ConcurrencyError, EventStore, Meta, StreamAppend
-from falcon_es.tables import JobTable, task_events
+from falcon_es.storage import db
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, StreamAppend
+from falcon_es.storage.tables import JobTable, task_events
 
 #: The job table under Falcon-ES's own names, as the fixtures create it.
 job = JobTable().table

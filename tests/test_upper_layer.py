@@ -19,14 +19,14 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db
-from falcon_es.bootstrap import build_service
-from falcon_es.clock import VirtualClock
-from falcon_es.job_mapping import JobMapping
+from falcon_es.storage import db
+from falcon_es.app.bootstrap import build_service
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.job_mapping import JobMapping
 from falcon_es.observability.metrics import Metrics
 from falcon_es.projections import replay
-from falcon_es.service import Service
-from falcon_es.settings import Settings
+from falcon_es.app.service import Service
+from falcon_es.config.settings import Settings
 from tests.conftest import scratch_mysql
 from tests.support.harness import SPEC, Harness, reserved_cluster, sim_config
 
@@ -213,7 +213,7 @@ def test_a_priority_change_in_plain_sql_reorders_the_queue(
     """The upper layer adds the optional request columns to its table (its own
     ``priority`` column is the one Falcon-ES reads) and asks with one UPDATE: the
     controller records PriorityChanged with who asked, and serves the task next."""
-    from falcon_es import events as ev
+    from falcon_es.domain import events as ev
 
     upper.execute(UPPER_JOB)
     upper.execute("ALTER TABLE job ADD COLUMN priority_requested_at DATETIME(6) NULL, "
@@ -479,7 +479,7 @@ def test_rows_in_a_status_it_does_not_read_are_logged_once_and_counted(
     insert(upper, "queued", when(clock), status="Queued")
     insert(upper, "sneaked-in", when(clock), status="Running")
     insert(upper, "good", when(clock, 1))
-    caplog.set_level(logging.WARNING, logger="falcon_es.inbox")
+    caplog.set_level(logging.WARNING, logger="falcon_es.jobtable.inbox")
     running = controller(any_url, clock)
     try:
         running.run(lambda: statuses(upper)["good"] == ("Succeeded", None))
@@ -490,7 +490,7 @@ def test_rows_in_a_status_it_does_not_read_are_logged_once_and_counted(
         assert running.ignored("not-taken-in") == 1
     finally:
         running.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.inbox"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.jobtable.inbox"]
     assert warned == [
         "job row queued ignored: status 'Queued' is not one Falcon-ES knows (new rows are "
         "Pending, aborts Aborting)",

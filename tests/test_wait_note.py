@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from falcon_es import events as ev
-from falcon_es.eta import FLOOR, WINDOW, SlotTimes
-from falcon_es.eta_error import EtaLog
+from falcon_es.domain import events as ev
+from falcon_es.domain.eta import FLOOR, WINDOW, SlotTimes
+from falcon_es.engine.eta_error import EtaLog
 from tests.test_scheduling_properties import World
 
 KEY = ("c0", "2x2")

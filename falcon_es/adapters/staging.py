@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from falcon_es.ports import Bus, BusMessage, PortError
+from falcon_es.domain.ports import Bus, BusMessage, PortError
 
 from falcon_es.adapters.sim.bus import SimBus
 

@@ -30,10 +30,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es import db, job_rows
-from falcon_es.clock import utcnow
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
+from falcon_es.domain.clock import utcnow
 from falcon_es.bench.scratch import scratch_mysql_database
-from falcon_es.tables import JobTable
+from falcon_es.storage.tables import JobTable
 
 TARGET_SECONDS = 0.25
 SPEC = MappingProxyType({"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e",

@@ -51,16 +51,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import chart, db, job_rows
+from falcon_es.domain import chart
+from falcon_es.storage import db
+from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
-from falcon_es.bootstrap import build_service, open_app, register_sim_clusters
-from falcon_es.clock import VirtualClock
-from falcon_es.eta_error import EtaLog, eta_lines, first_picks
-from falcon_es.runtime import TickReport
-from falcon_es.settings import Settings
-from falcon_es.job_mapping import JobMapping
-from falcon_es.tables import JobTable
+from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
+from falcon_es.engine.runtime import TickReport
+from falcon_es.config.settings import Settings
+from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage.tables import JobTable
 
 DEFAULT_TASKS = 10_000
 DEFAULT_SEED = 1
@@ -260,7 +262,7 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
     all up front); ``resolution`` is the loop's virtual-time step (0: exact jumps);
     ``job_mapping`` names the job table and its columns (in the scratch database);
     ``eta``: also measure the Waiting message's expected starts against the picks
-    (``falcon_es.eta_error``; every estimate is held until the run ends, so the memory
+    (``falcon_es.engine.eta_error``; every estimate is held until the run ends, so the memory
     figures grow with it). Raises ``BenchError`` when a task did not end."""
     if tasks <= 0:
         raise BenchInputError(f"--tasks {tasks}: expected a positive number of tasks")

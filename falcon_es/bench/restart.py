@@ -36,16 +36,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from falcon_es import db, registry
-from falcon_es import events as ev
+from falcon_es.storage import db, registry
+from falcon_es.domain import events as ev
 from falcon_es.bench.store import scratch_database
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.settings import Settings
-from falcon_es.spec import parse_spec
-from falcon_es.store import Meta, StreamAppend
-from falcon_es.tables import JobTable, last_served, log_head
-from falcon_es.task import TaskState, evolve, new_state
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.config.settings import Settings
+from falcon_es.domain.spec import parse_spec
+from falcon_es.storage.store import Meta, StreamAppend
+from falcon_es.storage.tables import JobTable, last_served, log_head
+from falcon_es.domain.task import TaskState, evolve, new_state
 from falcon_es.projections.job_table import row_values
 
 DEFAULT_HISTORY = 1_000_000

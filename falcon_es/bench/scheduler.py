@@ -46,18 +46,19 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from falcon_es import chart, db, registry
-from falcon_es import events as ev
+from falcon_es.domain import chart
+from falcon_es.storage import db, registry
+from falcon_es.domain import events as ev
 from falcon_es.bench.scratch import scratch_mysql_database
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.loop import Loop
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.loop import Loop
 from falcon_es.projections.messages import position_part
 from falcon_es.projections.queues import QueueView, positions_of
-from falcon_es.runtime import Handler
-from falcon_es.settings import Settings
-from falcon_es.store import Meta, StreamAppend
-from falcon_es.tables import JobTable
+from falcon_es.engine.runtime import Handler
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import Meta, StreamAppend
+from falcon_es.storage.tables import JobTable
 
 SIZES = (1_000, 10_000, 100_000)
 CLUSTERS = 5

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
-from falcon_es.job_mapping import JobMapping
-from falcon_es.tables import JobTable
+from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage.tables import JobTable
 
 
 def bench_mapping(mapping: JobMapping) -> JobMapping:

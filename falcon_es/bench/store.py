@@ -10,7 +10,7 @@ a scratch SQLite file) it measures:
 (b) the same rows through raw SQLAlchemy Core: one ``INSERT`` executemany per tick
     transaction into a twin of ``task_events`` (the ceiling);
 (c) replay: the streamed fold ``replay --verify`` and ``--rebuild`` run
-    (``falcon_es.log_fold.final_states``: decode into typed events, fold every task,
+    (``falcon_es.engine.log_fold.final_states``: decode into typed events, fold every task,
     hand each one out once its last event is folded, in memory bounded by the tasks
     in flight);
 (d) a raw ``SELECT`` scan of ``task_events`` in the same batches, JSON decoded.
@@ -36,15 +36,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from falcon_es import db
-from falcon_es.db_urls import DEFAULT_URL
-from falcon_es import events as ev
-from falcon_es.bootstrap import open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.log_fold import final_states
-from falcon_es.settings import Settings
-from falcon_es.store import Meta, RecordedEvent, StreamAppend
-from falcon_es.tables import JobTable, task_events
+from falcon_es.storage import db
+from falcon_es.config.db_urls import DEFAULT_URL
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.log_fold import final_states
+from falcon_es.config.settings import Settings
+from falcon_es.storage.store import Meta, RecordedEvent, StreamAppend
+from falcon_es.storage.tables import JobTable, task_events
 from falcon_es.bench.scratch import bench_mapping, scratch_mysql_database
 from falcon_es.projections import replay
 

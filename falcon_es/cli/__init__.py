@@ -141,7 +141,7 @@ class LazyGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, db_url: str | None, lang: str | None) -> None:
     """Falcon-ES: event-sourced TPU resource manager for GKE."""
-    from falcon_es.settings import Settings, SettingsError
+    from falcon_es.config.settings import Settings, SettingsError
 
     try:
         settings = Settings.from_env()

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from falcon_es import job_rows, registry
+from falcon_es.jobtable import job_rows
+from falcon_es.storage import registry
 from falcon_es.cli.common import (
     EXIT_PROBLEM, Failure, app_of, cell, emit, engine_of, friendly, gcp_ports, job_of, jsonable,
     settings_of, store_of)
@@ -21,19 +22,19 @@ from falcon_es.cli.common import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from falcon_es.bootstrap import App
+    from falcon_es.app.bootstrap import App
     from falcon_es.projections.explain import LiveLook
-    from falcon_es.registry import Cluster
-    from falcon_es.settings import Settings
-    from falcon_es.store import RecordedEvent
-    from falcon_es.task import TaskState
+    from falcon_es.domain.clusters import Cluster
+    from falcon_es.config.settings import Settings
+    from falcon_es.storage.store import RecordedEvent
+    from falcon_es.domain.task import TaskState
 
 
 @click.command("chart")
 @click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid")
 def chart_command(fmt: str) -> None:
     """Print the task state chart (Mermaid or DOT)."""
-    from falcon_es import chart
+    from falcon_es.domain import chart
 
     click.echo(chart.to_mermaid() if fmt == "mermaid" else chart.to_dot())
 
@@ -168,10 +169,10 @@ def _position(app: App, until: str) -> int:
 def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool) -> None:
     """A task's causal chain, upstream root cause first, each link with its source and
     time: from the log, the queue view and, with --live, the clusters themselves."""
-    from falcon_es.bootstrap import load_task_states
+    from falcon_es.app.bootstrap import load_task_states
     from falcon_es.projections.explain import explain, render
     from falcon_es.projections.queues import queue_rows
-    from falcon_es.task import fold
+    from falcon_es.domain.task import fold
 
     app = app_of(ctx)
     records = app.store.read_stream(task_id)
@@ -186,7 +187,7 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
         queue = next((row for row in queue_rows(app.queue_view, clusters)
                       if any(w["task_id"] == task_id for w in row["waiting"])), None)
     look = _live_look(settings_of(ctx), state, clusters) if live else None
-    from falcon_es.events import ROW_CHECKS_STREAM
+    from falcon_es.domain.events import ROW_CHECKS_STREAM
 
     tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM))
     if as_json:
@@ -198,11 +199,11 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
 def _live_look(settings: Settings, state: TaskState,
                clusters: Mapping[str, Cluster]) -> LiveLook:
     """What the task's cluster, pools and reservation say now (gcp backend)."""
-    from falcon_es.clock import WallClock
-    from falcon_es.ports import PortError
+    from falcon_es.domain.clock import WallClock
+    from falcon_es.domain.ports import PortError
     from falcon_es.projections.explain import LiveLook
-    from falcon_es.task_manifests import workload_kind
-    from falcon_es.tpu import slice_shape
+    from falcon_es.engine.task_manifests import workload_kind
+    from falcon_es.domain.tpu import slice_shape
 
     cluster = clusters.get(state.cluster_id or "")
     now = WallClock().now()

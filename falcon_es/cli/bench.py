@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from falcon_es import db
+from falcon_es.storage import db
 from falcon_es.cli.common import EXIT_DATABASE, EXIT_PROBLEM, Failure, friendly
-from falcon_es.settings import Settings
+from falcon_es.config.settings import Settings
 
 
 @click.group("bench")

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from falcon_es import registry
+from falcon_es.domain.clusters import CLUSTER_STATUSES, Cluster, cluster_stream
+from falcon_es.storage import registry
 from falcon_es.cli.common import app_of, emit, engine_of, friendly, gcp_backend
-from falcon_es.settings import Settings
-from falcon_es.task import TaskState
+from falcon_es.config.settings import Settings
+from falcon_es.domain.task import TaskState
 
 if TYPE_CHECKING:
     from falcon_es.observability.metrics import Metrics, PoolSample
-    from falcon_es.store import EventStore
+    from falcon_es.storage.store import EventStore
 
 
 @click.group("cluster")
@@ -32,7 +33,7 @@ def cluster_group() -> None:
 @click.option("--tpu-type", required=True)
 @click.option("--gcs-bucket", required=True, help="Bucket for task logs.")
 @click.option("--reservation", default=None, help="Default reservation for its pools.")
-@click.option("--status", default="active", type=click.Choice(registry.CLUSTER_STATUSES))
+@click.option("--status", default="active", type=click.Choice(CLUSTER_STATUSES))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @friendly
@@ -63,7 +64,7 @@ def cluster_list(ctx: click.Context, as_json: bool) -> None:
 
 @cluster_group.command("set-status")
 @click.argument("name")
-@click.argument("status", type=click.Choice(registry.CLUSTER_STATUSES))
+@click.argument("status", type=click.Choice(CLUSTER_STATUSES))
 @click.pass_context
 @friendly
 def cluster_set_status(ctx: click.Context, name: str, status: str) -> None:
@@ -120,28 +121,28 @@ def clusters_command(ctx: click.Context, live: bool, as_json: bool) -> None:
     emit(rows, False)
 
 
-def _recorded_reads(store: EventStore, clusters: Sequence[registry.Cluster],
+def _recorded_reads(store: EventStore, clusters: Sequence[Cluster],
                     metrics: Metrics) -> None:
     """The controller's last scheduled read of each cluster's reservation, per topology,
     from the cluster's stream (``ReservationRead``, recorded when a value changed)."""
-    from falcon_es.events import ReservationRead
+    from falcon_es.domain.events import ReservationRead
 
     for cluster in clusters:
-        for record in store.read_stream(registry.cluster_stream(cluster.id)):
+        for record in store.read_stream(cluster_stream(cluster.id)):
             read = record.event
             if isinstance(read, ReservationRead) and read.reservation == cluster.default_reservation:
                 metrics.set_reservation_remaining(cluster.name, read.reservation, read.topology,
                                                   read.slices, observed_at=record.recorded_at)
 
 
-def _live_cluster_views(settings: Settings, clusters: Sequence[registry.Cluster],
+def _live_cluster_views(settings: Settings, clusters: Sequence[Cluster],
                         pools: Sequence[PoolSample], tasks: Sequence[TaskState],
                         metrics: Metrics) -> dict[str, dict[str, Any]]:
     """GKE's node pools and Compute's remaining slices per cluster, read now (failures
     are reported per cluster, not fatal)."""
     from falcon_es.observability.metrics import queue_figures
-    from falcon_es.ports import PortError
-    from falcon_es.tpu import slice_shape
+    from falcon_es.domain.ports import PortError
+    from falcon_es.domain.tpu import slice_shape
 
     backend = gcp_backend(settings)
     queues = queue_figures(tasks)

@@ -26,11 +26,11 @@ if TYPE_CHECKING:  # types only: each is imported by the function that builds it
     from sqlalchemy.exc import DBAPIError
 
     from falcon_es.adapters.gcp.wiring import GcpBackend
-    from falcon_es.bootstrap import App
-    from falcon_es.ports import Ports
-    from falcon_es.settings import Settings
-    from falcon_es.store import EventStore
-    from falcon_es.tables import JobTable
+    from falcon_es.app.bootstrap import App
+    from falcon_es.domain.ports import Ports
+    from falcon_es.config.settings import Settings
+    from falcon_es.storage.store import EventStore
+    from falcon_es.storage.tables import JobTable
 
 EXIT_PROBLEM, EXIT_BAD_INPUT, EXIT_DATABASE = 1, 2, 3
 P = ParamSpec("P")
@@ -51,9 +51,9 @@ class Failure(click.ClickException):
 
 #: The errors a user can cause (module, class): each becomes one line and exit code 2.
 USER_ERRORS = (
-    ("falcon_es.registry", "RegistryError"), ("falcon_es.job_rows", "JobRowError"),
-    ("falcon_es.settings", "SettingsError"), ("falcon_es.adapters.sim.config", "SimConfigError"),
-    ("falcon_es.db", "DatabaseUrlError"), ("falcon_es.tpu", "TopologyError"),
+    ("falcon_es.storage.registry", "RegistryError"), ("falcon_es.jobtable.job_rows", "JobRowError"),
+    ("falcon_es.config.settings", "SettingsError"), ("falcon_es.adapters.sim.config", "SimConfigError"),
+    ("falcon_es.storage.db", "DatabaseUrlError"), ("falcon_es.domain.tpu", "TopologyError"),
 )
 
 
@@ -123,7 +123,7 @@ def engine_of(ctx: click.Context) -> Engine:
     directly need (the job table, the registry), without the log's projections."""
     engine: Engine | None = ctx.obj.get("engine")
     if engine is None:
-        from falcon_es import db
+        from falcon_es.storage import db
 
         engine = db.make_engine(settings_of(ctx).db_url)
         ctx.obj["engine"] = engine
@@ -134,8 +134,8 @@ def engine_of(ctx: click.Context) -> Engine:
 def store_of(ctx: click.Context) -> EventStore:
     """The log alone, for the commands that only read it (``history``, ``events``,
     ``queues``): they fold what they show themselves, so no inline projection is built."""
-    from falcon_es.clock import WallClock
-    from falcon_es.store import EventStore
+    from falcon_es.domain.clock import WallClock
+    from falcon_es.storage.store import EventStore
 
     return EventStore(engine_of(ctx), WallClock())
 
@@ -146,7 +146,7 @@ def app_of(ctx: click.Context) -> App:
     on this invocation's database and closed with the context."""
     app: App | None = ctx.obj.get("app")
     if app is None:
-        from falcon_es.bootstrap import open_app
+        from falcon_es.app.bootstrap import open_app
 
         app = open_app(settings_of(ctx), engine=engine_of(ctx))
         ctx.obj["app"] = app
@@ -157,7 +157,7 @@ def app_of(ctx: click.Context) -> App:
 def job_of(ctx: click.Context) -> JobTable:
     """The upper layer's job table under the names of this invocation's mapping
     (``FALCON_JOB_TABLE``, ``FALCON_JOB_COLUMNS``)."""
-    from falcon_es.tables import JobTable
+    from falcon_es.storage.tables import JobTable
 
     return JobTable(settings_of(ctx).job_mapping)
 
@@ -170,8 +170,8 @@ def settings_of(ctx: click.Context) -> Settings:
 
 def gcp_ports(settings: Settings) -> Ports:
     """The ports of ``run --backend gcp``, built once for every leadership term."""
-    from falcon_es.bootstrap import gcp_ports as build_gcp_ports
-    from falcon_es.clock import WallClock
+    from falcon_es.app.bootstrap import gcp_ports as build_gcp_ports
+    from falcon_es.domain.clock import WallClock
 
     return build_gcp_ports(settings, WallClock())
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 import sqlalchemy as sa
 
-from falcon_es import db, registry
+from falcon_es.storage import db, registry
 from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly, gcp_ports
 from falcon_es.cli.process import (
     configure_logs,
@@ -25,15 +25,15 @@ from falcon_es.cli.process import (
     stop_on_signals,
     stop_threads,
 )
-from falcon_es.ports import Ports
-from falcon_es.settings import PUBSUB_BUS, Settings
+from falcon_es.domain.ports import Ports
+from falcon_es.config.settings import PUBSUB_BUS, Settings
 
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.kube import KubeEdgeClusters
     from falcon_es.adapters.sim import SimWorld
-    from falcon_es.loop import Leadership
+    from falcon_es.engine.loop import Leadership
     from falcon_es.observability.metrics import Metrics
-    from falcon_es.service import Service
+    from falcon_es.app.service import Service
 
 
 @dataclasses.dataclass
@@ -89,12 +89,12 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
                 log_format: str | None, ops_topic: str | None, bus: str | None,
                 leader_election: str | None, in_process_informers: bool = False) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
-    from falcon_es import service
-    from falcon_es.bootstrap import BackendError, build_service, continue_world
-    from falcon_es.leader import AlreadyRunning, DatabaseLock
+    from falcon_es.app import service
+    from falcon_es.app.bootstrap import BackendError, build_service, continue_world
+    from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability.metrics import Metrics
-    from falcon_es.ports import TASK_EVENTS_TOPIC
-    from falcon_es.registry import list_clusters
+    from falcon_es.domain.ports import TASK_EVENTS_TOPIC
+    from falcon_es.storage.registry import list_clusters
 
     settings: Settings = ctx.obj["settings"]
     if bus is not None:

@@ -12,10 +12,10 @@ import sys
 
 import click
 
-from falcon_es import db
+from falcon_es.storage import db
 from falcon_es.cli.common import EXIT_DATABASE, EXIT_PROBLEM, Failure, app_of, friendly
-from falcon_es.job_mapping import JobMappingError
-from falcon_es.tables import JobTable
+from falcon_es.config.job_mapping import JobMappingError
+from falcon_es.storage.tables import JobTable
 
 
 @click.group("db")

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import click
 import sqlalchemy as sa
 
-from falcon_es import db, registry
+from falcon_es.domain.clusters import Cluster
+from falcon_es.storage import db, registry
 from falcon_es.cli.common import EXIT_PROBLEM, Failure, app_of, first_line, friendly, gcp_backend
 from falcon_es.cli.process import (
     configure_logs,
@@ -19,7 +20,7 @@ from falcon_es.cli.process import (
     stop_on_signals,
     stop_threads,
 )
-from falcon_es.settings import Settings
+from falcon_es.config.settings import Settings
 
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.doctor import Check
@@ -43,7 +44,7 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     edge-events topic: an informer as a process of its own (stops on SIGINT/SIGTERM)."""
     from falcon_es.adapters.gcp import wiring
     from falcon_es.observability.metrics import Metrics
-    from falcon_es.ports import PortError
+    from falcon_es.domain.ports import PortError
 
     settings: Settings = ctx.obj["settings"]
     observability = configure_logs(log_format)
@@ -118,7 +119,7 @@ def doctor_command(ctx: click.Context, as_json: bool) -> None:
         sys.exit(EXIT_PROBLEM)
 
 
-def _database_check(settings: Settings) -> tuple[Check, list[registry.Cluster]]:
+def _database_check(settings: Settings) -> tuple[Check, list[Cluster]]:
     """The database line of ``doctor`` and, when it is usable, the registered clusters."""
     from alembic.script import ScriptDirectory
 

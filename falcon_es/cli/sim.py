@@ -25,7 +25,7 @@ from falcon_es.cli.common import Failure, friendly
 def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool | None,
                  as_json: bool) -> None:
     """Three simulated clusters, a dozen tasks, every kind of outcome, in seconds."""
-    from falcon_es import demo
+    from falcon_es.app import demo
 
     live = sys.stdout.isatty() if live is None else live
     echo = (lambda _line: None) if as_json else click.echo
@@ -45,7 +45,7 @@ def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool 
 @friendly
 def simulate_command(config: str | None, tasks: int, seed: int, as_json: bool) -> None:
     """What-if at scale in virtual time: throughput, waits, pool reuse, pool hours."""
-    from falcon_es import simulate
+    from falcon_es.app import simulate
 
     if tasks <= 0:
         raise Failure(f"--tasks {tasks}: expected a positive number of tasks")

@@ -19,13 +19,13 @@ from falcon_es.cli.common import (
     EXIT_DATABASE, Failure, cell, database_problem, emit, engine_of, friendly, job_of,
     jsonable, settings_of,
 )
-from falcon_es.clock import utcnow
-from falcon_es.db_urls import driver_target
+from falcon_es.domain.clock import utcnow
+from falcon_es.config.db_urls import driver_target
 
 if TYPE_CHECKING:
-    from falcon_es import job_rows
-    from falcon_es.spec import SpecLimits
-    from falcon_es.tables import JobTable
+    from falcon_es.jobtable import job_rows
+    from falcon_es.domain.spec import SpecLimits
+    from falcon_es.storage.tables import JobTable
 
 TASK_COLUMNS = ("id", "name", "actor", "status", "reason", "message", "created_at")
 
@@ -142,8 +142,8 @@ def new_task(entry: Entry, options: Mapping[str, Any], limits: SpecLimits,
             raise Failure(f"{entry.where}: {source} is empty" if not value else
                           f"{entry.where}: {source} is longer than {limit} characters")
     spec = {k: v for k, v in data.items() if k not in IDENTITY}
-    from falcon_es import job_rows
-    from falcon_es.spec import SpecError, parse_spec
+    from falcon_es.jobtable import job_rows
+    from falcon_es.domain.spec import SpecError, parse_spec
 
     try:
         parse_spec(spec, limits)
@@ -196,7 +196,7 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
     limits = settings.spec_limits
     job = job_of(ctx)
     tasks = [new_task(entry, options, limits, job) for entry in entries]
-    from falcon_es import job_rows
+    from falcon_es.jobtable import job_rows
 
     ids = job_rows.submit_many(engine_of(ctx), tasks, utcnow(), job=job_of(ctx))
     for task_id, task in zip(ids, tasks):
@@ -214,11 +214,11 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
     """List tasks with their Status / Reason / Message."""
     target = driver_target(settings_of(ctx).db_url)
     if target is None:
-        from falcon_es import job_rows
+        from falcon_es.jobtable import job_rows
 
         rows = job_rows.list_rows(engine_of(ctx), status=status, limit=limit, job=job_of(ctx))
     else:
-        from falcon_es import job_reads
+        from falcon_es.jobtable import job_reads
 
         with _driver_errors():
             rows = job_reads.list_rows(target, settings_of(ctx).job_mapping, status=status,
@@ -234,15 +234,15 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """Show one task's row, and what the log recorded of it (a spec changed after
     acceptance: the accepted spec runs; a row deleted or reused while the task ran)."""
-    from falcon_es import job_reads
+    from falcon_es.jobtable import job_reads
 
     target = driver_target(settings_of(ctx).db_url)
     if target is None:
         import sqlalchemy as sa
 
-        from falcon_es import job_rows
-        from falcon_es.events import ROW_CHECKS_STREAM
-        from falcon_es.tables import task_events
+        from falcon_es.domain.events import ROW_CHECKS_STREAM
+        from falcon_es.jobtable import job_rows
+        from falcon_es.storage.tables import task_events
 
         row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
         with engine_of(ctx).connect() as conn:
@@ -270,7 +270,7 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 def _driver_errors() -> Iterator[None]:
     """A read the database refused, as one line (what ``friendly`` makes of the same
     error through SQLAlchemy)."""
-    from falcon_es.job_reads import JobReadError
+    from falcon_es.jobtable.job_reads import JobReadError
 
     try:
         yield
@@ -284,7 +284,7 @@ def _driver_errors() -> Iterator[None]:
 @friendly
 def task_abort(ctx: click.Context, task_id: str) -> None:
     """Request an abort (sets Aborting and aborting_at, as the upper layer does)."""
-    from falcon_es import job_rows
+    from falcon_es.jobtable import job_rows
 
     before = job_rows.request_abort(engine_of(ctx), task_id, utcnow(), job=job_of(ctx))
     click.echo(f"{task_id}: Aborting (was {before})")
@@ -304,8 +304,8 @@ def task_set_priority(ctx: click.Context, task_id: str, priority: str,
     as the upper layer does; the controller applies it at its next tick."""
     import getpass
 
-    from falcon_es import job_rows
-    from falcon_es.priority import PriorityError
+    from falcon_es.jobtable import job_rows
+    from falcon_es.domain.priority import PriorityError
 
     policy = settings_of(ctx).priorities
     try:

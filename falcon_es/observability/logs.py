@@ -115,7 +115,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-11-01 09:00:00.123 INFO falcon_es.runtime: message  task_id=... cluster=...``"""
+    """``2026-11-01 09:00:00.123 INFO falcon_es.engine.runtime: message  task_id=... cluster=...``"""
 
     def format(self, record: logging.LogRecord) -> str:
         moment = dt.datetime.fromtimestamp(record.created, tz=dt.UTC)

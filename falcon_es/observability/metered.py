@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es.ports import Ports
-from falcon_es.registry import Cluster
-from falcon_es.retry import COMPUTE, GKE, KUBERNETES, PUBSUB
+from falcon_es.domain.ports import Ports
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.retry import COMPUTE, GKE, KUBERNETES, PUBSUB
 
 #: Port method -> the API method it calls, per port.
 NODE_POOL_METHODS = MappingProxyType({

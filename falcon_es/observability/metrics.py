@@ -39,10 +39,10 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from falcon_es import chart
-from falcon_es.clock import Clock, WallClock
+from falcon_es.domain import chart
+from falcon_es.domain.clock import Clock, WallClock
 from falcon_es.observability.metered import METHOD_OF_STEP
-from falcon_es.task import TASK_EVENT_TYPES, TaskState
+from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState
 
 OK = "OK"
 NO_CLUSTER = ""
@@ -76,7 +76,7 @@ class PoolSample:
 
 
 class ClusterLike(Protocol):
-    """What the overview needs of a registered cluster (``registry.Cluster``, frozen:
+    """What the overview needs of a registered cluster (``falcon_es.domain.clusters.Cluster``, frozen:
     the attributes are only read)."""
 
     @property

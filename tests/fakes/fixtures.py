@@ -25,10 +25,10 @@ import requests
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens, KubeEndpoint
 from falcon_es.adapters.gcp.pubsub import PubSubBus
-from falcon_es.manifests import JobPlacement, render_job
-from falcon_es.ports import RETRYABLE, PortError
-from falcon_es.registry import Cluster
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.manifests import JobPlacement, render_job
+from falcon_es.domain.ports import RETRYABLE, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import slice_shape
 from tests.fakes import kube_server as fake_kube
 from tests.fakes.kube_server import FakeKubeServer
 from tests.fakes.pubsub_emulator import EmulatorError, PubSubEmulator

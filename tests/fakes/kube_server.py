@@ -79,7 +79,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from falcon_es.clock import Clock, WallClock
+from falcon_es.domain.clock import Clock, WallClock
 
 REFRESH_TOKEN = "falcon-test-refresh-token"
 CLIENT_ID = "falcon-test-client"

@@ -66,14 +66,14 @@ from falcon_es.adapters.sim import ClusterSim, SimWorld
 from falcon_es.adapters.sim.gke import NodePoolService
 from falcon_es.adapters.sim.kube_api import KubeService
 from falcon_es.adapters.sim.kube_objects import SimJob, SimPod
-from falcon_es.clock import Clock
-from falcon_es.ports import (
+from falcon_es.domain.clock import Clock
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, INVALID, JOB_KIND, JOBSET_KIND, NOT_FOUND, PERMISSION_DENIED,
     QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, BusMessage, CreateRefusal, NodePoolInfo,
     NodePoolSpec, Operation, PortError,
 )
-from falcon_es.registry import Cluster
-from falcon_es.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
 from tests.fakes import compute_server, gke_server, resource_manager_server
 from tests.fakes.compute_server import FakeCompute, HttpError
 from tests.fakes.gke_server import RPC_CODE, ApiError

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from falcon_es.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock
 from tests.support.bench import HandlerBenches
 
 

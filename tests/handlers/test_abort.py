@@ -3,7 +3,7 @@ in, and that it becomes Aborted only once nothing it started is left open."""
 
 from __future__ import annotations
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import abort
 from tests.support.bench import SQLITE_ONLY, HandlerBench, HandlerBenches, reserved_cluster
 

@@ -4,7 +4,7 @@ retried; retained pools re-homed when their taker went away."""
 
 from __future__ import annotations
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import deprovision
 from tests.support.bench import (
     SQLITE_ONLY, HandlerBenches, reserved_cluster, without_jitter,

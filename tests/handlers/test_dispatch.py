@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import dispatch
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import intake
 from tests.support.bench import HandlerBenches, reserved_cluster
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from falcon_es import events as ev
-from falcon_es.context import HandlerContext
+from falcon_es.domain import events as ev
+from falcon_es.engine.context import HandlerContext
 from falcon_es.handlers import orphans, provisioning
-from falcon_es.runtime import Tick
+from falcon_es.engine.runtime import Tick
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, reserved_cluster
 
 pytestmark = SQLITE_ONLY

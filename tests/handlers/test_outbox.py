@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from falcon_es import events as ev
-from falcon_es.ports import RETRYABLE, Bus, BusMessage, PortError
+from falcon_es.domain import events as ev
+from falcon_es.domain.ports import RETRYABLE, Bus, BusMessage, PortError
 from tests.support.bench import HandlerBench, HandlerBenches
 
 TOPIC = "falcon-task-events"

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from falcon_es import db
-from falcon_es import events as ev
-from falcon_es.bootstrap import App
+from falcon_es.storage import db
+from falcon_es.domain import events as ev
+from falcon_es.app.bootstrap import App
 from falcon_es.handlers import intake
-from falcon_es.inbox import PRIORITY_REFUSED, JobInbox, PriorityRow
-from falcon_es.job_mapping import JobMapping
-from falcon_es.tables import JobTable
+from falcon_es.jobtable.inbox import PRIORITY_REFUSED, JobInbox, PriorityRow
+from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage.tables import JobTable
 from tests.support.bench import HandlerBench, HandlerBenches, reserved_cluster
 
 #: A job table of its own with the priority columns (the default one has none).
@@ -96,7 +96,7 @@ def test_a_request_that_cannot_apply_is_refused_and_logged_once_with_why(
         why: str) -> None:
     bench.bring("t1", step)
     ask(bench, "t1", priority)
-    with caplog.at_level(logging.WARNING, logger="falcon_es.inbox"):
+    with caplog.at_level(logging.WARNING, logger="falcon_es.jobtable.inbox"):
         assert bench.run() == []
         bench.clock.advance(1)
         assert bench.run() == []
@@ -119,9 +119,9 @@ def test_only_requests_since_the_latest_less_the_margin_are_read_again(
 def test_the_same_ticks_pick_serves_the_new_priority(make_bench: HandlerBenches) -> None:
     """The request is folded before the scheduling handlers run, so a free slot is
     given by the new order in the same tick."""
-    from falcon_es.context import HandlerContext
+    from falcon_es.engine.context import HandlerContext
     from falcon_es.handlers import scheduling
-    from falcon_es.runtime import Tick
+    from falcon_es.engine.runtime import Tick
 
     def requests_then_picks(tick: Tick, ctx: HandlerContext) -> None:
         intake.notice_priority_requests(tick, ctx)

@@ -4,7 +4,7 @@ ready nodes."""
 
 from __future__ import annotations
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import provisioning
 from tests.support.bench import (
     SQLITE_ONLY, HandlerBenches, reserved_cluster, without_jitter,

@@ -4,7 +4,7 @@ queues on, or why none), ``fill_free_slots`` (one task per free queue slot) and
 
 from __future__ import annotations
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import scheduling
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import status
-from falcon_es.ports import CreateRefusal, PodObservation
+from falcon_es.domain.ports import CreateRefusal, PodObservation
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
 
 pytestmark = SQLITE_ONLY

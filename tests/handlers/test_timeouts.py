@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from falcon_es import events as ev
+from falcon_es.domain import events as ev
 from falcon_es.handlers import timeouts
 from tests.support.bench import SQLITE_ONLY, HandlerBenches, flex_cluster, reserved_cluster
 

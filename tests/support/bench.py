@@ -28,27 +28,29 @@ from typing import Any
 
 import pytest
 
-from falcon_es import events as ev
-from falcon_es import job_rows, naming, registry
+from falcon_es.domain import events as ev
+from falcon_es.jobtable import job_rows
+from falcon_es.domain import naming
+from falcon_es.storage import registry
 from falcon_es.adapters.sim import (
     SimClusterConfig, SimWorld, behaviour_from_tasks, build_sim_ports,
 )
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
 from falcon_es.handlers import outbox
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     TASK_EVENTS_TOPIC, Bus, BusMessage, CreateRefusal, JobObservation, NodePoolSpec, Operation,
     PodObservation, Ports,
 )
-from falcon_es.registry import Cluster
-from falcon_es.retry import DEFAULT_BACKOFFS, RetryPolicies
-from falcon_es.runtime import Controller, Handler
-from falcon_es.settings import Settings
-from falcon_es.task_manifests import pool_labels
-from falcon_es.spec import SpecLimits, parse_spec
-from falcon_es.store import Meta, RecordedEvent, StreamAppend
-from falcon_es.task import TaskState, fold
-from falcon_es.tpu import slice_shape
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.retry import DEFAULT_BACKOFFS, RetryPolicies
+from falcon_es.engine.runtime import Controller, Handler
+from falcon_es.config.settings import Settings
+from falcon_es.engine.task_manifests import pool_labels
+from falcon_es.domain.spec import SpecLimits, parse_spec
+from falcon_es.storage.store import Meta, RecordedEvent, StreamAppend
+from falcon_es.domain.task import TaskState, fold
+from falcon_es.domain.tpu import slice_shape
 from tests.support.harness import SPEC, flex_cluster, reserved_cluster, sim_config
 
 __all__ = ["Emitted", "HandlerBench", "HandlerBenches", "SQLITE_ONLY", "STEPS",

@@ -16,24 +16,25 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from falcon_es import job_rows, registry
+from falcon_es.jobtable import job_rows
+from falcon_es.storage import registry
 from falcon_es.adapters.sim import (
     ClusterBehaviour, SimClusterConfig, SimConfig, SimWorld, build_sim_ports,
 )
 from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Span
-from falcon_es.bootstrap import App, build_service, open_app
-from falcon_es.clock import VirtualClock
-from falcon_es.effects import EffectExecutor
-from falcon_es.intents import task_intents
-from falcon_es.ports import (
+from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.engine.effects import EffectExecutor
+from falcon_es.domain.intents import task_intents
+from falcon_es.domain.ports import (
     JOB_KIND, BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
 )
-from falcon_es.registry import Cluster
-from falcon_es.runtime import Controller, Handler, Tick
-from falcon_es.service import Service
-from falcon_es.settings import Settings
+from falcon_es.domain.clusters import Cluster
+from falcon_es.engine.runtime import Controller, Handler, Tick
+from falcon_es.app.service import Service
+from falcon_es.config.settings import Settings
 from falcon_es.handlers import HANDLERS
-from falcon_es.handover import needs_disposal
+from falcon_es.domain.handover import needs_disposal
 
 Step = tuple[str, str | None]
 T = TypeVar("T")

@@ -34,9 +34,9 @@ from google.cloud import compute_v1
 
 from falcon_es.adapters.gcp.errors import capacity_code, port_error
 from falcon_es.adapters.gcp.pools import is_zone
-from falcon_es.ports import FAILED, INVALID, NOT_FOUND, PortError
-from falcon_es.registry import Cluster
-from falcon_es.tpu import SliceShape
+from falcon_es.domain.ports import FAILED, INVALID, NOT_FOUND, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import SliceShape
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 UNUSABLE_STATUSES = frozenset({"CREATING", "DELETING"})

@@ -49,9 +49,9 @@ from falcon_es.adapters.gcp.wiring import (
     is_local,
     pubsub_project,
 )
-from falcon_es.ports import PERMISSION_DENIED, PortError
-from falcon_es.registry import Cluster
-from falcon_es.settings import Settings
+from falcon_es.domain.ports import PERMISSION_DENIED, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.settings import Settings
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
 MARKS = MappingProxyType({OK: "ok  ", FAIL: "FAIL", SKIP: "skip"})

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import requests
 from google.api_core import exceptions as gexc
 
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     FAILED,
     INVALID,

@@ -38,8 +38,8 @@ from falcon_es.adapters.gcp.pools import (
     labels_of, needs_workload_policy, node_pool, region_of, status_message, status_name,
     target_node_count, workload_policy_name,
 )
-from falcon_es.ports import NOT_FOUND, NodePoolInfo, NodePoolSpec, Operation, PortError
-from falcon_es.registry import Cluster
+from falcon_es.domain.ports import NOT_FOUND, NodePoolInfo, NodePoolSpec, Operation, PortError
+from falcon_es.domain.clusters import Cluster
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 TRANSPORTS = ("grpc", "rest")

@@ -49,15 +49,15 @@ from kubernetes.client.exceptions import ApiException
 
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_objects import FALCON_SELECTOR
-from falcon_es.clock import Clock, WallClock
-from falcon_es.manifests import (
+from falcon_es.domain.clock import Clock, WallClock
+from falcon_es.domain.manifests import (
     JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, TASK_ID_ANNOTATION, TASK_LABEL,
 )
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     EDGE_EVENTS_TOPIC, JOBSET_KIND, CreateRefusal, JobObservation, PodObservation, PortError,
 )
-from falcon_es.registry import Cluster
-from falcon_es.retry import DEFAULT_BACKOFFS, KUBERNETES, Backoff
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.retry import DEFAULT_BACKOFFS, KUBERNETES, Backoff
 
 log = logging.getLogger("falcon_es.adapters.gcp.informer")
 

@@ -58,10 +58,10 @@ from falcon_es.adapters.gcp.kube_objects import (
     node_ready,
     task_of,
 )
-from falcon_es.manifests import (
+from falcon_es.domain.manifests import (
     JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, TASK_LABEL, render_headless_service,
 )
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     JOB_KIND,
     JOBSET_KIND,
@@ -75,7 +75,7 @@ from falcon_es.ports import (
     NodeCounts,
     PortError,
 )
-from falcon_es.registry import Cluster
+from falcon_es.domain.clusters import Cluster
 
 log = logging.getLogger("falcon_es.adapters.gcp.kube")
 

@@ -31,9 +31,9 @@ from google.auth.credentials import Credentials
 from kubernetes import client
 
 from falcon_es.adapters.gcp.errors import port_error
-from falcon_es.clock import Clock, WallClock, utcnow
-from falcon_es.ports import INVALID, PERMISSION_DENIED, RETRYABLE, PortError
-from falcon_es.registry import Cluster
+from falcon_es.domain.clock import Clock, WallClock, utcnow
+from falcon_es.domain.ports import INVALID, PERMISSION_DENIED, RETRYABLE, PortError
+from falcon_es.domain.clusters import Cluster
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: Refresh this long before the token expires (google-auth itself says 3 min 45 s).

@@ -26,7 +26,7 @@ from falcon_es.adapters.gcp.kube_objects import (
     metadata_of,
     name_of,
 )
-from falcon_es.ports import NodeCounts
+from falcon_es.domain.ports import NodeCounts
 
 #: Waiting reasons of a container that will not start by itself.
 CONTAINER_FAILURES = frozenset({

@@ -4,7 +4,7 @@ The ``kubernetes`` client types every field Optional, even those the API server 
 sets (metadata, its name and uid); these readers turn a missing one into a PortError
 that names the object, so the adapter and the diagnosis never pass a None along. Also
 here: the labels the adapter selects objects by, and a Job's task id, which Falcon
-writes into the Job it renders (``falcon_es.manifests``).
+writes into the Job it renders (``falcon_es.domain.manifests``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from falcon_es.manifests import MANAGED_BY, MANAGED_BY_VALUE, TASK_ID_ANNOTATION, TASK_LABEL
-from falcon_es.ports import FAILED, JobRef, PortError
+from falcon_es.domain.manifests import MANAGED_BY, MANAGED_BY_VALUE, TASK_ID_ANNOTATION, TASK_LABEL
+from falcon_es.domain.ports import FAILED, JobRef, PortError
 
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"

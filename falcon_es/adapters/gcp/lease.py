@@ -54,7 +54,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from falcon_es.clock import Clock, WallClock
+from falcon_es.domain.clock import Clock, WallClock
 
 log = logging.getLogger("falcon_es.adapters.gcp.lease")
 

@@ -4,7 +4,7 @@ Pure translation, no I/O, so every rule below is checked without a server. Facts
 from ``shared/reference/gcp-k8s-apis.md`` §1.5, §1.6, §2.2, §2.3 and §2.5.
 
 Shape
-  Machine type and host count come from ``falcon_es.tpu.slice_shape``: 1-, 4- and
+  Machine type and host count come from ``falcon_es.domain.tpu.slice_shape``: 1-, 4- and
   8-chip single-host VMs (the 8-chip ct5lp/ct6e machines give a single-host 2x4) and
   4-chip VMs for multi-host slices, one node per VM. A multi-host slice is atomic, so
   its pool asks for exactly ``hosts`` nodes.
@@ -63,8 +63,8 @@ from collections.abc import Mapping
 
 from google.cloud import container_v1
 
-from falcon_es.ports import INVALID, NodePoolSpec, PortError
-from falcon_es.tpu import SliceShape
+from falcon_es.domain.ports import INVALID, NodePoolSpec, PortError
+from falcon_es.domain.tpu import SliceShape
 
 RESERVATION = "reservation"
 ON_DEMAND = "on-demand"

@@ -37,8 +37,8 @@ from google.api_core import retry as retries
 from google.cloud.pubsub_v1.publisher import exceptions as publish_exceptions
 
 from falcon_es.adapters.gcp.errors import code_for_api_error
-from falcon_es.clock import Clock, WallClock
-from falcon_es.ports import INVALID, RETRYABLE, BusMessage, PortError
+from falcon_es.domain.clock import Clock, WallClock
+from falcon_es.domain.ports import INVALID, RETRYABLE, BusMessage, PortError
 
 log = logging.getLogger("falcon_es.adapters.gcp.pubsub")
 

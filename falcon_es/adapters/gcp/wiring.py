@@ -32,10 +32,10 @@ from falcon_es.adapters.gcp.informer import InformerSettings, ObservationPublish
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
-from falcon_es.clock import Clock, WallClock
-from falcon_es.ports import Ports
-from falcon_es.registry import Cluster
-from falcon_es.settings import Settings, SettingsError
+from falcon_es.domain.clock import Clock, WallClock
+from falcon_es.domain.ports import Ports
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.settings import Settings, SettingsError
 
 #: Seconds a pull of the edge-events subscription may take. The controller pulls at
 #: least once per tick, so an empty subscription must not hold a tick: messages that are

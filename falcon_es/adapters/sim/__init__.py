@@ -8,7 +8,7 @@ Compute reservations, Kubernetes Jobs and Pub/Sub (the embedded default backend)
 
 from __future__ import annotations
 
-from falcon_es.ports import Ports
+from falcon_es.domain.ports import Ports
 
 from falcon_es.adapters.sim.bus import SimBus
 from falcon_es.adapters.sim.compute import ReservationUsage, SimReservations

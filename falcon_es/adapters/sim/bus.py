@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es.clock import Clock
-from falcon_es.ports import INVALID, NOT_FOUND, BusMessage, PortError
+from falcon_es.domain.clock import Clock
+from falcon_es.domain.ports import INVALID, NOT_FOUND, BusMessage, PortError
 
 from falcon_es.adapters.sim.config import BusConfig
 

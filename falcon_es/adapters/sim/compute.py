@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from falcon_es.ports import NOT_FOUND, PortError
-from falcon_es.registry import Cluster
-from falcon_es.tpu import SliceShape
+from falcon_es.domain.ports import NOT_FOUND, PortError
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.tpu import SliceShape
 
 from falcon_es.adapters.sim.common import WorldCall
 from falcon_es.adapters.sim.gke import NodePoolService

@@ -31,9 +31,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
-from falcon_es.spec import SIM_OUTCOMES, SUPPLY_MODES
-from falcon_es.tpu import TPU_TYPES
+from falcon_es.domain.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
+from falcon_es.domain.spec import SIM_OUTCOMES, SUPPLY_MODES
+from falcon_es.domain.tpu import TPU_TYPES
 
 RESERVATION, ON_DEMAND, FLEX_START = SUPPLY_MODES
 #: When the TPU quota bites an autoscaled pool: when the autoscaler adds its VMs (an

@@ -25,13 +25,13 @@ import random
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, NodePoolInfo,
     NodePoolSpec, Operation, PortError,
 )
-from falcon_es.registry import Cluster
-from falcon_es.spec import SUPPLY_MODES
-from falcon_es.tpu import TPU_TYPES, SliceShape
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.spec import SUPPLY_MODES
+from falcon_es.domain.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
     POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,

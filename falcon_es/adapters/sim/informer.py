@@ -14,7 +14,7 @@ import datetime as dt
 import random
 from typing import Any
 
-from falcon_es.ports import JobObservation
+from falcon_es.domain.ports import JobObservation
 
 from falcon_es.adapters.sim.bus import SimBus
 from falcon_es.adapters.sim.common import seconds_after

@@ -12,11 +12,11 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from falcon_es.manifests import render_headless_service
-from falcon_es.ports import (
+from falcon_es.domain.manifests import render_headless_service
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, FAILED as PORT_FAILED, JOB_KIND, JOBSET_KIND, JobRef, NodeCounts, PortError,
 )
-from falcon_es.registry import Cluster
+from falcon_es.domain.clusters import Cluster
 
 from falcon_es.adapters.sim.common import RecordCreate, WorldCall, no_record
 from falcon_es.adapters.sim.kube_api import KubeService

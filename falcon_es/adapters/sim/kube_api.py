@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, JOB_KIND, JOBSET_KIND, RETRYABLE, CreateRefusal, JobObservation, JobRef,
     NodeCounts, PodObservation, PortError,
 )

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from falcon_es.ports import (
+from falcon_es.domain.ports import (
     ALREADY_EXISTS, INVALID, JOBSET_KIND, JobObservation, JobRef, PortError,
 )
 

@@ -17,8 +17,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from falcon_es.ports import INVALID, PortError
-from falcon_es.spec import SIM_OUTCOMES, SimBehaviour
+from falcon_es.domain.ports import INVALID, PortError
+from falcon_es.domain.spec import SIM_OUTCOMES, SimBehaviour
 
 from falcon_es.adapters.sim.common import DNS_LABEL, label_problem
 from falcon_es.adapters.sim.config import JobDefaults

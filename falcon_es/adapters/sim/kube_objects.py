@@ -13,8 +13,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from falcon_es.ports import CreateRefusal, PodObservation
-from falcon_es.spec import SimBehaviour
+from falcon_es.domain.ports import CreateRefusal, PodObservation
+from falcon_es.domain.spec import SimBehaviour
 
 POOL_SELECTOR = "cloud.google.com/gke-nodepool"
 PENDING, RUNNING_PHASE, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"

@@ -35,9 +35,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from falcon_es import tables
-from falcon_es.clock import Clock
-from falcon_es.registry import Cluster
+from falcon_es.storage import tables
+from falcon_es.domain.clock import Clock
+from falcon_es.domain.clusters import Cluster
 
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource
 from falcon_es.adapters.sim.world import SimWorld

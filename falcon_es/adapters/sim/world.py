@@ -17,11 +17,11 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from falcon_es.clock import Clock
-from falcon_es.ports import JobObservation, Ports
-from falcon_es.registry import Cluster
-from falcon_es.task import TaskStates
-from falcon_es.tpu import TPU_TYPES
+from falcon_es.domain.clock import Clock
+from falcon_es.domain.ports import JobObservation, Ports
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.task import TaskStates
+from falcon_es.domain.tpu import TPU_TYPES
 
 from falcon_es.adapters.sim.bus import SimBus
 from falcon_es.adapters.sim.common import ClusterIdentity, random_streams

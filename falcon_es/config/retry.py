@@ -1,0 +1,267 @@
+"""Retry with backoff for every external API, configured in one place.
+
+``RetryPolicies`` holds one ``Backoff`` per external API (gke, compute, kubernetes,
+pubsub) plus ``wait``, the pace of the steps that wait on the world through the log
+(reservation capacity, a pool not visible yet, nodes not ready): those are not failed
+calls and are never given up. ``Settings.retry`` carries the policies, read from
+``FALCON_RETRY_<API>_<FIELD>`` by ``RetryPolicies.from_env``.
+
+Retries never block a tick: the effect executor and the handlers record each failed
+call in the task's log (``ApiCallRetrying``) and come back when the next attempt is
+due, and the attempt count and the limit go into the task's Message ("attempt 3 of 12,
+next in 40s"). The rules below read those records back from the folded task state, so
+a restarted controller goes on counting where the last one stopped.
+
+The delay is a pure function of the attempt number and a generator seeded by the task,
+the step and the attempt, so every controller, every replay and every test computes
+the same moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import os
+import random
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from falcon_es.domain.intents import RESERVATION_CHECK, IntentKind
+
+if TYPE_CHECKING:  # the rules read task states; settings carry the policies
+    from falcon_es.domain import events as ev
+    from falcon_es.config.settings import Settings
+    from falcon_es.domain.task import TaskState
+
+GKE, COMPUTE, KUBERNETES, PUBSUB = "gke", "compute", "kubernetes", "pubsub"
+#: Not an API: the pace of log-driven waits on the world (never given up).
+WAIT = "wait"
+APIS = (GKE, COMPUTE, KUBERNETES, PUBSUB, WAIT)
+
+
+class RetryConfigError(ValueError):
+    """A retry setting holds a value that cannot describe a backoff."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with proportional jitter.
+
+    ``attempts`` counts every call, the first included: with ``attempts=5`` there are
+    at most four retries; ``None`` never gives up (the delay stays at ``maximum``).
+    Jitter spreads retries of many tasks that failed together
+    (a stockout hits every queue at once) so they do not return in lockstep.
+    """
+
+    initial: float = 1.0
+    maximum: float = 60.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+    attempts: int | None = 5
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.initial <= 0:
+            problems.append(f"initial={self.initial} must be positive")
+        if self.maximum < self.initial:
+            problems.append(f"max={self.maximum} must be at least initial={self.initial}")
+        if self.multiplier < 1:
+            problems.append(f"multiplier={self.multiplier} must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            problems.append(f"jitter={self.jitter} must be between 0 and 1")
+        if self.attempts is not None and self.attempts < 1:
+            problems.append(f"attempts={self.attempts} must be at least 1")
+        if problems:
+            raise RetryConfigError("backoff: " + "; ".join(problems))
+
+    def base_delay(self, attempt: int) -> float:
+        """The delay before call number ``attempt + 1``, without jitter.
+
+        ``attempt`` is the number of calls made so far (1 after the first failure).
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt must be at least 1, got {attempt}")
+        exponent = attempt - 1
+        if self.multiplier == 1 or exponent == 0:
+            return self.initial
+        # Compare exponents, not products: a large attempt number must not overflow.
+        if exponent >= math.log(self.maximum / self.initial, self.multiplier):
+            return self.maximum
+        return min(self.maximum, self.initial * self.multiplier ** exponent)
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """The jittered delay after ``attempt`` failed calls, never above ``maximum``."""
+        base = self.base_delay(attempt)
+        if self.jitter == 0:
+            return base
+        spread = base * self.jitter
+        return min(self.maximum, max(0.0, rng.uniform(base - spread, base + spread)))
+
+    def exhausted(self, attempt: int) -> bool:
+        """True once ``attempt`` calls have been made and no more are allowed."""
+        return self.attempts is not None and attempt >= self.attempts
+
+
+#: Defaults per API: GKE node-pool operations are slow and rate-limited per cluster,
+#: Kubernetes and Pub/Sub calls are quick and cheap to repeat.
+DEFAULT_BACKOFFS: Mapping[str, Backoff] = MappingProxyType({
+    GKE: Backoff(initial=10.0, maximum=300.0, multiplier=2.0, jitter=0.2, attempts=12),
+    COMPUTE: Backoff(initial=5.0, maximum=120.0, multiplier=2.0, jitter=0.2, attempts=8),
+    KUBERNETES: Backoff(initial=1.0, maximum=60.0, multiplier=2.0, jitter=0.2, attempts=10),
+    PUBSUB: Backoff(initial=0.5, maximum=30.0, multiplier=2.0, jitter=0.2, attempts=10),
+    WAIT: Backoff(initial=15.0, maximum=300.0, multiplier=2.0, jitter=0.1, attempts=None),
+})
+#: Policies whose ``attempts`` cannot be set: what they pace is never given up.
+UNLIMITED = frozenset({WAIT})
+
+#: Environment variable suffix -> Backoff field.
+_ENV_FIELDS = MappingProxyType({
+    "INITIAL": "initial", "MAX": "maximum", "MULTIPLIER": "multiplier",
+    "JITTER": "jitter", "ATTEMPTS": "attempts",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicies:
+    """The backoff of each external API (gke, compute, kubernetes, pubsub) and of the
+    log-driven waits (``wait``)."""
+
+    backoffs: Mapping[str, Backoff] = dataclasses.field(default_factory=lambda: DEFAULT_BACKOFFS)
+
+    def __post_init__(self) -> None:
+        missing = [api for api in APIS if api not in self.backoffs]
+        if missing:
+            raise RetryConfigError(f"retry policies: no backoff for {', '.join(missing)}")
+        object.__setattr__(self, "backoffs", MappingProxyType(dict(self.backoffs)))
+
+    def for_api(self, api: str) -> Backoff:
+        try:
+            return self.backoffs[api]
+        except KeyError:
+            raise RetryConfigError(
+                f"no retry policy for API {api!r}; known: {', '.join(sorted(self.backoffs))}"
+            ) from None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetryPolicies:
+        """Read ``FALCON_RETRY_<API>_<FIELD>`` overrides, e.g. ``FALCON_RETRY_GKE_MAX=600``
+        (fields: INITIAL, MAX, MULTIPLIER, JITTER in seconds or fractions; ATTEMPTS,
+        except for WAIT, which is never given up). A bad value raises one
+        ``RetryConfigError`` naming the variables at fault."""
+        env = os.environ if environ is None else environ
+        return cls({api: _backoff_from_env(api, default, env)
+                    for api, default in DEFAULT_BACKOFFS.items()})
+
+
+def seeded_delay(backoff: Backoff, attempt: int, seed: str) -> float:
+    """The jittered delay after ``attempt`` failed calls, drawn from a generator seeded
+    by ``seed`` (a task, a step and the attempt), so every controller and every replay
+    of the log computes the same moment."""
+    return backoff.delay(attempt, random.Random(seed))
+
+
+def _backoff_from_env(api: str, default: Backoff, env: Mapping[str, str]) -> Backoff:
+    changes: dict[str, Any] = {}  # field -> value of that field's type
+    named: list[str] = []
+    for suffix, field in _ENV_FIELDS.items():
+        name = f"FALCON_RETRY_{api.upper()}_{suffix}"
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        if field == "attempts" and api in UNLIMITED:
+            raise RetryConfigError(f"{name}={raw!r}: {api} retries are never given up; "
+                                   "only INITIAL, MAX, MULTIPLIER and JITTER can be set")
+        changes[field] = _number(name, raw, whole=field == "attempts")
+        named.append(f"{name}={raw}")
+    try:
+        return dataclasses.replace(default, **changes)
+    except RetryConfigError as error:
+        raise RetryConfigError(f"{', '.join(named)}: {error}") from None
+
+
+def _number(name: str, raw: str, *, whole: bool) -> float | int:
+    try:
+        return int(raw) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise RetryConfigError(f"{name}={raw!r}: expected {kind}") from None
+
+
+# ------------------------------------------------------------------ log-driven rules
+#: The API each step calls (and whose backoff paces its retries).
+API_OF_STEP: Mapping[str, str] = MappingProxyType({
+    IntentKind.POOL_CREATE: GKE, IntentKind.POOL_DELETE: GKE, IntentKind.ORPHAN_DELETE: GKE,
+    IntentKind.JOB_SUBMIT: KUBERNETES, IntentKind.JOB_DELETE: KUBERNETES,
+    RESERVATION_CHECK: COMPUTE,
+})
+#: Steps retried until they succeed, whatever the policy's attempts: a pool or Job
+#: left behind costs money and blocks nothing else.
+NEVER_GIVEN_UP = frozenset({IntentKind.POOL_DELETE, IntentKind.JOB_DELETE,
+                            IntentKind.ORPHAN_DELETE})
+#: Steps retried through the log whose pace is not an API's: waits on the world.
+WAIT_KINDS = frozenset({"ReservationInsufficient", "NodePoolNotVisible", "NodesNotReady"})
+
+
+def retry_backoff(settings: Settings, kind: str) -> Backoff:
+    """The backoff of a step retried through the log: the ``wait`` policy for waits on
+    the world (reservation capacity, pool visibility, node readiness), the GKE policy
+    for a failed pool delete (``NodePoolDeleteFailed``, never given up)."""
+    return settings.retry.for_api(WAIT if kind in WAIT_KINDS else GKE)
+
+
+def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime | None:
+    """When the next attempt of ``kind`` is due for this task (None: try now)."""
+    if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
+        return None
+    delay = seeded_delay(retry_backoff(settings, kind), state.retry_attempt,
+                         f"{state.task_id}:{kind}:{state.retry_attempt}")
+    return state.retry_at + dt.timedelta(seconds=delay)
+
+
+def call_retry_due_at(state: TaskState, step: str) -> dt.datetime | None:
+    """When the call of ``step`` that last failed with a transient error is due again
+    (recorded by ``ApiCallRetrying``; None when it never failed)."""
+    retried = state.api_retries.get(step)
+    return retried[1] if retried is not None else None
+
+
+def call_failed(state: TaskState, step: str, error: str,
+                settings: Settings) -> ev.ApiCallRetrying | None:
+    """The record of a failed call of ``step`` for this task: the attempt it was, the
+    limit and when the next is due; None when the attempts are used up.
+
+    The attempt counts every failed call of the step in the task's log, so a restarted
+    controller goes on counting where the last one stopped; the delay is seeded by the
+    task, the step and the attempt."""
+    attempt = failed_calls(state, step) + 1
+    backoff = settings.retry.for_api(API_OF_STEP[step])
+    never = step in NEVER_GIVEN_UP
+    if not never and backoff.exhausted(attempt):
+        return None
+    delay = seeded_delay(backoff, attempt, f"{state.task_id}:{step}:{attempt}")
+    # Imported here: the settings carry the policies of this module, and every command
+    # reads the settings without needing the event types.
+    from falcon_es.domain import events as ev
+
+    return ev.ApiCallRetrying(
+        api=API_OF_STEP[step], step=step, attempt=attempt,
+        attempts=None if never else backoff.attempts, error=error,
+        retry_in_seconds=max(1, math.ceil(delay)))
+
+
+def failed_calls(state: TaskState, step: str) -> int:
+    """How many calls of ``step`` failed with a transient error, as the log says."""
+    retried = state.api_retries.get(step)
+    return retried[0] if retried is not None else 0
+
+
+def gave_up(attempts: int, error: str) -> str:
+    """The definite failure's words once a step used up its attempts."""
+    return f"gave up after {attempts} attempts: {error}"
+
+
+def next_attempt(state: TaskState, kind: str) -> int:
+    """The attempt number of the next log-driven retry of ``kind``."""
+    return state.retry_attempt + 1 if state.retry_kind == kind else 1

@@ -1,0 +1,228 @@
+"""Ports: the controller's only way to touch the outside world.
+
+Each port has a simulated implementation (``falcon_es.adapters.sim``, the embedded
+default) and a Google Cloud / Kubernetes one (``falcon_es.adapters.gcp``). Handlers
+see only these types, never which backend runs. Errors cross the boundary as
+``PortError`` with a portable ``code`` and the API's own words in ``message``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from falcon_es.domain.clock import Clock
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC  # noqa: F401 (re-exported)
+from falcon_es.domain.tpu import SliceShape
+
+# PortError codes
+NOT_FOUND = "NOT_FOUND"
+ALREADY_EXISTS = "ALREADY_EXISTS"
+QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+STOCKOUT = "STOCKOUT"
+RETRYABLE = "RETRYABLE"  # 429, concurrent operation (FAILED_PRECONDITION), 5xx
+INVALID = "INVALID"  # the request itself was refused (400 other than the above)
+PERMISSION_DENIED = "PERMISSION_DENIED"
+FAILED = "FAILED"
+#: The kinds of workload an edge cluster runs for a task.
+JOB_KIND, JOBSET_KIND = "Job", "JobSet"
+
+
+class PortError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolSpec:
+    """Everything needed to create a TPU node pool for one task."""
+
+    cluster: Cluster
+    name: str  # deterministic: falcon-<...>
+    shape: SliceShape
+    supply_mode: str  # reservation | on-demand | flex-start
+    reservation: str | None
+    scale_down_unneeded_seconds: int
+    labels: Mapping[str, str]  # managed-by=falcon, falcon-task, falcon-topology, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolInfo:
+    cluster_name: str
+    name: str
+    status: str  # PROVISIONING | RUNNING | RECONCILING | STOPPING | ERROR
+    labels: Mapping[str, str]
+    #: The nodes the pool is sized for (the slice's hosts); registered / Ready nodes
+    #: come from EdgeCluster.node_counts.
+    node_count: int
+    status_message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    id: str
+    done: bool
+    error: str | None = None  # the API's words when the operation failed
+    error_code: str | None = None  # a PortError code for the failure
+
+
+class NodePools(Protocol):
+    def create(self, spec: NodePoolSpec) -> Operation: ...
+    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation: ...
+    def get(self, cluster: Cluster, name: str) -> NodePoolInfo: ...  # PortError(NOT_FOUND)
+    def delete(self, cluster: Cluster, name: str) -> Operation | None: ...  # None: already gone
+    def list(self, cluster: Cluster) -> list[NodePoolInfo]: ...
+
+
+class Reservations(Protocol):
+    def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    name: str
+    uid: str
+    #: The Job's falcon-task label value (naming.task_label of the task id).
+    task_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCounts:
+    registered: int
+    ready: int
+
+
+class EdgeCluster(Protocol):
+    """One edge GKE cluster's Kubernetes API.
+
+    ``submit_job`` creates the Job and, for a multi-host Job (its pods' subdomain is its
+    name), the headless Service its workers find each other through, owned by the Job
+    (``manifests.render_headless_service``): one call, so no caller can forget the
+    Service, and a crash between the two creates heals when the re-issued submit adopts
+    the Job. ``delete_job`` takes the Service along (Kubernetes' garbage collector
+    follows the ownerReference).
+
+    A multi-slice task's workload is a JobSet (``kind`` JOBSET_KIND): ``submit_job``
+    takes its manifest as it takes a Job's; the JobSet controller creates its child
+    Jobs and headless Service, and deleting the JobSet deletes them.
+    """
+
+    def submit_job(self, manifest: Mapping[str, Any]) -> JobRef: ...  # PortError(ALREADY_EXISTS)
+    def get_job(self, name: str, kind: str = JOB_KIND) -> JobRef | None: ...
+    def delete_job(self, name: str, kind: str = JOB_KIND) -> None: ...  # not found is success
+    def node_counts(self, pool_name: str) -> NodeCounts: ...
+    def diagnose_pending(self, job_name: str) -> str | None: ...  # root cause, upstream first
+
+
+class EdgeClusters(Protocol):
+    def for_cluster(self, cluster: Cluster) -> EdgeCluster: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PodObservation:
+    name: str
+    phase: str  # Pending | Running | Succeeded | Failed
+    reason: str | None = None  # OOMKilled, ErrImagePull, Unschedulable, ...
+    exit_code: int | None = None
+    message: str | None = None
+    #: When its container terminated (``terminated.finishedAt``, ISO 8601), so the pod
+    #: that failed first is told from siblings that crashed because it did.
+    finished_at: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateRefusal:
+    """The Job controller cannot create the Job's pods: the newest ``FailedCreate``
+    event on the Job, with no ``SuccessfulCreate`` after it (an admission webhook, Pod
+    Security, a missing service account, a ResourceQuota). There are no pods to look
+    at, so without it the wait would be silent.
+
+    ``transient`` marks a refusal expected to clear by itself (a caller that knows
+    why, e.g. a follower refused while its leader waits): it is shown, and it never
+    fails the task.
+    """
+
+    message: str  # the event's words: "Error creating: admission webhook ... denied ..."
+    count: int = 1  # attempts the event aggregates
+    transient: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class JobObservation:
+    """What an informer saw of one Job and its Pods, published on the edge-events bus.
+
+    ``resource_version`` orders observations of one Job (larger is newer); the pair
+    (job_uid, resource_version) identifies an observation for de-duplication.
+    """
+
+    cluster_name: str
+    job_name: str
+    job_uid: str
+    #: The task's own id (the Job's falcon/task-id annotation), the stream to fold into.
+    task_id: str
+    resource_version: int
+    #: Pods in phase Running (Kubernetes' status.active also counts Pending pods).
+    active: int
+    succeeded: int
+    failed: int
+    completions: int
+    pods: tuple[PodObservation, ...]
+    observed_at: dt.datetime
+    condition: str | None = None  # Complete | Failed | None
+    #: The Job controller's refusal to create pods, while it lasts.
+    refusal: CreateRefusal | None = None
+    #: ``JobSet`` for a multi-slice task: one observation of the JobSet and every pod
+    #: of its current child Jobs (pods, counts and refusals summed over the children).
+    kind: str = JOB_KIND
+    #: A JobSet's whole restarts so far (``status.restarts``).
+    restarts: int = 0
+    #: Why a JobSet ended (its condition's reason: AllJobsCompleted, FailedJobs,
+    #: ReachedMaxRestarts).
+    condition_reason: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["observed_at"] = self.observed_at.isoformat()
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> JobObservation:
+        values = dict(data)
+        values["pods"] = tuple(PodObservation(**p) for p in values["pods"])
+        values["observed_at"] = dt.datetime.fromisoformat(values["observed_at"])
+        if values.get("refusal") is not None:
+            values["refusal"] = CreateRefusal(**values["refusal"])
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class BusMessage:
+    id: str
+    data: Mapping[str, Any]
+    attributes: Mapping[str, str]
+
+
+class Bus(Protocol):
+    """At-least-once, possibly out-of-order delivery (Pub/Sub semantics)."""
+
+    def publish(self, topic: str, data: Mapping[str, Any], *, ordering_key: str = "",
+                attributes: Mapping[str, str] | None = None) -> str: ...
+    def pull(self, subscription: str, max_messages: int = 1000) -> Sequence[BusMessage]: ...
+    def ack(self, subscription: str, message_ids: Sequence[str]) -> None: ...
+
+
+@dataclasses.dataclass
+class Ports:
+    node_pools: NodePools
+    reservations: Reservations
+    edges: EdgeClusters
+    bus: Bus
+    clock: Clock
+    #: The next moment the backend's world changes by itself (the sim backend), so an
+    #: idle controller on a virtual clock can jump there; None for real backends.
+    next_due: Callable[[], dt.datetime | None] | None = None

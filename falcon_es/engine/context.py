@@ -1,0 +1,52 @@
+"""What a handler may read during a tick: settings, the time, task states, the cluster
+registry, the upper layer's inbox, the views kept beside the task states, the ports,
+and the outcomes of the effects the last commit asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from falcon_es.engine.effects import EffectExecutor
+from falcon_es.jobtable.inbox import Inbox
+from falcon_es.domain.intents import Outcome
+from falcon_es.engine.lifecycle_index import LifecycleIndex
+from falcon_es.engine.live_set import NothingRetired, RetiredTasks
+from falcon_es.domain.ports import Ports
+from falcon_es.domain.clusters import Cluster
+from falcon_es.engine.reservation_reads import ReservationReads
+from falcon_es.domain.queue_book import QueueBook
+from falcon_es.config.settings import Settings
+from falcon_es.domain.spec import SpecLimits
+from falcon_es.domain.task import TaskStates
+
+
+@dataclasses.dataclass
+class HandlerContext:
+    settings: Settings
+    now: dt.datetime
+    tasks: TaskStates
+    clusters: list[Cluster]
+    inbox: Inbox
+    ports: Ports
+    #: The scheduler's queue index (kept current by the queue view projection).
+    queues: QueueBook
+    #: Which tasks each lifecycle handler has to look at (kept current by its projection).
+    index: LifecycleIndex
+    #: The effect executor, and the outcomes it queued for this tick.
+    executor: EffectExecutor
+    outcomes: tuple[Outcome, ...] = ()
+    #: Bus message ids this tick folded; acknowledged only after the tick commits.
+    acks: list[str] = dataclasses.field(default_factory=list)
+    #: What became of each edge observation this tick read, as (cluster, outcome):
+    #: applied, stale (a duplicate or older view), unknown-task, held, malformed.
+    edge_outcomes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: Tasks that left memory (they hold nothing): the intake asks whether a row's
+    #: stream is in the log already, and brings a task back to fold an abort of it.
+    retired: RetiredTasks = dataclasses.field(default_factory=NothingRetired)
+    #: The schedule of the reservation reads (None: this controller does not read them).
+    reservation_reads: ReservationReads | None = None
+
+    @property
+    def spec_limits(self) -> SpecLimits:
+        return self.settings.spec_limits

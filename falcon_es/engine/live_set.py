@@ -1,0 +1,448 @@
+"""The live set: the streams a controller keeps in memory and folds when it starts.
+
+The log keeps every task that ever ran; a controller that folded all of them at start
+would take minutes and gigabytes after a year. A tick needs only the tasks that still
+hold something, so a task leaves memory with the commit after which it holds nothing:
+it has ended, no intent of it is open, and its pool (if it had one) is deleted, never
+existed, or was taken over by another task. The ``live_streams`` table names those
+streams and is written in each append's own transaction, so it is never ahead of or
+behind the log, and a starting controller folds the streams it names instead of the
+whole log. Orphan streams are live while one of their orphans waits for its delete,
+and are read from the oldest such orphan on.
+
+Two facts outlive the tasks they came from, because the rules of the running
+controller read them:
+
+- who each queue served last (its latest ``TaskPicked``): the pick rule makes that
+  actor yield, so the ``last_served`` table keeps one row per queue;
+- when a task asked for its pool: the orphan sweep spares a pool younger than the
+  create-visibility grace even when its creator recorded it deleted (GKE may list a
+  pool late), so a creator that holds nothing stays in memory (and in the table)
+  until that grace has passed, and leaves with the first commit after it.
+
+A task that left memory never comes back by itself; only an abort the upper layer
+asks for on its finished row (``recall``) brings it back, for the commit that records
+``AbortIgnored``, after which it leaves again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import sqlalchemy as sa
+from sortedcontainers import SortedKeyList
+from sqlalchemy.engine import Connection
+
+from falcon_es.domain import events as ev
+from falcon_es.domain.handover import needs_disposal
+from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition, task_intents
+from falcon_es.engine.lifecycle_index import LifecycleIndex
+from falcon_es.engine.log_fold import Connect, final_states
+from falcon_es.domain.queue_book import QueueKey
+from falcon_es.storage.store import EventStore, RecordedEvent
+from falcon_es.storage.tables import last_served, live_streams
+from falcon_es.domain.task import TaskState, TaskStates
+
+#: Dispositions under which an ended task still answers for its pool.
+_POOL_OPEN = frozenset({PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED})
+_EARLIEST = dt.datetime.min
+#: An orphan: (cluster id, pool name).
+OrphanKey = tuple[str, str]
+
+
+class Verdict(enum.Enum):
+    LIVE = "live"  # holds something
+    LINGERS = "lingers"  # holds nothing, but its pool's create grace has not passed
+    RETIRED = "retired"  # holds nothing: leaves memory and the table
+
+
+def holds_something(state: TaskState, *, handed_on: Collection[str]) -> bool:
+    """The task still needs the controller: it has not ended, an intent of it is open,
+    or it answers for a pool (fate undecided, being deleted, or retained for another
+    task and not taken yet). ``handed_on``: its pools another task took over."""
+    if not state.is_terminal or task_intents(state) or needs_disposal(state):
+        return True
+    if state.pool_disposition in _POOL_OPEN:
+        return True
+    return any(pool not in handed_on for pool in state.retained_idle)
+
+
+def verdict(state: TaskState, *, handed_on: Collection[str], now: dt.datetime,
+            grace: dt.timedelta) -> tuple[Verdict, dt.datetime | None]:
+    """Whether the task stays, and until when a task that holds nothing lingers (a
+    pool it created may still show up: unless another task took each of them)."""
+    if holds_something(state, handed_on=handed_on):
+        return Verdict.LIVE, None
+    created = [p for p in state.node_pools if p not in state.taken_pools]
+    if state.pool_requested_at is not None and not all(p in handed_on for p in created):
+        until = state.pool_requested_at + grace
+        if until > now:
+            return Verdict.LINGERS, until
+    return Verdict.RETIRED, None
+
+
+class RetiredTasks(Protocol):
+    """What the intake handlers ask about tasks that are not in memory."""
+
+    def known(self, task_ids: Collection[str]) -> set[str]:
+        """Those of these ids whose streams the log holds."""
+        ...
+
+    def recall(self, task_ids: Collection[str]) -> None:
+        """Fold these tasks from the log into memory for the tick under way (ids the log
+        does not know are ignored); they leave again with the next commit."""
+        ...
+
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        """Those of these ids whose streams the log holds, with when each began."""
+        ...
+
+
+class NothingRetired:
+    """A controller with no log behind it (a test driving handlers on bare states)."""
+
+    def known(self, task_ids: Collection[str]) -> set[str]:
+        return set()
+
+    def recall(self, task_ids: Collection[str]) -> None:
+        return None
+
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        return {}
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the append in progress changes in the live set (applied on commit)."""
+
+    inserted: set[str] = dataclasses.field(default_factory=set)
+    deleted: set[str] = dataclasses.field(default_factory=set)
+    evicted: set[str] = dataclasses.field(default_factory=set)
+    lingering: dict[str, dt.datetime | None] = dataclasses.field(default_factory=dict)
+    served: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    orphans: dict[str, dict[OrphanKey, int]] = dataclasses.field(default_factory=dict)
+
+
+def _linger_moment(entry: tuple[dt.datetime, str]) -> dt.datetime:
+    return entry[0]
+
+
+class LiveSet:
+    """Inline projection keeping ``live_streams`` and ``last_served``; evicts from the
+    task states and the lifecycle index what holds nothing once a commit is durable.
+
+    Registered after every other inline projection: it judges the states the append
+    staged, and evicts only after the others have taken the commit in."""
+
+    def __init__(self, tasks: TaskStates, index: LifecycleIndex, *,
+                 create_grace_seconds: float) -> None:
+        self.tasks = tasks
+        self.index = index
+        self.grace = dt.timedelta(seconds=create_grace_seconds)
+        self.store: EventStore | None = None
+        #: Task streams that have a row in ``live_streams``.
+        self._rows: set[str] = set()
+        self._linger_at: dict[str, dt.datetime] = {}
+        self._lingering: SortedKeyList = SortedKeyList(key=_linger_moment)
+        self._served: dict[QueueKey, str] = {}
+        #: Per orphan stream, its orphans found and not deleted yet (and their version).
+        self._orphans: dict[str, dict[OrphanKey, int]] = {}
+        self._recalled: set[str] = set()
+        self._plan: _Plan | None = None
+
+    def attach(self, store: EventStore) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------ start-up
+    def load(self) -> dict[QueueKey, str]:
+        """Fold the live streams into the task states (committed) and read who each
+        queue served last; returns that. The lifecycle index is rebuilt afterwards from
+        the states (``settle``)."""
+        store = self._store()
+        with store.reader.connect() as conn:
+            rows = conn.execute(sa.select(live_streams.c.stream_id,
+                                          live_streams.c.fold_from)).all()
+            self._served = {(c, t): a for c, t, a in conn.execute(sa.select(
+                last_served.c.cluster_id, last_served.c.topology, last_served.c.actor))}
+        tasks = {s: v for s, v in rows if not s.startswith(ORPHAN_STREAM_PREFIX)}
+        for batch in store.read_streams(tasks):
+            self.tasks.fold(batch)
+            self.tasks.committed()
+        self._rows = set(tasks)
+        self._orphans = {}
+        for stream_id, start in rows:
+            if stream_id.startswith(ORPHAN_STREAM_PREFIX):
+                self._orphans[stream_id] = _open_orphans(
+                    {}, store.read_stream(stream_id, from_version=start))
+        return dict(self._served)
+
+    def settle(self) -> None:
+        """After the index was rebuilt from the loaded states: note which of them hold
+        nothing any more (a grace that passed while no controller ran, a row left by
+        an older version); the next commit retires them."""
+        for state in self.tasks.all():
+            if not holds_something(state, handed_on=self.index.handed_on(state.task_id)):
+                self._set_linger(state.task_id, _EARLIEST)
+
+    # ------------------------------------------------------------ inline projection
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        if not recorded:
+            return
+        now = recorded[-1].recorded_at
+        plan = _Plan()
+        judged: dict[str, TaskState] = {}
+        handed: dict[str, set[str]] = {}
+        for change in self.tasks.changes():
+            after = change.after
+            judged[after.task_id] = after
+            for pool, from_task in set(after.took) - set(change.before.took):
+                handed.setdefault(from_task, set()).add(pool)
+        due = [task_id for _, task_id in self._lingering.irange_key(max_key=now)]
+        for task_id in (*handed, *due):
+            state = self.tasks.get(task_id)
+            if state is not None:
+                judged.setdefault(task_id, state)
+        for task_id, state in judged.items():
+            if task_id in self._recalled:
+                plan.evicted.add(task_id)
+                continue
+            self._judge(plan, state, handed.get(task_id, ()), now)
+        self._plan_served(plan, recorded)
+        self._plan_orphans(plan, recorded)
+        _write(conn, plan, self._orphans)
+        self._plan = plan
+
+    def committed(self) -> None:
+        plan, self._plan = self._plan, None
+        recalled, self._recalled = self._recalled, set()
+        if plan is None:
+            self._evict(recalled)
+            return
+        self._rows -= plan.deleted
+        self._rows |= plan.inserted
+        for task_id, until in plan.lingering.items():
+            self._set_linger(task_id, until)
+        self._served.update(plan.served)
+        for stream_id, open_now in plan.orphans.items():
+            if open_now:
+                self._orphans[stream_id] = open_now
+            else:
+                self._orphans.pop(stream_id, None)
+        self._evict(plan.evicted | recalled)
+
+    def discarded(self) -> None:
+        self._plan = None
+
+    def resync(self, states: Iterable[TaskState]) -> None:
+        """States folded from another writer's events (a lost race, the log follower):
+        that writer kept the table; here they are only judged, and evicted when they
+        hold nothing. Whom that writer served is not known here: the next pick of
+        each queue writes ``last_served`` whatever it was."""
+        self._served.clear()
+        plan = _Plan()
+        states = list(states)
+        handed: dict[str, set[str]] = {}
+        for state in states:
+            for pool, from_task in state.took:
+                handed.setdefault(from_task, set()).add(pool)
+        for state in states:
+            self._judge(plan, state, handed.get(state.task_id, ()),
+                        state.updated_at or _EARLIEST)
+        for task_id, pools in handed.items():
+            holder = self.tasks.get(task_id)
+            if holder is not None and task_id not in plan.evicted:
+                self._judge(plan, holder, pools, _EARLIEST)
+        self._rows -= plan.deleted
+        self._rows |= plan.inserted
+        for task_id, until in plan.lingering.items():
+            self._set_linger(task_id, until)
+        self._evict(plan.evicted)
+
+    # ------------------------------------------------------------ for the intake
+    def known(self, task_ids: Collection[str]) -> set[str]:
+        return self._store().streams_known(task_ids) if task_ids else set()
+
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        return self._store().streams_started(task_ids) if task_ids else {}
+
+    def recall(self, task_ids: Collection[str]) -> None:
+        missing = {t: 1 for t in task_ids if self.tasks.get(t) is None}
+        if not missing:
+            return
+        for batch in self._store().read_streams(missing):
+            self.tasks.fold(batch)
+        self.tasks.committed()
+        self._recalled.update(t for t in missing if self.tasks.get(t) is not None)
+
+    # ------------------------------------------------------------ reading
+    def orphan_start(self, stream_id: str) -> int | None:
+        """The first version of an orphan stream with an orphan still open (None: none
+        is open, nothing to read)."""
+        open_now = self._orphans.get(stream_id)
+        return min(open_now.values()) if open_now else None
+
+    def served(self) -> dict[QueueKey, str]:
+        return dict(self._served)
+
+    def lingering(self) -> dict[str, dt.datetime]:
+        """Tasks that hold nothing and wait out their pool's create grace."""
+        return dict(self._linger_at)
+
+    # ------------------------------------------------------------ internals
+    def _store(self) -> EventStore:
+        if self.store is None:
+            raise RuntimeError("the live set reads the log only once attached to a store")
+        return self.store
+
+    def _judge(self, plan: _Plan, state: TaskState, handed_now: Collection[str],
+               now: dt.datetime) -> None:
+        task_id = state.task_id
+        handed_on = {*handed_now, *self.index.handed_on(task_id)}
+        found, until = verdict(state, handed_on=handed_on, now=now, grace=self.grace)
+        plan.lingering[task_id] = until
+        if found == Verdict.RETIRED:
+            plan.evicted.add(task_id)
+            if task_id in self._rows:
+                plan.deleted.add(task_id)
+        elif task_id not in self._rows:
+            plan.inserted.add(task_id)
+
+    def _plan_served(self, plan: _Plan, recorded: Sequence[RecordedEvent]) -> None:
+        for record in recorded:
+            event = record.event
+            if isinstance(event, ev.TaskPicked):
+                state = self.tasks.get(record.stream_id)
+                if state is not None:
+                    plan.served[(event.cluster_id, event.topology)] = state.actor
+        for key, actor in list(plan.served.items()):
+            if self._served.get(key) == actor:
+                del plan.served[key]
+
+    def _plan_orphans(self, plan: _Plan, recorded: Sequence[RecordedEvent]) -> None:
+        by_stream: dict[str, list[RecordedEvent]] = {}
+        for record in recorded:
+            if record.stream_id.startswith(ORPHAN_STREAM_PREFIX):
+                by_stream.setdefault(record.stream_id, []).append(record)
+        for stream_id, records in by_stream.items():
+            plan.orphans[stream_id] = _open_orphans(self._orphans.get(stream_id, {}), records)
+
+    def _set_linger(self, task_id: str, until: dt.datetime | None) -> None:
+        previous = self._linger_at.pop(task_id, None)
+        if previous is not None:
+            self._lingering.remove((previous, task_id))
+        if until is not None:
+            self._linger_at[task_id] = until
+            self._lingering.add((until, task_id))
+
+    def _evict(self, task_ids: Iterable[str]) -> None:
+        states = [s for t in task_ids if (s := self.tasks.get(t)) is not None]
+        if not states:
+            return
+        self.index.forget(states)
+        self.tasks.forget([s.task_id for s in states])
+        for state in states:
+            self._set_linger(state.task_id, None)
+            self._rows.discard(state.task_id)
+
+
+def _open_orphans(open_before: Mapping[OrphanKey, int],
+                  records: Iterable[RecordedEvent]) -> dict[OrphanKey, int]:
+    """The orphans still open after these records of one orphan stream."""
+    open_now = dict(open_before)
+    for record in records:
+        event = record.event
+        if isinstance(event, ev.OrphanPoolFound):
+            open_now.setdefault((event.cluster_id, event.pool_name), record.version)
+        elif isinstance(event, ev.OrphanPoolDeleted):
+            open_now.pop((event.cluster_id, event.pool_name), None)
+    return open_now
+
+
+def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[OrphanKey, int]]) -> None:
+    """The plan's rows, in as few statements as the dialect allows: most appends
+    change nothing here (their streams were live and stay live)."""
+    sqlite = conn.dialect.name == "sqlite"
+    mark = "?" if sqlite else "%s"
+    inserted = [(stream_id, 1) for stream_id in sorted(plan.inserted)]
+    deleted = sorted(plan.deleted)
+    for stream_id, open_now in plan.orphans.items():
+        start = min(open_now.values()) if open_now else None
+        before = orphans_before.get(stream_id)
+        if start == (min(before.values()) if before else None):
+            continue
+        deleted.append(stream_id)
+        if start is not None:
+            inserted.append((stream_id, start))
+    if deleted:
+        conn.exec_driver_sql(
+            f"DELETE FROM live_streams WHERE stream_id IN ({', '.join([mark] * len(deleted))})",
+            tuple(deleted))
+    if inserted:
+        verb = "INSERT OR IGNORE" if sqlite else "INSERT IGNORE"
+        conn.exec_driver_sql(
+            f"{verb} INTO live_streams (stream_id, fold_from) VALUES ({mark}, {mark})", inserted)
+    if plan.served:
+        upsert = (
+            "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
+            "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
+            if sqlite else
+            "INSERT INTO last_served (cluster_id, topology, actor) VALUES (%s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
+        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served.items())])
+
+
+class _FromLog:
+    """What ``from_log`` gathers while the log is folded: the live streams and their
+    first version, who each queue served last, the orphans still open."""
+
+    def __init__(self, now: dt.datetime, grace: dt.timedelta) -> None:
+        self.now = now
+        self.grace = grace
+        self.live: dict[str, int] = {}
+        self.served: dict[QueueKey, str] = {}
+        self.orphans: dict[str, dict[OrphanKey, int]] = {}
+        #: Holders whose pool a task took over while they were still being folded (a
+        #: log from before the live set holds no multi-slice hand-over: one pool each).
+        self.handed: dict[str, set[str]] = {}
+
+    def watched(self, stream_id: str, version: int, event: ev.Event,
+                state: TaskState | None) -> None:
+        if isinstance(event, ev.TaskPicked) and state is not None:
+            self.served[(event.cluster_id, event.topology)] = state.actor
+        elif isinstance(event, ev.NodePoolReused) and event.from_task:
+            # The holder's last event (NodePoolRetained) usually came before: it was
+            # judged live then, and is not; otherwise it is judged when it ends.
+            if self.live.pop(event.from_task, None) is None:
+                self.handed.setdefault(event.from_task, set()).add(event.pool_name)
+        elif isinstance(event, (ev.OrphanPoolFound, ev.OrphanPoolDeleted)):
+            self.orphans[stream_id] = _open_orphans(
+                self.orphans.get(stream_id, {}),
+                (RecordedEvent(0, stream_id, version, event, {}, self.now),))
+
+    def finished(self, state: TaskState) -> None:
+        handed_on = self.handed.pop(state.task_id, set())
+        found, _ = verdict(state, handed_on=handed_on, now=self.now, grace=self.grace)
+        if found != Verdict.RETIRED:
+            self.live[state.task_id] = 1
+
+
+def from_log(connect: Connect, *, now: dt.datetime,
+             create_grace_seconds: float) -> tuple[dict[str, int], dict[QueueKey, str]]:
+    """The live set of a log nobody kept one for (a database upgraded from before the
+    live set): the live streams with the version to fold them from, and who each
+    queue served last. One fold of the whole log, in memory bounded by the tasks in
+    flight (``falcon_es.engine.log_fold``), plus the holders whose pool was taken over before
+    their own stream ended."""
+    gathered = _FromLog(now, dt.timedelta(seconds=create_grace_seconds))
+    watch = ("TaskPicked", "NodePoolReused", "OrphanPoolFound", "OrphanPoolDeleted")
+    for state in final_states(connect, watch=watch, on_watched=gathered.watched):
+        gathered.finished(state)
+    live = dict(gathered.live)
+    for stream_id, open_now in gathered.orphans.items():
+        if open_now:
+            live[stream_id] = min(open_now.values())
+    return live, gathered.served

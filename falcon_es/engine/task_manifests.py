@@ -1,0 +1,67 @@
+"""What the effect executor sends for one task: its pools' labels and its Job (or, for
+a multi-slice task, JobSet) manifest.
+
+``manifests`` renders Kubernetes objects from plain values and knows nothing of tasks
+or settings; this module reads those values off the task's folded state, its cluster
+and the settings, so the executor only says which manifest to send where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from falcon_es.domain import manifests, naming
+from falcon_es.domain.ports import JOB_KIND, JOBSET_KIND
+from falcon_es.domain.clusters import Cluster
+from falcon_es.config.settings import Settings
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.tpu import slice_shape
+
+#: Labels on every pool Falcon-ES creates (the orphan sweep lists pools by them).
+POOL_MANAGED_BY = manifests.MANAGED_BY
+POOL_TASK_LABEL = manifests.TASK_LABEL
+POOL_TOPOLOGY_LABEL = "falcon-topology"
+POOL_SUPPLY_LABEL = "falcon-supply-mode"
+
+
+def pool_labels(task_id: str, topology: str, supply_mode: str) -> dict[str, str]:
+    return {
+        POOL_MANAGED_BY: manifests.MANAGED_BY_VALUE,
+        POOL_TASK_LABEL: naming.task_label(task_id),
+        POOL_TOPOLOGY_LABEL: topology,
+        POOL_SUPPLY_LABEL: supply_mode,
+    }
+
+
+def job_placement(settings: Settings, cluster: Cluster) -> manifests.JobPlacement:
+    return manifests.JobPlacement(
+        namespace=settings.job_namespace,
+        service_account=settings.job_service_account,
+        bucket=cluster.gcs_bucket,
+        ttl_seconds_after_finished=settings.job_ttl_seconds_after_finished,
+    )
+
+
+def workload_kind(state: TaskState) -> str:
+    """What runs the task: a JobSet for a multi-slice task, else a Job."""
+    return JOBSET_KIND if state.slices > 1 else JOB_KIND
+
+
+def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> dict[str, Any]:
+    """The Job manifest for a task on its pool, or the JobSet of a multi-slice task on
+    its pools (the submit intent's payload)."""
+    if state.slices > 1:
+        return manifests.render_jobset(
+            task_id=state.task_id,
+            spec=state.spec,
+            shape=slice_shape(state.tpu_type, state.topology),
+            pool_names=state.node_pools,
+            placement=job_placement(settings, cluster),
+        )
+    return manifests.render_job(
+        task_id=state.task_id,
+        spec=state.spec,
+        shape=slice_shape(state.tpu_type, state.topology),
+        pool_name=state.node_pool_name or "",
+        placement=job_placement(settings, cluster),
+    )

@@ -1,0 +1,215 @@
+"""Scheduling: where each accepted task queues and when it takes its queue's slot.
+
+Five handlers, run in this order after intake in every tick:
+
+1. ``requeue_from_inactive_clusters`` -- waiting tasks queued on a cluster that is now
+   in maintenance or offline leave that queue (TaskRequeued); tasks acquiring or
+   running there stay.
+2. ``choose_clusters`` -- every task without a cluster (just accepted, just re-queued,
+   or waiting for an active cluster) gets one (ClusterChosen), fails when no cluster
+   serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
+   clusters and their status (NoActiveCluster, appended again only when that changes).
+3. ``move_from_stuck_queues`` -- when a queue's slot holder has been in ClusterBusy or
+   WaitingForNode for ``FALCON_REPLACE_AFTER_SECONDS``, its next waiting task moves to
+   another active cluster of its TPU type (and supply mode) whose queue is empty with
+   the slot free (TaskMoved, naming both clusters and why), at most
+   ``FALCON_MAX_MOVES`` times per task; a task holding a slot never moves.
+4. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
+   reservation is full) gives the slot back when a waiting task of higher effective
+   priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
+   preempted: a pool being created, a Job dispatched or running keeps its slot.
+5. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
+   cluster picks one task (TaskPicked, with the priorities it compared), all queues
+   in the same tick.
+
+Each decision event records the candidates and why the winner won, so
+``falcon-es history ID`` explains a task's whole wait. The handlers update the
+controller's ``QueueBook`` as they emit (it journals and is confirmed or rolled back
+with the tick's append), so a decision sees the ones made before it in the same tick.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TypeGuard
+
+from falcon_es.domain import chart
+from falcon_es.domain import events as ev
+from falcon_es.engine.context import HandlerContext
+from falcon_es.domain.clusters import Cluster
+from falcon_es.engine.runtime import Tick
+from falcon_es.domain.queue_book import (
+    ACTIVE,
+    ClusterChoice,
+    NoMatch,
+    NoneActive,
+    STUCK_REASONS,
+    QueueBook,
+    choose_cluster,
+    move_target,
+)
+from falcon_es.domain.task import TaskState
+
+
+def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
+    """The book, brought up to date with what earlier handlers emitted this tick."""
+    book = ctx.queues
+    book.begin(tick)
+    for state in tick.touched():
+        book.sync(state)
+    return book
+
+
+def _is_waiting(state: TaskState | None) -> TypeGuard[TaskState]:
+    return state is not None and state.status == chart.PENDING and state.reason == "Waiting"
+
+
+def requeue_from_inactive_clusters(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    clusters = {c.id: c for c in ctx.clusters}
+    for key in book.waiting_queues():
+        cluster = clusters.get(key[0])
+        if cluster is not None and cluster.status == ACTIVE:
+            continue
+        name = cluster.name if cluster else key[0]
+        status = cluster.status if cluster else "unregistered"
+        for entry in book.waiting(key):
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state):
+                if state is not None:
+                    book.sync(state)
+                continue
+            after = tick.emit(entry.task_id, ev.TaskRequeued(key[0], name, status))
+            if after is not None:
+                book.sync(after)
+
+
+def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    unplaced = book.unplaced()
+    if not unplaced:
+        return
+    idle_pools = book.idle_pool_queues()
+    for tpu_type, entries in unplaced.items():
+        # Without an active cluster of the type the verdict is the same for every task
+        # of the group asking for the same supply mode (it does not depend on queue
+        # depths; a reservation narrows the candidates): work it out once per mode.
+        shared: dict[str | None, NoMatch | NoneActive | None] = {}
+        for entry in entries:
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state) or state.cluster_id is not None:
+                if state is not None:
+                    book.sync(state)
+                continue
+            mode = _supply_mode(state)
+            if mode not in shared:
+                verdict = choose_cluster(tpu_type, "", ctx.clusters, book.depth, idle_pools,
+                                         mode)
+                shared[mode] = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
+            choice = shared[mode] or choose_cluster(
+                tpu_type, entry.topology, ctx.clusters,
+                functools.partial(book.ahead, priority=state.priority), idle_pools, mode)
+            event = _decision_event(choice, state)
+            if event is None:
+                continue
+            after = tick.emit(entry.task_id, event)
+            if after is not None:
+                book.sync(after)
+
+
+def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskState) -> ev.Event | None:
+    if isinstance(choice, ClusterChoice):
+        return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.topology,
+                                choice.why, choice.candidates)
+    if isinstance(choice, NoMatch):
+        return ev.NoMatchingCluster(state.tpu_type, choice.registered_tpu_types,
+                                    choice.supply_mode, choice.without_reservation)
+    unchanged = (state.message_key == "NoActiveCluster"
+                 and list(state.message_args.get("clusters", ())) == list(choice.clusters))
+    return None if unchanged else ev.NoActiveCluster(state.tpu_type, choice.clusters)
+
+
+def _supply_mode(state: TaskState) -> str | None:
+    mode = state.spec.get("supply_mode")
+    return str(mode) if mode else None
+
+
+def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    settings = ctx.settings
+    clusters = {c.id: c for c in ctx.clusters}
+    for key in book.waiting_queues():
+        holders = book.holders(key)
+        holder = tick.state(holders[0]) if holders else None
+        if holder is None or holder.reason not in STUCK_REASONS:
+            continue
+        held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
+        source = clusters.get(key[0])
+        if held < settings.replace_after_seconds or source is None:
+            continue
+        for entry in book.pick_order(key, tick.now):
+            state = tick.state(entry.task_id)
+            if not _is_waiting(state) or state.moves >= settings.max_moves:
+                continue
+            target = move_target(state.tpu_type, state.topology, key[0], ctx.clusters, book,
+                                 _supply_mode(state))
+            if target is None:
+                break  # no free queue elsewhere: the others of this queue cannot move either
+            after = tick.emit(entry.task_id, ev.TaskMoved(
+                source.id, source.name, target.id, target.name, str(holder.reason), held,
+                state.moves + 1))
+            if after is not None:
+                book.sync(after)
+            break  # one per queue per tick: the target is no longer free
+
+
+def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
+    if not ctx.settings.preempt_cluster_busy:
+        return
+    book = _book(tick, ctx)
+    policy = book.policy
+    for key in book.queue_keys():
+        holders = book.holders(key)
+        if not holders or not book.waiting_count(key):
+            continue
+        state = tick.state(holders[0])
+        if state is None or state.reason != chart.PendingReason.CLUSTER_BUSY:
+            continue
+        if state.held_pools:
+            # Pools taken over or created in part: yielding would send them back to
+            # Waiting with the task, holding capacity no one could use.
+            continue
+        decision = book.decide(key, tick.now)
+        held = policy.effective(state.priority, state.submitted_at or tick.now, tick.now)
+        if decision is None or decision.effective <= held:
+            continue
+        after = tick.emit(state.task_id, ev.SlotYielded(
+            decision.winner.task_id, decision.winner.name, decision.effective, held))
+        if after is not None:
+            book.sync(after)
+
+
+def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
+    book = _book(tick, ctx)
+    clusters: dict[str, Cluster] = {c.id: c for c in ctx.clusters}
+    for key in book.free_queues():
+        cluster = clusters.get(key[0])
+        if cluster is None or cluster.status != ACTIVE:
+            continue
+        while (decision := book.decide(key, tick.now)) is not None:
+            state = tick.state(decision.winner.task_id)
+            if not _is_waiting(state) or state.cluster_id != key[0]:
+                if state is None:
+                    break
+                book.sync(state)
+                continue
+            after = tick.emit(decision.winner.task_id, ev.TaskPicked(
+                cluster_id=key[0], topology=key[1], why=decision.why,
+                candidates=decision.candidates(), last_actor=decision.last_actor,
+                actors_waiting=decision.actors_waiting, priority=decision.winner.priority,
+                effective=decision.effective, priorities=decision.priorities(),
+            ))
+            book.served(key, decision.winner.actor)
+            if after is not None:
+                book.sync(after)
+            break

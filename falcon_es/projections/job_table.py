@@ -1,0 +1,301 @@
+"""The job-table projection: Status / Reason / Message and scheduling fields.
+
+Written inline, in the append's transaction. The upper layer writes ``Aborting`` into
+the same rows at any moment, so every write is a compare-and-set done by the database
+itself: a row whose status is ``Aborting`` keeps that status (and gets no Reason) unless
+the events being written fold the abort. All other columns follow the log, so a replay
+reproduces the row whatever the interleaving was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from falcon_es.domain import chart
+from falcon_es.domain import events as ev
+from falcon_es.domain.spec import DUPLICATE_ID
+from falcon_es.storage.store import RecordedEvent
+from falcon_es.storage.tables import JobSql, JobTable
+from falcon_es.domain.task import Change, TaskState, TaskStates
+from falcon_es.projections.messages import fit_message, render, task_message
+
+#: Columns this projection owns (everything Falcon-ES writes back).
+PROJECTED_COLUMNS = (
+    "status", "reason", "message", "cluster_id", "node_pool_name", "job_uid",
+    "dispatched_at", "aborted_at", "finished_at", "updated_at",
+)
+
+
+_ABORT_STATUSES = frozenset({chart.ABORTING, chart.ABORTED})
+#: Column -> its parameter name in the compare-and-set UPDATE.
+_BOUND: Mapping[str, str] = MappingProxyType({c: f"b_{c}" for c in PROJECTED_COLUMNS})
+
+
+def row_values(state: TaskState, lang: str) -> dict[str, Any]:
+    """The projected column values of one task (the fold of its stream)."""
+    status = chart.PENDING if state.status == chart.NEW else state.status
+    return {
+        "status": status,
+        "reason": state.reason,
+        "message": task_message(state, lang),
+        "cluster_id": state.cluster_id,
+        "node_pool_name": state.node_pool_name,
+        "job_uid": state.job_uid,
+        "dispatched_at": state.dispatched_at,
+        "aborted_at": state.aborted_at,
+        "finished_at": state.finished_at,
+        "updated_at": state.updated_at,
+    }
+
+
+def _cas_update(job: JobTable) -> sa.Update:
+    """UPDATE with the abort guard evaluated on the row's current status.
+
+    MySQL evaluates SET assignments left to right and later ones see earlier results,
+    so ``status`` is assigned last: every CASE reads the status before this write.
+    Under an abort not yet folded, ``updated_at`` keeps the later of the upper layer's
+    abort time and the event's time, so it never moves backwards and a replay (seeded
+    with the live value) reproduces it whatever the interleaving was.
+    """
+    c = job.c
+    keep_abort = sa.and_(c.status == chart.ABORTING, sa.bindparam("b_folds_abort") == 0)
+    event_time = sa.bindparam("b_updated_at", type_=c.updated_at.type)
+    keep_abort_time = sa.and_(keep_abort, c.updated_at > event_time)
+    assignments: list[tuple[Any, Any]] = [
+        (c.reason, sa.case((keep_abort, None), else_=sa.bindparam("b_reason"))),
+        (c.updated_at, sa.case((keep_abort_time, c.updated_at), else_=event_time)),
+    ]
+    for column in PROJECTED_COLUMNS:
+        if column not in ("status", "reason", "updated_at"):
+            assignments.append((c[column], sa.bindparam(f"b_{column}")))
+    assignments.append(
+        (c.status, sa.case((keep_abort, c.status), else_=sa.bindparam("b_status")))
+    )
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), _not_duplicate(job))
+        .ordered_values(*assignments)
+    )
+
+
+def _not_duplicate(job: JobTable) -> sa.ColumnElement[bool]:
+    """A row refused ``DuplicateId`` holds another submission under the same id: the
+    task the log knows by that id never writes it again."""
+    return sa.or_(job.c.reason.is_(None), job.c.reason != DUPLICATE_ID)
+
+
+class JobTableProjection:
+    """Inline projection: after ``TaskStates`` folded an append, write each changed row."""
+
+    def __init__(self, states: TaskStates, job: JobTable, lang: str = "en") -> None:
+        self.states = states
+        self.job = job
+        self.lang = lang
+        self._update = _cas_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        write_rows(conn, self.states.changes(), self.lang, self._update, job=self.job)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+def write_rows(
+    conn: Connection, changes: Iterable[Change], lang: str, update: sa.Update | None = None,
+    *, job: JobTable,
+) -> int:
+    params = []
+    for change in changes:
+        values = row_values(change.after, lang)
+        row = {_BOUND[k]: v for k, v in values.items()}
+        row["b_id"] = change.after.task_id
+        abort_folded = change.folds_abort or change.after.status in _ABORT_STATUSES
+        row["b_folds_abort"] = 1 if abort_folded else 0
+        params.append(row)
+    if not params:
+        return 0
+    if _joined_update_works(conn.dialect):
+        return sum(_write_joined(conn, job, params[first:first + JOINED_ROWS])
+                   for first in range(0, len(params), JOINED_ROWS))
+    result = conn.execute(update if update is not None else _cas_update(job), params)
+    return result.rowcount
+
+
+#: Rows per statement of the joined update.
+JOINED_ROWS = 500
+_JOINED_PARAMS = ("b_id", "b_folds_abort", *(f"b_{c}" for c in PROJECTED_COLUMNS))
+#: SQLite learned UPDATE ... FROM in 3.33.
+_SQLITE_UPDATE_FROM = (3, 33, 0)
+
+
+def _joined_update_works(dialect: sa.Dialect) -> bool:
+    if dialect.name in ("mysql", "mariadb"):
+        return True
+    if dialect.name != "sqlite":
+        return False
+    if dialect.dbapi is None:
+        raise ValueError("the SQLite dialect has no DBAPI module to ask for its version")
+    return dialect.dbapi.sqlite_version_info >= _SQLITE_UPDATE_FROM
+
+
+def _joined_update_sql(rows: int, dialect_name: str, names: JobSql) -> str:
+    """One UPDATE for many rows, joined to a derived table of the new values: on
+    MySQL/MariaDB PyMySQL runs an executemany UPDATE as one round trip per row (most of
+    an append's time there), and on SQLite one statement beats per-row executions.
+
+    A multiple-table UPDATE does not promise left-to-right assignment, so no CASE may
+    depend on another column's new value: the abort guard reads ``status``, which it
+    only changes when the guard is off, and then to a value for which the guard stays
+    off (``b_folds_abort`` is 1 whenever ``b_status`` is Aborting or Aborted).
+    """
+    mysql = dialect_name in ("mysql", "mariadb")
+    table, col = names.table, names.columns
+    target = f"{table}." if mysql else ""  # SQLite names SET columns unqualified
+    mark = "%s" if mysql else "?"
+    status, updated_at = f"{table}.{col['status']}", f"{table}.{col['updated_at']}"
+    keep_abort = f"{status} = '{chart.ABORTING}' AND v.b_folds_abort = 0"
+    assignments = [
+        f"{target}{col['reason']} = CASE WHEN {keep_abort} THEN NULL ELSE v.b_reason END",
+        (f"{target}{col['updated_at']} = CASE WHEN {keep_abort} AND {updated_at} > "
+         f"v.b_updated_at THEN {updated_at} ELSE v.b_updated_at END"),
+        *(f"{target}{col[c]} = v.b_{c}" for c in PROJECTED_COLUMNS
+          if c not in ("status", "reason", "updated_at")),
+        f"{target}{col['status']} = CASE WHEN {keep_abort} THEN {status} ELSE v.b_status END",
+    ]
+    first = "SELECT " + ", ".join(f"{mark} AS {name}" for name in _JOINED_PARAMS)
+    values = f"{first}{(' UNION ALL SELECT ' + ', '.join(mark for _ in _JOINED_PARAMS)) * (rows - 1)}"
+    row_id = f"{table}.{col['id']}"
+    reason = f"{table}.{col['reason']}"
+    not_duplicate = f"({reason} IS NULL OR {reason} <> '{DUPLICATE_ID}')"
+    if mysql:
+        return (f"UPDATE {table} JOIN ({values}) AS v ON {row_id} = v.b_id "
+                f"SET {', '.join(assignments)} WHERE {not_duplicate}")
+    return (f"UPDATE {table} SET {', '.join(assignments)} FROM ({values}) AS v "
+            f"WHERE {row_id} = v.b_id AND {not_duplicate}")
+
+
+def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, Any]]) -> int:
+    """The statement goes to the driver as is, so each value first gets the column
+    type's own bind processing (SQLite stores datetimes as text in SQLAlchemy's format,
+    which the time comparisons rely on)."""
+    dialect = conn.dialect
+    processors = [
+        None if name == "b_folds_abort"
+        else job.c[name[2:]].type.dialect_impl(dialect).bind_processor(dialect)
+        for name in _JOINED_PARAMS
+    ]
+    flat = tuple(
+        value if process is None or value is None else process(value)
+        for row in params
+        for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
+    )
+    sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
+    return conn.exec_driver_sql(sql, flat).rowcount
+
+
+class RefusedRowsProjection:
+    """Inline projection: a row refused as a whole (``RowRefused``: its id does not fit
+    the log, or names an earlier submission) is failed with the refusal's Reason and
+    Message. A row refused for its id's length is written only while still new
+    (Pending, no Reason): the upper layer may have moved it meanwhile. A ``DuplicateId``
+    row is written whatever the task the log knows by that id wrote there (runs before
+    the job-table projection, which then leaves it alone)."""
+
+    def __init__(self, job: JobTable, lang: str = "en") -> None:
+        self.job = job
+        self.lang = lang
+        self._update = refusal_update(job)
+        self._duplicate = duplicate_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        refused = [r for r in recorded if type(r.event) is ev.RowRefused]
+        if refused:
+            write_refusals(conn, refused, self.lang, self._update, self._duplicate)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+class RowCheckProjection:
+    """Inline projection: a task whose row was found to differ from the log
+    (``JobRowDiverged``, ``rewritten``) gets its row written again from its state as
+    this append leaves it (the compare-and-set write of every projection write)."""
+
+    def __init__(self, states: TaskStates, job: JobTable, lang: str = "en") -> None:
+        self.states = states
+        self.job = job
+        self.lang = lang
+        self._update = _cas_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        ids = {r.event.task_id for r in recorded if type(r.event) is ev.JobRowDiverged
+               and r.event.found == ev.ROW_REWRITTEN}
+        states = [s for task_id in sorted(ids) if (s := self.states.get(task_id)) is not None]
+        if states:
+            changes = [Change(s, s, folds_abort=s.status in _ABORT_STATUSES) for s in states]
+            write_rows(conn, changes, self.lang, self._update, job=self.job)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+def refusal_update(job: JobTable) -> sa.Update:
+    c = job.c
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), c.status == chart.PENDING, c.reason.is_(None))
+        .values(status=chart.FAILED, reason=sa.bindparam("b_reason"),
+                message=sa.bindparam("b_message"), updated_at=sa.bindparam("b_at"),
+                finished_at=sa.bindparam("b_at"))
+    )
+
+
+def duplicate_update(job: JobTable) -> sa.Update:
+    """Fail a row whose id names an earlier submission, whatever it holds (the old
+    task's columns too are cleared: none of them is this row's)."""
+    c = job.c
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), _not_duplicate(job))
+        .values(status=chart.FAILED, reason=sa.bindparam("b_reason"),
+                message=sa.bindparam("b_message"), updated_at=sa.bindparam("b_at"),
+                finished_at=sa.bindparam("b_at"), cluster_id=None, node_pool_name=None,
+                job_uid=None, dispatched_at=None, aborted_at=None)
+    )
+
+
+def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str,
+                   update: sa.Update, duplicate: sa.Update) -> int:
+    """Fail each refused row (its event's Reason, a Message rendered from its data);
+    a row refused more than once gets its latest refusal."""
+    latest: dict[tuple[bool, str], dict[str, Any]] = {}
+    for record in refused:
+        event = record.event
+        if not isinstance(event, ev.RowRefused):
+            continue
+        latest.pop((event.reason == DUPLICATE_ID, event.row_id), None)
+        latest[(event.reason == DUPLICATE_ID, event.row_id)] = {
+            "b_id": event.row_id, "b_reason": event.reason,
+            "b_message": fit_message(render("RowRefused", event.to_data(), lang)),
+            "b_at": record.recorded_at}
+    written = 0
+    for is_duplicate, statement in ((False, update), (True, duplicate)):
+        params = [p for (dup, _), p in latest.items() if dup is is_duplicate]
+        if params:
+            written += conn.execute(statement, params).rowcount
+    return written
+

@@ -1,0 +1,373 @@
+"""The message catalog: human-readable Messages rendered from structured event data.
+
+Messages are never stored in events, only their arguments, so wording and language
+(``FALCON_LANG=en|zh``) can change and the job table be rebuilt by replay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from falcon_es.domain.spec import INVALID_COLUMN
+from falcon_es.domain.task import TaskState
+
+Args = Mapping[str, Any]
+Template = str | Callable[[Args], str]
+
+#: How many tasks ahead a waiting Message names before it says "and N more".
+AHEAD_NAMED = 3
+
+
+def _clusters(args: Args) -> str:
+    return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
+
+
+def _types(args: Args) -> str:
+    return ", ".join(args["registered_tpu_types"]) or "-"
+
+
+def _exit(args: Args) -> str:
+    return args["cause"]
+
+
+def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
+    def render(args: Args) -> str:
+        text = done.format(**args)
+        if args.get("pods_pending"):
+            text += pending.format(**args)
+        return text
+    return render
+
+
+def _rejected(spec: str, column: str) -> Callable[[Args], str]:
+    """A rejected task: its spec was invalid, or a column of its row unreadable."""
+    def render(args: Args) -> str:
+        return (column if args.get("reason") == INVALID_COLUMN else spec).format(**args)
+    return render
+
+
+#: The API call behind each retried step (``ApiCallRetrying.step``), named as the
+#: API's own reference does, so the same in every language.
+CALLS: Mapping[str, str] = MappingProxyType({
+    "pool-create": "GKE create_node_pool",
+    "pool-delete": "GKE delete_node_pool",
+    "job-submit": "Kubernetes create Job",
+    "job-delete": "Kubernetes delete Job",
+    "reservation-check": "Compute get reservation",
+})
+
+
+def _retrying(limited: str, unlimited: str) -> Callable[[Args], str]:
+    """A retried call: 'attempt 3 of 12' while it may be given up, 'attempt 3' for a
+    step retried until it succeeds (a delete)."""
+    def render(args: Args) -> str:
+        template = unlimited if args.get("attempts") is None else limited
+        return template.format(call=CALLS.get(args["step"], args["step"]), **args)
+    return render
+
+
+def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
+    """A Job the API refused, or one created whose pods were refused past the grace."""
+    def render(args: Args) -> str:
+        return (refused if args.get("refused_seconds") else created).format(**args)
+    return render
+
+
+def _with_followers(words: str, followers: str) -> Callable[[Args], str]:
+    """Pending pods; a JobSet's refused followers come after the leader's cause."""
+    def render(args: Args) -> str:
+        tail = followers.format(**args) if args.get("followers_refused") else ""
+        return words.format(**args) + tail
+    return render
+
+
+def _restarted(words: str, restarts: str) -> Callable[[Args], str]:
+    """Running pods; a JobSet that restarted says how often."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (restarts.format(**args) if args.get("restarts") else "")
+    return render
+
+
+def _refused(words: str, transient: str) -> Callable[[Args], str]:
+    """Pods the Job controller cannot create; a transient refusal says it will wait."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (transient if args.get("transient") else "")
+    return render
+
+
+def _nodes_not_ready(counted: str, bare: str) -> Callable[[Args], str]:
+    """A fixed-size pool's nodes: registered and Ready counts where the event has them."""
+    def render(args: Args) -> str:
+        return (bare if args.get("registered") is None else counted).format(**args)
+    return render
+
+
+def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
+    """The wait's cause (the autoscaler's words) ahead of the counts it explains."""
+    def render(args: Args) -> str:
+        text = words.format(**args)
+        return cause.format(**args) + text if args.get("cause") else text
+    return render
+
+
+def _group(one: str, many: str) -> Callable[[Args], str]:
+    """A pool's fate; a multi-slice task's group names every pool (``pools``)."""
+    def render(args: Args) -> str:
+        others = args.get("slice_pools") or ()
+        if not others:
+            return one.format(**args)
+        return many.format(pools=", ".join((args["pool_name"], *others)), **args)
+    return render
+
+
+EN: Mapping[str, Template] = MappingProxyType({
+    "TaskAccepted": "accepted; choosing a cluster for {tpu_type} {topology}",
+    "TaskRejected": _rejected("invalid task spec: {field}: {detail}",
+                              "unreadable job row: column {field}: {detail}"),
+    "RowRefused": "job row not taken in: {field}: {detail}",
+    "NoMatchingCluster": lambda a: (
+        f"supply mode {a['supply_mode']} was asked for, but no {a['tpu_type']} cluster has "
+        f"a reservation ({', '.join(a['without_reservation'])})"
+        if a.get("supply_mode") else
+        f"no cluster serves TPU type {a['tpu_type']}; registered TPU types: {_types(a)}"
+    ),
+    "NoActiveCluster": lambda a: (
+        f"waiting for an active {a['tpu_type']} cluster: {_clusters(a)}"
+    ),
+    "ClusterChosen": "queued on {cluster_name} ({topology})",
+    "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
+    "TaskPicked": "provisioning on {topology}",
+    "TaskMoved": (
+        "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
+        "to {to_cluster_name}"),
+    "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
+    "PriorityChanged": "priority changed from {old} to {new} by {requester}",
+    "ReservationInsufficient": (
+        "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
+        "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
+        "retry {attempt}"
+    ),
+    "NodePoolReused": "reusing node pool {pool_name}",
+    "NodePoolTaken": "took node pool {pool_name} of {from_task} for one slice",
+    "NodePoolCreateRequested": (
+        "creating node pool {pool_name} ({supply_mode}, {node_count} x {machine_type})"
+    ),
+    "NodePoolCreateStarted": "creating node pool {pool_name} (operation {operation})",
+    "NodePoolNotVisible": "node pool {pool_name} not visible yet; looking again (attempt {attempt})",
+    "NodesNotReady": _nodes_not_ready(
+        "node pool {pool_name} control-plane RUNNING but {registered}/{total} expected "
+        "node(s) registered (Ready={ready}); attempt {attempt}",
+        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})"),
+    "NodesAwaited": _cause_first(
+        "node pool {pool_name} control-plane {control_plane} but {registered}/{expected} "
+        "expected node(s) registered (Ready={ready}); the workload is submitted and waits "
+        "for the cluster autoscaler", "{cause}; "),
+    "NodeWaitExtended": (
+        "node pool {pool_name} kept after {waited_seconds}s without nodes: no task of "
+        "another topology waits on this cluster, so GKE keeps trying until a node is "
+        "Ready or the task is aborted"),
+    "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
+    "NodePoolFailed": "node pool {pool_name} failed: {error}",
+    "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
+                                     "{cause}; "),
+    "JobSubmitRequested": "submitting Job {job_name}",
+    "JobSubmitted": "Job {job_name} submitted; waiting for pods",
+    "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
+                                      "pods of Job {job_name} refused for "
+                                      "{refused_seconds}s: {error}; Job deleted"),
+    "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
+    "PodsPending": _with_followers("pods pending: {diagnosis}",
+                                   "; until it is scheduled the JobSet webhook refuses its "
+                                   "followers (expected, transient): {followers_refused}"),
+    "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
+                            " (expected to clear; waiting)"),
+    "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
+    "JobSucceeded": "succeeded ({succeeded} pod(s))",
+    "JobFailed": _exit,
+    "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
+                               " (pods were pending: {pods_pending})"),
+    "JobDeleteRequested": "deleting Job {job_name} ({why})",
+    "JobDeleted": "Job {job_name} deleted",
+    "AbortRequested": "abort requested while {phase}",
+    "AbortIgnored": "abort ignored: the task had already {status}",
+    "TaskAborted": "aborted while {phase}",
+    "NodePoolRetained": "node pool {pool_name} handed over to {for_task}",
+    "NodePoolHandedOver": "node pool {pool_name} handed over to {to_task}",
+    "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
+                                      "deleting node pools {pools}"),
+    "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
+    "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+    "ApiCallRetrying": _retrying(
+        "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
+        "{call} failed ({error}), attempt {attempt}, next in {retry_in_seconds}s"),
+    "position": "#{position}, {ahead} ahead{names}",
+    "position-first": "#1, next in line",
+    "more": "{count} more",
+    "wait-holder": "slot held by {holder} ({reason} since {since})",
+    "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
+    "wait-expected": "expected start ~{at}",
+})
+
+ZH: Mapping[str, Template] = MappingProxyType({
+    "TaskAccepted": "已接收，正在为 {tpu_type} {topology} 选择集群",
+    "TaskRejected": _rejected("任务规格无效：{field}：{detail}",
+                              "无法读取的作业行：列 {field}：{detail}"),
+    "RowRefused": "作业行未被接收：{field}：{detail}",
+    "NoMatchingCluster": lambda a: (
+        f"要求的供给方式为 {a['supply_mode']}，但没有 {a['tpu_type']} 集群配置预留"
+        f"（{'、'.join(a['without_reservation'])}）"
+        if a.get("supply_mode") else
+        f"没有集群提供 TPU 类型 {a['tpu_type']}；已注册的 TPU 类型：{_types(a)}"
+    ),
+    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：{_clusters(a)}",
+    "ClusterChosen": "已排队于 {cluster_name} ({topology})",
+    "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
+    "TaskPicked": "正在 {topology} 上准备资源",
+    "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
+    "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
+    "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
+    "ReservationInsufficient": (
+        "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
+        "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
+        "第 {attempt} 次重试"
+    ),
+    "NodePoolReused": "复用节点池 {pool_name}",
+    "NodePoolTaken": "已接管 {from_task} 的节点池 {pool_name} 作为一个切片",
+    "NodePoolCreateRequested": (
+        "正在创建节点池 {pool_name}（{supply_mode}，{node_count} x {machine_type}）"
+    ),
+    "NodePoolCreateStarted": "正在创建节点池 {pool_name}（操作 {operation}）",
+    "NodePoolNotVisible": "节点池 {pool_name} 暂不可见，稍后重试（第 {attempt} 次）",
+    "NodesNotReady": _nodes_not_ready(
+        "节点池 {pool_name} 控制面 RUNNING，但预期 {total} 个节点中仅 {registered} 个已注册"
+        "（Ready={ready}）；第 {attempt} 次",
+        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）"),
+    "NodesAwaited": _cause_first(
+        "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
+        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
+    "NodeWaitExtended": (
+        "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
+        "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
+    "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
+    "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
+    "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
+                                     "{cause}；"),
+    "JobSubmitRequested": "正在提交 Job {job_name}",
+    "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
+    "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
+                                      "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
+                                      "{error}；Job 已删除"),
+    "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
+    "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
+                                   "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
+                                   "（预期的暂时错误）：{followers_refused}"),
+    "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
+                            "（预计会自行恢复，继续等待）"),
+    "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
+    "JobSucceeded": "已成功（{succeeded} 个 Pod）",
+    "JobFailed": _exit,
+    "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
+                               "（Pod 一直等待：{pods_pending}）"),
+    "JobDeleteRequested": "正在删除 Job {job_name}（{why}）",
+    "JobDeleted": "Job {job_name} 已删除",
+    "AbortRequested": "在 {phase} 阶段请求中止",
+    "AbortIgnored": "忽略中止：任务已 {status}",
+    "TaskAborted": "已在 {phase} 阶段中止",
+    "NodePoolRetained": "节点池 {pool_name} 已移交给 {for_task}",
+    "NodePoolHandedOver": "节点池 {pool_name} 已移交给 {to_task}",
+    "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
+    "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
+    "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+    "ApiCallRetrying": _retrying(
+        "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
+        "{call} 调用失败（{error}），第 {attempt} 次尝试，{retry_in_seconds} 秒后重试"),
+    "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
+    "position-first": "队列位置 #1，下一个",
+    "more": "另外 {count} 个",
+    "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
+    "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
+    "wait-expected": "预计开始时间约 {at}",
+})
+
+CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
+SEPARATOR: Mapping[str, str] = MappingProxyType({"en": "; ", "zh": "；"})
+
+
+def render(key: str, args: Args, lang: str = "en") -> str:
+    template = CATALOGS[lang].get(key) or EN[key]
+    if callable(template):
+        return template(args)
+    return template.format(**args)
+
+
+#: What the job table's ``message`` column holds at least: a MySQL/MariaDB TEXT, 65,535
+#: bytes (a longer value was stored cut at its length modulo 64 KiB, mid-character).
+MESSAGE_BYTES = 65_535
+#: Ends a Message cut to fit the column, so a reader knows there was more.
+CUT_MARK = " …[cut]"
+
+
+def fit_message(text: str | None, limit: int = MESSAGE_BYTES) -> str | None:
+    """A Message cut to ``limit`` UTF-8 bytes at a character boundary, ending with
+    ``CUT_MARK`` when cut. Most Messages are short: those are returned untouched
+    without being encoded."""
+    if text is None or len(text) * 4 <= limit:
+        return text
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    room = limit - len(CUT_MARK.encode("utf-8"))
+    return data[:room].decode("utf-8", errors="ignore") + CUT_MARK
+
+
+def task_message(state: TaskState, lang: str = "en") -> str | None:
+    """The Message of a task: its latest statement, then the fate of each pool it
+    handed over (a multi-slice task's pools may go to several tasks), then the latest
+    pool note."""
+    parts = []
+    if state.message_key:
+        parts.append(render(state.message_key, state.message_args, lang))
+    for pool, taker in state.pools_retained.items():
+        parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
+    if state.note_key and not (state.note_key == "NodePoolRetained"
+                               and state.note_args.get("pool_name") in state.pools_retained):
+        parts.append(render(state.note_key, state.note_args, lang))
+    return fit_message(SEPARATOR[lang].join(parts) or None)
+
+
+def position_message(
+    position: int, ahead: Sequence[tuple[str, str]], lang: str = "en"
+) -> str:
+    """'#3, 2 ahead (user-a: profiling-v7x, user-b: benchmark-v7x)' for a waiting task."""
+    if position == 1:
+        return render("position-first", {}, lang)
+    named = [f"{actor}: {name}" for actor, name in ahead[:AHEAD_NAMED]]
+    if len(ahead) > AHEAD_NAMED:
+        named.append(render("more", {"count": len(ahead) - AHEAD_NAMED}, lang))
+    names = f" ({', '.join(named)})" if named else ""
+    return render("position", {"position": position, "ahead": len(ahead), "names": names}, lang)
+
+
+def clock_time(at: dt.datetime) -> str:
+    """A moment as a Message states it: absolute, so a Message written once stays true
+    however long it is not rewritten (``2026-11-01 09:12 UTC``)."""
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def position_part(message: str, lang: str = "en") -> str:
+    """The position a waiting task's Message starts with, without the wait note."""
+    return message.split(SEPARATOR[lang], 1)[0]
+
+
+def wait_reason(holder: str, reason: str, since: dt.datetime, reservation: Args | None,
+                lang: str = "en") -> str:
+    """Why a waiting task waits: who holds its queue's slot, in which state since when,
+    and, when that holder waits for a full reservation, the reservation's numbers."""
+    text = render("wait-holder", {"holder": holder, "reason": reason,
+                                  "since": clock_time(since)}, lang)
+    if reservation is not None:
+        text += SEPARATOR[lang] + render("wait-reservation", reservation, lang)
+    return text

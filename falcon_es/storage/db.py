@@ -1,0 +1,314 @@
+"""Database engines and the schema lifecycle (Alembic migrations shipped in ``schema``).
+
+The migrations create and migrate Falcon-ES's own tables only. The job table is the
+upper layer's: ``check_job_table`` and ``index_advice`` look at it (under the settings'
+names) without changing it, and ``create_job_table`` creates Falcon-ES's definition of
+it only when asked (the demo, the tests, the benchmarks, ``db upgrade
+--create-job-table``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from collections.abc import Mapping
+from types import MappingProxyType
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Engine
+
+from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage.tables import (
+    ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, WantedIndex,
+)
+
+#: The job columns whose values Falcon-ES keeps in columns of a fixed width: what a
+#: note calls their values, how many characters it keeps, the Reason a longer value
+#: gets, and where it is kept.
+KEPT_WIDTHS: Mapping[str, tuple[str, int, str, str]] = MappingProxyType({
+    "id": ("ids", STREAM_ID_LENGTH, "InvalidId", "Falcon-ES's log"),
+    "actor": ("actors", ACTOR_LENGTH, "InvalidColumn", "Falcon-ES's last_served.actor"),
+})
+
+#: Execution option marking a connection that only reads (see ``read_only``).
+READ_ONLY_OPTION = "falcon_read_only"
+
+
+class DatabaseUrlError(ValueError):
+    """The database URL cannot be used (bad syntax or an unsupported dialect)."""
+
+
+class MigrationConflict(RuntimeError):
+    """A migration step found an object of the name it creates, with another shape
+    (raised by ``falcon_es.migrations.steps``; the message says what to do)."""
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine tuned per dialect: SQLite in WAL with immediate write transactions,
+    MySQL/MariaDB through PyMySQL in READ COMMITTED."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as error:
+        raise DatabaseUrlError(f"database URL {url!r} is not a valid URL") from error
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        engine = sa.create_engine(parsed, **kwargs)
+        _make_sqlite_transactions_immediate(engine)
+        return engine
+    if backend in ("mysql", "mariadb"):
+        if parsed.get_driver_name() != "pymysql":
+            raise DatabaseUrlError(
+                f"database URL {url!r}: use the PyMySQL driver (mysql+pymysql://...)"
+            )
+        engine = sa.create_engine(
+            parsed, isolation_level="READ COMMITTED", pool_recycle=3600, **kwargs,
+        )
+        _ping_idle_connections(engine)
+        return engine
+    raise DatabaseUrlError(
+        f"database URL {url!r}: unsupported dialect {backend!r} (use sqlite or mysql+pymysql)"
+    )
+
+
+#: A pooled MySQL connection idle longer than this is pinged before use.
+IDLE_PING_SECONDS = 30.0
+#: Set on a pool record's ``info`` at each checkout: whether that checkout pinged.
+PINGED = "falcon_pinged"
+_CHECKED_IN_AT = "falcon_checked_in_at"
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Pessimistic disconnect handling, but only for connections that sat idle: a
+    server, proxy or failover may have dropped them. ``pool_pre_ping`` pings on every
+    checkout, a round trip of its own; the controller checks connections out several
+    times per tick, seconds apart at most, so nearly all of those pings were waste.
+    A failed ping raises ``DisconnectionError``: the pool discards the connection and
+    checks out a fresh one (SQLAlchemy's documented custom pre-ping)."""
+
+    @sa.event.listens_for(engine.pool, "checkin")
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @sa.event.listens_for(engine.pool, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get(_CHECKED_IN_AT)
+        record.info[PINGED] = since is None or time.monotonic() - since >= IDLE_PING_SECONDS
+        if not record.info[PINGED]:
+            return
+        try:
+            dbapi_connection.ping(reconnect=False)
+        except Exception as error:  # whatever the driver raises for a dead socket
+            raise sa.exc.DisconnectionError(f"database connection lost: {error}") from error
+
+
+def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+    """pysqlite defers BEGIN; take the write lock at BEGIN so appends serialize cleanly."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        reading = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        # Straight to the driver: through SQLAlchemy's execute path a BEGIN cost
+        # several times the statement (tens of microseconds, on every transaction).
+        conn.connection.dbapi_connection.execute("BEGIN" if reading else "BEGIN IMMEDIATE")
+
+
+def read_only(engine: Engine) -> Engine:
+    """The same engine (same pool) for transactions that only read.
+
+    On SQLite every other transaction begins IMMEDIATE, taking the write lock; a reader
+    that did so would queue behind a busy writer and stall it in turn, although WAL
+    lets readers and the writer proceed side by side. Readers therefore begin deferred.
+    Other dialects ignore the option.
+    """
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
+
+
+def alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(importlib.resources.files("falcon_es.migrations")))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(engine), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+#: Job columns Falcon-ES writes NULL into: no Reason outside Pending and Failed, no
+#: cluster, pool, Job or times before the task gets that far.
+WRITTEN_AS_NULL = frozenset({
+    "reason", "message", "cluster_id", "node_pool_name", "job_uid", "dispatched_at",
+    "aborted_at", "finished_at",
+})
+
+
+def has_job_table(engine: Engine, job: JobTable) -> bool:
+    return sa.inspect(engine).has_table(job.mapping.table, schema=job.mapping.schema)
+
+
+def create_job_table(engine: Engine, job: JobTable) -> bool:
+    """Create the job table from Falcon-ES's definition (with the indexes its queries
+    want) unless a table of that name exists; True when it was created. An existing
+    table is never altered."""
+    if has_job_table(engine, job):
+        return False
+    job.table.create(engine)
+    return True
+
+
+def job_table_ddl(job: JobTable, dialect: sa.Dialect) -> str:
+    """The statements that create the job table in ``dialect``, for an upper layer to
+    create it (adding columns of its own as it likes)."""
+    statements = [str(sa.schema.CreateTable(job.table).compile(dialect=dialect)).strip()]
+    statements += [str(sa.schema.CreateIndex(index).compile(dialect=dialect)).strip()
+                   for index in sorted(job.table.indexes, key=lambda i: str(i.name))]
+    text = ";\n".join(statements) + ";"
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnProblem:
+    """What is wrong with one column Falcon-ES uses: ``column`` is Falcon-ES's name,
+    ``name`` the table's (the same unless the mapping renames it)."""
+
+    column: str
+    problem: str
+    table: str = "job"
+    name: str | None = None
+
+    def __str__(self) -> str:
+        name = self.name or self.column
+        renamed = f" (Falcon-ES's {self.column})" if name != self.column else ""
+        return f"{self.table}.{name}{renamed}: {self.problem}"
+
+
+def check_job_table(engine: Engine, job: JobTable) -> list[ColumnProblem]:
+    """Compare an existing job table (the upper layer's) with what Falcon-ES needs,
+    under the mapping's names."""
+    mapping = job.mapping
+    table = mapping.qualified
+    inspector = sa.inspect(engine)
+    if not inspector.has_table(mapping.table, schema=mapping.schema):
+        return [ColumnProblem("*", f"table {table!r} does not exist", table)]
+    columns = {c["name"].lower(): c
+               for c in inspector.get_columns(mapping.table, schema=mapping.schema)}
+    problems: list[ColumnProblem] = []
+    for name, kind in job.column_kinds.items():
+        theirs = mapping.column(name)
+        column = columns.get(theirs.lower())
+        if column is None:
+            problems.append(ColumnProblem(
+                name, f"missing (expected {kind.__name__})", table, theirs))
+        elif not _compatible(column["type"], kind):
+            problems.append(ColumnProblem(
+                name, f"has type {column['type']}, expected {kind.__name__}", table, theirs))
+        elif name in WRITTEN_AS_NULL and not column["nullable"]:
+            problems.append(ColumnProblem(
+                name, "is NOT NULL, but Falcon-ES leaves it empty (NULL) in some states",
+                table, theirs))
+    return problems
+
+
+def width_notes(engine: Engine, job: JobTable) -> list[str]:
+    """One warning per column of the upper layer's table that can hold values longer
+    than Falcon-ES keeps (``KEPT_WIDTHS``): such a row is failed at intake with its
+    Reason instead of being taken in, so the upper layer should know before it writes
+    one."""
+    mapping = job.mapping
+    wanted = {mapping.column(name).lower(): name for name in KEPT_WIDTHS}
+    notes = []
+    for column in sa.inspect(engine).get_columns(mapping.table, schema=mapping.schema):
+        name = wanted.get(column["name"].lower())
+        kind = column["type"]
+        if name is None or not isinstance(kind, sa.String):
+            continue
+        noun, kept, reason, where = KEPT_WIDTHS[name]
+        if kind.length is None or kind.length > kept:
+            notes.append(f"{mapping.qualified}.{mapping.column(name)} is {kind}: {noun} longer "
+                         f"than the {kept} characters of {where} are failed at intake "
+                         f"(Reason {reason})")
+    return sorted(notes, key=lambda note: not note.startswith(
+        f"{mapping.qualified}.{mapping.column('id')} "))
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexAdvice:
+    """One index Falcon-ES's queries want on the job table: the index (or key) that
+    serves it, or the statement that would add it."""
+
+    wanted: WantedIndex
+    columns: tuple[str, ...]  # the table's names
+    served_by: str | None
+    ddl: str | None
+
+
+def index_advice(engine: Engine, job: JobTable) -> list[IndexAdvice]:
+    """Each index the table's queries want (``JobTable.wanted_indexes``) with what
+    serves it: an index, unique constraint or primary key whose leading columns are
+    the wanted ones. Never adds any."""
+    mapping = job.mapping
+    inspector = sa.inspect(engine)
+    existing: list[tuple[str, tuple[str, ...]]] = []
+    primary = inspector.get_pk_constraint(mapping.table, schema=mapping.schema)
+    if primary and primary.get("constrained_columns"):
+        existing.append(("PRIMARY KEY", tuple(primary["constrained_columns"])))
+    for unique in inspector.get_unique_constraints(mapping.table, schema=mapping.schema):
+        existing.append((str(unique["name"]), tuple(unique["column_names"])))
+    for index in inspector.get_indexes(mapping.table, schema=mapping.schema):
+        names = tuple(c for c in index["column_names"] if c is not None)
+        existing.append((str(index["name"]), names))
+    advice = []
+    for wanted in job.wanted_indexes:
+        columns = tuple(mapping.column(c) for c in wanted.columns)
+        lowered = tuple(c.lower() for c in columns)
+        served = next((name for name, cols in existing
+                       if tuple(c.lower() for c in cols[:len(lowered)]) == lowered), None)
+        ddl = None if served is not None else _index_ddl(mapping, wanted, engine.dialect)
+        advice.append(IndexAdvice(wanted, columns, served, ddl))
+    return advice
+
+
+def _index_ddl(mapping: JobMapping, wanted: WantedIndex, dialect: sa.Dialect) -> str:
+    """CREATE INDEX for one wanted index, on a table description of its own (an index
+    attaches itself to its table, and the app's must stay as it is): the indexes the
+    definition has, or a unique one on the id."""
+    fresh = JobTable(mapping)
+    name = fresh.index_name(wanted)
+    index = next((i for i in fresh.table.indexes if i.name == name), None)
+    if index is None:
+        index = sa.Index(name, *(fresh.c[c] for c in wanted.columns), unique=True)
+    return str(sa.schema.CreateIndex(index).compile(dialect=dialect)).strip() + ";"
+
+
+def _compatible(actual: sa.types.TypeEngine, kind: type[sa.types.TypeEngine]) -> bool:
+    if kind is sa.JSON:
+        # MariaDB reports JSON columns as LONGTEXT; SQLite as JSON or TEXT.
+        return isinstance(actual, (sa.JSON, sa.String))
+    if kind is sa.Text:
+        # MySQL's larger text types are not sa.Text subclasses (TINYTEXT is too small).
+        return isinstance(actual, (sa.Text, mysql.MEDIUMTEXT, mysql.LONGTEXT))
+    return isinstance(actual, kind)
