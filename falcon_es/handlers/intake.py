@@ -168,7 +168,7 @@ def notice_priority_requests(tick: Tick, ctx: HandlerContext) -> None:
 
 def check_job_rows(tick: Tick, ctx: HandlerContext) -> None:
     """Compare the job rows of the tasks in memory with the log, a page a tick, a pass
-    every ``ROW_CHECK_SECONDS`` (``falcon_es.jobtable.inbox``). What the upper layer did to a
+    every ``ROW_CHECK_SECONDS``, five minutes (``falcon_es.jobtable.inbox``). What the upper layer did to a
     row is recorded in the log (``JobRowDiverged``) and logged: a Status or Reason that
     differs (set back, forged, rewritten) is written again from the log at once; a row
     deleted while its task runs, or re-created as another submission (a reused id:
@@ -207,20 +207,28 @@ def check_row(tick: Tick, ctx: HandlerContext, state: TaskState, row: SeenRow | 
         log.warning("job row %s %s: written again from the log", task_id, detail,
                     extra={"task_id": task_id})
         tick.emit(ev.ROW_CHECKS_STREAM, ev.JobRowDiverged(task_id, ev.ROW_REWRITTEN, detail))
-    if state.spec and spec_changed(row.spec_raw, state.spec, ctx) and \
+    if state.spec and not state.is_terminal and \
+            spec_changed(task_id, row.spec_raw, state.spec, ctx) and \
             ctx.inbox.first_finding(task_id, ev.SPEC_CHANGED):
         detail = "the row's spec was changed after acceptance; the accepted spec runs"
         log.warning("task %s: %s", task_id, detail, extra={"task_id": task_id})
         tick.emit(ev.ROW_CHECKS_STREAM, ev.JobRowDiverged(task_id, ev.SPEC_CHANGED, detail))
 
 
-def spec_changed(raw: object, accepted: dict[str, object], ctx: HandlerContext) -> bool:
+def spec_changed(task_id: str, raw: object, accepted: dict[str, object],
+                 ctx: HandlerContext) -> bool:
     """Whether the row's spec now reads as another spec than the one accepted (one
-    that no longer parses is another)."""
+    that no longer parses is another); text read as the accepted spec before is not
+    parsed again."""
+    if ctx.inbox.spec_unchanged(task_id, raw):
+        return False
     try:
-        return parse_spec(raw, ctx.spec_limits).to_data() != accepted
+        changed = parse_spec(raw, ctx.spec_limits).to_data() != accepted
     except Exception:  # noqa: BLE001 - any unreadable spec differs from the accepted one
         return True
+    if not changed:
+        ctx.inbox.spec_seen(task_id, raw)
+    return changed
 
 
 def _shown(status: object, reason: object) -> str:

@@ -71,8 +71,10 @@ NEWEST_ROWS = 100
 #: How often (clock seconds) the job rows of the tasks in memory are compared with
 #: the log, and how many rows one tick reads: a full pass over N tasks takes
 #: ceil(N / ROW_CHECK_PAGE) ticks, so a row set back, forged or rewritten is put right
-#: within ROW_CHECK_SECONDS plus that many ticks.
-ROW_CHECK_SECONDS = 60.0
+#: within ROW_CHECK_SECONDS plus that many ticks (a row set back to new: at the next
+#: tick, by intake). Five minutes: a pass reads every row in memory, which at a
+#: minute cost the end-to-end bench (hours of virtual time) several per cent.
+ROW_CHECK_SECONDS = 300.0
 ROW_CHECK_PAGE = 500
 
 
@@ -156,6 +158,10 @@ class Inbox(Protocol):
 
     def first_finding(self, task_id: str, found: str) -> bool: ...
 
+    def spec_unchanged(self, task_id: str, raw: Any) -> bool: ...
+
+    def spec_seen(self, task_id: str, raw: Any) -> None: ...
+
 
 #: Called once per finding of the row check (``JobRowDiverged.found``): the metric.
 Diverged = Callable[[str], None]
@@ -168,7 +174,6 @@ Ignored = Callable[[str], None]
 class _Statements:
     new_rows: sa.Select[Any]
     poll: sa.CompoundSelect
-    rows_of: sa.Select[Any]
     unknown: sa.CompoundSelect
     #: The first page of the recent window, and each page after a (created_at, id).
     recent_first: sa.Select[Any]
@@ -208,13 +213,7 @@ def _statements(job: JobTable) -> _Statements:
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
     recent_first, recent_next = _recent_pages(job)
-    rows_of = sa.select(
-        c.id.label("id"), c.status.label("status"), c.reason.label("reason"),
-        sa.type_coerce(c.created_at, sa.types.NullType).label("created_at"),
-        sa.type_coerce(c.spec, sa.Text).label("spec_raw"),
-    ).where(c.id.in_(sa.bindparam("ids", expanding=True)))
-    return _Statements(new_rows, poll, rows_of, _unknown_statuses(job), recent_first,
-                       recent_next)
+    return _Statements(new_rows, poll, _unknown_statuses(job), recent_first, recent_next)
 
 
 def _priority_requests(job: JobTable) -> sa.Select[Any]:
@@ -310,6 +309,10 @@ class JobInbox:
         self._next_check: dt.datetime | None = None
         self._to_check: list[str] = []
         self._findings: set[tuple[str, str]] | None = None
+        #: Per task in memory, the spec text its row held at the last check when that
+        #: text read as the accepted spec: parsing every spec at every pass cost more
+        #: than the rest of the check together. Kept for the tasks of the pass only.
+        self._specs_seen: dict[str, Any] = {}
         self.job = job
         self.reader = db.read_only(engine)
         self.clock = clock
@@ -442,23 +445,46 @@ class JobInbox:
                 return []
             self._next_check = now + dt.timedelta(seconds=ROW_CHECK_SECONDS)
             self._to_check = sorted(task_ids(), reverse=True)
+            kept = set(self._to_check)
+            self._specs_seen = {t: raw for t, raw in self._specs_seen.items() if t in kept}
         page = self._to_check[-ROW_CHECK_PAGE:]
         del self._to_check[-ROW_CHECK_PAGE:]
         return page
 
     def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
-        """These tasks' rows as they are now, by id (a task without a row is absent)."""
+        """These tasks' rows as they are now, by id (a task without a row is absent).
+        Sent as the driver's SQL, like the poll: SQLAlchemy's compiling and result
+        processing cost more than the read."""
         found: dict[str, SeenRow] = {}
         ids = sorted(task_ids)
         with self.reader.connect() as conn:
             for start in range(0, len(ids), _IDS_PER_QUERY):
-                for row in conn.execute(self._statements.rows_of,
-                                        {"ids": ids[start:start + _IDS_PER_QUERY]}):
-                    row_id = _text(row.id)
-                    if row_id is not None:
-                        found[row_id] = SeenRow(row_id, row.status, row.reason,
-                                                as_timestamp(row.created_at), row.spec_raw)
+                chunk = ids[start:start + _IDS_PER_QUERY]
+                rows = conn.exec_driver_sql(self._rows_of_sql(len(chunk)), tuple(chunk)).all()
+                for row_id, status, reason, created_at, spec_raw in rows:
+                    text_id = _text(row_id)
+                    if text_id is not None:
+                        found[text_id] = SeenRow(text_id, status, reason,
+                                                 as_timestamp(created_at), spec_raw)
         return found
+
+    def _rows_of_sql(self, count: int) -> str:
+        """SELECT id, status, reason, created_at, spec ... WHERE id IN (count marks)."""
+        names = self.job.sql(self.engine.dialect)
+        col = names.columns
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        return (f"SELECT {col['id']}, {col['status']}, {col['reason']}, {col['created_at']}, "
+                f"{col['spec']} FROM {names.table} WHERE {col['id']} IN "
+                f"({', '.join([mark] * count)})")
+
+    def spec_unchanged(self, task_id: str, raw: Any) -> bool:
+        """Whether this task's row holds the spec text it held when last found to read
+        as the accepted spec (``spec_seen``): then it need not be parsed again."""
+        return task_id in self._specs_seen and self._specs_seen[task_id] == raw
+
+    def spec_seen(self, task_id: str, raw: Any) -> None:
+        """This task's row holds spec text that reads as the accepted spec."""
+        self._specs_seen[task_id] = raw
 
     def first_finding(self, task_id: str, found: str) -> bool:
         """True the first time this finding of this task is asked about, also across
@@ -679,3 +705,9 @@ class InboxPoll:
 
     def first_finding(self, task_id: str, found: str) -> bool:
         return self.inbox.first_finding(task_id, found)
+
+    def spec_unchanged(self, task_id: str, raw: Any) -> bool:
+        return self.inbox.spec_unchanged(task_id, raw)
+
+    def spec_seen(self, task_id: str, raw: Any) -> None:
+        self.inbox.spec_seen(task_id, raw)
