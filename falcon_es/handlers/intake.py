@@ -194,8 +194,9 @@ def check_row(tick: Tick, ctx: HandlerContext, state: TaskState, row: SeenRow | 
                         extra={"task_id": task_id})
             tick.emit(ev.ROW_CHECKS_STREAM, ev.JobRowDiverged(task_id, ev.ROW_DELETED, detail))
         return
-    if row.reason == DUPLICATE_ID or row.status == chart.ABORTING:
-        return  # another submission's, judged already; or an abort request
+    if row.reason == DUPLICATE_ID or row.status == chart.ABORTING or \
+            (row.status == chart.PENDING and row.reason is None):
+        return  # another submission's, judged already; an abort request; or new (intake's)
     if row.created_at is not None and state.submitted_at is not None \
             and row.created_at != state.submitted_at:
         refuse_duplicate(tick, ctx, task_id, state.actor, state, None)

@@ -63,9 +63,9 @@ PRIORITY_MARGIN = dt.timedelta(minutes=10)
 PRIORITY_FIRST_WINDOW = dt.timedelta(days=1)
 #: Ids per ``IN (...)`` when asking the log which rows it knows.
 _IDS_PER_QUERY = 500
-#: The newest new rows every poll reads besides the oldest ``limit``: however many
-#: older rows look new (an upper layer setting thousands back to Pending), a row just
-#: submitted is read at the next tick. The older ones are judged ``limit`` a tick and
+#: The newest new rows a poll reads besides the oldest ``limit`` when those fill it:
+#: however many older rows look new (an upper layer setting thousands back to
+#: Pending), a row just submitted is read at the next tick. The older ones are judged ``limit`` a tick and
 #: marked (a Reason written), so they stop looking new.
 NEWEST_ROWS = 100
 #: How often (clock seconds) the job rows of the tasks in memory are compared with
@@ -173,6 +173,7 @@ Ignored = Callable[[str], None]
 @dataclasses.dataclass(frozen=True)
 class _Statements:
     new_rows: sa.Select[Any]
+    newest: sa.Select[Any]
     poll: sa.CompoundSelect
     unknown: sa.CompoundSelect
     #: The first page of the recent window, and each page after a (created_at, id).
@@ -189,20 +190,20 @@ def _statements(job: JobTable) -> _Statements:
     new_rows = (sa.select(*new_columns).where(is_new).order_by(c.created_at, c.id)
                 .limit(sa.bindparam("limit")))
     first = new_rows.subquery("new_rows")
+    # The newest new rows, read only when the oldest fill a whole poll (see
+    # ``NEWEST_ROWS``): otherwise the poll holds every new row already.
     newest = (sa.select(*new_columns).where(is_new)
-              .order_by(c.created_at.desc(), c.id.desc()).limit(NEWEST_ROWS)
-              .subquery("newest_rows"))
-    # Both inputs in one statement: new rows (the oldest ``limit`` and the newest
-    # ``NEWEST_ROWS``, each with its own LIMIT in a derived table, read twice when
-    # both hold them) and every abort request, told apart by ``is_abort`` and ordered
-    # as the new rows are. Each part fills the others' columns with typed NULLs so
-    # every column keeps its result processing.
+              .order_by(c.created_at.desc(), c.id.desc()).limit(NEWEST_ROWS))
+    # Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
+    # every abort request, told apart by ``is_abort`` and ordered as the new rows are.
+    # Each half fills the other's columns with typed NULLs so every column keeps its
+    # result processing.
     poll = sa.union_all(
-        *(sa.select(
-            part.c.id, part.c.name, part.c.actor, part.c.spec_raw, part.c.created_at,
+        sa.select(
+            first.c.id, first.c.name, first.c.actor, first.c.spec_raw, first.c.created_at,
             sa.type_coerce(sa.null(), c.aborting_at.type).label("aborting_at"),
             sa.literal(0).label("is_abort"),
-        ) for part in (first, newest)),
+        ),
         sa.select(
             c.id.label("id"), sa.type_coerce(sa.null(), c.name.type).label("name"),
             sa.type_coerce(sa.null(), c.actor.type).label("actor"),
@@ -213,7 +214,8 @@ def _statements(job: JobTable) -> _Statements:
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
     recent_first, recent_next = _recent_pages(job)
-    return _Statements(new_rows, poll, _unknown_statuses(job), recent_first, recent_next)
+    return _Statements(new_rows, newest, poll, _unknown_statuses(job), recent_first,
+                       recent_next)
 
 
 def _priority_requests(job: JobTable) -> sa.Select[Any]:
@@ -415,16 +417,15 @@ class JobInbox:
         aborts: list[AbortRow] = []
         with self.reader.connect() as conn:
             rows = conn.exec_driver_sql(sql, params).all()
-        read: set[Any] = set()
-        for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
+        read = [row[:5] for row in rows if not row[6]]
+        for row_id, _, _, _, _, aborting_at, is_abort in rows:
             if is_abort:
                 abort = self._abort_row(row_id, aborting_at)
                 if abort is not None:
                     aborts.append(abort)
-                continue
-            if row_id in read:  # among both the oldest and the newest
-                continue
-            read.add(row_id)
+        if len(read) >= limit:
+            read += self._newest({row[0] for row in read})
+        for row_id, name, actor, spec_raw, created_at in read:
             taken = _new_row(row_id, name, actor, spec_raw, created_at)
             if isinstance(taken, NewRow):
                 new.append(taken)
@@ -498,6 +499,15 @@ class JobInbox:
         if self._diverged is not None:
             self._diverged(found)
         return True
+
+    def _newest(self, read: set[Any]) -> list[Any]:
+        """The newest ``NEWEST_ROWS`` new rows not among ``read``: asked only when the
+        oldest filled a whole poll, so no number of older rows hides a new one."""
+        sql, names, fixed = self._driver_sql("newest", self._statements.newest)
+        params: Any = tuple(fixed[name] for name in names) if names else fixed
+        with self.reader.connect() as conn:
+            rows = conn.exec_driver_sql(sql, params).all()
+        return [row for row in rows if row[0] not in read]
 
     def _driver_sql(self, key: str, statement: sa.Select[Any] | sa.CompoundSelect,
                     ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
