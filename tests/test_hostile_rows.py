@@ -549,3 +549,29 @@ def one() -> Iterator[dict[str, Controller]]:
     yield holder
     if "running" in holder:
         holder["running"].close()
+
+
+def test_a_row_whose_writes_the_database_refuses_is_refused_alone(
+        any_url: str, upper: UpperLayer, clock: VirtualClock) -> None:
+    """The upper layer's own CHECK refuses what taking one row in writes (any Reason
+    but the refusal's): the append is retried without it, and the row is refused UnstorableRow
+    while the row beside it runs."""
+    check = "CHECK (name <> 'cursed' OR reason IS NULL OR reason = 'UnstorableRow')"
+    upper.execute(
+        "CREATE TABLE job (id VARCHAR(64) NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, "
+        "actor VARCHAR(300) NOT NULL, spec TEXT, status VARCHAR(32) NOT NULL DEFAULT 'Pending', "
+        "reason VARCHAR(64), message TEXT, created_at DATETIME(6) NOT NULL, "
+        "updated_at DATETIME(6), aborting_at DATETIME(6), aborted_at DATETIME(6), "
+        "cluster_id VARCHAR(36), node_pool_name VARCHAR(64), job_uid VARCHAR(64), "
+        f"dispatched_at DATETIME(6), finished_at DATETIME(6), {check})")
+    put(upper, "cursed", when(clock), name="cursed")
+    put(upper, "good", when(clock, 1))
+    running = controller(any_url, clock)
+    try:
+        running.run()
+        assert stream_types(running, "cursed") == []
+    finally:
+        running.close()
+    assert statuses(upper) == {"cursed": ("Failed", "UnstorableRow"), "good": ("Succeeded", None)}
+    assert message_of(upper, "cursed").startswith(
+        "job row not taken in: row: the database refused what taking it in writes (")

@@ -35,6 +35,8 @@ INVALID_COLUMN = "InvalidColumn"
 INVALID_ID = "InvalidId"
 #: Reason of a row whose id the log knows as another submission (a reused id).
 DUPLICATE_ID = "DuplicateId"
+#: Reason of a row whose first append (and what it leads to) the database refused.
+UNSTORABLE_ROW = "UnstorableRow"
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.

@@ -12,7 +12,9 @@ from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.queue_book import PriorityChange, PriorityRefused, judge_priority_request
 from falcon_es.jobtable.inbox import NewRow, SeenRow
-from falcon_es.domain.spec import DUPLICATE_ID, INVALID_ID, SpecError, parse_spec
+from falcon_es.domain.spec import (
+    DUPLICATE_ID, INVALID_ID, UNSTORABLE_ROW, SpecError, parse_spec,
+)
 from falcon_es.domain.task import TaskState
 
 log = logging.getLogger("falcon_es.intake")
@@ -52,8 +54,23 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
     for row in rows:
         if tick.state(row.id) is not None or row.id in in_log:
             judge_known_row(tick, ctx, row, in_log.get(row.id))
-            continue
-        take_in(tick, ctx, row)
+        elif row.id in ctx.unstorable:
+            refuse_unstorable(tick, row, ctx.unstorable[row.id])
+        elif row.id in ctx.unwritable:
+            continue  # neither it nor its refusal can be written (logged by the controller)
+        else:
+            take_in(tick, ctx, row)
+
+
+def refuse_unstorable(tick: Tick, row: NewRow, said: str) -> None:
+    """A row whose first append (and the writes it led to) the database refused
+    last tick: refused as a whole (``UnstorableRow``, in the refusals' stream, which
+    holds nothing of the row but its id), so no other row waits on it."""
+    detail = f"the database refused what taking it in writes ({said})"
+    log.warning("job row %s refused (UnstorableRow): %s", row.id, detail,
+                extra={"task_id": row.id})
+    tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(row.id, UNSTORABLE_ROW, "row", detail),
+              actor="upper-layer")
 
 
 def judge_known_row(tick: Tick, ctx: HandlerContext, row: NewRow,

@@ -28,6 +28,10 @@ from falcon_es.storage.tables import log_head, task_events
 STREAMS_PER_READ = 500
 
 
+class _Probed(Exception):
+    """Rolls back the transaction of ``EventStore.refusal``."""
+
+
 class ConcurrencyError(RuntimeError):
     """A stream's version differs from the one the writer expected; nothing was written."""
 
@@ -134,6 +138,24 @@ class EventStore:
         for projection in self.projections:
             projection.committed()
         return recorded
+
+    def refusal(self, appends: Sequence[StreamAppend]) -> BaseException | None:
+        """What the database says to these appends alone, the inline projections'
+        writes included, in a transaction rolled back whatever happens: None when it
+        takes them, else the error (a ``ConcurrencyError`` of its own when a stream
+        moved meanwhile). Finds which new row a failed append could not take."""
+        try:
+            with self.engine.begin() as conn:
+                recorded = self._append(conn, [a for a in appends if a.events])
+                for projection in self.projections:
+                    projection.apply(conn, recorded)
+                raise _Probed()
+        except _Probed:
+            return None
+        except Exception as error:  # noqa: BLE001 - the answer is the error itself
+            return error
+        finally:
+            self._discard()
 
     def _discard(self) -> None:
         for projection in self.projections:
