@@ -47,6 +47,10 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
         if problem.reason == INVALID_ID:
             tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(
                 bad.id, problem.reason, problem.column, problem.detail), actor="upper-layer")
+        elif bad.id in ctx.unstorable:
+            refuse_unstorable(tick, bad.id, ctx.unstorable[bad.id])
+        elif bad.id in ctx.unwritable:
+            continue  # neither it nor its refusal can be written (logged by the controller)
         elif tick.state(bad.id) is None and bad.id not in in_log:
             tick.emit(bad.id, ev.TaskRejected(bad.name, bad.actor, problem.reason,
                                               problem.column, problem.detail),
@@ -55,21 +59,21 @@ def accept_new_rows(tick: Tick, ctx: HandlerContext) -> None:
         if tick.state(row.id) is not None or row.id in in_log:
             judge_known_row(tick, ctx, row, in_log.get(row.id))
         elif row.id in ctx.unstorable:
-            refuse_unstorable(tick, row, ctx.unstorable[row.id])
+            refuse_unstorable(tick, row.id, ctx.unstorable[row.id])
         elif row.id in ctx.unwritable:
             continue  # neither it nor its refusal can be written (logged by the controller)
         else:
             take_in(tick, ctx, row)
 
 
-def refuse_unstorable(tick: Tick, row: NewRow, said: str) -> None:
+def refuse_unstorable(tick: Tick, row_id: str, said: str) -> None:
     """A row whose first append (and the writes it led to) the database refused
     last tick: refused as a whole (``UnstorableRow``, in the refusals' stream, which
     holds nothing of the row but its id), so no other row waits on it."""
     detail = f"the database refused what taking it in writes ({said})"
-    log.warning("job row %s refused (UnstorableRow): %s", row.id, detail,
-                extra={"task_id": row.id})
-    tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(row.id, UNSTORABLE_ROW, "row", detail),
+    log.warning("job row %s refused (UnstorableRow): %s", row_id, detail,
+                extra={"task_id": row_id})
+    tick.emit(ev.REFUSED_ROWS_STREAM, ev.RowRefused(row_id, UNSTORABLE_ROW, "row", detail),
               actor="upper-layer")
 
 
