@@ -72,6 +72,29 @@ def diverged(running: Controller, found: str) -> float:
     return value or 0.0
 
 
+class Warned(logging.Handler):
+    """The warnings of Falcon-ES's intake, caught on its own logger (not through the
+    root logger's handlers, which other tests of a session configure)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warned() -> Iterator[Warned]:
+    logger = logging.getLogger("falcon_es.intake")
+    handler, was = Warned(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(was)
+
+
 def verified(running: Controller) -> list[replay.Difference]:
     return replay.verify(running.app.engine, running.app.store, "en", job=running.app.job)
 
@@ -127,7 +150,7 @@ def test_task_submit_refuses_a_huge_number_without_a_traceback(tmp_path: Any) ->
 def test_an_error_nobody_foresaw_fails_that_row_alone(any_url: str, upper: UpperLayer,
                                                      clock: VirtualClock,
                                                      monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+                                                     warned: Warned) -> None:
     """Whatever judging one row raises fails that row, named and logged once."""
     from falcon_es.handlers import intake
 
@@ -144,7 +167,6 @@ def test_an_error_nobody_foresaw_fails_that_row_alone(any_url: str, upper: Upper
         return real(raw, limits)
 
     monkeypatch.setattr(intake, "parse_spec", flaky)
-    caplog.set_level(logging.WARNING, logger="falcon_es.intake")
     running = controller(any_url, clock)
     try:
         running.run()
@@ -153,8 +175,7 @@ def test_an_error_nobody_foresaw_fails_that_row_alone(any_url: str, upper: Upper
     assert statuses(upper) == {"cursed": ("Failed", "InvalidSpec"), "good": ("Succeeded", None)}
     assert message_of(upper, "cursed") == (
         "invalid task spec: spec: could not be read (RuntimeError: boom)")
-    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.intake"]
-    assert warned == ["job row cursed failed at intake: spec: could not be read "
+    assert warned.messages == ["job row cursed failed at intake: spec: could not be read "
                       "(RuntimeError: boom)"]
 
 
@@ -346,10 +367,9 @@ def test_a_new_row_is_taken_in_at_the_next_tick_behind_100000_known_rows(
 
 def test_a_row_set_back_forged_or_rewritten_is_put_right_and_logged_once(
         any_url: str, upper: UpperLayer, clock: VirtualClock,
-        caplog: pytest.LogCaptureFixture) -> None:
+        warned: Warned) -> None:
     table(upper)
     put(upper, "t1", when(clock), spec=LONG_TASK)
-    caplog.set_level(logging.WARNING, logger="falcon_es.intake")
     running = controller(any_url, clock)
     try:
         running.run(lambda: status_of(upper, "t1")[0] == "Running")
@@ -367,8 +387,7 @@ def test_a_row_set_back_forged_or_rewritten_is_put_right_and_logged_once(
             running.tick()
     finally:
         running.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.intake"]
-    assert warned == [
+    assert warned.messages == [
         "job row t1 found Pending with no Reason (set back to new); the log says Running: "
         "written again from the log",
         "job row t1 found Succeeded; the log says Running: written again from the log",
@@ -377,10 +396,9 @@ def test_a_row_set_back_forged_or_rewritten_is_put_right_and_logged_once(
 
 def test_a_row_deleted_while_its_task_runs_is_logged_counted_and_explained(
         any_url: str, upper: UpperLayer, clock: VirtualClock,
-        caplog: pytest.LogCaptureFixture) -> None:
+        warned: Warned) -> None:
     table(upper)
     put(upper, "gone", when(clock), spec=LONG_TASK)
-    caplog.set_level(logging.WARNING, logger="falcon_es.intake")
     running = controller(any_url, clock)
     try:
         running.run(lambda: status_of(upper, "gone")[0] == "Running")
@@ -399,17 +417,15 @@ def test_a_row_deleted_while_its_task_runs_is_logged_counted_and_explained(
         assert findings(running, "gone") == ["deleted"]
     finally:
         running.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.intake"]
-    assert warned == ["task gone: its job row was deleted while the task is Running; it runs "
+    assert warned.messages == ["task gone: its job row was deleted while the task is Running; it runs "
                       "on (falcon-es task abort stops it)"]
 
 
 def test_a_spec_changed_after_acceptance_is_logged_once_and_task_show_says_the_accepted_runs(
         any_url: str, upper: UpperLayer, clock: VirtualClock,
-        caplog: pytest.LogCaptureFixture) -> None:
+        warned: Warned) -> None:
     table(upper)
     put(upper, "sw", when(clock), spec=LONG_TASK)
-    caplog.set_level(logging.WARNING, logger="falcon_es.intake")
     running = controller(any_url, clock)
     try:
         running.run(lambda: status_of(upper, "sw")[0] == "Running")
@@ -423,8 +439,7 @@ def test_a_spec_changed_after_acceptance_is_logged_once_and_task_show_says_the_a
         assert diverged(running, "spec-changed") == 1
     finally:
         running.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "falcon_es.intake"]
-    assert warned == ["task sw: the row's spec was changed after acceptance; the accepted "
+    assert warned.messages == ["task sw: the row's spec was changed after acceptance; the accepted "
                       "spec runs"]
     shown = CliRunner().invoke(main, ["--db", any_url, "task", "show", "sw"])
     assert shown.exit_code == 0, shown.output
@@ -575,3 +590,9 @@ def test_a_row_whose_writes_the_database_refuses_is_refused_alone(
     assert statuses(upper) == {"cursed": ("Failed", "UnstorableRow"), "good": ("Succeeded", None)}
     assert message_of(upper, "cursed").startswith(
         "job row not taken in: row: the database refused what taking it in writes (")
+
+
+def test_task_show_reads_the_stream_the_row_check_writes() -> None:
+    from falcon_es.jobtable import job_reads
+
+    assert job_reads.ROW_CHECKS_STREAM == ev.ROW_CHECKS_STREAM
