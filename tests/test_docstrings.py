@@ -2,9 +2,9 @@
 
 The design document and the issue tracker the project started from are not in the
 repository, so a section number of the one or an issue number of the other tells the
-reader nothing: the text says the reason itself, or points to a section of README.md.
-The scan covers every text file of the shipped code, the tests, the deployment and the
-README; it has no allow-list.
+reader nothing: the text says the reason itself, or points to a page of the documentation
+(README.md and the site under docs/). The scan covers every text file of the shipped
+code, the tests, the deployment, the README and the documentation; it has no allow-list.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What is scanned: folders (walked without following symlinks) and single files.
-SCANNED = ("falcon_es", "tests", "deploy", "README.md")
+SCANNED = ("falcon_es", "tests", "deploy", "README.md", "docs", "mkdocs.yml")
 SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache"})
 #: Citations of documents that are not in the repository. The patterns are spelled in
 #: pieces so that this file does not match them itself.
@@ -61,7 +61,8 @@ def test_no_comment_or_docstring_cites_a_document_outside_the_repository() -> No
             continue
         found.extend(citations_in(text, str(path.relative_to(ROOT))))
     assert found == [], (
-        "say the reason itself or point to a README section (see README, 'The job table') "
+        "say the reason itself or point to a documentation page "
+        "(see docs/reference/job-table.md) "
         "instead of citing the design document or an issue number:\n" + "\n".join(found))
 
 
@@ -69,7 +70,8 @@ def test_the_scan_reads_every_scanned_folder() -> None:
     seen = {str(p.relative_to(ROOT)) for p in scanned_files()}
     for expected in ("README.md", "falcon_es/domain/events.py", "falcon_es/handlers/abort.py",
                      "falcon_es/projections/node_pools.py", "tests/test_docstrings.py",
-                     "deploy/README.md"):
+                     "deploy/README.md", "docs/explanation/scheduling.md", "docs/FIDELITY.md",
+                     "mkdocs.yml"):
         assert expected in seen
     assert any(s.startswith("falcon_es/migrations/versions/") for s in seen)
 

@@ -1,5 +1,5 @@
 """Leader election on a coordination.k8s.io/v1 Lease (high availability: of
-several replicas, only the Lease holder runs the loop; see README, 'Architecture').
+several replicas, only the Lease holder runs the loop; see docs/explanation/architecture.md).
 
 Every elector talks through the real ``kubernetes`` client to the fake API server over
 HTTPS; lease time is a virtual clock, so expiry and deadlines are exact and nothing

@@ -1,4 +1,4 @@
-"""Retries of transient API errors on the simulated world (see README, 'Retries'): the
+"""Retries of transient API errors on the simulated world (see docs/explanation/retries.md): the
 job table's Message names the attempt a task waits on, a create or submit gives up after
 its policy's attempts, deletes never give up, and the policies come from one place
 (``Settings.retry``, read from ``FALCON_RETRY_<API>_<FIELD>``).

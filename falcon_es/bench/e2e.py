@@ -77,7 +77,7 @@ DEFAULT_BURST_EVERY = 120.0
 #: The loop's virtual-time step: it looks at the world once a second, as ``run`` does
 #: on the wall clock with its default ``--tick 1``.
 DEFAULT_RESOLUTION = 1.0
-#: The wall-time target for 10,000 tasks on SQLite (see README, 'Benchmarks').
+#: The wall-time target for 10,000 tasks on SQLite (see docs/benchmarks/index.md).
 TARGET_SECONDS_10K_SQLITE = 60.0
 ACTORS = 20
 #: Slices of a multi-slice task of the plan.

@@ -78,7 +78,7 @@ REFRESH_ROUNDS = 9
 STEADY_INTERVALS = 2
 PICK_EVERY = dt.timedelta(seconds=1)
 SAMPLE = 200
-#: The tick target at 100,000 waiting on SQLite (see README, 'Benchmarks').
+#: The tick target at 100,000 waiting on SQLite (see docs/benchmarks/index.md).
 TICK_TARGET_MS = 100.0
 TICK_TARGET_WAITING = 100_000
 
@@ -184,7 +184,7 @@ def scheduler_benchmark(
         "pick_growth": growth,
         "decide_growth": decide_growth,
         "log_n_growth": log_growth,
-        # The targets (see README, 'Benchmarks') are on the pick *decision*; the whole
+        # The targets (see docs/benchmarks/index.md) are on the pick *decision*; the whole
         # pick (decision plus moving the winner and freeing the slot) is reported beside
         # it. The tick target is on every tick of steady picking: the slowest (the
         # median and p99 are reported beside it).

@@ -84,7 +84,7 @@ class Settings:
     scale_down_on_demand_seconds: int = 600
     scale_down_flex_start_seconds: int = 6 * 3600
     orphan_sweep_seconds: int = 300
-    # The gcp backend (see README, 'Running against real GCP'): where the ops stream
+    # The gcp backend (see docs/explanation/gcp-backend.md): where the ops stream
     # goes, which project holds the Pub/Sub topics, and API endpoints overridable for
     # local fakes and emulators.
     task_events_topic: str = TASK_EVENTS_TOPIC
@@ -103,7 +103,7 @@ class Settings:
     #: and topology per interval, whatever the errors).
     reservation_read_seconds: int = 60
     #: Priority classes and aging (``FALCON_PRIORITY_CLASSES``, ``FALCON_AGING_POINTS``,
-    #: ``FALCON_AGING_INTERVAL``): see README, 'Scheduling'.
+    #: ``FALCON_AGING_INTERVAL``): see docs/explanation/scheduling.md.
     priorities: PriorityPolicy = PriorityPolicy()
     #: A slot holder that has not created a pool yet (ClusterBusy: its reservation is
     #: full) gives the slot up to a waiting task of higher effective priority.

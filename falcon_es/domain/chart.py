@@ -49,7 +49,7 @@ class IllegalTransition(ValueError):
 
 
 class TaskChart(StateChart):
-    """Lifecycle of one task (see README, 'The state chart')."""
+    """Lifecycle of one task (see docs/explanation/chart.md)."""
 
     allow_event_without_transition = False
     catch_errors_as_events = False

@@ -481,7 +481,7 @@ class NodePoolDeleteFailed(Event):
     attempt: int
 
 
-# Transient API errors (see README, 'Retries')
+# Transient API errors (see docs/explanation/retries.md)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,7 +162,7 @@ def render_jobset(
     task's own pools, so no slice lands on a pool another task holds. The JobSet
     controller, not Falcon-ES, creates the headless Service (named after the JobSet)
     and sets the pods' subdomain, so the pods of a JobSet get neither here. The pods
-    use the pod network, never the host's: see README, 'Multi-slice tasks'.
+    use the pod network, never the host's: see docs/design-notes/no-host-network.md.
     ``failurePolicy.maxRestarts`` is the spec's ``max_restarts``; a child Job gives up
     on its first failed pod (``backoffLimit: 0``), so a restart is the JobSet's whole.
     """

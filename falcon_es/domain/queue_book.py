@@ -6,7 +6,7 @@ incrementally from task states (``sync``), never rebuilt per tick, so a pick cos
 O(log n): each queue keeps one FIFO per actor (a sorted list keyed by submit time,
 then id) and a sorted list of the actors' heads.
 
-The rules (see README, 'Scheduling'):
+The rules (see docs/explanation/scheduling.md):
 
 - Cluster choice: candidates are the active clusters of the task's TPU type. A cluster
   holding an idle, retained pool of the task's topology wins; otherwise the one where

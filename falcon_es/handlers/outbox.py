@@ -21,7 +21,7 @@ CHECKPOINT = "outbox:task-events"
 
 
 def message_of(record: RecordedEvent) -> dict[str, Any]:
-    """The published message body (documented in the README for subscribers)."""
+    """The published message body (documented for subscribers in docs/reference/ops-events.md)."""
     return {
         "seq": record.seq,
         "stream_id": record.stream_id,
