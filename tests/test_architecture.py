@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -51,8 +52,16 @@ def test_the_floor_plan_holds() -> None:
     checked by import-linter on the installed package, TYPE_CHECKING imports included."""
     from importlinter.cli import lint_imports
 
-    assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0, (
-        "an import breaks the floor plan; `lint-imports` prints which and where")
+    # lint_imports configures logging with dictConfig, which disables every logger
+    # that exists already: later tests of the session would see no record of them.
+    loggers = [logger for logger in logging.root.manager.loggerDict.values()
+               if isinstance(logger, logging.Logger) and not logger.disabled]
+    try:
+        assert lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0, (
+            "an import breaks the floor plan; `lint-imports` prints which and where")
+    finally:
+        for logger in loggers:
+            logger.disabled = False
 
 
 def test_the_floor_plan_covers_every_package() -> None:
