@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from falcon_es.storage import db
-from falcon_es.app.bootstrap import build_service, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app
 from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
@@ -69,8 +69,8 @@ def take_in(db_url: str) -> None:
     """One controller tick of intake, so the log knows the submitted rows."""
     app = open_app(Settings(db_url=db_url), VirtualClock())
     try:
-        build_service(app.settings, app=app, handlers=(
-            intake.accept_new_rows, intake.notice_abort_requests)).controller.tick()
+        build_service(app, None, RunOptions(handlers=(
+            intake.accept_new_rows, intake.notice_abort_requests))).controller.tick()
     finally:
         app.close()
 
@@ -536,7 +536,7 @@ def test_task_set_priority_writes_the_request_and_refuses_what_cannot_apply(db_u
                      EXIT_BAD_INPUT, f"task {task} is Pending (not taken in yet")
     app = open_app(Settings(db_url=db_url, job_mapping=prio.mapping), VirtualClock())
     try:
-        build_service(app.settings, app=app, handlers=(intake.accept_new_rows,)).controller.tick()
+        build_service(app, None, RunOptions(handlers=(intake.accept_new_rows,))).controller.tick()
     finally:
         app.close()
     assert ok(cli(db_url, "task", "set-priority", task, "high", "--requester", "ops-bob",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from falcon_es.app.bootstrap import build_service
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app
 from falcon_es.storage import db, registry
 from falcon_es.jobtable import job_rows
 from falcon_es.app import service
@@ -116,7 +116,7 @@ def test_run_until_idle_finishes_submitted_tasks_on_the_virtual_clock(tmp_path: 
 
 def test_stop_request_finishes_the_current_tick_then_returns(tmp_path: Path) -> None:
     url = _fresh(tmp_path)
-    svc = build_service(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
+    svc = build_service(open_app(Settings(db_url=url), VirtualClock(dt.datetime(2026, 11, 1))))
     job_rows.submit(svc.app.engine, task_id="s1", name="s1", actor="a", spec=SPEC,
                     now=dt.datetime(2026, 11, 1))
     stop = threading.Event()
@@ -129,7 +129,7 @@ def test_stop_request_finishes_the_current_tick_then_returns(tmp_path: Path) -> 
 
 def test_outbox_publishes_every_event_in_seq_order_once_with_a_cursor(tmp_path: Path) -> None:
     url = _fresh(tmp_path)
-    svc = build_service(Settings(db_url=url), clock=VirtualClock(dt.datetime(2026, 11, 1)))
+    svc = build_service(open_app(Settings(db_url=url), VirtualClock(dt.datetime(2026, 11, 1))))
     job_rows.submit(svc.app.engine, task_id="o1", name="o1", actor="a", spec=SPEC,
                     now=dt.datetime(2026, 11, 1))
     svc.loop.run(until_idle=True)

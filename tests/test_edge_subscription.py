@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from falcon_es.app.bootstrap import build_service
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app
 from falcon_es.jobtable import job_rows
 from falcon_es.storage import registry
 from falcon_es.app import service
@@ -23,7 +23,8 @@ def test_a_renamed_subscription_still_receives_the_simulated_informers(tmp_path:
     migrate(url)
     settings = Settings.from_env({"FALCON_DB_URL": url,
                                   "FALCON_EDGE_EVENTS_SUBSCRIPTION": "falcon-edge-events-ctl"})
-    svc = build_service(settings, clock=VirtualClock(dt.datetime(2026, 11, 1)), seed=4)
+    svc = build_service(open_app(settings, VirtualClock(dt.datetime(2026, 11, 1))), None,
+                        RunOptions(seed=4))
     registry.add_cluster(svc.app.store, name="v6e-a", project="p", location="us-east5-b",
                          tpu_type="v6e", gcs_bucket="logs", default_reservation="v6e-a-r")
     try:

@@ -39,7 +39,7 @@ def tree_of(h: Harness, task_id: str, **options: Any) -> Node:
 
 
 def cli_json(h: Harness, task_id: str) -> dict[str, Any]:
-    result = CliRunner().invoke(main, ["--db", h.settings.db_url, "explain", task_id, "--json"])
+    result = CliRunner().invoke(main, ["--db", h.settings.database.db_url, "explain", task_id, "--json"])
     assert result.exit_code == 0, result.output
     return dict(json.loads(result.output))
 
@@ -71,7 +71,7 @@ def test_a_waiting_task_is_told_its_position_and_who_holds_the_slot(make: Make) 
     h.submit("second", actor="user-b")
     h.run_for(5)
     assert h.statuses()["second"] == ("Pending", "Waiting")
-    result = CliRunner().invoke(main, ["--db", h.settings.db_url, "explain", "second"])
+    result = CliRunner().invoke(main, ["--db", h.settings.database.db_url, "explain", "second"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert "is held by user-a: first (Pending/" in lines[0]
@@ -124,5 +124,5 @@ def test_a_live_look_comes_first(make: Make) -> None:
 
 def test_an_unknown_task_is_a_clear_error(make: Make) -> None:
     h = make(reserved_cluster(count=16))
-    result = CliRunner().invoke(main, ["--db", h.settings.db_url, "explain", "nope"])
+    result = CliRunner().invoke(main, ["--db", h.settings.database.db_url, "explain", "nope"])
     assert result.exit_code != 0 and "nope" in result.output

@@ -88,13 +88,15 @@ class GcpHarness(Harness):
         for name in ("GOOGLE_APPLICATION_CREDENTIALS",):
             monkeypatch.setenv(name, environment[name])
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
-        self.settings = dataclasses.replace(Settings.from_env(environment), **overrides)
+        self.settings = Settings(**{
+            **dict(Settings.from_env({**environment, "PUBSUB_EMULATOR_HOST": emulator.host})),
+            **overrides})
         ports = build_gcp_ports(self.settings, clock=clock)
         self.gcp_bus: PubSubBus = ports.bus  # type: ignore[assignment]
         self.gcp_edges = ports.edges
-        self.gcp_bus.create_topic(self.settings.edge_events_topic)
-        self.gcp_bus.create_subscription(self.settings.edge_events_subscription,
-                                         self.settings.edge_events_topic,
+        self.gcp_bus.create_topic(self.settings.bus.edge_events_topic)
+        self.gcp_bus.create_subscription(self.settings.bus.edge_events_subscription,
+                                         self.settings.bus.edge_events_topic,
                                          message_ordering=False, ack_deadline_seconds=10)
         self.ports = dataclasses.replace(ports, bus=TracedBus(ports.bus, self.cloud.trace))
         self.app.close()
@@ -105,7 +107,7 @@ class GcpHarness(Harness):
     def add_cluster(self, config: SimClusterConfig) -> Cluster:
         cluster = super().add_cluster(config)
         self.cloud.start_informer(cluster, self.gcp_edges, self.gcp_bus, InformerSettings(
-            topic=self.settings.edge_events_topic, resync_seconds=3600, backoff=FAST_BACKOFF))
+            topic=self.settings.bus.edge_events_topic, resync_seconds=3600, backoff=FAST_BACKOFF))
         return cluster
 
     def next_due(self) -> dt.datetime | None:
@@ -234,7 +236,7 @@ def test_the_ops_stream_reaches_subscribers_in_order_with_its_attributes(make: M
     assert isinstance(h, GcpHarness)
     h.submit("t1")
     h.run()
-    topic, subscription = h.settings.task_events_topic, unique_name("ops")
+    topic, subscription = h.settings.bus.task_events_topic, unique_name("ops")
     h.gcp_bus.create_topic(topic)
     h.gcp_bus.create_subscription(subscription, topic, message_ordering=True)
     published = outbox.publish_pending(h.app.store, h.ports.bus, topic)

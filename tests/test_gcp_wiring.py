@@ -86,7 +86,7 @@ def test_the_pubsub_project_comes_from_settings_or_the_credentials(
         backend.close()
 
     named = Settings.from_env({"GOOGLE_CLOUD_PROJECT": "central", "FALCON_PUBSUB_PROJECT": ""})
-    assert named.pubsub_project == "central"
+    assert named.gcp.pubsub_project == "central"
 
 
 def test_endpoint_settings() -> None:
@@ -95,10 +95,10 @@ def test_endpoint_settings() -> None:
                                   "FALCON_COMPUTE_ENDPOINT": "compute.example:443",
                                   "FALCON_EDGE_EVENTS_TOPIC": "edge",
                                   "FALCON_TASK_EVENTS_TOPIC": "ops"})
-    assert (settings.gke_endpoint, settings.gke_transport, settings.compute_endpoint) == (
+    assert (settings.gcp.gke_endpoint, settings.gcp.gke_transport, settings.gcp.compute_endpoint) == (
         "http://127.0.0.1:1234", "rest", "compute.example:443")
-    assert (settings.edge_events_topic, settings.task_events_topic) == ("edge", "ops")
-    assert is_local(settings.gke_endpoint) and not is_local(settings.compute_endpoint)
+    assert (settings.bus.edge_events_topic, settings.bus.task_events_topic) == ("edge", "ops")
+    assert is_local(settings.gcp.gke_endpoint) and not is_local(settings.gcp.compute_endpoint)
     with pytest.raises(SettingsError, match="FALCON_GKE_TRANSPORT='http': expected one of "
                                             "grpc, rest"):
         Settings.from_env({"FALCON_GKE_TRANSPORT": "http"})

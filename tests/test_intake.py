@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable
@@ -33,7 +33,7 @@ def row(app: App, task_id: str) -> dict:
 
 def test_valid_row_is_accepted_and_projected(app: App) -> None:
     task_id = job_rows.submit(app.engine, name="bench", actor="user-a", spec=SPEC, now=app.clock.now())
-    build_service(app.settings, app=app, handlers=INTAKE_ONLY).controller.tick()
+    build_service(app, None, RunOptions(handlers=INTAKE_ONLY)).controller.tick()
     assert (row(app, task_id)["status"], row(app, task_id)["reason"]) == ("Pending", "Waiting")
     (record,) = app.store.read_stream(task_id)
     assert record.type_name == "TaskAccepted"
@@ -46,7 +46,7 @@ def test_malformed_json_fails_only_that_task(app: App) -> None:
         conn.execute(job.insert().values(id="bad", name="bad", actor="a", status="Pending",
                                          created_at=app.clock.now()))
         conn.execute(sa.text("UPDATE job SET spec = :s WHERE id = 'bad'"), {"s": json.dumps("{not json")})
-    build_service(app.settings, app=app, handlers=INTAKE_ONLY).controller.tick()
+    build_service(app, None, RunOptions(handlers=INTAKE_ONLY)).controller.tick()
     bad = row(app, "bad")
     assert (bad["status"], bad["reason"]) == ("Failed", "InvalidSpec")
     assert "spec" in bad["message"]
@@ -56,13 +56,13 @@ def test_malformed_json_fails_only_that_task(app: App) -> None:
 def test_forbidden_field_is_rejected_with_its_name(app: App) -> None:
     task_id = job_rows.submit(app.engine, name="x", actor="a", spec={**SPEC, "privileged": True},
                               now=app.clock.now())
-    build_service(app.settings, app=app).controller.tick()
+    build_service(app).controller.tick()
     assert row(app, task_id)["reason"] == "ForbiddenField"
     assert row(app, task_id)["message"].startswith("invalid task spec: privileged: not allowed")
 
 
 def test_abort_before_intake_and_after_the_end(app: App) -> None:
-    controller = build_service(app.settings, app=app).controller
+    controller = build_service(app).controller
     early = job_rows.submit(app.engine, name="e", actor="a", spec=SPEC, now=app.clock.now())
     job_rows.request_abort(app.engine, early, app.clock.now())
     controller.tick()

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.domain import events as ev
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import EventStore, Meta, StreamAppend
@@ -366,7 +366,7 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
 
     folding = open_app(Settings(db_url=db_url), clock)
     try:
-        controller = build_service(folding.settings, app=folding, handlers=(intake.notice_abort_requests,)).controller
+        controller = build_service(folding, None, RunOptions(handlers=(intake.notice_abort_requests,))).controller
         controller.tick()
         for task_id in doomed:
             assert folding.store.read_stream(task_id)[-1].type_name == "AbortRequested"

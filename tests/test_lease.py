@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.app import service
@@ -329,13 +329,15 @@ def test_an_elector_given_a_plain_client_still_writes_micro_time(
 # --------------------------------------------------------------------- settings
 
 def test_lease_settings_default_and_from_the_environment() -> None:
-    assert LeaseSettings.from_env({}) == LeaseSettings(
-        "falcon-controller", "falcon", 15.0, 10.0, 2.0)
-    assert LeaseSettings.from_env({
+    assert Settings.from_env({}).lease == LeaseSettings(
+        name="falcon-controller", namespace="falcon", lease_duration=15.0,
+        renew_deadline=10.0, retry_period=2.0)
+    assert Settings.from_env({
         "FALCON_LEASE_NAME": "falcon-a", "FALCON_LEASE_NAMESPACE": "ops",
         "FALCON_LEASE_DURATION": "30", "FALCON_LEASE_RENEW_DEADLINE": "20",
         "FALCON_LEASE_RETRY_PERIOD": "4",
-    }) == LeaseSettings("falcon-a", "ops", 30.0, 20.0, 4.0)
+    }).lease == LeaseSettings(name="falcon-a", namespace="ops", lease_duration=30.0,
+                              renew_deadline=20.0, retry_period=4.0)
 
 
 @pytest.mark.parametrize(("environ", "words"), [
@@ -348,7 +350,7 @@ def test_lease_settings_default_and_from_the_environment() -> None:
 ])
 def test_unsafe_lease_settings_name_the_variable(environ: dict, words: str) -> None:
     with pytest.raises(LeaseConfigError, match=None) as error:
-        LeaseSettings.from_env(environ)
+        Settings.from_env(environ)
     assert words in str(error.value)
 
 
@@ -449,8 +451,9 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
     world = quiet_world(clock, services, db_url)
     jobs = JobsCreated(world, "v6e-res", monkeypatch)
     for name in ("a", "b"):
-        services.append(build_service(Settings(db_url=db_url, controller_id=f"falcon-{name}"),
-                                      clock=clock, world=world, follow_log=True))
+        services.append(build_service(
+            open_app(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock,
+                     follow_log=True), None, RunOptions(world=world)))
     a, b = services
     tasks = [f"t{i}" for i in range(6)]
     for index, task_id in enumerate(tasks):
@@ -502,8 +505,9 @@ def test_two_controllers_without_a_lease_duplicate_no_pool_job_or_transition(
 
 def leader_service(db_url: str, clock: VirtualClock, world: SimWorld, elector: LeaseElector,
                    name: str) -> service.Service:
-    return build_service(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock=clock,
-                         world=world, leadership=elector, follow_log=True)
+    return build_service(
+        open_app(Settings(db_url=db_url, controller_id=f"falcon-{name}"), clock, follow_log=True),
+        None, RunOptions(world=world, leadership=elector))
 
 
 def test_a_loop_that_lost_the_lease_stops_without_ticking(
@@ -654,9 +658,10 @@ def test_replicas_stand_by_take_over_on_release_and_report_their_role(
 
     def replica(name: str) -> None:
         def build(leadership: Any) -> service.Service:
-            svc = build_service(Settings(db_url=url, controller_id=f"falcon-{name}"),
-                                clock=clock, world=world, leadership=leadership,
-                                follow_log=True, tick_seconds=0.01)
+            svc = build_service(
+                open_app(Settings(db_url=url, controller_id=f"falcon-{name}"), clock,
+                         follow_log=True),
+                None, RunOptions(world=world, leadership=leadership, tick_seconds=0.01))
             services.append(svc)
             return svc
 
@@ -710,7 +715,7 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
     clock = VirtualClock(START)
     services: list[service.Service] = []
     world = quiet_world(clock, services, url)
-    first = build_service(Settings(db_url=url), clock=clock, world=world)
+    first = build_service(open_app(Settings(db_url=url), clock), None, RunOptions(world=world))
     services.append(first)
     submit(first.app.engine, "t1", clock)
     while "NodePoolCreateRequested" not in [r.type_name
@@ -718,7 +723,8 @@ def test_serve_catches_up_before_it_says_ready_or_takes_new_work(tmp_path: Any) 
         first.loop.step()
     first.close()  # the process dies with the pool create's outcome unrecorded
     services.clear()
-    restarted = build_service(Settings(db_url=url), clock=clock, world=world)
+    restarted = build_service(open_app(Settings(db_url=url), clock), None,
+                              RunOptions(world=world))
     services.append(restarted)
     submit(restarted.app.engine, "t2", clock)
     health = HealthServer(max_tick_age=60)

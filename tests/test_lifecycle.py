@@ -296,9 +296,9 @@ def test_stockout_for_good_keeps_the_pool_when_nobody_else_waits(make: Make,
 
 
 def test_retention_is_a_setting_with_a_clear_error() -> None:
-    assert Settings.from_env({}).retain_waiting_pool is True
-    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "false"}).retain_waiting_pool is False
-    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "1"}).retain_waiting_pool is True
+    assert Settings.from_env({}).features.retain_waiting_pool is True
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "false"}).features.retain_waiting_pool is False
+    assert Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "1"}).features.retain_waiting_pool is True
     with pytest.raises(SettingsError, match="FALCON_RETAIN_WAITING_POOL='maybe': expected "
                                             "true or false"):
         Settings.from_env({"FALCON_RETAIN_WAITING_POOL": "maybe"})

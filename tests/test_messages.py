@@ -297,7 +297,7 @@ def test_position_two_names_the_one_ahead() -> None:
 
 def test_falcon_lang_selects_the_catalog_of_the_projected_rows(db_url: str) -> None:
     settings = Settings.from_env({"FALCON_LANG": "zh_CN.UTF-8", "FALCON_DB_URL": db_url})
-    assert settings.language == "zh"
+    assert settings.job_table.language == "zh"
     app = open_app(settings, VirtualClock(AT))
     try:
         for task_id, actor in (("t-1", "user-a"), ("t-2", "user-b")):
@@ -318,7 +318,7 @@ def test_falcon_lang_selects_the_catalog_of_the_projected_rows(db_url: str) -> N
 def test_english_is_the_default_and_unknown_languages_are_refused() -> None:
     from falcon_es.config.settings import SettingsError
 
-    assert Settings.from_env({}).language == "en"
-    assert Settings().language == "en"
+    assert Settings.from_env({}).job_table.language == "en"
+    assert Settings().job_table.language == "en"
     with pytest.raises(SettingsError, match="FALCON_LANG='fr': expected one of en, zh"):
         Settings.from_env({"FALCON_LANG": "fr"})

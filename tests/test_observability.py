@@ -14,12 +14,13 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from falcon_es.app.bootstrap import build_service
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app
 from falcon_es.storage import db
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.observability import ObservabilityConfigError, ObservabilitySettings, logs
 from falcon_es.observability.health import HealthError, HealthServer
+from falcon_es.config.settings import Settings
 from falcon_es.observability.metrics import Metrics, PoolSample, error_code, queue_figures
 from falcon_es.domain.ports import QUOTA_EXCEEDED, PortError
 from falcon_es.domain.clusters import Cluster
@@ -505,12 +506,14 @@ def test_stop_frees_the_port_and_a_taken_port_is_a_clear_error(monotonic: FakeMo
 
 
 def test_observability_settings_from_the_environment() -> None:
-    settings = ObservabilitySettings.from_env({
+    settings = Settings.from_env({
         "FALCON_HEALTH_PORT": "9090", "FALCON_LOG_FORMAT": "JSON",
         "FALCON_HEALTH_MAX_TICK_AGE": "45", "FALCON_LOG_LEVEL": "debug",
-    })
-    assert settings == ObservabilitySettings("0.0.0.0", 9090, 45.0, "json", "DEBUG")
-    assert ObservabilitySettings.from_env({}) == ObservabilitySettings()
+    }).observability
+    assert settings == ObservabilitySettings(health_host="0.0.0.0", health_port=9090,
+                                             max_tick_age_seconds=45.0, log_format="json",
+                                             log_level="DEBUG")
+    assert Settings.from_env({}).observability == ObservabilitySettings()
 
 
 @pytest.mark.parametrize(
@@ -524,7 +527,7 @@ def test_observability_settings_from_the_environment() -> None:
 )
 def test_bad_observability_settings_name_the_variable(environ: dict, words: str) -> None:
     with pytest.raises(ObservabilityConfigError, match=words):
-        ObservabilitySettings.from_env(environ)
+        Settings.from_env(environ)
 
 
 # --------------------------------------------------------------------------- logs
@@ -644,15 +647,14 @@ def test_configure_logging_installs_one_handler_in_the_chosen_format() -> None:
     level = root.level
     stream = io.StringIO()
     try:
-        logs.configure_logging(environ={"FALCON_LOG_FORMAT": "json"}, stream=io.StringIO())
-        handler = logs.configure_logging(level="debug", stream=stream,
-                                         environ={"FALCON_LOG_FORMAT": "json"})
+        logs.configure_logging("json", stream=io.StringIO())
+        handler = logs.configure_logging("json", level="debug", stream=stream)
         assert [h for h in root.handlers if h.get_name() == "falcon-es"] == [handler]
         logging.getLogger("falcon_es.x").debug("db %s", "mysql://a:b@c/d", extra={"seq": 7})
         entry = json.loads(stream.getvalue())
         assert entry["message"] == "db mysql://a:***@c/d" and entry["seq"] == 7
         assert root.level == logging.DEBUG
-        text_handler = logs.configure_logging("text", stream=stream, environ={})
+        text_handler = logs.configure_logging("text", stream=stream)
         assert isinstance(text_handler.formatter, logs.TextFormatter)
     finally:
         for existing in [h for h in root.handlers if h.get_name() == "falcon-es"]:
@@ -662,9 +664,9 @@ def test_configure_logging_installs_one_handler_in_the_chosen_format() -> None:
 
 def test_configure_logging_refuses_an_unknown_format_or_level() -> None:
     with pytest.raises(logs.LogFormatError, match="log format 'yaml': expected one of json, text"):
-        logs.configure_logging("yaml", environ={})
+        logs.configure_logging("yaml")
     with pytest.raises(logs.LogFormatError, match="log level 'LOUD'"):
-        logs.configure_logging("text", "loud", environ={})
+        logs.configure_logging("text", "loud")
 
 
 # ------------------------------------------------------- external calls, end to end
@@ -689,8 +691,8 @@ def test_every_external_call_of_a_running_service_is_metered(tmp_path) -> None: 
     url = f"sqlite:///{tmp_path / 'falcon.db'}"
     migrate(url)
     metrics = Metrics(clock=VirtualClock(START))
-    svc = build_service(Settings(db_url=url), sim_config=world, clock=VirtualClock(START),
-                        metrics=metrics)
+    svc = build_service(open_app(Settings(db_url=url), VirtualClock(START), metrics=metrics),
+                        None, RunOptions(sim_config=world))
     registry.add_cluster(svc.app.store, name="v6e-res", project="p", location="us-east5-b",
                          tpu_type="v6e", gcs_bucket="logs", default_reservation="r")
     try:

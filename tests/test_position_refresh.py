@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from falcon_es.storage import db, registry
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.app.service import Service
@@ -38,7 +38,7 @@ from falcon_es.projections.queues import SLICE_EPOCH, QueueView
 from tests.conftest import START
 from tests.test_scheduling import SCHEDULING, add_cluster, position, run, submit
 
-INTERVAL = Settings().position_refresh_seconds
+INTERVAL = Settings().scheduling.position_refresh_seconds
 #: Matches the position refresh statements only (the job-table projection writes all
 #: its columns in one joined UPDATE of its own).
 POSITION_UPDATE = re.compile(r"UPDATE job SET message=\S+ WHERE|AS moved ON job\.id")
@@ -71,7 +71,7 @@ class PositionWrites:
 
 
 def service(app: App) -> Service:
-    return build_service(app.settings, app=app, handlers=SCHEDULING)
+    return build_service(app, None, RunOptions(handlers=SCHEDULING))
 
 
 def shown(app: App, ids: list[str]) -> list[str | None]:
@@ -444,10 +444,10 @@ def test_verify_accepts_positions_of_the_last_interval_and_nothing_else(
 
 
 def test_the_refresh_setting_is_read_and_checked() -> None:
-    assert Settings.from_env({}).position_refresh_seconds == 30
-    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": ""}).position_refresh_seconds == 30
-    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": "0"}).position_refresh_seconds == 0
-    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": "2.5"}).position_refresh_seconds == 2.5
+    assert Settings.from_env({}).scheduling.position_refresh_seconds == 30
+    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": ""}).scheduling.position_refresh_seconds == 30
+    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": "0"}).scheduling.position_refresh_seconds == 0
+    assert Settings.from_env({"FALCON_POSITION_REFRESH_SECONDS": "2.5"}).scheduling.position_refresh_seconds == 2.5
     for raw, why in (("soon", "expected a number of seconds"), ("-1", "must be 0 or more"),
                      ("nan", "must be 0 or more"), ("inf", "must be 0 or more"),
                      (str(MAX_POSITION_REFRESH_SECONDS + 1), "at most 3600 seconds")):

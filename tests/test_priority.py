@@ -50,8 +50,8 @@ def test_class_settings_parse_and_bad_ones_are_named() -> None:
     settings = Settings.from_env({"FALCON_PRIORITY_CLASSES": "bulk=-5,urgent=20",
                                   "FALCON_AGING_POINTS": "0", "FALCON_AGING_INTERVAL": "60",
                                   "FALCON_PREEMPT_CLUSTER_BUSY": "false"})
-    assert settings.priorities == PriorityPolicy((("bulk", -5), ("urgent", 20)), 0, 60)
-    assert settings.preempt_cluster_busy is False
+    assert settings.scheduling.priorities == PriorityPolicy((("bulk", -5), ("urgent", 20)), 0, 60)
+    assert settings.features.preempt_cluster_busy is False
     for env, named in (({"FALCON_PRIORITY_CLASSES": "x"}, "FALCON_PRIORITY_CLASSES"),
                        ({"FALCON_AGING_POINTS": "-1"}, "FALCON_AGING_POINTS"),
                        ({"FALCON_AGING_INTERVAL": "0"}, "FALCON_AGING_INTERVAL"),

@@ -69,7 +69,7 @@ def test_only_rows_whose_text_changed_are_rewritten(app: App, clock) -> None:
     ctl.tick()
     assert view.last_refresh_rows == 0, "s2 moved up within the interval: not yet"
     assert position(row(app, small[2])["message"]) == "#2, 1 ahead (u: s1)"
-    clock.advance(app.settings.position_refresh_seconds)
+    clock.advance(app.settings.scheduling.position_refresh_seconds)
     assert ctl.tick().appended == 0
     assert view.last_refresh_rows == 1, "only s2 moved up (s1 was picked)"
     assert position(row(app, small[2])["message"]) == "#1, next in line"
@@ -111,7 +111,7 @@ def test_replay_reproduces_positions_and_rebuild_restores_them(app: App, db_url:
     run(app, holders[0])
     append(app, holders[1], ev.NodePoolFailed("falcon-x", "quota"))
     ctl.tick()
-    interval = app.settings.position_refresh_seconds
+    interval = app.settings.scheduling.position_refresh_seconds
     assert rp.verify(app.engine, app.store, "en", job=app.job, refresh_seconds=interval) == []
     with app.engine.begin() as conn:
         conn.execute(job.update().where(job.c.reason == "Waiting").values(message="stale"))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from falcon_es.config import retry
 from falcon_es.config.retry import Backoff, RetryConfigError, RetryPolicies
+from falcon_es.config.settings import Settings
 
 NOW = dt.datetime(2026, 11, 1, 9, 0, 0)
 
@@ -95,11 +96,11 @@ def test_an_unknown_api_is_named_in_the_error() -> None:
 
 
 def test_environment_overrides_one_api_and_leaves_the_others() -> None:
-    policies = RetryPolicies.from_env({
+    policies = Settings.from_env({
         "FALCON_RETRY_GKE_INITIAL": "2.5", "FALCON_RETRY_GKE_MAX": "600",
         "FALCON_RETRY_GKE_ATTEMPTS": "20", "FALCON_RETRY_GKE_JITTER": "0",
         "FALCON_RETRY_PUBSUB_MULTIPLIER": "3", "FALCON_RETRY_COMPUTE_MAX": "",
-    })
+    }).retry
     assert policies.for_api("gke") == Backoff(2.5, 600, 2.0, 0.0, 20)
     assert policies.for_api("pubsub").multiplier == 3
     assert policies.for_api("compute") == retry.DEFAULT_BACKOFFS["compute"]
@@ -124,7 +125,7 @@ def test_environment_overrides_one_api_and_leaves_the_others() -> None:
 )
 def test_bad_environment_values_name_the_variable(environ: dict, words: str) -> None:
     with pytest.raises(RetryConfigError, match=words):
-        RetryPolicies.from_env(environ)
+        Settings.from_env(environ).retry
 
 
 def test_a_policy_set_must_cover_every_api() -> None:

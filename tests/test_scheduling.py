@@ -14,7 +14,7 @@ from freezegun import freeze_time
 from falcon_es.domain import events as ev
 from falcon_es.jobtable import job_rows
 from falcon_es.storage import registry
-from falcon_es.app.bootstrap import App, build_service, load_task_states, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, load_task_states, open_app
 from falcon_es.domain.clock import WallClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.runtime import Controller
@@ -44,7 +44,7 @@ def submit(app: App, actor: str, name: str, topology: str = "2x2", tpu_type: str
 
 
 def controller(app: App) -> Controller:
-    return build_service(app.settings, app=app, handlers=SCHEDULING).controller
+    return build_service(app, None, RunOptions(handlers=SCHEDULING)).controller
 
 
 def append(app: App, task_id: str, *events: ev.Event) -> None:
@@ -291,7 +291,7 @@ def test_a_waiting_task_aborted_leaves_the_queue(app: App) -> None:
     ctl.tick()
     job_rows.request_abort(app.engine, t2, app.clock.now())
     ctl.tick()
-    app.clock.advance(app.settings.position_refresh_seconds)
+    app.clock.advance(app.settings.scheduling.position_refresh_seconds)
     ctl.tick()  # t3 moved up when t2 left: written once the queue's interval is over
     assert position(row(app, t3)["message"]) == "#1, next in line"
     run(app, t1)
@@ -368,7 +368,7 @@ def test_a_tick_that_fails_leaves_no_trace_in_the_book(app: App) -> None:
     def explode(tick: object, ctx: object) -> None:
         raise RuntimeError("a later handler failed")
 
-    ctl = build_service(app.settings, app=app, handlers=(*SCHEDULING, explode)).controller
+    ctl = build_service(app, None, RunOptions(handlers=(*SCHEDULING, explode))).controller
     task = submit(app, "u", "t")
     with pytest.raises(RuntimeError):
         ctl.tick()

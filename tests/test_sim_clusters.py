@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import SimConfig
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.cluster_cache import ClusterCache
@@ -59,8 +59,8 @@ def types_of(svc: Service, task_id: str) -> list[str]:
 
 def served(url: str, config: Mapping[str, Any], app: App | None = None) -> Service:
     """A controller on the sim backend of ``config``, on the registry of ``url``."""
-    return build_service(Settings(db_url=url), sim_config=SimConfig.from_data(config, "w.json"),
-                         clock=VirtualClock(START) if app is None else None, app=app)
+    app = app or open_app(Settings(db_url=url), VirtualClock(START))
+    return build_service(app, None, RunOptions(sim_config=SimConfig.from_data(config, "w.json")))
 
 
 #: Nothing here is dialect-specific: the registry and the world are what is tested.

@@ -51,19 +51,19 @@ def test_restarts_need_a_jobset() -> None:
 
 
 def test_the_maximum_is_a_setting() -> None:
-    assert Settings.from_env({"FALCON_MAX_SLICES": "8"}).max_slices == 8
+    assert Settings.from_env({"FALCON_MAX_SLICES": "8"}).lifecycle.max_slices == 8
     for bad in ("0", "two", "-3"):
         with pytest.raises(SettingsError, match="FALCON_MAX_SLICES"):
             Settings.from_env({"FALCON_MAX_SLICES": bad})
 
 
 def test_partial_create_is_off_unless_a_setting_asks_for_it() -> None:
-    assert Settings.from_env({}).multislice_partial_create is False
+    assert Settings.from_env({}).features.multislice_partial_create is False
     for on in ("true", "TRUE", "1", "yes", "on"):
-        assert Settings.from_env({"FALCON_MULTISLICE_PARTIAL_CREATE": on}).multislice_partial_create
+        assert Settings.from_env({"FALCON_MULTISLICE_PARTIAL_CREATE": on}).features.multislice_partial_create
     for off in ("false", "0", "no", "off", ""):
         assert not Settings.from_env(
-            {"FALCON_MULTISLICE_PARTIAL_CREATE": off}).multislice_partial_create
+            {"FALCON_MULTISLICE_PARTIAL_CREATE": off}).features.multislice_partial_create
     with pytest.raises(SettingsError, match="FALCON_MULTISLICE_PARTIAL_CREATE='sometimes': "
                                            "expected true or false"):
         Settings.from_env({"FALCON_MULTISLICE_PARTIAL_CREATE": "sometimes"})

@@ -21,7 +21,7 @@ from falcon_es.jobtable import job_rows
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.staging import EdgeRelay
 from falcon_es.adapters.sim import SimWorld
-from falcon_es.app.bootstrap import BackendError, build_service
+from falcon_es.app.bootstrap import BackendError, RunOptions, build_service, open_app
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings, SettingsError
@@ -139,14 +139,14 @@ def test_a_simulated_run_publishes_every_event_to_the_emulator_in_order_per_task
 
 
 def test_the_bus_setting_is_checked_and_the_gcp_backend_keeps_pubsub(tmp_path: Path) -> None:
-    assert Settings.from_env({"FALCON_BUS": "pubsub"}).bus == "pubsub"
-    assert Settings.from_env({}).bus is None
+    assert Settings.from_env({"FALCON_BUS": "pubsub"}).bus.kind == "pubsub"
+    assert Settings.from_env({}).bus.kind is None
     with pytest.raises(SettingsError, match="FALCON_BUS='kafka': expected one of sim, pubsub"):
         Settings.from_env({"FALCON_BUS": "kafka"})
     url = f"sqlite:///{tmp_path / 'gcp.db'}"
     migrate(url)
     with pytest.raises(BackendError, match="FALCON_BUS=sim with the gcp backend"):
-        build_service(Settings(db_url=url, bus="sim"), backend="gcp")
+        build_service(open_app(Settings(db_url=url, bus="sim")), None, RunOptions(backend="gcp"))
 
 
 def test_the_relay_keeps_what_pubsub_refused_and_is_paced() -> None:

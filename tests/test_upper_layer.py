@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.storage import db
-from falcon_es.app.bootstrap import build_service
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.job_mapping import JobMapping
 from falcon_es.observability.metrics import Metrics
@@ -113,9 +113,11 @@ class Controller(Harness):
         super().__init__(url, clock, sim_config(reserved_cluster()), settings)
         self.add_cluster(reserved_cluster())
 
+    def _open_app(self) -> App:
+        return open_app(self.settings, self.clock, metrics=self.metrics)
+
     def _service(self) -> Service:
-        return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
-                             metrics=self.metrics)
+        return build_service(self.app, self.ports, RunOptions(world=self.world))
 
     def ignored(self, reason: str) -> float:
         value = self.metrics.registry.get_sample_value(

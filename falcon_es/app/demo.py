@@ -23,9 +23,11 @@ from tabulate import tabulate
 
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
+from sqlalchemy.engine import Engine
+
 from falcon_es.app import service
 from falcon_es.adapters.sim import load_sim_config
-from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.runtime import TickReport
 from falcon_es.config.settings import Settings
@@ -79,13 +81,14 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
     for suffix in ("", "-wal", "-shm", ".controller.lock"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     url = f"sqlite:///{db_path}"
-    settings = Settings(db_url=url, language=lang)
+    settings = Settings.of(db_url=url, language=lang)
     engine = db.make_engine(url)
     db.upgrade(engine)
     db.create_job_table(engine, JobTable(settings.job_mapping))
     engine.dispose()
     clock = VirtualClock(DEMO_START)
-    view = _LiveView(echo, live, clock)
+    app = open_app(settings, clock)
+    view = _LiveView(echo, live, clock, app.engine, app.job)
     to_abort = {task_id for task_id, *_, abort in DEMO_TASKS if abort}
 
     def on_tick(report: TickReport) -> None:
@@ -97,11 +100,8 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
         view.refresh()
 
     world = load_sim_config(demo_config_path())
-    app = open_app(settings, clock)
     register_sim_clusters(app, world)  # the demo's own clusters, before it starts
-    svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
-                        on_tick=on_tick)
-    view.engine, view.job = svc.app.engine, svc.app.job
+    svc = build_service(app, None, RunOptions(sim_config=world, seed=seed, on_tick=on_tick))
     for offset, (task_id, actor, name, spec, _) in enumerate(DEMO_TASKS):
         job_rows.submit(svc.app.engine, task_id=task_id, name=name, actor=actor,
                         spec={"image": IMAGE, "command": ["python", "-m", "workload"], **spec},
@@ -118,12 +118,13 @@ class _LiveView:
     """Prints the job table whenever a Status or Reason changes: redrawn in place on a
     terminal, as change lines otherwise (so logs and CI stay readable)."""
 
-    def __init__(self, echo: Callable[[str], None], live: bool, clock: VirtualClock) -> None:
+    def __init__(self, echo: Callable[[str], None], live: bool, clock: VirtualClock,
+                 engine: Engine, job: JobTable) -> None:
         self.echo = echo
         self.live = live
         self.clock = clock
-        self.engine: Any = None
-        self.job = JobTable()
+        self.engine = engine
+        self.job = job
         self.seen: dict[str, tuple[str, str | None, str | None]] = {}
 
     def rows(self) -> list[dict[str, Any]]:

@@ -20,9 +20,9 @@ from falcon_es.domain.ports import Ports
 from falcon_es.engine.runtime import Controller, TickReport
 from falcon_es.domain.task import TaskStates
 
-if TYPE_CHECKING:  # the bootstrap builds services; a service names what it was built of
+if TYPE_CHECKING:  # a service names what it was built of
     from falcon_es.adapters.sim import SimWorld
-    from falcon_es.app.bootstrap import App
+    from falcon_es.app.application import App
     from falcon_es.observability.health import HealthServer
     from falcon_es.observability.metrics import Metrics
 

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
-from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport
@@ -130,7 +130,7 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
     wall_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         url = db_url or f"sqlite:///{Path(tmp) / 'simulate.db'}"
-        settings = Settings(db_url=url)
+        settings = Settings.of(db_url=url)
         engine = db.make_engine(url)
         db.upgrade(engine)
         db.create_job_table(engine, JobTable(settings.job_mapping))
@@ -139,16 +139,13 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
         stop = threading.Event()
         script = _Arrivals(clock, stop)
         world = load_sim_config(config or simulate_world_path())
-        app = open_app(settings, clock)
+        etas = EtaLog()
+        app = open_app(settings, clock, predictions=etas.record)
         register_sim_clusters(app, world)  # the world's clusters, before it starts
-        svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
-                            script=script)
+        svc = build_service(app, None, RunOptions(sim_config=world, seed=seed, script=script))
         tpu_types = sorted({c.tpu_type for c in app.cluster_cache.clusters()})
         script.plan(svc.app.engine, svc.app.job, arrivals(tpu_types, tasks, seed,
                                              mean_gap_seconds=mean_gap_seconds), horizon_hours)
-        etas = EtaLog()
-        if svc.app.queue_view is not None:
-            svc.app.queue_view.predictions = etas.record
         script.admit()
         loop_report = svc.loop.run(until_idle=True, stop=stop)
         report = _report(svc.app.store.read_after(0), clock.now())

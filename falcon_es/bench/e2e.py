@@ -56,7 +56,7 @@ from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
-from falcon_es.app.bootstrap import build_service, open_app, register_sim_clusters
+from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport
@@ -274,7 +274,7 @@ def e2e_benchmark(*, tasks: int = DEFAULT_TASKS, db_url: str | None = None,
     mapping = bench_mapping(job_mapping)
     with scratch_database(db_url, JobTable(mapping)) as url, resources.as_file(
             resources.files(__package__).joinpath(WORLD_RESOURCE)) as packaged:
-        settings = Settings(db_url=url, job_mapping=mapping)
+        settings = Settings.of(db_url=url, job_mapping=mapping)
         return _run(settings, Path(world) if world else packaged, plan, seed, resolution,
                     progress, EtaLog() if eta else None)
 
@@ -321,11 +321,12 @@ class _ScriptedUpperLayer:
     kept apart (and its statements are not counted), so the figures are the
     controller's."""
 
-    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock, job: JobTable) -> None:
+    def __init__(self, plan: UpperLayerPlan, clock: VirtualClock, job: JobTable,
+                 engine: Engine) -> None:
         self.plan = plan
         self.clock = clock
         self.job = job
-        self.engine: Engine | None = None
+        self.engine: Engine | None = engine
         self.counter: StatementCounter | None = None
         self.seconds = 0.0
 
@@ -355,21 +356,19 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
          resolution: float, progress: Callable[[str], None] | None,
          etas: EtaLog | None) -> dict[str, Any]:
     clock = VirtualClock(START)
-    upper_layer = _ScriptedUpperLayer(plan, clock, JobTable(settings.job_mapping))
     world = load_sim_config(world_path)
-    app = open_app(settings, clock)
+    app = open_app(settings, clock, predictions=etas.record if etas is not None else None)
+    upper_layer = _ScriptedUpperLayer(plan, clock, app.job, app.engine)
     register_sim_clusters(app, world)  # the bench world's clusters, before it starts
-    svc = build_service(settings, backend="sim", sim_config=world, seed=seed, app=app,
-                        script=upper_layer, resolution=resolution)
+    svc = build_service(app, None, RunOptions(sim_config=world, seed=seed, script=upper_layer,
+                                              resolution=resolution))
     count = len(plan.planned)
-    if etas is not None and svc.app.queue_view is not None:
-        svc.app.queue_view.predictions = etas.record
     try:
         backend = svc.app.engine.dialect.name
         if progress:
             progress(f"{count} tasks on {backend} ...")
         with StatementCounter(svc.app.engine) as counter:
-            upper_layer.engine, upper_layer.counter = svc.app.engine, counter
+            upper_layer.counter = counter
             rss_before = _max_rss_kib()
             started = time.perf_counter()
             cpu_started = time.process_time()
@@ -401,7 +400,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "conflicts": report.conflicts,
             "ms_per_tick": round(wall * 1000 / report.ticks, 3) if report.ticks else 0.0,
             "position_rows": svc.app.queue_view.rows_written,
-            "position_refresh_seconds": svc.app.settings.position_refresh_seconds,
+            "position_refresh_seconds": svc.app.settings.scheduling.position_refresh_seconds,
             "statements": counter.statements,
             "statements_per_task": round(counter.statements / count, 2),
             "executemany_statements": counter.executemany,

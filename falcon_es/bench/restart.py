@@ -405,7 +405,7 @@ def populate(url: str, *, history: int, live: int,
     started = time.perf_counter()
     engine = db.make_engine(url)
     clock = VirtualClock(HISTORY_START)
-    app = open_app(Settings(db_url=url), clock, engine=engine)
+    app = open_app(Settings.of(db_url=url), clock, engine=engine)
     try:
         queues = _queues(app)
         writer = _HistoryWriter(engine, queues, app.store.head())
@@ -427,7 +427,7 @@ def measure(url: str) -> dict[str, Any]:
     NOW), re-issue its open intents, run one tick; the seconds that took and the
     process's peak resident set."""
     started = time.perf_counter()
-    svc = build_service(Settings(db_url=url), backend="sim", clock=VirtualClock(NOW))
+    svc = build_service(open_app(Settings.of(db_url=url), VirtualClock(NOW)))
     folded = time.perf_counter()
     svc.catch_up()
     svc.loop.run(max_ticks=1)
@@ -469,7 +469,7 @@ def restart_benchmark(settings: Settings, *, history: int = DEFAULT_HISTORY,
     if history < 0 or live < 1 or rounds < 1:
         raise ValueError(f"history ({history}) must not be negative, live ({live}) and "
                          f"rounds ({rounds}) at least 1")
-    with _migrated(settings.db_url) as empty_url, _migrated(settings.db_url) as full_url:
+    with _migrated(settings.database.db_url) as empty_url, _migrated(settings.database.db_url) as full_url:
         written = {"without": populate(empty_url, history=0, live=live),
                    "with": populate(full_url, history=history, live=live, progress=progress)}
         runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}

@@ -205,11 +205,11 @@ def store_benchmark(settings: Settings, events: int = 20_000, tick: int = 100) -
     if events < 1 or tick < 1:
         raise ValueError(f"events ({events}) and tick ({tick}) must be at least 1")
     work = plan(events, tick)
-    with scratch_database(settings.db_url) as url:
+    with scratch_database(settings.database.db_url) as url:
         engine = db.make_engine(url)
         try:
-            bench_settings = dataclasses.replace(
-                settings, db_url=url, job_mapping=bench_mapping(settings.job_mapping))
+            bench_settings = Settings.of(**{
+                **dict(settings), "db_url": url, "job_mapping": bench_mapping(settings.job_mapping)})
             return _measure(engine, work, tick, bench_settings)
         finally:
             engine.dispose()
@@ -218,7 +218,7 @@ def store_benchmark(settings: Settings, events: int = 20_000, tick: int = 100) -
 def _measure(engine: Engine, work: Plan, tick: int, settings: Settings) -> dict[str, Any]:
     """On the settings' job-table names (in the scratch database), so a renamed mapping
     is measured as it runs."""
-    lang = settings.language
+    lang = settings.job_table.language
     job = JobTable(settings.job_mapping)
     db.upgrade(engine)
     db.create_job_table(engine, job)

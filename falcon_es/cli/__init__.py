@@ -134,7 +134,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, lazy=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", "db_url", envvar="FALCON_DB_URL", default=None,
+@click.option("--db", "db_url", default=None,
               help="Database URL (default sqlite:///falcon.db; MySQL: mysql+pymysql://...).")
 @click.option("--lang", type=click.Choice(["en", "zh"]), default=None,
               help="Language of rendered Messages (default FALCON_LANG or en).")
@@ -143,16 +143,16 @@ def main(ctx: click.Context, db_url: str | None, lang: str | None) -> None:
     """Falcon-ES: event-sourced TPU resource manager for GKE."""
     from falcon_es.config.settings import Settings, SettingsError
 
+    overrides: dict[str, dict[str, str]] = {}
+    if db_url:
+        overrides["database"] = {"db_url": db_url}
+    if lang:
+        overrides["job_table"] = {"language": lang}
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(overrides=overrides)
     except SettingsError as error:
         raise Failure(str(error)) from error
-    overrides: dict[str, str] = {}
-    if db_url:
-        overrides["db_url"] = db_url
-    if lang:
-        overrides["language"] = lang
-    ctx.obj = {"settings": Settings(**{**settings.__dict__, **overrides})}
+    ctx.obj = {"settings": settings}
 
 
 def run() -> None:

@@ -105,11 +105,11 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
     from falcon_es.projections import replay as rp
 
     app = app_of(ctx)
-    lang = app.settings.language
+    lang = app.settings.job_table.language
     if until is not None:
         seq = _position(app, until)
         states, queues = rp.fold_views(app.store, lang, until=seq,
-                                       policy=app.settings.priorities)
+                                       policy=app.settings.scheduling.priorities)
         rows = rp.state_rows(states, lang, queues)
         if as_json:
             emit(rows, True)
@@ -122,13 +122,13 @@ def replay(ctx: click.Context, mode: str | None, until: str | None, as_json: boo
         with app.engine.begin() as conn:
             count = rp.rebuild_streamed(conn, app.store, lang, until=head, job=app.job,
                                         refused=rp.refused_rows(app.store),
-                                        policy=app.settings.priorities)
+                                        policy=app.settings.scheduling.priorities)
         click.echo(f"rebuilt {count} job rows from {head} events")
         return
     if mode == "verify":
         differences = rp.verify(app.engine, app.store, lang, job=app.job,
-                                refresh_seconds=app.settings.position_refresh_seconds,
-                                policy=app.settings.priorities)
+                                refresh_seconds=app.settings.scheduling.position_refresh_seconds,
+                                policy=app.settings.scheduling.priorities)
         if as_json:
             click.echo(json.dumps([jsonable(d.__dict__) for d in differences], indent=2))
         elif differences:

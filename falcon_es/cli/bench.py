@@ -4,7 +4,6 @@ measured in the same run so the figures compare across machines."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -27,7 +26,7 @@ def _measured_on(ctx: click.Context, db_url: str | None) -> Settings:
     if not db_url:
         return settings
     db.make_engine(db_url).dispose()
-    return dataclasses.replace(settings, db_url=db_url)
+    return settings.overridden(database={"db_url": db_url})
 
 
 @bench_group.command("store")

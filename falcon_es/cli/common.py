@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # types only: each is imported by the function that builds it
     from sqlalchemy.exc import DBAPIError
 
     from falcon_es.adapters.gcp.wiring import GcpBackend
-    from falcon_es.app.bootstrap import App
+    from falcon_es.app.application import App
     from falcon_es.domain.ports import Ports
     from falcon_es.config.settings import Settings
     from falcon_es.storage.store import EventStore
@@ -125,7 +125,7 @@ def engine_of(ctx: click.Context) -> Engine:
     if engine is None:
         from falcon_es.storage import db
 
-        engine = db.make_engine(settings_of(ctx).db_url)
+        engine = db.make_engine(settings_of(ctx).database.db_url)
         ctx.obj["engine"] = engine
         ctx.call_on_close(engine.dispose)
     return engine
@@ -146,7 +146,7 @@ def app_of(ctx: click.Context) -> App:
     on this invocation's database and closed with the context."""
     app: App | None = ctx.obj.get("app")
     if app is None:
-        from falcon_es.app.bootstrap import open_app
+        from falcon_es.app.application import open_app
 
         app = open_app(settings_of(ctx), engine=engine_of(ctx))
         ctx.obj["app"] = app

@@ -47,8 +47,8 @@ class _Serving:
 
 
 @click.command("run")
-@click.option("--backend", type=click.Choice(["sim", "gcp"]), default="sim", show_default=True,
-              envvar="FALCON_BACKEND")
+@click.option("--backend", type=click.Choice(["sim", "gcp"]), default=None,
+              help="The world the controller acts on (default: FALCON_BACKEND, else sim).")
 @click.option("--sim-config", type=click.Path(dir_okay=False), default=None,
               help="How the registered clusters behave on the sim backend, keyed by cluster "
                    "name (default: the packaged defaults for every cluster).")
@@ -65,68 +65,70 @@ class _Serving:
 @click.option("--health/--no-health", default=None,
               help="Serve /healthz /readyz /metrics /clusters (default: on with --backend gcp).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
-              envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
-@click.option("--ops-topic", default=None, envvar="FALCON_TASK_EVENTS_TOPIC",
-              help="Publish every event to this topic (default: falcon-task-events with gcp).")
-@click.option("--bus", type=click.Choice(["sim", "pubsub"]), default=None, envvar="FALCON_BUS",
+              help="Log lines as text or one JSON object each (default: FALCON_LOG_FORMAT).")
+@click.option("--ops-topic", default=None,
+              help="Publish every event to this topic (default: FALCON_TASK_EVENTS_TOPIC when "
+                   "set, else falcon-task-events with gcp).")
+@click.option("--bus", type=click.Choice(["sim", "pubsub"]), default=None,
               help="Where the ops stream and the edge events go: the simulated world's bus "
                    "or Pub/Sub (PUBSUB_EMULATOR_HOST, else FALCON_PUBSUB_PROJECT); default: "
                    "the backend's own. --backend sim --bus pubsub is a staging world.")
 @click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
-              envvar="FALCON_LEADER_ELECTION",
               help="Who may append when several replicas run: a Kubernetes Lease "
                    "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
                    "database lock that refuses a second controller, or none (default: lease "
                    "in a Kubernetes cluster with --backend gcp, else db).")
-@click.option("--in-process-informers/--no-in-process-informers", default=False,
-              envvar="FALCON_IN_PROCESS_INFORMERS",
+@click.option("--in-process-informers/--no-in-process-informers", default=None,
               help="With --backend gcp, also watch every active registered cluster from this "
                    "process (instead of falcon-es informer Deployments).")
 @click.pass_context
 @friendly
-def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: int | None,
+def run_command(ctx: click.Context, backend: str | None, sim_config: str | None, seed: int | None,
                 sim_snapshot_every: int, until_idle: bool, tick_seconds: float, realtime: bool, health: bool | None,
                 log_format: str | None, ops_topic: str | None, bus: str | None,
-                leader_election: str | None, in_process_informers: bool = False) -> None:
+                leader_election: str | None, in_process_informers: bool | None = None) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     from falcon_es.app import service
-    from falcon_es.app.bootstrap import BackendError, build_service, continue_world
+    from falcon_es.app.bootstrap import BackendError, RunOptions, build_service, open_app
     from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability.metrics import Metrics
-    from falcon_es.domain.ports import TASK_EVENTS_TOPIC
     from falcon_es.storage.registry import list_clusters
 
     settings: Settings = ctx.obj["settings"]
     if bus is not None:
-        settings = dataclasses.replace(settings, bus=bus)
-    observability = configure_logs(log_format)
+        settings = settings.overridden(bus={"kind": bus})
+    backend = backend or settings.run.backend
+    if in_process_informers is None:
+        in_process_informers = settings.features.in_process_informers
+    observability = configure_logs(settings, log_format)
     serving = _Serving()
-    election = leader_election or default_leader_election(backend)
-    elector = lease_elector() if election == "lease" else None
+    election = leader_election or default_leader_election(settings, backend)
+    elector = lease_elector(settings) if election == "lease" else None
     metrics = Metrics(tasks=lambda: serving.svc.app.tasks.all() if serving.svc is not None and (
         elector is None or elector.is_leader()) else [])
     ports = gcp_ports(settings) if backend == "gcp" else None
 
     def build(leadership: Leadership | None = None) -> Service:
+        # A world kept in the database is loaded from it by each term: another replica
+        # may have led it meanwhile; else a later term goes on in the same world.
+        world = None if sim_snapshot_every else serving.world
+        options = RunOptions(backend=backend, realtime=realtime, sim_config=sim_config,
+                             seed=seed, tick_seconds=tick_seconds, world=world,
+                             world_continues=world is not None,
+                             sim_snapshot_every=sim_snapshot_every, leadership=leadership)
+        app = open_app(settings, options.clock(), metrics=metrics,
+                       follow_log=election != "db")
         try:
-            built = build_service(settings, backend=backend, sim_config=sim_config, seed=seed,
-                                  realtime=realtime, tick_seconds=tick_seconds, metrics=metrics,
-                                  ports=ports,
-                                  # A world kept in the database is loaded from it by each
-                                  # term: another replica may have led it meanwhile.
-                                  world=None if sim_snapshot_every else serving.world,
-                                  sim_snapshot_every=sim_snapshot_every,
-                                  leadership=leadership, follow_log=election != "db")
+            built = build_service(app, ports, options)
         except BackendError as error:
+            app.close()
             raise Failure(str(error)) from error
-        if built.world is not None:  # a later leadership term goes on in the same world
-            continue_world(built.world, built.app)
         serving.svc, serving.world = built, built.world
         return built
 
     # With a lease, a replica builds its controller (folds the log) only once it leads.
     svc = build() if elector is None else None
-    probe_engine = svc.app.engine if svc is not None else db.make_engine(settings.db_url)
+    probe_engine = svc.app.engine if svc is not None else db.make_engine(settings.database.db_url)
     lock = DatabaseLock(probe_engine) if election == "db" else None
     try:
         if lock is not None:
@@ -150,8 +152,8 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
     stop = stop_on_signals()
     informers = (_in_process_informers(settings, ports, probe_engine, stop, metrics)
                  if in_process_informers and ports is not None else [])
-    on_pubsub = backend == "gcp" or settings.bus == PUBSUB_BUS
-    topic = ops_topic or (TASK_EVENTS_TOPIC if on_pubsub else None)
+    on_pubsub = backend == "gcp" or settings.bus.kind == PUBSUB_BUS
+    topic = ops_topic or _ops_topic(settings, on_pubsub)
     click.echo(f"falcon-es: controller running ({backend} backend, "
                f"{'Pub/Sub bus, ' if backend == 'sim' and on_pubsub else ''}"
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
@@ -178,6 +180,16 @@ def run_command(ctx: click.Context, backend: str, sim_config: str | None, seed: 
             probe_engine.dispose()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)
+
+
+def _ops_topic(settings: Settings, on_pubsub: bool) -> str | None:
+    """Where the ops stream goes without ``--ops-topic``: FALCON_TASK_EVENTS_TOPIC when
+    it is set (on any backend), else the default topic when the bus is Pub/Sub."""
+    from falcon_es.domain.ports import TASK_EVENTS_TOPIC
+
+    if "task_events_topic" in settings.bus.model_fields_set:
+        return settings.bus.task_events_topic
+    return TASK_EVENTS_TOPIC if on_pubsub else None
 
 
 def _in_process_informers(settings: Settings, ports: Ports, engine: sa.engine.Engine,

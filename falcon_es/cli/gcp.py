@@ -35,7 +35,7 @@ INFORMER_HEARTBEAT_SECONDS = 5.0
 @click.option("--health/--no-health", default=True, show_default=True,
               help="Serve /healthz and /readyz on FALCON_HEALTH_HOST:FALCON_HEALTH_PORT.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
-              envvar="FALCON_LOG_FORMAT", help="Log lines as text or one JSON object each.")
+              help="Log lines as text or one JSON object each (default: FALCON_LOG_FORMAT).")
 @click.pass_context
 @friendly
 def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
@@ -47,7 +47,7 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     from falcon_es.domain.ports import PortError
 
     settings: Settings = ctx.obj["settings"]
-    observability = configure_logs(log_format)
+    observability = configure_logs(settings, log_format)
     with app_of(ctx).engine.connect() as conn:
         found = {name: registry.find_cluster(conn, name) for name in dict.fromkeys(names)}
     unknown = [name for name, cluster in found.items() if cluster is None]
@@ -72,7 +72,7 @@ def informer_command(ctx: click.Context, names: tuple[str, ...], health: bool,
     if server is not None:
         server.set_ready(True, f"watching {', '.join(found)}")
     click.echo(f"falcon-es: informer watching {', '.join(found)} (namespace "
-               f"{settings.job_namespace}) -> topic {settings.edge_events_topic}", err=True)
+               f"{settings.lifecycle.job_namespace}) -> topic {settings.bus.edge_events_topic}", err=True)
     heartbeat = min(INFORMER_HEARTBEAT_SECONDS, observability.max_tick_age_seconds / 3)
     ended: list[str] = []
     try:
@@ -126,8 +126,8 @@ def _database_check(settings: Settings) -> tuple[Check, list[Cluster]]:
     from falcon_es.adapters.gcp.doctor import FAIL, OK, Check
 
     try:
-        shown = sa.engine.make_url(settings.db_url).render_as_string(hide_password=True)
-        engine = db.make_engine(settings.db_url)
+        shown = sa.engine.make_url(settings.database.db_url).render_as_string(hide_password=True)
+        engine = db.make_engine(settings.database.db_url)
     except (db.DatabaseUrlError, sa.exc.ArgumentError) as error:
         return Check("database", "FALCON_DB_URL", FAIL, str(error),
                      "set FALCON_DB_URL (or --db) to a mysql+pymysql:// or sqlite:/// URL"), []

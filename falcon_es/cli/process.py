@@ -14,7 +14,6 @@ The observability and Kubernetes modules are imported inside the functions, so
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -24,7 +23,7 @@ from falcon_es.cli.common import Failure
 
 if TYPE_CHECKING:
     from falcon_es.adapters.gcp.lease import LeaseElector
-    from falcon_es.observability import ObservabilitySettings
+    from falcon_es.config.settings import ObservabilitySettings, Settings
     from falcon_es.observability.health import HealthServer
     from falcon_es.observability.metrics import Metrics
 
@@ -32,15 +31,15 @@ if TYPE_CHECKING:
 THREAD_JOIN_SECONDS = 30
 
 
-def configure_logs(log_format: str | None) -> ObservabilitySettings:
-    """Read the FALCON_HEALTH_* / FALCON_LOG_* settings and configure logging with them;
-    ``--log-format`` wins over the settings' format. The settings are returned for the
-    health server and the heartbeat."""
-    from falcon_es.observability import ObservabilitySettings
+def configure_logs(settings: Settings, log_format: str | None) -> ObservabilitySettings:
+    """Configure logging with the observability settings; ``--log-format`` wins over
+    their format. They are returned for the health server and the heartbeat."""
     from falcon_es.observability.logs import configure_logging
 
-    observability = ObservabilitySettings.from_env()
-    configure_logging(log_format or observability.log_format, observability.log_level)
+    observability = settings.observability
+    if log_format:
+        observability = observability.model_copy(update={"log_format": log_format})
+    configure_logging(observability.log_format, observability.log_level)
     return observability
 
 
@@ -79,26 +78,24 @@ def stop_threads(stop: threading.Event, threads: Iterable[threading.Thread]) -> 
         thread.join(timeout=THREAD_JOIN_SECONDS)
 
 
-def default_leader_election(backend: str) -> str:
-    """A lease where several replicas can run (in a Kubernetes cluster, real backends);
-    elsewhere the database lock, which refuses a second controller started by mistake."""
-    return "lease" if backend == "gcp" and os.environ.get("KUBERNETES_SERVICE_HOST") else "db"
+def default_leader_election(settings: Settings, backend: str) -> str:
+    """The configured election, else a lease where several replicas can run (in a
+    Kubernetes cluster, real backends); elsewhere the database lock, which refuses a
+    second controller started by mistake."""
+    if settings.run.leader_election:
+        return settings.run.leader_election
+    in_cluster = bool(settings.run.kubernetes_service_host)
+    return "lease" if backend == "gcp" and in_cluster else "db"
 
 
-def lease_elector() -> LeaseElector:
+def lease_elector(settings: Settings) -> LeaseElector:
     """This replica's candidate in the Kubernetes Lease election, configured from
     FALCON_LEASE_*; a bad setting, or no cluster to hold a lease in, is one line for the
     user."""
-    from falcon_es.adapters.gcp.lease import (
-        LeaseConfigError,
-        LeaseElector,
-        LeaseSettings,
-        LeaseUnavailable,
-        in_cluster_api,
-    )
+    from falcon_es.adapters.gcp.lease import LeaseElector, LeaseUnavailable, in_cluster_api
+    from falcon_es.config.errors import LeaseConfigError
 
     try:
-        lease = LeaseSettings.from_env()
-        return LeaseElector.from_settings(in_cluster_api(), lease)
+        return LeaseElector.from_settings(in_cluster_api(), settings.lease)
     except (LeaseConfigError, LeaseUnavailable) as error:
         raise Failure(str(error)) from error

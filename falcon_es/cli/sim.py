@@ -30,7 +30,7 @@ def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool 
     live = sys.stdout.isatty() if live is None else live
     echo = (lambda _line: None) if as_json else click.echo
     summary = demo.run_demo(Path(db_file).resolve(), seed=seed,
-                            lang=ctx.obj["settings"].language, echo=echo, live=live and not as_json)
+                            lang=ctx.obj["settings"].job_table.language, echo=echo, live=live and not as_json)
     if as_json:
         click.echo(demo.summary_json(summary))
 

@@ -212,7 +212,7 @@ def task_submit(ctx: click.Context, actor: str | None, name: str | None, tpu_typ
 @friendly
 def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks with their Status / Reason / Message."""
-    target = driver_target(settings_of(ctx).db_url)
+    target = driver_target(settings_of(ctx).database.db_url)
     if target is None:
         from falcon_es.jobtable import job_rows
 
@@ -236,7 +236,7 @@ def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     acceptance: the accepted spec runs; a row deleted or reused while the task ran)."""
     from falcon_es.jobtable import job_reads
 
-    target = driver_target(settings_of(ctx).db_url)
+    target = driver_target(settings_of(ctx).database.db_url)
     if target is None:
         import sqlalchemy as sa
 
@@ -307,7 +307,7 @@ def task_set_priority(ctx: click.Context, task_id: str, priority: str,
     from falcon_es.jobtable import job_rows
     from falcon_es.domain.priority import PriorityError
 
-    policy = settings_of(ctx).priorities
+    policy = settings_of(ctx).scheduling.priorities
     try:
         value = policy.resolve(int(priority) if priority.lstrip("+-").isdigit() else priority)
     except PriorityError as error:

@@ -15,6 +15,9 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
+
+from falcon_es.config.errors import SettingsError
 
 TABLE_VARIABLE = "FALCON_JOB_TABLE"
 COLUMNS_VARIABLE = "FALCON_JOB_COLUMNS"
@@ -38,7 +41,7 @@ _IDENTIFIER_RULE = ("letters, digits, _ and $, not starting with a digit, "
                     "at most 64 characters")
 
 
-class JobMappingError(ValueError):
+class JobMappingError(SettingsError):
     """A job-table setting cannot be used; the message names the variable."""
 
 
@@ -51,7 +54,7 @@ class JobMapping:
     schema: str | None = None
     renamed: tuple[tuple[str, str], ...] = ()
     #: Whether the table has the ``PRIORITY_COLUMNS`` (priority change requests;
-    #: ``FALCON_JOB_PRIORITY_REQUESTS``, read with the other settings).
+    #: ``FALCON_JOB_PRIORITY_REQUESTS``, a feature switch).
     priority_requests: bool = False
 
     def column(self, name: str) -> str:
@@ -76,21 +79,38 @@ class JobMapping:
         """The table as a user writes it: ``schema.table`` or ``table``."""
         return f"{self.schema}.{self.table}" if self.schema else self.table
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> JobMapping:
-        return cls.parse(environ.get(TABLE_VARIABLE), environ.get(COLUMNS_VARIABLE))
+    @property
+    def columns_text(self) -> str:
+        """The renamed columns as ``FALCON_JOB_COLUMNS`` writes them."""
+        return ",".join(f"{falcon}={theirs}" for falcon, theirs in self.renamed)
 
     @classmethod
-    def parse(cls, table: str | None, columns: str | None) -> JobMapping:
+    def parse(cls, table: str | None, columns: str | None, *,
+              priority_requests: bool = False) -> JobMapping:
         """The mapping from the two settings' text (None or empty: the defaults)."""
         schema, name = _table(table.strip() if table else "", f"{TABLE_VARIABLE}=")
-        return cls(table=name, schema=schema, renamed=_columns(columns or ""))
+        return cls(table=name, schema=schema, renamed=_columns(columns or ""),
+                   priority_requests=priority_requests)
 
     def with_table(self, raw: str, source: str) -> JobMapping:
         """The same columns in another table (``raw`` as ``FALCON_JOB_TABLE`` takes
         it); ``source`` names where ``raw`` came from in an error (``--table ``)."""
         schema, name = _table(raw.strip(), source)
         return dataclasses.replace(self, table=name, schema=schema)
+
+
+def check_table(value: Any) -> str:
+    """``FALCON_JOB_TABLE`` as given, once it names a table Falcon-ES can use."""
+    text = str(value or "").strip() or DEFAULT_TABLE
+    _table(text, f"{TABLE_VARIABLE}=")
+    return text
+
+
+def check_columns(value: Any) -> str:
+    """``FALCON_JOB_COLUMNS`` as given, once its pairs are columns Falcon-ES can use."""
+    text = str(value or "").strip()
+    _columns(text)
+    return text
 
 
 def _table(raw: str, source: str) -> tuple[str | None, str]:

@@ -3,8 +3,9 @@
 ``RetryPolicies`` holds one ``Backoff`` per external API (gke, compute, kubernetes,
 pubsub) plus ``wait``, the pace of the steps that wait on the world through the log
 (reservation capacity, a pool not visible yet, nodes not ready): those are not failed
-calls and are never given up. ``Settings.retry`` carries the policies, read from
-``FALCON_RETRY_<API>_<FIELD>`` by ``RetryPolicies.from_env``.
+calls and are never given up. ``RetrySettings`` declares them, one
+``FALCON_RETRY_<API>_<FIELD>`` variable each; ``Settings.retry`` is that group, and the
+rules below read only it.
 
 Retries never block a tick: the effect executor and the handlers record each failed
 call in the task's log (``ApiCallRetrying``) and come back when the next attempt is
@@ -21,18 +22,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
-import os
 import random
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+
+from falcon_es.config.errors import SettingsError
+from falcon_es.config.fields import Fraction, Whole, setting
 from falcon_es.domain.intents import RESERVATION_CHECK, IntentKind
 
-if TYPE_CHECKING:  # the rules read task states; settings carry the policies
+if TYPE_CHECKING:  # the rules read task states
     from falcon_es.domain import events as ev
-    from falcon_es.config.settings import Settings
     from falcon_es.domain.task import TaskState
 
 GKE, COMPUTE, KUBERNETES, PUBSUB = "gke", "compute", "kubernetes", "pubsub"
@@ -41,7 +45,7 @@ WAIT = "wait"
 APIS = (GKE, COMPUTE, KUBERNETES, PUBSUB, WAIT)
 
 
-class RetryConfigError(ValueError):
+class RetryConfigError(SettingsError):
     """A retry setting holds a value that cannot describe a backoff."""
 
 
@@ -116,13 +120,6 @@ DEFAULT_BACKOFFS: Mapping[str, Backoff] = MappingProxyType({
 #: Policies whose ``attempts`` cannot be set: what they pace is never given up.
 UNLIMITED = frozenset({WAIT})
 
-#: Environment variable suffix -> Backoff field.
-_ENV_FIELDS = MappingProxyType({
-    "INITIAL": "initial", "MAX": "maximum", "MULTIPLIER": "multiplier",
-    "JITTER": "jitter", "ATTEMPTS": "attempts",
-})
-
-
 @dataclasses.dataclass(frozen=True)
 class RetryPolicies:
     """The backoff of each external API (gke, compute, kubernetes, pubsub) and of the
@@ -144,15 +141,106 @@ class RetryPolicies:
                 f"no retry policy for API {api!r}; known: {', '.join(sorted(self.backoffs))}"
             ) from None
 
+
+#: Backoff field -> the suffix of its variable and the words of its doc line.
+_FIELDS = MappingProxyType({
+    "initial": ("INITIAL", "seconds before the first retry"),
+    "maximum": ("MAX", "the longest delay, in seconds"),
+    "multiplier": ("MULTIPLIER", "how much each delay grows"),
+    "jitter": ("JITTER", "the fraction by which a delay is spread at random"),
+    "attempts": ("ATTEMPTS", "calls before giving up, the first included"),
+})
+_WHAT = MappingProxyType({
+    GKE: "GKE node-pool calls", COMPUTE: "Compute Engine calls",
+    KUBERNETES: "Kubernetes API calls", PUBSUB: "Pub/Sub calls",
+    WAIT: "waits on the world (reservation capacity, pool visibility, node readiness)",
+})
+
+
+def _retry(api: str, field: str) -> Any:
+    """The declaration of one field of one API's backoff."""
+    suffix, words = _FIELDS[field]
+    return setting(getattr(DEFAULT_BACKOFFS[api], field), f"FALCON_RETRY_{api.upper()}_{suffix}",
+                   doc=f"{_WHAT[api]}: {words}")
+
+
+def _never_given_up(value: Any) -> None:
+    if value is None:
+        return None
+    raise ValueError("wait retries are never given up; only INITIAL, MAX, MULTIPLIER and "
+                     "JITTER can be set")
+
+
+class RetrySettings(BaseModel):
+    """Every backoff, in one place: per external API (failed calls) and ``wait`` (steps
+    waiting on the world through the log). The fields are ``<api>_<backoff field>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gke_initial: Fraction = _retry(GKE, "initial")
+    gke_maximum: Fraction = _retry(GKE, "maximum")
+    gke_multiplier: Fraction = _retry(GKE, "multiplier")
+    gke_jitter: Fraction = _retry(GKE, "jitter")
+    gke_attempts: Whole = _retry(GKE, "attempts")
+    compute_initial: Fraction = _retry(COMPUTE, "initial")
+    compute_maximum: Fraction = _retry(COMPUTE, "maximum")
+    compute_multiplier: Fraction = _retry(COMPUTE, "multiplier")
+    compute_jitter: Fraction = _retry(COMPUTE, "jitter")
+    compute_attempts: Whole = _retry(COMPUTE, "attempts")
+    kubernetes_initial: Fraction = _retry(KUBERNETES, "initial")
+    kubernetes_maximum: Fraction = _retry(KUBERNETES, "maximum")
+    kubernetes_multiplier: Fraction = _retry(KUBERNETES, "multiplier")
+    kubernetes_jitter: Fraction = _retry(KUBERNETES, "jitter")
+    kubernetes_attempts: Whole = _retry(KUBERNETES, "attempts")
+    pubsub_initial: Fraction = _retry(PUBSUB, "initial")
+    pubsub_maximum: Fraction = _retry(PUBSUB, "maximum")
+    pubsub_multiplier: Fraction = _retry(PUBSUB, "multiplier")
+    pubsub_jitter: Fraction = _retry(PUBSUB, "jitter")
+    pubsub_attempts: Whole = _retry(PUBSUB, "attempts")
+    wait_initial: Fraction = _retry(WAIT, "initial")
+    wait_maximum: Fraction = _retry(WAIT, "maximum")
+    wait_multiplier: Fraction = _retry(WAIT, "multiplier")
+    wait_jitter: Fraction = _retry(WAIT, "jitter")
+    #: Declared to be refused: what ``wait`` paces is never given up.
+    wait_attempts: Annotated[None, BeforeValidator(_never_given_up)] = setting(
+        None, "FALCON_RETRY_WAIT_ATTEMPTS", doc="cannot be set: waits on the world are "
+        "never given up")
+
+    @model_validator(mode="after")
+    def _backoffs_hold(self) -> RetrySettings:
+        """Each API's fields make a valid backoff; a bad one is named by the variables
+        set for that API, as they were given."""
+        for api in APIS:
+            try:
+                self._backoff(api)
+            except RetryConfigError as error:
+                named = [f"FALCON_RETRY_{api.upper()}_{_FIELDS[field][0]}="
+                         f"{getattr(self, f'{api}_{field}'):g}"
+                         for field in _FIELDS if f"{api}_{field}" in self.model_fields_set]
+                raise RetryConfigError(f"{', '.join(named)}: {error}") from None
+        return self
+
+    def for_api(self, api: str) -> Backoff:
+        """The backoff of ``api`` (one of ``APIS``)."""
+        return self.policies.for_api(api)
+
+    @functools.cached_property
+    def policies(self) -> RetryPolicies:
+        """The same backoffs as one ``RetryPolicies`` (built once: every failed call
+        and every retry's due time reads them)."""
+        return RetryPolicies({api: self._backoff(api) for api in APIS})
+
+    def _backoff(self, api: str) -> Backoff:
+        values = {field: getattr(self, f"{api}_{field}") for field in _FIELDS}
+        return Backoff(**values) if api not in UNLIMITED else Backoff(
+            **{**values, "attempts": None})
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetryPolicies:
-        """Read ``FALCON_RETRY_<API>_<FIELD>`` overrides, e.g. ``FALCON_RETRY_GKE_MAX=600``
-        (fields: INITIAL, MAX, MULTIPLIER, JITTER in seconds or fractions; ATTEMPTS,
-        except for WAIT, which is never given up). A bad value raises one
-        ``RetryConfigError`` naming the variables at fault."""
-        env = os.environ if environ is None else environ
-        return cls({api: _backoff_from_env(api, default, env)
-                    for api, default in DEFAULT_BACKOFFS.items()})
+    def of(cls, policies: RetryPolicies) -> RetrySettings:
+        """The settings that give ``policies`` (a test's or a benchmark's own)."""
+        return cls(**{f"{api}_{field}": getattr(policies.for_api(api), field)
+                      for api in APIS for field in _FIELDS
+                      if not (field == "attempts" and api in UNLIMITED)})
 
 
 def seeded_delay(backoff: Backoff, attempt: int, seed: str) -> float:
@@ -160,33 +248,6 @@ def seeded_delay(backoff: Backoff, attempt: int, seed: str) -> float:
     by ``seed`` (a task, a step and the attempt), so every controller and every replay
     of the log computes the same moment."""
     return backoff.delay(attempt, random.Random(seed))
-
-
-def _backoff_from_env(api: str, default: Backoff, env: Mapping[str, str]) -> Backoff:
-    changes: dict[str, Any] = {}  # field -> value of that field's type
-    named: list[str] = []
-    for suffix, field in _ENV_FIELDS.items():
-        name = f"FALCON_RETRY_{api.upper()}_{suffix}"
-        raw = env.get(name)
-        if raw is None or raw.strip() == "":
-            continue
-        if field == "attempts" and api in UNLIMITED:
-            raise RetryConfigError(f"{name}={raw!r}: {api} retries are never given up; "
-                                   "only INITIAL, MAX, MULTIPLIER and JITTER can be set")
-        changes[field] = _number(name, raw, whole=field == "attempts")
-        named.append(f"{name}={raw}")
-    try:
-        return dataclasses.replace(default, **changes)
-    except RetryConfigError as error:
-        raise RetryConfigError(f"{', '.join(named)}: {error}") from None
-
-
-def _number(name: str, raw: str, *, whole: bool) -> float | int:
-    try:
-        return int(raw) if whole else float(raw)
-    except ValueError:
-        kind = "a whole number" if whole else "a number"
-        raise RetryConfigError(f"{name}={raw!r}: expected {kind}") from None
 
 
 # ------------------------------------------------------------------ log-driven rules
@@ -204,18 +265,18 @@ NEVER_GIVEN_UP = frozenset({IntentKind.POOL_DELETE, IntentKind.JOB_DELETE,
 WAIT_KINDS = frozenset({"ReservationInsufficient", "NodePoolNotVisible", "NodesNotReady"})
 
 
-def retry_backoff(settings: Settings, kind: str) -> Backoff:
+def retry_backoff(retry: RetrySettings, kind: str) -> Backoff:
     """The backoff of a step retried through the log: the ``wait`` policy for waits on
     the world (reservation capacity, pool visibility, node readiness), the GKE policy
     for a failed pool delete (``NodePoolDeleteFailed``, never given up)."""
-    return settings.retry.for_api(WAIT if kind in WAIT_KINDS else GKE)
+    return retry.for_api(WAIT if kind in WAIT_KINDS else GKE)
 
 
-def retry_due_at(state: TaskState, kind: str, settings: Settings) -> dt.datetime | None:
+def retry_due_at(state: TaskState, kind: str, retry: RetrySettings) -> dt.datetime | None:
     """When the next attempt of ``kind`` is due for this task (None: try now)."""
     if state.retry_kind != kind or state.retry_at is None or state.retry_attempt < 1:
         return None
-    delay = seeded_delay(retry_backoff(settings, kind), state.retry_attempt,
+    delay = seeded_delay(retry_backoff(retry, kind), state.retry_attempt,
                          f"{state.task_id}:{kind}:{state.retry_attempt}")
     return state.retry_at + dt.timedelta(seconds=delay)
 
@@ -228,7 +289,7 @@ def call_retry_due_at(state: TaskState, step: str) -> dt.datetime | None:
 
 
 def call_failed(state: TaskState, step: str, error: str,
-                settings: Settings) -> ev.ApiCallRetrying | None:
+                retry: RetrySettings) -> ev.ApiCallRetrying | None:
     """The record of a failed call of ``step`` for this task: the attempt it was, the
     limit and when the next is due; None when the attempts are used up.
 
@@ -236,13 +297,13 @@ def call_failed(state: TaskState, step: str, error: str,
     controller goes on counting where the last one stopped; the delay is seeded by the
     task, the step and the attempt."""
     attempt = failed_calls(state, step) + 1
-    backoff = settings.retry.for_api(API_OF_STEP[step])
+    backoff = retry.for_api(API_OF_STEP[step])
     never = step in NEVER_GIVEN_UP
     if not never and backoff.exhausted(attempt):
         return None
     delay = seeded_delay(backoff, attempt, f"{state.task_id}:{step}:{attempt}")
-    # Imported here: the settings carry the policies of this module, and every command
-    # reads the settings without needing the event types.
+    # Imported here: every command reads the settings (this module among them) without
+    # needing the event types.
     from falcon_es.domain import events as ev
 
     return ev.ApiCallRetrying(

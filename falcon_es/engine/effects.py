@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
@@ -51,13 +51,18 @@ from falcon_es.engine.task_manifests import (
 )
 from falcon_es.domain.tpu import slice_shape
 
-if TYPE_CHECKING:  # the context carries the executor; the executor reads the context
-    from falcon_es.engine.context import HandlerContext
 
 log = logging.getLogger("falcon_es.engine.effects")
 
 #: Pause before an intent is tried again when its outcome was not recorded.
 UNRECORDED_RETRY_SECONDS = 5.0
+
+
+class SeesClusters(Protocol):
+    """What the executor reads of a tick's context: the registered clusters."""
+
+    @property
+    def clusters(self) -> Sequence[Cluster]: ...
 
 
 class EffectExecutor:
@@ -117,7 +122,7 @@ class EffectExecutor:
         return self._next_sweep is None or now >= self._next_sweep
 
     def swept(self, now: dt.datetime) -> None:
-        self._next_sweep = now + dt.timedelta(seconds=self.settings.orphan_sweep_seconds)
+        self._next_sweep = now + dt.timedelta(seconds=self.settings.lifecycle.orphan_sweep_seconds)
 
     def next_due(self) -> dt.datetime | None:
         """The earliest moment an open intent will be tried again (for a loop that
@@ -128,8 +133,10 @@ class EffectExecutor:
             moments.append(self._next_sweep)
         return min(moments) if moments else None
 
-    def after_commit(self, ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
-        """The tick's events are durable: bring the open intents up to date and do them."""
+    def after_commit(self, ctx: SeesClusters, recorded: Sequence[RecordedEvent]) -> None:
+        """The tick's events are durable: bring the open intents up to date and do them.
+        Of the tick's context only the clusters are read (so the executor needs not
+        know the context that names it)."""
         now = self.ports.clock.now()
         clusters = {c.id: c for c in ctx.clusters}
         self._load_orphan_streams(clusters)
@@ -204,7 +211,7 @@ class EffectExecutor:
         if state is None or error is None:
             self._later_unrecorded(intent, now, error)
             return
-        retrying = call_failed(state, intent.kind, error.message, self.settings)
+        retrying = call_failed(state, intent.kind, error.message, self.settings.retry)
         if retrying is None:
             attempts = failed_calls(state, intent.kind) + 1
             log.warning("%s %s on %s: %s; gave up after %d attempts", intent.kind,
@@ -450,7 +457,7 @@ class EffectExecutor:
         operation ends)."""
         self._deleting[intent] = operation_id
         self._not_before[intent] = now + dt.timedelta(
-            seconds=self.settings.operation_poll_seconds)
+            seconds=self.settings.lifecycle.operation_poll_seconds)
 
     def _is_stopping(self, cluster: Cluster, name: str) -> bool:
         try:

@@ -35,10 +35,10 @@ def pool_labels(task_id: str, topology: str, supply_mode: str) -> dict[str, str]
 
 def job_placement(settings: Settings, cluster: Cluster) -> manifests.JobPlacement:
     return manifests.JobPlacement(
-        namespace=settings.job_namespace,
-        service_account=settings.job_service_account,
+        namespace=settings.lifecycle.job_namespace,
+        service_account=settings.lifecycle.job_service_account,
         bucket=cluster.gcs_bucket,
-        ttl_seconds_after_finished=settings.job_ttl_seconds_after_finished,
+        ttl_seconds_after_finished=settings.lifecycle.job_ttl_seconds_after_finished,
     )
 
 

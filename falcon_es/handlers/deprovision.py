@@ -183,6 +183,6 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
                 holder = tick.state(holder.task_id) or holder
         if (holder.pool_disposition == PoolDisposition.DELETE_FAILED
                 and holder.pools_deleting):
-            due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings)
+            due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings.retry)
             if due is None or ctx.now >= due:
                 tick.emit(holder.task_id, delete_requested(holder.pools_deleting))

@@ -178,7 +178,7 @@ def notice_priority_requests(tick: Tick, ctx: HandlerContext) -> None:
         ctx.retired.recall(unknown)
     for row in rows:
         verdict = judge_priority_request(row.id, tick.state(row.id), row.priority,
-                                         ctx.settings.priorities)
+                                         ctx.settings.scheduling.priorities)
         if isinstance(verdict, PriorityChange):
             tick.emit(row.id, ev.PriorityChanged(verdict.old, verdict.new, row.requested_by,
                                                  row.requested_at),

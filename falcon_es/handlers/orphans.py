@@ -98,6 +98,6 @@ def _orphaned(tick: Tick, ctx: HandlerContext, holder_id: str, pool: str,
         return False
     if created_at is not None:
         age = (ctx.now - created_at).total_seconds()
-        if age < ctx.settings.create_visibility_grace_seconds:
+        if age < ctx.settings.lifecycle.create_visibility_grace_seconds:
             return False
     return True

@@ -76,9 +76,9 @@ def supply_mode_for(state: TaskState, cluster: Cluster) -> str:
 
 def scale_down_seconds(supply_mode: str, settings: Settings) -> int:
     return {
-        RESERVATION: settings.scale_down_reservation_seconds,
-        ON_DEMAND: settings.scale_down_on_demand_seconds,
-        FLEX_START: settings.scale_down_flex_start_seconds,
+        RESERVATION: settings.lifecycle.scale_down_reservation_seconds,
+        ON_DEMAND: settings.lifecycle.scale_down_on_demand_seconds,
+        FLEX_START: settings.lifecycle.scale_down_flex_start_seconds,
     }[supply_mode]
 
 
@@ -132,7 +132,7 @@ class _Provisioner:
         in which the rest can be created too, so a task waiting for room holds nothing."""
         # A task holding pools it took came from a partial create (the setting may have
         # been turned off since): it goes on as one.
-        partial = self.ctx.settings.multislice_partial_create or bool(state.taken_pools)
+        partial = self.ctx.settings.features.multislice_partial_create or bool(state.taken_pools)
         if not partial and not self._due(state):
             return  # the idle pools are looked at when it tries again, not every tick
         supply_mode = supply_mode_for(state, cluster)
@@ -262,7 +262,7 @@ class _Provisioner:
         """No backoff runs: neither the wait after a too-small reservation nor the one
         after a reservation read that failed."""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
-            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings)
+            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings.retry)
             if due is not None and self.ctx.now < due:
                 return False
         due = call_retry_due_at(state, RESERVATION_CHECK)
@@ -306,7 +306,7 @@ class _Provisioner:
                                                        besides=state.task_id)
         remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
         if remaining < needed:
-            if not (self.ctx.settings.multislice_partial_create and remaining > 0):
+            if not (self.ctx.settings.features.multislice_partial_create and remaining > 0):
                 self.tick.emit(state.task_id, ev.ReservationInsufficient(
                     reservation, max(remaining, 0), needed,
                     next_attempt(state, "ReservationInsufficient")))
@@ -318,7 +318,7 @@ class _Provisioner:
     def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
         """Compute did not answer the capacity read: record the attempt (the Message
         shows it) and read again after the compute backoff, or give up."""
-        retrying = call_failed(state, RESERVATION_CHECK, words, self.ctx.settings)
+        retrying = call_failed(state, RESERVATION_CHECK, words, self.ctx.settings.retry)
         if retrying is None:
             attempts = failed_calls(state, RESERVATION_CHECK) + 1
             self.tick.emit(state.task_id, ev.NodePoolFailed(pool, gave_up(attempts, words)))
@@ -345,7 +345,7 @@ class _Provisioner:
             # Looking again after a 404 or unready nodes: the create operation had
             # finished without error before either was recorded, and a finished
             # operation never changes, so only the retry's time matters.
-            due = retry_due_at(state, state.retry_kind, self.ctx.settings)
+            due = retry_due_at(state, state.retry_kind, self.ctx.settings.retry)
             if due is not None and self.ctx.now < due:
                 return
             polled = self.ctx.index.poll_due(state)  # the last look failed: not before
@@ -403,12 +403,12 @@ class _Provisioner:
         """Nothing to record yet (or a call failed): the next look waits a poll
         interval, so neither a slow pool nor an error turns it into a call per tick."""
         self.ctx.index.polled(state, self.ctx.now + dt.timedelta(
-            seconds=self.ctx.settings.operation_poll_seconds), self.ctx.now)
+            seconds=self.ctx.settings.lifecycle.operation_poll_seconds), self.ctx.now)
 
     def _not_visible(self, state: TaskState, pool: str) -> None:
         """The grace runs from the first 404 after the create finished: GKE's listing
         lags the operation, and a long flex-start create must not use the grace up."""
-        grace = self.ctx.settings.create_visibility_grace_seconds
+        grace = self.ctx.settings.lifecycle.create_visibility_grace_seconds
         since = (state.not_visible_since if state.retry_kind == "NodePoolNotVisible"
                  else None) or self.ctx.now
         waited = (self.ctx.now - since).total_seconds()
@@ -472,7 +472,7 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
     operations = [o for o in (state.pool_operation or "", *state.slice_operations) if o]
     if not operations or (due is not None and ctx.now < due):
         return None
-    interval = dt.timedelta(seconds=ctx.settings.operation_poll_seconds)
+    interval = dt.timedelta(seconds=ctx.settings.lifecycle.operation_poll_seconds)
     pending: Operation | None = None
     unknown = False
     for operation_id in operations:

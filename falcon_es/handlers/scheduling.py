@@ -145,11 +145,11 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
             continue
         held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
         source = clusters.get(key[0])
-        if held < settings.replace_after_seconds or source is None:
+        if held < settings.scheduling.replace_after_seconds or source is None:
             continue
         for entry in book.pick_order(key, tick.now):
             state = tick.state(entry.task_id)
-            if not _is_waiting(state) or state.moves >= settings.max_moves:
+            if not _is_waiting(state) or state.moves >= settings.scheduling.max_moves:
                 continue
             target = move_target(state.tpu_type, state.topology, key[0], ctx.clusters, book,
                                  _supply_mode(state))
@@ -164,7 +164,7 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
 
 
 def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
-    if not ctx.settings.preempt_cluster_busy:
+    if not ctx.settings.features.preempt_cluster_busy:
         return
     book = _book(tick, ctx)
     policy = book.policy

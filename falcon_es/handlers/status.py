@@ -76,7 +76,7 @@ TORN_VIEW_GRACE = dt.timedelta(seconds=30)
 
 def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
     """Pull the edge events and turn each new observation into task events."""
-    subscription = ctx.settings.edge_events_subscription
+    subscription = ctx.settings.bus.edge_events_subscription
     by_task: dict[str, list[tuple[str, JobObservation]]] = {}
     for _ in range(MAX_PULLS):
         try:
@@ -308,7 +308,7 @@ def ack_folded(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
     if not ctx.acks:
         return
     try:
-        ctx.ports.bus.ack(ctx.settings.edge_events_subscription, list(ctx.acks))
+        ctx.ports.bus.ack(ctx.settings.bus.edge_events_subscription, list(ctx.acks))
     except PortError as error:
         log.warning("acknowledging %d message(s): %s; they will be delivered again",
                     len(ctx.acks), error)

@@ -66,7 +66,7 @@ def refusal_deadline(state: TaskState, settings: Settings) -> dt.datetime | None
     """When a run of pod-create refusals fails the task (None: no such run)."""
     if state.state != DISPATCHING or state.refused_since is None:
         return None
-    return state.refused_since + dt.timedelta(seconds=settings.failed_create_grace_seconds)
+    return state.refused_since + dt.timedelta(seconds=settings.lifecycle.failed_create_grace_seconds)
 
 
 def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime | None:
@@ -78,9 +78,9 @@ def provisioning_deadline(state: TaskState, settings: Settings) -> dt.datetime |
         return None
     if state.wait_extended_at is not None:
         return state.wait_extended_at + RETENTION_RECHECK
-    limit = dt.timedelta(seconds=settings.flex_start_provisioning_timeout_seconds
+    limit = dt.timedelta(seconds=settings.lifecycle.flex_start_provisioning_timeout_seconds
                          if state.supply_mode == "flex-start"
-                         else settings.provisioning_timeout_seconds)
+                         else settings.lifecycle.provisioning_timeout_seconds)
     if state.pool_intent == PoolIntent.READY and state.awaiting_nodes_since is not None:
         return (state.pool_requested_at or state.awaiting_nodes_since) + limit
     if (state.pool_requested_at is None
@@ -94,7 +94,7 @@ def _retains(state: TaskState, ctx: HandlerContext) -> bool:
     """Single-tenant retention: a pool whose nodes are awaited is kept past its
     deadline (GKE keeps trying) unless a task of another topology waits on the same
     cluster, which the capacity could serve instead."""
-    if not ctx.settings.retain_waiting_pool or state.state != WAITING_FOR_NODE:
+    if not ctx.settings.features.retain_waiting_pool or state.state != WAITING_FOR_NODE:
         return False
     if state.pool_intent not in (PoolIntent.READY, PoolIntent.CREATE_STARTED):
         return False
@@ -179,7 +179,7 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
     for state in states:
         if state.is_terminal:
             if state.pool_disposition == PoolDisposition.DELETE_FAILED:
-                due = retry_due_at(state, "NodePoolDeleteFailed", settings)
+                due = retry_due_at(state, "NodePoolDeleteFailed", settings.retry)
                 if due is not None:
                     moments.append(due)
             continue
@@ -193,7 +193,7 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
                     or state.pool_intent == PoolIntent.CREATE_STARTED):
                 # A pool's looks are retried while its create is followed; a
                 # workload waiting for an autoscaled pool's nodes has none to retry.
-                due = retry_due_at(state, kind, settings)
+                due = retry_due_at(state, kind, settings.retry)
                 if due is not None:
                     moments.append(due)
         if state.api_retries and state.pool_intent is None:

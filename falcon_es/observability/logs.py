@@ -16,10 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
+
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TextIO
 
 JSON, TEXT = "json", "text"
@@ -165,21 +165,17 @@ def make_formatter(log_format: str) -> logging.Formatter:
 
 
 def configure_logging(
-    log_format: str | None = None,
-    level: str | None = None,
+    log_format: str = TEXT,
+    level: str = "INFO",
     *,
     stream: TextIO | None = None,
-    environ: Mapping[str, str] | None = None,
 ) -> logging.Handler:
-    """Send every log record to ``stream`` (stderr) in the chosen format.
-
-    Arguments win over ``FALCON_LOG_FORMAT`` / ``FALCON_LOG_LEVEL`` (json in the
-    container image, text otherwise). Replaces a handler installed by an earlier call,
-    so the CLI can call it once per command. Returns the handler.
+    """Send every log record to ``stream`` (stderr) in the chosen format (the CLI passes
+    the observability settings', ``--log-format`` applied). Replaces a handler installed
+    by an earlier call, so the CLI can call it once per command. Returns the handler.
     """
-    env = os.environ if environ is None else environ
-    chosen_format = (log_format or env.get("FALCON_LOG_FORMAT") or TEXT).lower()
-    chosen_level = (level or env.get("FALCON_LOG_LEVEL") or "INFO").upper()
+    chosen_format = log_format.lower()
+    chosen_level = level.upper()
     if not isinstance(logging.getLevelName(chosen_level), int):
         raise LogFormatError(f"log level {chosen_level!r}: expected DEBUG, INFO, WARNING or ERROR")
     handler = logging.StreamHandler(stream or sys.stderr)

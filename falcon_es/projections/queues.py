@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -227,15 +228,21 @@ def waiting_messages(job: JobTable) -> sa.Select[Any]:
         job.c.status == chart.PENDING, job.c.reason == chart.PendingReason.WAITING)
 
 
+#: Told (task id, when, expected start) for every position rendered to be written.
+Predictions = Callable[[str, dt.datetime, dt.datetime], None]
+
+
 class QueueView:
     """Inline projection keeping the ``QueueBook`` and the waiting positions current.
 
     ``refresh_seconds`` paces each queue's rewrite on ``clock`` (0: every change is
-    written with the append that made it, which needs no clock)."""
+    written with the append that made it, which needs no clock); ``predictions`` is
+    told every expected start rendered (``falcon-es simulate`` measures the estimates
+    with it)."""
 
     def __init__(self, tasks: TaskStates, lang: str = "en", book: QueueBook | None = None,
                  *, job: JobTable | None = None, clock: Clock | None = None,
-                 refresh_seconds: float = 0.0) -> None:
+                 refresh_seconds: float = 0.0, predictions: Predictions | None = None) -> None:
         if refresh_seconds < 0:
             raise ValueError(f"refresh_seconds={refresh_seconds}: must not be negative")
         if refresh_seconds and clock is None:
@@ -260,9 +267,7 @@ class QueueView:
         #: task's queue and since when (how fast a queue picks depends on both).
         self._reused: set[str] = set()
         self._running: dict[str, tuple[QueueKey, dt.datetime]] = {}
-        #: Told (task id, when, expected start) for every position rendered to be
-        #: written, when set: ``falcon-es simulate`` measures the estimates with it.
-        self.predictions: Callable[[str, dt.datetime, dt.datetime], None] | None = None
+        self.predictions = predictions
         self._written: dict[str, str] = {}  # task id -> position Message in the row
         #: Waiting tasks whose row does not hold their position (their own change wrote
         #: it, another writer did, or nobody knows what it holds): written at once.
@@ -294,6 +299,8 @@ class QueueView:
         #: Rows written by the last refresh, and by every committed one (for the
         #: benchmark and tests).
         self.last_refresh_rows = 0
+        #: How long the last ``refresh`` took (``bench scheduler`` reports it).
+        self.last_refresh_seconds = 0.0
         self.rows_written = 0
 
     # ------------------------------------------------------------ InlineProjection
@@ -649,6 +656,7 @@ class QueueView:
         """Write, within the open transaction, the rows needed at once and the rows of
         the slices due (``every_queue``: every slice of every queue that changed within
         the interval); kept once it commits."""
+        started = time.perf_counter()
         now = self.now()
         self.book.mark_aged(now)
         due = None if every_queue else self.due_slices(now)
@@ -664,6 +672,7 @@ class QueueView:
                              or part in slices}
         self._staged_at = now
         self.last_refresh_rows = len(rows)
+        self.last_refresh_seconds = time.perf_counter() - started
         return len(rows)
 
     def refresh_due(self, engine: Engine) -> int:

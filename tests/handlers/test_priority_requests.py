@@ -46,7 +46,7 @@ def bench(make_bench: HandlerBenches) -> Iterator[HandlerBench]:
 def ask(bench: HandlerBench, task_id: str, priority: object, by: str | None = "ops-alice",
         at: dt.datetime | None = None) -> None:
     """What the upper layer writes: a plain UPDATE of the three columns."""
-    engine = sa.create_engine(bench.settings.db_url)
+    engine = sa.create_engine(bench.settings.database.db_url)
     with engine.begin() as conn:
         conn.execute(sa.text(
             "UPDATE job_prio SET priority = :p, priority_requested_at = :at, "

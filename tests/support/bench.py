@@ -35,7 +35,7 @@ from falcon_es.storage import registry
 from falcon_es.adapters.sim import (
     SimClusterConfig, SimWorld, behaviour_from_tasks, build_sim_ports,
 )
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.handlers import outbox
 from falcon_es.domain.ports import (
@@ -96,8 +96,7 @@ class HandlerBench:
         self._controller: Controller | None = None
         if handler is not None:
             self._controller = build_service(
-                settings, app=self._app, world=self.world, ports=self.ports,
-                handlers=(handler,)).controller
+                self._app, self.ports, RunOptions(world=self.world, handlers=(handler,))).controller
 
     def _register(self, config: SimClusterConfig) -> Cluster:
         return registry.add_cluster(
@@ -148,9 +147,9 @@ class HandlerBench:
         body = {**SPEC, "command": list(SPEC["command"]), "sim": dict(SPEC["sim"]), **spec}
         job_rows.submit(self._app.engine, name=task_id, actor=actor, spec=body,
                         now=self.clock.now(), task_id=task_id, job=self._app.job)
-        parsed = parse_spec(body, SpecLimits(self.settings.default_timeout_seconds,
-                                             self.settings.max_timeout_seconds,
-                                             self.settings.max_slices))
+        parsed = parse_spec(body, SpecLimits(self.settings.lifecycle.default_timeout_seconds,
+                                             self.settings.lifecycle.max_timeout_seconds,
+                                             self.settings.lifecycle.max_slices))
         state = self.given(task_id, ev.TaskAccepted(task_id, actor, parsed.to_data(),
                                                     parsed.tpu_type, parsed.topology,
                                                     self.clock.now()))
@@ -196,9 +195,9 @@ class HandlerBench:
         raise ValueError(f"unknown step {step!r}")
 
     def _scale_down_seconds(self, supply_mode: str) -> int:
-        return {"reservation": self.settings.scale_down_reservation_seconds,
-                "on-demand": self.settings.scale_down_on_demand_seconds,
-                "flex-start": self.settings.scale_down_flex_start_seconds}[supply_mode]
+        return {"reservation": self.settings.lifecycle.scale_down_reservation_seconds,
+                "on-demand": self.settings.lifecycle.scale_down_on_demand_seconds,
+                "flex-start": self.settings.lifecycle.scale_down_flex_start_seconds}[supply_mode]
 
     def create_pool(self, task_id: str) -> Operation:
         """Create the task's pool on the sim world as the effect executor carries out
@@ -255,14 +254,14 @@ class HandlerBench:
             active=active, succeeded=succeeded, failed=failed, completions=completions,
             pods=tuple(pods), observed_at=observed_at or self.clock.now(),
             condition=condition, refusal=refusal)
-        self.ports.bus.publish(self.settings.edge_events_topic, observation.to_data(),
+        self.ports.bus.publish(self.settings.bus.edge_events_topic, observation.to_data(),
                                ordering_key=task_id,
                                attributes={"cluster": observation.cluster_name})
         return observation
 
     def backlog(self) -> int:
         """Edge observations published and not acknowledged yet."""
-        return self.world.bus.backlog(self.settings.edge_events_subscription)
+        return self.world.bus.backlog(self.settings.bus.edge_events_subscription)
 
     # ------------------------------------------------------------------- time
     def advance(self, seconds: float) -> None:

@@ -22,7 +22,7 @@ from falcon_es.adapters.sim import (
     ClusterBehaviour, SimClusterConfig, SimConfig, SimWorld, build_sim_ports,
 )
 from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Span
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.domain.intents import task_intents
@@ -231,12 +231,16 @@ class Harness:
         self.ports = crashing_ports(sim_ports, plan) if plan else sim_ports
         self.history: dict[str, list[Step]] = {}
         self.messages: dict[str, list[str]] = {}
-        self.app: App = open_app(self.settings, clock)
+        self.app: App = self._open_app()
         self.service: Service = self._service()
         self.controller: Controller = self.service.controller
         self.restarts = 0
         self.ticks_since_start = 0
         self.recording = True
+
+    def _open_app(self) -> App:
+        """The app a (re)started process opens on this harness's database."""
+        return open_app(self.settings, self.clock)
 
     def rebuild(self) -> None:
         """A new controller on the current app, world and ports (after a subclass
@@ -249,9 +253,9 @@ class Harness:
         with a crash plan, every handler and commit is a crash point."""
         plan = self.plan
         handlers = HANDLERS if plan is None else tuple(_watched(h, plan) for h in HANDLERS)
-        return build_service(self.settings, app=self.app, world=self.world, ports=self.ports,
-                             handlers=handlers,
-                             before_effects=(plan.committed,) if plan is not None else ())
+        return build_service(self.app, self.ports, RunOptions(
+            world=self.world, handlers=handlers,
+            before_effects=(plan.committed,) if plan is not None else ()))
 
     def _behaviour(self, task_id: str) -> Any:
         """The sim behaviour of a task's Job: its spec's ``sim`` (wired as the
@@ -286,7 +290,7 @@ class Harness:
     def restart(self) -> None:
         """A new process: fresh app and controller, same database, same world."""
         self.app.close()
-        self.app = open_app(self.settings, self.clock)
+        self.app = self._open_app()
         self.rebuild()
         self.restarts += 1
         self.ticks_since_start = 0

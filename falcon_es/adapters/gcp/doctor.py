@@ -133,9 +133,9 @@ class Doctor:
         edges = KubeEdgeClusters(GkeEndpoints(cluster_manager),
                                  tokens=GoogleAccessTokens(credentials,
                                                            auth_request=self._auth_request),
-                                 namespace=self.settings.job_namespace,
+                                 namespace=self.settings.lifecycle.job_namespace,
                                  request_timeout_seconds=CALL_TIMEOUT_SECONDS)
-        endpoint = self.settings.compute_endpoint
+        endpoint = self.settings.gcp.compute_endpoint
         reservations = compute_v1.ReservationsClient(
             credentials=AnonymousCredentials() if is_local(endpoint) else credentials,
             client_options={"api_endpoint": endpoint} if endpoint else None)
@@ -232,7 +232,7 @@ class Doctor:
         return [identity, fuse]
 
     def _kubernetes(self, subject: str, cluster: Cluster, edges: KubeEdgeClusters) -> Check:
-        namespace = self.settings.job_namespace
+        namespace = self.settings.lifecycle.job_namespace
         try:
             edge = edges.for_cluster(cluster)
             version = edge.version()
@@ -330,7 +330,7 @@ class Doctor:
         projects = list(dict.fromkeys(cluster.project for cluster in clusters))
         if not projects:
             return []
-        session = resource_manager_session(credentials, self.settings.resource_manager_endpoint,
+        session = resource_manager_session(credentials, self.settings.gcp.resource_manager_endpoint,
                                            auth_request=self._auth_request)
         try:
             return [self._edge_role(session, project) for project in projects]
@@ -342,7 +342,7 @@ class Doctor:
         grant = f"grant {self.identity_email()} {EDGE_ROLE} in project {project} ({SETUP})"
         try:
             granted = granted_permissions(session, project, EDGE_PERMISSIONS,
-                                          endpoint=self.settings.resource_manager_endpoint,
+                                          endpoint=self.settings.gcp.resource_manager_endpoint,
                                           timeout=CALL_TIMEOUT_SECONDS)
         except (gexc.GoogleAPIError, requests.RequestException) as error:
             fix = (f"{grant}; a project the identity cannot see answers 403"
@@ -369,7 +369,7 @@ class Doctor:
         publisher, subscriber = self._publisher(), self._subscriber()
         try:
             checks = [self._topic(publisher, project, topic)
-                      for topic in (settings.edge_events_topic, settings.task_events_topic)]
+                      for topic in (settings.bus.edge_events_topic, settings.bus.task_events_topic)]
             checks.append(self._subscription(subscriber, project))
         finally:
             publisher.transport.close()
@@ -390,7 +390,7 @@ class Doctor:
 
     def _subscription(self, subscriber: Any, project: str) -> Check:
         settings = self.settings
-        name, topic = settings.edge_events_subscription, settings.edge_events_topic
+        name, topic = settings.bus.edge_events_subscription, settings.bus.edge_events_topic
         path = f"projects/{project}/subscriptions/{name}"
         topic_path = f"projects/{project}/topics/{topic}"
         try:

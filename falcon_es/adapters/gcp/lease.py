@@ -39,14 +39,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import math
-import os
+
 import random
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -54,6 +52,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from falcon_es.config.errors import LeaseConfigError  # noqa: F401 (re-exported: the election's error)
+from falcon_es.config.settings import JITTER_FACTOR, LeaseSettings
 from falcon_es.domain.clock import Clock, WallClock
 
 log = logging.getLogger("falcon_es.adapters.gcp.lease")
@@ -63,77 +63,11 @@ DEFAULT_LEASE_NAMESPACE = "falcon"
 DEFAULT_LEASE_DURATION_SECONDS = 15.0
 DEFAULT_RENEW_DEADLINE_SECONDS = 10.0
 DEFAULT_RETRY_PERIOD_SECONDS = 2.0
-#: client-go's JitterFactor: followers retry after retry_period * (1 + up to 1.2).
-JITTER_FACTOR = 1.2
 MICRO_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-_ENV_NAMES: Mapping[str, str] = MappingProxyType({
-    "name": "FALCON_LEASE_NAME",
-    "namespace": "FALCON_LEASE_NAMESPACE",
-    "lease_duration": "FALCON_LEASE_DURATION",
-    "renew_deadline": "FALCON_LEASE_RENEW_DEADLINE",
-    "retry_period": "FALCON_LEASE_RETRY_PERIOD",
-})
-
-
-class LeaseConfigError(ValueError):
-    """The lease settings cannot give a safe election (says which value and why)."""
 
 
 class LeaseUnavailable(RuntimeError):
     """No Kubernetes API to hold a lease on (not running in a cluster)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaseSettings:
-    """Where the Lease lives and its timing, checked as client-go checks them."""
-
-    name: str = DEFAULT_LEASE_NAME
-    namespace: str = DEFAULT_LEASE_NAMESPACE
-    lease_duration: float = DEFAULT_LEASE_DURATION_SECONDS
-    renew_deadline: float = DEFAULT_RENEW_DEADLINE_SECONDS
-    retry_period: float = DEFAULT_RETRY_PERIOD_SECONDS
-
-    def __post_init__(self) -> None:
-        for field in ("lease_duration", "renew_deadline", "retry_period"):
-            value = getattr(self, field)
-            if not math.isfinite(value) or value <= 0:
-                raise LeaseConfigError(f"{_ENV_NAMES[field]}={value}: expected a positive "
-                                       "number of seconds")
-        if self.lease_duration != int(self.lease_duration):
-            raise LeaseConfigError(f"FALCON_LEASE_DURATION={self.lease_duration}: the Lease "
-                                   "holds whole seconds; expected a whole number")
-        if self.lease_duration <= self.renew_deadline:
-            raise LeaseConfigError(
-                f"FALCON_LEASE_DURATION={self.lease_duration:g} must be longer than "
-                f"FALCON_LEASE_RENEW_DEADLINE={self.renew_deadline:g}: the difference is the "
-                "margin in which a leader that lost the lease has stopped before another "
-                "may start")
-        if self.renew_deadline <= JITTER_FACTOR * self.retry_period:
-            raise LeaseConfigError(
-                f"FALCON_LEASE_RENEW_DEADLINE={self.renew_deadline:g} must be longer than "
-                f"{JITTER_FACTOR} x FALCON_LEASE_RETRY_PERIOD={self.retry_period:g}, or one "
-                "failed renewal loses the lease")
-        if not self.name or not self.namespace:
-            raise LeaseConfigError("FALCON_LEASE_NAME and FALCON_LEASE_NAMESPACE must not be "
-                                   "empty")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseSettings:
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in ("lease_duration", "renew_deadline", "retry_period"):
-            text = env.get(_ENV_NAMES[field])
-            if not text:
-                continue
-            try:
-                values[field] = float(text)
-            except ValueError:
-                raise LeaseConfigError(f"{_ENV_NAMES[field]}={text!r}: expected a number of "
-                                       "seconds") from None
-        for field in ("name", "namespace"):
-            if env.get(_ENV_NAMES[field]):
-                values[field] = env[_ENV_NAMES[field]]
-        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,12 +129,12 @@ def lease_api(configuration: client.Configuration) -> client.CoordinationV1Api:
     return client.CoordinationV1Api(MicroTimeApiClient(configuration))
 
 
-def default_identity(environ: Mapping[str, str] | None = None) -> str:
-    """The pod's name (the downward API's POD_NAME, else the hostname, which is the pod
-    name in Kubernetes) plus a random suffix: a restarted container is a new candidate
-    and never mistakes the lease of its previous life for its own."""
-    env = os.environ if environ is None else environ
-    base = env.get("POD_NAME") or socket.gethostname() or "falcon-es"
+def default_identity(pod_name: str | None = None) -> str:
+    """The pod's name (the downward API's POD_NAME, the lease settings' ``pod_name``,
+    else the hostname, which is the pod name in Kubernetes) plus a random suffix: a
+    restarted container is a new candidate and never mistakes the lease of its previous
+    life for its own."""
+    base = pod_name or socket.gethostname() or "falcon-es"
     return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
@@ -245,8 +179,9 @@ class LeaseElector:
         request_timeout_seconds: float | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.settings = LeaseSettings(name, namespace, lease_duration, renew_deadline,
-                                      retry_period)
+        self.settings = LeaseSettings.checked(
+            name=name, namespace=namespace, lease_duration=lease_duration,
+            renew_deadline=renew_deadline, retry_period=retry_period)
         if not isinstance(api.api_client, MicroTimeApiClient):
             api = lease_api(api.api_client.configuration)
         self.api = api
@@ -270,7 +205,8 @@ class LeaseElector:
     @classmethod
     def from_settings(cls, api: client.CoordinationV1Api, settings: LeaseSettings,
                       identity: str | None = None, **options: Any) -> LeaseElector:
-        return cls(api, settings.namespace, settings.name, identity,
+        return cls(api, settings.namespace, settings.name,
+                   identity or default_identity(settings.pod_name),
                    lease_duration=settings.lease_duration,
                    renew_deadline=settings.renew_deadline,
                    retry_period=settings.retry_period, **options)

@@ -16,7 +16,6 @@ clients honour by themselves).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -72,11 +71,11 @@ def is_local(endpoint: str | None) -> bool:
 
 
 def pubsub_project(settings: Settings, adc_project: str | None) -> str:
-    project = settings.pubsub_project or adc_project
+    project = settings.gcp.pubsub_project or adc_project
     if not project:
         raise GcpConfigError("no project for the Pub/Sub topics: set FALCON_PUBSUB_PROJECT "
                              "(or GOOGLE_CLOUD_PROJECT) to the project that holds "
-                             f"{settings.edge_events_topic} and {settings.task_events_topic}")
+                             f"{settings.bus.edge_events_topic} and {settings.bus.task_events_topic}")
     return project
 
 
@@ -88,7 +87,7 @@ def pubsub_bus(settings: Settings, *,
     it and need no credentials), else the project's Pub/Sub with the Application
     Default Credentials. The project is ``FALCON_PUBSUB_PROJECT``, else the ADC one."""
     adc_project = None
-    if not settings.pubsub_project and not os.environ.get("PUBSUB_EMULATOR_HOST"):
+    if not settings.gcp.pubsub_project and not settings.gcp.pubsub_emulator_host:
         adc_project = credentials_source()[1]
     return PubSubBus(pubsub_project(settings, adc_project),
                      pull_timeout_seconds=PULL_TIMEOUT_SECONDS)
@@ -96,7 +95,7 @@ def pubsub_bus(settings: Settings, *,
 
 def informer_settings(settings: Settings) -> InformerSettings:
     """The informers publish where the controller's subscription listens."""
-    return InformerSettings(topic=settings.edge_events_topic)
+    return InformerSettings(topic=settings.bus.edge_events_topic)
 
 
 def start_informers(clusters: Iterable[Cluster], edges: KubeEdgeClusters,
@@ -149,10 +148,10 @@ class GcpBackend:
 
 def build_cluster_manager(settings: Settings,
                           credentials: Credentials) -> container_v1.ClusterManagerClient:
-    endpoint = settings.gke_endpoint
+    endpoint = settings.gcp.gke_endpoint
     return cluster_manager_client(
         credentials=AnonymousCredentials() if is_local(endpoint) else credentials,
-        api_endpoint=endpoint, transport=settings.gke_transport)
+        api_endpoint=endpoint, transport=settings.gcp.gke_transport)
 
 
 def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
@@ -166,7 +165,7 @@ def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
     clock = clock or WallClock()
     credentials, adc_project = credentials_source()
     project = pubsub_project(settings, adc_project)
-    compute_endpoint = settings.compute_endpoint
+    compute_endpoint = settings.gcp.compute_endpoint
     compute_credentials = AnonymousCredentials() if is_local(compute_endpoint) else credentials
     cluster_manager = build_cluster_manager(settings, credentials)
     node_pools = GkeNodePools(cluster_manager, workload_policies=WorkloadPolicies(
@@ -175,7 +174,7 @@ def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
                                        api_endpoint=compute_endpoint)
     edges = KubeEdgeClusters(GkeEndpoints(cluster_manager),
                              tokens=GoogleAccessTokens(credentials, clock=clock),
-                             namespace=settings.job_namespace)
+                             namespace=settings.lifecycle.job_namespace)
     bus = PubSubBus(project, pull_timeout_seconds=PULL_TIMEOUT_SECONDS)
     return GcpBackend(settings, credentials, adc_project, cluster_manager, node_pools,
                       reservations, edges, bus, clock)

@@ -59,7 +59,7 @@ def _fill(conn: sa.Connection) -> None:
     conn.execute(last_served.delete())
     live, served = live_set.from_log(
         lambda: contextlib.nullcontext(conn), now=utcnow(),
-        create_grace_seconds=Settings.create_visibility_grace_seconds)
+        create_grace_seconds=Settings().lifecycle.create_visibility_grace_seconds)
     rows = [{"stream_id": s, "fold_from": v} for s, v in sorted(live.items())]
     for first in range(0, len(rows), CHUNK):
         conn.execute(live_streams.insert(), rows[first:first + CHUNK])
