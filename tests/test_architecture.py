@@ -5,9 +5,9 @@ that import each other."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
-import logging
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -50,26 +50,17 @@ def imported(relative: str) -> Iterator[tuple[int, str]]:
 
 def test_the_floor_plan_holds() -> None:
     """The layers and independences declared in pyproject.toml ([tool.importlinter]),
-    checked by import-linter on the installed package, TYPE_CHECKING imports included."""
-    from importlinter.cli import lint_imports
+    checked by import-linter on the installed package, TYPE_CHECKING imports included.
 
-    with loggers_kept_enabled():
-        result = lint_imports(config_filename=str(ROOT / "pyproject.toml"))
-    assert result == 0, "an import breaks the floor plan; `lint-imports` prints which and where"
-
-
-@contextlib.contextmanager
-def loggers_kept_enabled() -> Iterator[None]:
-    """import-linter configures logging with ``dictConfig``, which disables every logger
-    that exists already: the loggers of the modules the other tests imported, whose
-    records those tests read (caplog)."""
-    loggers = [logger for logger in logging.root.manager.loggerDict.values()
-               if isinstance(logger, logging.Logger) and not logger.disabled]
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.disabled = False
+    In a process of its own: its CLI configures logging with ``dictConfig``, which
+    disables every logger that exists already, and the tests after it that read logs
+    (``caplog``) would see nothing."""
+    linted = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+         f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert linted.returncode == 0, (
+        "an import breaks the floor plan:\n" + linted.stdout + linted.stderr)
 
 
 def test_the_floor_plan_covers_every_package() -> None:
@@ -82,6 +73,46 @@ def test_the_floor_plan_covers_every_package() -> None:
     declared = {name.strip() for layer in layers for name in layer.split("|")}
     packages = {f"falcon_es.{path.parent.name}" for path in (ROOT / "falcon_es").glob("*/__init__.py")}
     assert packages - {"falcon_es.demo_data"} == declared
+
+
+#: The most lines a module may have: past it, a module holds several concepts that
+#: want modules (and names) of their own.
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    lengths = {module: len((ROOT / module).read_text(encoding="utf-8").splitlines())
+               for module in modules("falcon_es")}
+    over = {module: n for module, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert over == {}, f"modules over {MAX_MODULE_LINES} lines: split them along their concepts"
+
+
+#: The lifecycle index's writing methods: a projection is written only from committed
+#: events (its InlineProjection half) or when the log is folded again.
+INDEX_WRITES = frozenset({"apply", "committed", "discarded", "rebuild", "resync", "forget",
+                          "update"})
+
+
+def index_writes_in(source: str, label: str) -> Iterator[str]:
+    """Calls of ``<...>index.<write>(...)``: a handler writing the lifecycle index."""
+    for node in ast.walk(ast.parse(source, label)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in INDEX_WRITES):
+            owner = node.func.value
+            name = (owner.id if isinstance(owner, ast.Name)
+                    else owner.attr if isinstance(owner, ast.Attribute) else "")
+            if name == "index":
+                yield f"{label}:{node.lineno} {ast.unparse(node.func)}"
+
+
+def test_handlers_never_write_the_lifecycle_index() -> None:
+    """Projections are written only from committed events: what a handler keeps across
+    ticks (when a create is next looked at) lives in the engine's ``OperationPolls``."""
+    found = [hit for module in modules("falcon_es/handlers")
+             for hit in index_writes_in((ROOT / module).read_text(encoding="utf-8"), module)]
+    assert found == []
+    assert list(index_writes_in("ctx.index.update(s)\nindex.ids()\n", "s")) == [
+        "s:1 ctx.index.update"]
 
 
 def _mutable(value: ast.expr) -> bool:

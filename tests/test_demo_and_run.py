@@ -20,7 +20,7 @@ from falcon_es.app.demo import demo_config_path, run_demo
 from falcon_es.domain.ports import TASK_EVENTS_TOPIC
 from falcon_es.config.settings import Settings
 from falcon_es.app.simulate import run_simulation
-from falcon_es.handlers import outbox
+from falcon_es.engine import outbox
 from tests.conftest import migrate
 
 SPEC = {"image": "us-docker.pkg.dev/p/r/w:1", "tpu_type": "v7x", "topology": "2x2x1",

@@ -43,7 +43,7 @@ from falcon_es.storage.registry import list_clusters
 from falcon_es.config.retry import Backoff
 from falcon_es.config.settings import Settings
 from falcon_es.domain.tpu import slice_shape
-from falcon_es.handlers import outbox
+from falcon_es.engine import outbox
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator

@@ -19,15 +19,9 @@ from typing import Any
 
 import pytest
 
-from falcon_es.adapters.gcp.informer import (
-    JOBS,
-    PODS,
-    EdgeInformer,
-    InformerSettings,
-    JobViews,
-    refusal_of,
-    run_informer,
-)
+from falcon_es.adapters.gcp.informer import EdgeInformer, InformerSettings, run_informer
+from falcon_es.adapters.gcp.job_observations import refusal_of
+from falcon_es.adapters.gcp.job_views import JOBS, PODS, JobViews
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
@@ -556,7 +550,7 @@ def test_end_to_end_onto_the_pubsub_emulator(pubsub_bus: PubSubBus) -> None:
 def test_a_terminated_container_reports_when_it_finished() -> None:
     """``finishedAt`` travels with the pod, so the controller can blame the pod of a
     slice that failed first."""
-    from falcon_es.adapters.gcp.informer import pod_observation
+    from falcon_es.adapters.gcp.job_observations import pod_observation
 
     pod = {"metadata": {"name": "falcon-t1-1-abcde"}, "status": {
         "phase": "Failed", "containerStatuses": [{"name": "main", "state": {"terminated": {

@@ -93,3 +93,22 @@ def test_a_multi_slice_holder_waiting_for_room_is_a_taker_only_while_it_holds_sl
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["ms", "w"]
     index.update(dataclasses.replace(partial, state="Pending.Provisioning", slices_requested=2))
     assert list(index.takers_in_order(("c-1", "2x2"))) == ["w"]
+
+
+def test_a_poll_lives_beside_the_index_and_spends_a_retry_already_due() -> None:
+    """The handlers' operation polls are no part of the projection: the index reads
+    them to tell when a task needs a look, a retry moment due when the poll was
+    decided no longer holds the wake in the past, and a new version drops the poll."""
+    retry_at = T0 + dt.timedelta(minutes=1)
+    state = dataclasses.replace(waiting("p", 0, "Provisioning"), version=3)
+    index = LifecycleIndex(TaskStates([state]), wake_of=lambda s: retry_at)
+    index.rebuild()
+    assert index.next_wake() == retry_at and index.waking(retry_at) == ["p"]
+
+    later = T0 + dt.timedelta(minutes=2)
+    index.polls.polled(state, later + dt.timedelta(seconds=30), later)  # the retry's look
+    assert index.wake_at("p") == index.next_wake() == later + dt.timedelta(seconds=30)
+    assert index.waking(later) == [] and index.polls.due(state) == index.next_wake()
+
+    index.update(dataclasses.replace(state, version=4))  # the task moved on: look afresh
+    assert index.polls.of("p") is None and index.next_wake() == retry_at

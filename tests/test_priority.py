@@ -244,7 +244,9 @@ def test_a_new_task_goes_where_the_fewest_of_its_priority_or_higher_are_ahead() 
 
 
 def test_a_priority_request_applies_to_a_waiting_task_only_and_says_why_not() -> None:
-    from falcon_es.domain.queue_book import PriorityChange, PriorityRefused, judge_priority_request
+    from falcon_es.domain.priority_requests import (
+        PriorityChange, PriorityRefused, judge_priority_request,
+    )
     from falcon_es.domain.task import fold
 
     accepted = ev.TaskAccepted("t", "user-a", {"priority": 0}, "v6e", "2x2", T0)

@@ -17,7 +17,7 @@ from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable
 from falcon_es.projections import replay as rp
 from falcon_es.projections.messages import position_message
-from falcon_es.projections.queues import queue_rows
+from falcon_es.projections.queue_listing import queue_rows
 from tests.test_scheduling import add_cluster, append, controller, position, row, run, submit
 
 #: The job table under Falcon-ES's own names, as the fixtures create it.
@@ -209,8 +209,8 @@ def test_positions_are_refreshed_in_one_batched_statement(app: App) -> None:
 def test_bulk_position_rendering_equals_position_message() -> None:
     import datetime as dt
 
-    from falcon_es.domain.queue_book import Entry
-    from falcon_es.projections.queues import positions
+    from falcon_es.domain.queue_places import Entry
+    from falcon_es.projections.position_messages import positions
 
     at = dt.datetime(2026, 1, 1)
     order = [Entry(f"t{i}", f"user-{i % 3}", f"job-{i}", at, "v6e", "2x2", (at, f"t{i}"))

@@ -93,7 +93,7 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event,
           ops_topic: str | None = None) -> LoopReport:
     """Run the loop as a service: mark health, feed metrics, publish the ops stream
     after commits, and on stop flush the outbox before returning."""
-    from falcon_es.handlers import outbox
+    from falcon_es.engine import outbox
 
     last_publish = 0.0
 

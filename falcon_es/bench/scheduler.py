@@ -54,7 +54,8 @@ from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.loop import Loop
 from falcon_es.projections.messages import position_part
-from falcon_es.projections.queues import QueueView, positions_of
+from falcon_es.projections.position_messages import positions_of
+from falcon_es.projections.queues import QueueView
 from falcon_es.engine.runtime import Handler
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import Meta, StreamAppend

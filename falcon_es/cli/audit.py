@@ -171,7 +171,7 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
     time: from the log, the queue view and, with --live, the clusters themselves."""
     from falcon_es.app.bootstrap import load_task_states
     from falcon_es.projections.explain import explain, render
-    from falcon_es.projections.queues import queue_rows
+    from falcon_es.projections.queue_listing import queue_rows
     from falcon_es.domain.task import fold
 
     app = app_of(ctx)

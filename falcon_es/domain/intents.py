@@ -63,6 +63,12 @@ class JobIntent(enum.StrEnum):
     DELETED = "deleted"
 
 
+#: Job intents after which no pod of the task occupies the pool's nodes: its pool may
+#: be handed over or deleted (read by the deprovisioning and abort handlers).
+JOB_GONE = frozenset({None, JobIntent.FINISHED, JobIntent.DELETED, JobIntent.CANCELLED,
+                      JobIntent.SUBMIT_FAILED})
+
+
 class PoolDisposition(enum.StrEnum):
     """What becomes of a task's pool once the task no longer runs on it."""
 

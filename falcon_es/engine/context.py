@@ -13,6 +13,7 @@ from falcon_es.jobtable.inbox import Inbox
 from falcon_es.domain.intents import Outcome
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.live_set import NothingRetired, RetiredTasks
+from falcon_es.engine.operation_polls import OperationPolls
 from falcon_es.domain.ports import Ports
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.reservation_reads import ReservationReads
@@ -56,3 +57,9 @@ class HandlerContext:
     @property
     def spec_limits(self) -> SpecLimits:
         return self.settings.spec_limits
+
+    @property
+    def polls(self) -> OperationPolls:
+        """When each task's create is next looked at: the ticks' own bookkeeping (no
+        fact of the log, so not the index's to hold; the index only reads it)."""
+        return self.index.polls

@@ -6,6 +6,10 @@ changed, not that history. So the index is an inline projection like the queue v
 it follows each commit's task-state changes (and a reload's, after another writer won
 a race), and handlers ask it for the handful of candidates of their phase. Memberships
 are hints: handlers re-read each candidate's state before deciding.
+
+It is written only from committed task states. When a task's create is next looked at
+is no fact of the log: handlers keep it in ``OperationPolls``, which the index reads
+to tell when each task next needs a look by time alone.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from sqlalchemy.engine import Connection
 from falcon_es.domain import chart, naming
 from falcon_es.domain.handover import can_take_pool, needs_disposal, taker_rank
 from falcon_es.domain.intents import Intent, PoolDisposition, PoolIntent, task_intents
-from falcon_es.domain.queue_book import QueueKey
+from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.engine.operation_polls import OperationPolls, Poll
 
 PoolKey = tuple[str, str]  # (cluster id, pool name)
 #: One pool of one task: (task id, pool name). A multi-slice task answers for each of
@@ -53,12 +58,16 @@ class LifecycleIndex:
     current from the streams each commit changed.
     """
 
-    def __init__(self, tasks: TaskStates, wake_of: WakeOf | None = None) -> None:
+    def __init__(self, tasks: TaskStates, wake_of: WakeOf | None = None, *,
+                 polls: OperationPolls | None = None) -> None:
         self.tasks = tasks
         #: When each task next needs a look by time alone (a deadline or a retry), so
         #: loops and handlers find what is due without looking at every task. None for a
         #: read-only view (the node-pool view), which never asks what is due.
         self.wake_of = wake_of
+        #: When each task's create is next looked at: the handlers' bookkeeping, read
+        #: here (the index never writes it but to drop a poll of an outdated version).
+        self.polls = polls if polls is not None else OperationPolls()
         self._groups: dict[Group, set[str]] = {g: set() for g in Group}
         self._takers: dict[QueueKey, set[str]] = {}
         #: The same takers by ``taker_rank``: the first of a queue that is not promised
@@ -78,13 +87,8 @@ class LifecycleIndex:
         #: ``falcon-task`` label -> task id, for the ids that are not valid label values
         #: themselves (informers report the label).
         self._by_label: dict[str, str] = {}
+        #: Each task's ``wake_of`` moment as of the last commit (polls left out).
         self._wake_at: dict[str, dt.datetime] = {}
-        #: When each task's running create operation is to be asked again (``polled``),
-        #: valid only for the task version it was decided on: any event (this
-        #: controller's or another's) means looking afresh.
-        #: Also when that was decided: a wake moment already due then (a retry just
-        #: tried) is spent, and the poll is the next moment.
-        self._next_poll: dict[str, tuple[int, dt.datetime, dt.datetime]] = {}
         self._wakes: SortedKeyList = SortedKeyList(key=_moment)  # (moment, task id)
         #: Retained pools and the task each is promised to (held pool -> taker, and
         #: taker -> held pools), and the pools whose taker could take them as of the
@@ -107,12 +111,13 @@ class LifecycleIndex:
         for group in self._groups.values():
             group.clear()
         for index in (self._takers, self._taker_order, self._ranks, self._retained,
-                      self._member, self._intents, self._next_poll,
+                      self._member, self._intents,
                       self._holders, self._created_at, self._by_label, self._wake_at,
                       self._promised_to, self._promised_by, self._reserving,
                       self._reserves):
             index.clear()
         self._wakes.clear()
+        self.polls.clear()
         self._kept.clear()
         self._only_retained.clear()
         self._superseded.clear()
@@ -138,7 +143,7 @@ class LifecycleIndex:
         decided on the replaced states goes: a poll decided on this controller's version
         N of a task says nothing about the other writer's version N."""
         for state in states:
-            self._next_poll.pop(state.task_id, None)
+            self.polls.forget(state.task_id)
             self.update(state)
 
     def forget(self, states: Iterable[TaskState]) -> None:
@@ -149,7 +154,7 @@ class LifecycleIndex:
             task_id = state.task_id
             self._leave_groups(task_id)
             self._intents.pop(task_id, None)
-            self._next_poll.pop(task_id, None)
+            self.polls.forget(task_id)
             self._set_wake(task_id, None)
             for pool in {*state.node_pools, *state.pools_retained}:
                 self._superseded.discard((task_id, pool))
@@ -230,7 +235,8 @@ class LifecycleIndex:
             label = naming.task_label(task_id)
             if label != task_id:
                 self._by_label[label] = task_id
-        self._set_wake(task_id, self._wake_moment(state))
+        self.polls.moved(state)
+        self._set_wake(task_id, self.wake_of(state) if self.wake_of is not None else None)
 
     def _track_reservation(self, state: TaskState) -> None:
         """A create of the task's pool against a reservation is in flight from its
@@ -425,50 +431,47 @@ class LifecycleIndex:
     def intents_of(self, task_id: str) -> tuple[Intent, ...]:
         return self._intents.get(task_id, ())
 
-    def polled(self, state: TaskState, next_at: dt.datetime | None,
-               now: dt.datetime) -> None:
-        """The task's create was looked at (its operation, or the pool itself): look
-        again at ``next_at`` and wake a loop then (a loop that jumps virtual time would
-        not come back for it otherwise); None: the operation is done, no more polls."""
-        if next_at is not None:
-            self._next_poll[state.task_id] = (state.version, next_at, now)
-        else:
-            self._next_poll.pop(state.task_id, None)
-        self._set_wake(state.task_id, self._wake_moment(state))
-
-    def poll_due(self, state: TaskState) -> dt.datetime | None:
-        """When the task's running create operation is to be asked again (None: now)."""
-        poll = self._next_poll.get(state.task_id)
-        return poll[1] if poll is not None and poll[0] == state.version else None
-
-    def _wake_moment(self, state: TaskState) -> dt.datetime | None:
-        """The earlier of ``wake_of`` (deadlines, retries) and the next poll; a poll
-        decided on an earlier version of the task is forgotten, and a ``wake_of`` moment
-        that was due already when the poll was decided is spent (the look it was for
-        happened and failed, and the poll says when the next one comes)."""
-        deadline = self.wake_of(state) if self.wake_of is not None else None
-        poll = self._next_poll.get(state.task_id)
-        if poll is None:
-            return deadline
-        version, next_at, decided_at = poll
-        if version != state.version:
-            del self._next_poll[state.task_id]
-            return deadline
-        if deadline is None or deadline <= decided_at:
-            return next_at
-        return min(next_at, deadline)
-
     def wake_at(self, task_id: str) -> dt.datetime | None:
         """The task's ``wake_of`` moment as of the last commit (or its next operation
-        poll, when that comes first)."""
-        return self._wake_at.get(task_id)
+        poll, when that comes first or the moment was spent)."""
+        return _wake(self._wake_at.get(task_id), self.polls.of(task_id))
 
     def next_wake(self) -> dt.datetime | None:
         """The earliest moment a task needs a look by time alone (``wake_of``, polls)."""
-        return self._wakes[0][0] if self._wakes else None
+        moments = [m for m in (self._first_unspent(), self.polls.earliest()) if m is not None]
+        return min(moments) if moments else None
 
     def waking(self, now: dt.datetime) -> list[str]:
-        """Tasks whose ``wake_of`` moment has come, earliest first."""
-        return [task_id for _, task_id in self._wakes.irange_key(max_key=now)]
+        """Tasks whose wake moment (``wake_at``) has come, earliest first."""
+        found: dict[str, dt.datetime] = {}
+        for moment, task_id in self._wakes.irange_key(max_key=now):
+            if not _spent(moment, self.polls.of(task_id)):
+                found[task_id] = moment
+        for next_at, task_id in self.polls.until(now):
+            found[task_id] = min(next_at, found.get(task_id, next_at))
+        return sorted(found, key=lambda task_id: (found[task_id], task_id))
+
+    def _first_unspent(self) -> dt.datetime | None:
+        """The earliest ``wake_of`` moment a poll did not spend (few are spent: one
+        per create in flight at most)."""
+        for moment, task_id in self._wakes:
+            if not _spent(moment, self.polls.of(task_id)):
+                return moment  # type: ignore[no-any-return]
+        return None
+
+
+def _spent(moment: dt.datetime, poll: Poll | None) -> bool:
+    """A ``wake_of`` moment already due when the poll was decided: the look it was for
+    happened and failed, and the poll says when the next one comes."""
+    return poll is not None and moment <= poll.decided_at
+
+
+def _wake(deadline: dt.datetime | None, poll: Poll | None) -> dt.datetime | None:
+    """The earlier of a task's ``wake_of`` moment (unless spent) and its next poll."""
+    if poll is None:
+        return deadline
+    if deadline is None or _spent(deadline, poll):
+        return poll.next_at
+    return min(poll.next_at, deadline)
 
 

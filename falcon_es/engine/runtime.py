@@ -121,7 +121,13 @@ class TickReport:
 
 class Controller:
     """Runs ticks. ``make_context`` builds the handlers' read context fresh each tick
-    (clusters, views, ports); ``after_commit`` steps run once the events are durable."""
+    (clusters, views, ports); ``after_commit`` steps run once the events are durable.
+
+    A tick reads the clock once: the context's ``now`` (read when ``make_context``
+    builds it) is the moment the handlers decide on, the moment the tick folds its
+    events with, and the ``recorded_at`` of every event it appends. Two readings would
+    let the live state and a replay of the log disagree on when a task last moved.
+    """
 
     def __init__(
         self,
@@ -160,13 +166,13 @@ class Controller:
             ctx.unstorable = refusing
         if self.unwritable:
             ctx.unwritable = frozenset(self.unwritable)
-        tick = Tick(self.tasks, self.store.clock.now(), self.controller_id)
+        tick = Tick(self.tasks, ctx.now, self.controller_id)
         for handler in self.handlers:
             handler(tick, ctx)
         for fence in self.before_commit:
             fence(tick, ctx)
         try:
-            recorded = self.store.append(tick.appends(), extra=tick.writes)
+            recorded = self.store.append(tick.appends(), extra=tick.writes, at=tick.now)
         except (ConcurrencyError, sa.exc.DBAPIError) as error:
             if refusing:  # the refusals themselves failed: leave those rows alone
                 log.warning("the database refused the refusal of new row(s) %s too; "

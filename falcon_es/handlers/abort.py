@@ -25,9 +25,10 @@ from __future__ import annotations
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.handlers.deprovision import JOB_GONE, PoolDecider, pool_settled
+from falcon_es.engine.create_operations import pool_settled
+from falcon_es.engine.pool_handover import PoolDecider
 from falcon_es.domain.handover import needs_disposal
-from falcon_es.domain.intents import JobIntent
+from falcon_es.domain.intents import JOB_GONE, JobIntent
 from falcon_es.engine.lifecycle_index import Group
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.task import TaskState

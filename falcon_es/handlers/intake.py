@@ -10,7 +10,9 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.runtime import Tick
-from falcon_es.domain.queue_book import PriorityChange, PriorityRefused, judge_priority_request
+from falcon_es.domain.priority_requests import (
+    PriorityChange, PriorityRefused, judge_priority_request,
+)
 from falcon_es.jobtable.inbox import NewRow, SeenRow
 from falcon_es.domain.spec import (
     DUPLICATE_ID, INVALID_ID, UNSTORABLE_ROW, SpecError, parse_spec,

@@ -47,9 +47,10 @@ import logging
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
+from falcon_es.engine.create_operations import ask_create_operation
 from falcon_es.domain.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.engine.lifecycle_index import Group
-from falcon_es.domain.ports import NOT_FOUND, Operation, PortError
+from falcon_es.domain.ports import NOT_FOUND, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.config.retry import (
     call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, retry_due_at,
@@ -348,7 +349,7 @@ class _Provisioner:
             due = retry_due_at(state, state.retry_kind, self.ctx.settings.retry)
             if due is not None and self.ctx.now < due:
                 return
-            polled = self.ctx.index.poll_due(state)  # the last look failed: not before
+            polled = self.ctx.polls.due(state)  # the last look failed: not before
             if polled is not None and self.ctx.now < polled:
                 return
         elif state.pool_operation or state.slice_operations:
@@ -402,7 +403,7 @@ class _Provisioner:
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll
         interval, so neither a slow pool nor an error turns it into a call per tick."""
-        self.ctx.index.polled(state, self.ctx.now + dt.timedelta(
+        self.ctx.polls.polled(state, self.ctx.now + dt.timedelta(
             seconds=self.ctx.settings.lifecycle.operation_poll_seconds), self.ctx.now)
 
     def _not_visible(self, state: TaskState, pool: str) -> None:
@@ -456,47 +457,7 @@ def provision(tick: Tick, ctx: HandlerContext) -> None:
         if (fresh.task_id not in touched and fresh.pool_intent == PoolIntent.CREATE_STARTED
                 and fresh.retry_kind not in _POLL_KINDS):
             # A running create operation asked a moment ago: nothing to ask it yet.
-            due = index.poll_due(fresh)
+            due = ctx.polls.due(fresh)
             if due is not None and ctx.now < due:
                 continue
         provisioner.run(fresh)
-
-
-def ask_create_operation(state: TaskState, cluster: Cluster,
-                         ctx: HandlerContext) -> Operation | None:
-    """The task's running create operation (of a multi-slice task: its operations
-    together, done when all are, failed with the first error), asked at most every
-    ``operation_poll_seconds`` (each look is a call against the project's GKE quota,
-    and a create takes minutes); None when it is not time yet or the call failed."""
-    due = ctx.index.poll_due(state)
-    operations = [o for o in (state.pool_operation or "", *state.slice_operations) if o]
-    if not operations or (due is not None and ctx.now < due):
-        return None
-    interval = dt.timedelta(seconds=ctx.settings.lifecycle.operation_poll_seconds)
-    pending: Operation | None = None
-    unknown = False
-    for operation_id in operations:
-        try:
-            operation = ctx.ports.node_pools.get_operation(cluster, operation_id)
-        except PortError as error:
-            if error.code != NOT_FOUND:
-                # Whatever the error, the next look waits a poll interval: an error
-                # must not turn the poll into a call per tick.
-                ctx.index.polled(state, ctx.now + interval, ctx.now)
-                log.warning("operation %s of pool %s: %s", operation_id,
-                            state.node_pool_name, error)
-                return None
-            # GKE keeps operations for a limited time, and one can be unknown after a
-            # long outage: the create ended one way or the other, and the pool says how.
-            log.warning("create operation %s of pool %s is unknown to GKE; looking at "
-                        "the pool", operation_id, state.node_pool_name)
-            unknown = True
-            continue
-        if operation.done and operation.error:
-            ctx.index.polled(state, None, ctx.now)
-            return operation
-        if not operation.done:
-            pending = pending or operation
-    ctx.index.polled(state, None if pending is None and not unknown else ctx.now + interval,
-                     ctx.now)
-    return pending or Operation(operations[0], done=True)

@@ -38,16 +38,16 @@ from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.runtime import Tick
-from falcon_es.domain.queue_book import (
+from falcon_es.domain.cluster_choice import (
     ACTIVE,
     ClusterChoice,
     NoMatch,
     NoneActive,
     STUCK_REASONS,
-    QueueBook,
     choose_cluster,
     move_target,
 )
+from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.task import TaskState
 
 

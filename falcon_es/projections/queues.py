@@ -34,34 +34,26 @@ more than one interval behind the order. The exact order is always in the book
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import time
 import zlib
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
-from falcon_es.domain.eta import Estimate, SlotTimes
-from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.queue_book import Entry, Placement, QueueBook, QueueKey
+from falcon_es.domain.eta import SlotTimes
+from falcon_es.domain.queue_book import QueueBook
+from falcon_es.domain.queue_places import Entry, Placement, QueueKey
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.storage.tables import JobSql, JobTable
+from falcon_es.storage.tables import JobTable
 from falcon_es.domain.task import Change, TaskState, TaskStates
-from falcon_es.projections.messages import (
-    AHEAD_NAMED,
-    CATALOGS,
-    EN,
-    SEPARATOR,
-    clock_time,
-    position_message,
-    wait_reason,
-)
+from falcon_es.projections.position_messages import Wait, positions, positions_of, renderer
+from falcon_es.projections.position_rows import waiting_messages, write_positions
+from falcon_es.projections.messages import wait_reason
 
 #: About how long one slice of the refresh interval lasts: at most one slice of each
 #: changed queue's rows is rendered and compared per slice period, so the rewrite of a
@@ -80,152 +72,6 @@ SLICE_EPOCH = dt.datetime(2000, 1, 1)
 
 #: Events that take a retained pool out of the idle set (as do its deletes).
 _POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
-
-
-def _formatter(key: str, lang: str) -> Callable[..., str]:
-    """The catalog template for ``key`` as a function of keyword arguments."""
-    template = CATALOGS[lang].get(key) or EN[key]
-    if isinstance(template, str):
-        return template.format
-    return lambda **args: template(args)
-
-
-@dataclasses.dataclass(frozen=True)
-class Wait:
-    """What a queue's waiting tasks wait on: the slot holder (``reason``, the same for
-    every row) and the queue's expected starts."""
-
-    reason: str | None = None
-    estimate: Estimate | None = None
-
-
-def positions(order: Sequence[Entry], lang: str,
-              wait: Wait | None = None) -> Iterator[tuple[str, str]]:
-    """(task id, Message) for each waiting task of one queue, in pick order: exactly
-    ``position_message(position, ahead)`` and what ``wait`` says, with the names of the
-    queue's first tasks (the same for every row) joined once per queue instead of once
-    per row."""
-    if not order:
-        return
-    render = _renderer(order, lang, wait)
-    for index, entry in enumerate(order):
-        yield entry.task_id, render(index)
-
-
-def positions_of(order: Sequence[Entry], wanted: Collection[str],
-                 lang: str, wait: Wait | None = None) -> list[tuple[str, str]]:
-    """(task id, Message) of the ``wanted`` tasks only, as ``positions`` renders them:
-    a task that needs its Message now costs a scan of the order, not the rendering of
-    the whole queue."""
-    if not order or not wanted:
-        return []
-    render = _renderer(order, lang, wait)
-    return [(e.task_id, render(index)) for index, e in enumerate(order) if e.task_id in wanted]
-
-
-def _renderer(order: Sequence[Entry], lang: str, wait: Wait | None) -> Callable[[int], str]:
-    """The Message of the task at ``index`` of ``order`` (which must not be empty):
-    its position, then why the queue waits and when the task is expected to start."""
-    bare = _position_renderer(order, lang)
-    if wait is None or (wait.reason is None and wait.estimate is None):
-        return bare
-    separator = SEPARATOR[lang]
-    reason = separator + wait.reason if wait.reason else ""
-    estimate = wait.estimate
-    if estimate is None:
-        return lambda index: bare(index) + reason
-    expected = _formatter("wait-expected", lang)
-
-    def render(index: int) -> str:
-        at = clock_time(estimate.start(index))
-        return bare(index) + reason + separator + expected(at=at)
-
-    return render
-
-
-def _position_renderer(order: Sequence[Entry], lang: str) -> Callable[[int], str]:
-    """The position part of the Message of the task at ``index`` of ``order``."""
-    named = [f"{e.actor}: {e.name}" for e in order[:AHEAD_NAMED]]
-    few = [f" ({', '.join(named[:count])})" for count in range(AHEAD_NAMED + 1)]
-    all_named = ", ".join(named)
-    position, more = _formatter("position", lang), _formatter("more", lang)
-    first = position_message(1, (), lang)
-
-    def render(index: int) -> str:
-        if index == 0:
-            return first
-        if index <= AHEAD_NAMED:
-            names = few[index]
-        else:
-            names = f" ({all_named}, {more(count=index - AHEAD_NAMED)})"
-        return position(position=index + 1, ahead=index, names=names)
-
-    return render
-
-
-def position_update(job: JobTable) -> sa.Update:
-    """The batched refresh: never touches a row that is no longer Pending (an abort)."""
-    return (
-        job.table.update()
-        .where(job.c.id == sa.bindparam("b_id"), job.c.status == chart.PENDING)
-        .values(message=sa.bindparam("b_message"))
-    )
-
-
-#: Rows per statement of the MySQL/MariaDB form (PyMySQL's executemany of an UPDATE
-#: is one round trip per row; a joined derived table carries many rows per trip).
-MYSQL_CHUNK = 500
-
-
-def _mysql_update(count: int, names: JobSql) -> str:
-    """UPDATE ... JOIN (SELECT id, message UNION ALL ...) for ``count`` rows, with the
-    same guard: only rows still Pending (PyMySQL ``format`` parameters: id, message per
-    row, then the status)."""
-    selects = " UNION ALL ".join(
-        "SELECT %s AS id, %s AS message" if n == 0 else "SELECT %s, %s" for n in range(count)
-    )
-    table, col = names.table, names.columns
-    return (f"UPDATE {table} JOIN ({selects}) AS moved ON {table}.{col['id']} = moved.id "
-            f"SET {table}.{col['message']} = moved.message "
-            f"WHERE {table}.{col['status']} = %s")
-
-
-def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
-                    update: sa.Update | None = None, *, job: JobTable) -> int:
-    """Write (task id, Message) rows in bulk: one executemany UPDATE on SQLite, joined
-    multi-row UPDATEs of ``MYSQL_CHUNK`` rows on MySQL/MariaDB. Returns the rows sent."""
-    if not rows:
-        return 0
-    if conn.dialect.name in ("mysql", "mariadb"):
-        # Sent to the driver as is: parsing a text() of a thousand bind names cost more
-        # than the statement.
-        for start in range(0, len(rows), MYSQL_CHUNK):
-            chunk = rows[start:start + MYSQL_CHUNK]
-            conn.exec_driver_sql(_mysql_update(len(chunk), job.sql(conn.dialect)),
-                                 (*(value for row in chunk for value in row), chart.PENDING))
-        return len(rows)
-    if update is None and conn.dialect.name == "sqlite":
-        # The driver's own executemany: the statement needs no compiling and the rows
-        # (plain strings) no bind processing, which per row cost more than the UPDATE.
-        conn.exec_driver_sql(_sqlite_position_update(job.sql(conn.dialect)),
-                             [(message, task_id, chart.PENDING) for task_id, message in rows])
-        return len(rows)
-    conn.execute(update if update is not None else position_update(job),
-                 [{"b_id": task_id, "b_message": m} for task_id, m in rows])
-    return len(rows)
-
-
-def _sqlite_position_update(names: JobSql) -> str:
-    """``position_update`` as SQLite compiles it (qmark parameters: message, id, status)."""
-    table, col = names.table, names.columns
-    return (f"UPDATE {table} SET {col['message']}=? "
-            f"WHERE {table}.{col['id']} = ? AND {table}.{col['status']} = ?")
-
-
-def waiting_messages(job: JobTable) -> sa.Select[Any]:
-    """The Messages the job table holds for waiting tasks (read once at start)."""
-    return sa.select(job.c.id.label("id"), job.c.message.label("message")).where(
-        job.c.status == chart.PENDING, job.c.reason == chart.PendingReason.WAITING)
 
 
 #: Told (task id, when, expected start) for every position rendered to be written.
@@ -306,7 +152,8 @@ class QueueView:
     # ------------------------------------------------------------ InlineProjection
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
         self.fold(self.tasks.changes(), recorded)
-        self.refresh(conn)
+        # The append's moment (the tick's one clock reading), not a reading of our own.
+        self.refresh(conn, now=recorded[-1].recorded_at if recorded else None)
 
     def committed(self) -> None:
         self.book.commit()
@@ -572,7 +419,7 @@ class QueueView:
         return next(after + n for n in range(slices) if (after + n) % slices in occupied)
 
     def pending_positions(self, due: Mapping[QueueKey, Collection[int] | None] | None = None,
-                          ) -> list[tuple[str, str]]:
+                          *, now: dt.datetime | None = None) -> list[tuple[str, str]]:
         """Rows to write now: in each queue of ``due`` (default: every queue that
         changed within the last interval, every slice) the rows of its due slices
         (None: all) whose position Message differs from what the job table holds, plus
@@ -581,7 +428,7 @@ class QueueView:
             due = dict.fromkeys(set(self._dirty) | self.book.changed)
         rows: list[tuple[str, str]] = []
         written = self._written
-        now = self.now()
+        now = self.now() if now is None else now
         for key in sorted(due):
             slices = due[key]
             if slices is None:
@@ -622,7 +469,7 @@ class QueueView:
         if not wanted:  # none of its rows is due (a short queue's one slice is not)
             return rows
         wait = self.wait(key, now)
-        render = _renderer(order, self.lang, wait)
+        render = renderer(order, self.lang, wait)
         written = self._written
         tell, estimate = self.predictions, wait.estimate
         for index in sorted(wanted):
@@ -652,15 +499,16 @@ class QueueView:
         self._buckets[key] = (order, buckets)
         return buckets, 0
 
-    def refresh(self, conn: Connection, *, every_queue: bool = False) -> int:
+    def refresh(self, conn: Connection, *, every_queue: bool = False,
+                now: dt.datetime | None = None) -> int:
         """Write, within the open transaction, the rows needed at once and the rows of
         the slices due (``every_queue``: every slice of every queue that changed within
-        the interval); kept once it commits."""
+        the interval), as of ``now`` (None: the clock's time); kept once it commits."""
         started = time.perf_counter()
-        now = self.now()
+        now = self.now() if now is None else now
         self.book.mark_aged(now)
         due = None if every_queue else self.due_slices(now)
-        rows = self.pending_positions(due)
+        rows = self.pending_positions(due, now=now)
         write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
@@ -685,7 +533,7 @@ class QueueView:
             return 0
         try:
             with engine.begin() as conn:
-                rows = self.refresh(conn)
+                rows = self.refresh(conn, now=now)
         except BaseException:
             self._drop_staged()
             raise
@@ -744,66 +592,3 @@ class QueueView:
             order = self.book.pick_order(key, now)
             rows.extend(positions(order, self.lang, self.wait(key, now)))
         return rows
-
-
-# ------------------------------------------------------------------ the view
-
-
-def queue_rows(
-    view: QueueView, clusters: Mapping[str, Cluster], tasks: TaskStates | None = None,
-) -> list[dict[str, Any]]:
-    """The queue view for people and scripts: one dict per queue."""
-    book = view.book
-    tasks = tasks if tasks is not None else view.tasks
-    rows = []
-    for key in book.queue_keys():
-        cluster_id, topology = key
-        cluster = clusters.get(cluster_id)
-        holders = []
-        for task_id in book.holders(key):
-            state = tasks.get(task_id)
-            holders.append({
-                "task_id": task_id,
-                "actor": state.actor if state else None,
-                "name": state.name if state else None,
-                "status": state.status if state else None,
-                "reason": state.reason if state else None,
-            })
-        now = view.now()
-        order = book.pick_order(key, now)
-        wait = view.wait(key, now)
-        estimate = wait.estimate
-        policy = book.policy
-        waiting = [
-            {"position": index + 1, "task_id": e.task_id, "actor": e.actor, "name": e.name,
-             "submitted_at": e.submitted_at.isoformat(), "priority": e.priority,
-             "effective_priority": policy.effective(e.priority, e.submitted_at, now),
-             "reason": wait.reason if wait.reason else ("next in line" if index == 0
-                                                        else "tasks ahead"),
-             "expected_start": estimate.start(index).isoformat() if estimate else None,
-             "message": message}
-            for index, (e, (_, message)) in enumerate(zip(order, positions(order, view.lang,
-                                                                           wait)))
-        ]
-        rows.append({
-            "cluster_id": cluster_id,
-            "cluster": cluster.name if cluster else None,
-            "cluster_status": cluster.status if cluster else None,
-            "tpu_type": cluster.tpu_type if cluster else None,
-            "topology": topology,
-            "slot_holder": holders[0] if holders else None,
-            "waiting_count": len(waiting),
-            "waiting": waiting,
-            "running": book.running(key),
-            "last_actor": book.last_actor(key),
-        })
-    return rows
-
-
-def unplaced_rows(view: QueueView) -> list[dict[str, Any]]:
-    """Tasks still waiting for a cluster (none active for their TPU type)."""
-    return [
-        {"tpu_type": tpu_type, "task_id": e.task_id, "actor": e.actor, "name": e.name,
-         "submitted_at": e.submitted_at.isoformat()}
-        for tpu_type, entries in view.book.unplaced().items() for e in entries
-    ]

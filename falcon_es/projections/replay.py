@@ -38,7 +38,8 @@ from falcon_es.domain import events as ev
 from falcon_es.domain.timestamps import as_timestamp
 from falcon_es.engine.log_fold import batched, final_states
 from falcon_es.domain.priority import PriorityPolicy
-from falcon_es.domain.queue_book import Placement, QueueBook, QueueKey
+from falcon_es.domain.queue_book import QueueBook
+from falcon_es.domain.queue_places import Placement, QueueKey
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import JobTable
 from falcon_es.domain.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
@@ -46,7 +47,9 @@ from falcon_es.projections.job_table import (
     PROJECTED_COLUMNS, duplicate_update, refusal_update, row_values, write_refusals, write_rows,
 )
 from falcon_es.projections.messages import position_part
-from falcon_es.projections.queues import QueueView, positions_of, write_positions
+from falcon_es.projections.position_messages import positions_of
+from falcon_es.projections.position_rows import write_positions
+from falcon_es.projections.queues import QueueView
 
 #: Seeded from the live row; ``updated_at`` stays the upper layer's until the log
 #: knows the task.

@@ -114,17 +114,20 @@ class EventStore:
 
     # ------------------------------------------------------------------ writing
     def append(
-        self, appends: Sequence[StreamAppend], *, extra: Iterable[Any] = ()
+        self, appends: Sequence[StreamAppend], *, extra: Iterable[Any] = (),
+        at: dt.datetime | None = None,
     ) -> list[RecordedEvent]:
         """Append all streams' events atomically; raise ``ConcurrencyError`` on a
         version mismatch. ``extra`` are callables run on the same connection before
-        commit (for writes that must commit with the events)."""
+        commit (for writes that must commit with the events). ``at`` stamps the events
+        (``recorded_at``): a tick passes the moment its handlers decided on, so the
+        fold of the log sees what the tick saw; without it the clock is read."""
         appends = [a for a in appends if a.events]
         if not appends:
             return []
         try:
             with self.engine.begin() as conn:
-                recorded = self._append(conn, appends)
+                recorded = self._append(conn, appends, self.clock.now() if at is None else at)
                 for projection in self.projections:
                     projection.apply(conn, recorded)
                 for write in extra:
@@ -146,7 +149,7 @@ class EventStore:
         moved meanwhile). Finds which new row a failed append could not take."""
         try:
             with self.engine.begin() as conn:
-                recorded = self._append(conn, [a for a in appends if a.events])
+                recorded = self._append(conn, [a for a in appends if a.events], self.clock.now())
                 for projection in self.projections:
                     projection.apply(conn, recorded)
                 raise _Probed()
@@ -161,7 +164,8 @@ class EventStore:
         for projection in self.projections:
             projection.discarded()
 
-    def _append(self, conn: Connection, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
+    def _append(self, conn: Connection, appends: Sequence[StreamAppend],
+                now: dt.datetime) -> list[RecordedEvent]:
         stream_ids = [a.stream_id for a in appends]
         if len(set(stream_ids)) != len(stream_ids):
             raise ValueError("each stream may appear once per append")
@@ -175,7 +179,6 @@ class EventStore:
                     f"stream {a.stream_id}: expected version {a.expected_version}, "
                     f"found {have}"
                 )
-        now = self.clock.now()
         sqlite = conn.dialect.name == "sqlite"
         # The column values as the driver takes them (JSON text; on SQLite the
         # timestamp text SQLAlchemy's DateTime writes there): per-row bind processing

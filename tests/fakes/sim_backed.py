@@ -61,6 +61,7 @@ from google.cloud import compute_v1, container_v1
 from google.rpc import status_pb2
 
 from falcon_es.adapters.gcp import informer as gcp_informer
+from falcon_es.adapters.gcp import job_observations
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.sim import ClusterSim, SimWorld
 from falcon_es.adapters.sim.gke import NodePoolService
@@ -714,12 +715,12 @@ class SimKubeServer(FakeKubeServer):
             list[tuple[Any, ...]], int, int, CreateRefusal | None]:
         """A Job's pods (as the informer reads them), counts and refusal."""
         uid = job["metadata"]["uid"]
-        pods = [gcp_informer.pod_observation(pod)
+        pods = [job_observations.pod_observation(pod)
                 for (kind, space, _), pod in self._objects.items()
                 if kind == "pods" and space == ns and any(
                     o.get("uid") == uid for o in pod["metadata"].get("ownerReferences", ()))]
         status = job.get("status") or {}
-        refusal = gcp_informer.refusal_of(
+        refusal = job_observations.refusal_of(
             event for (kind, space, _), event in self._objects.items()
             if kind == "events" and space == ns and event["involvedObject"].get("uid") == uid)
         return ([(p.name, p.phase, p.reason, p.exit_code, p.message) for p in pods],

@@ -37,7 +37,7 @@ from falcon_es.adapters.sim import (
 )
 from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
-from falcon_es.handlers import outbox
+from falcon_es.engine import outbox
 from falcon_es.domain.ports import (
     TASK_EVENTS_TOPIC, Bus, BusMessage, CreateRefusal, JobObservation, NodePoolSpec, Operation,
     PodObservation, Ports,

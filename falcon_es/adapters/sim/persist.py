@@ -18,6 +18,12 @@ world's size plus at most that many saves, whatever the length of the history.
 
 The clock, the registry and the task states' behaviours are the controller's, not the
 world's: they are wired again at load, never saved.
+
+The saved form names no module: a row's kind and every class inside a pickle are the
+stable names of ``saved_names`` (persistent ids ``("class", name)``), and references
+to other world objects are persistent ids ``("ref", key)``, so moving a sim module
+breaks no saved world. Worlds saved before (kinds ``module:qualname``, references
+through ``reference``) still load; their next save rewrites every row by name.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import dataclasses
 import datetime as dt
 import enum
 import io
+import logging
 import pickle
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +47,10 @@ from falcon_es.domain.clock import Clock
 from falcon_es.domain.clusters import Cluster
 
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource
+from falcon_es.adapters.sim.saved_names import SAVED_CLASSES, saved_names
 from falcon_es.adapters.sim.world import SimWorld
+
+log = logging.getLogger("falcon_es.adapters.sim.persist")
 
 #: Saves between two compactions of the world's change rows (``run --sim-snapshot-every``).
 DEFAULT_COMPACT_EVERY = 200
@@ -52,6 +62,13 @@ WORLD_KEY = "world"
 CLOCK, REGISTRY, BEHAVIOUR = "ext:clock", "ext:registry", "ext:behaviour"
 #: Rows per INSERT.
 CHUNK = 500
+#: A row's kind: this prefix and the class's saved name (``saved_names``). A kind
+#: without it is a ``module:qualname`` of a world saved before names.
+NAMED = "named:"
+#: Values pickled as they are, never a world object nor a class: the bulk of a world's
+#: attributes, let through without a look.
+PLAIN = frozenset({str, int, float, bool, type(None), bytes, tuple, list, dict, set,
+                   dt.datetime})
 
 
 def _is_object_type(cls: type) -> bool:
@@ -84,13 +101,19 @@ def _fingerprint(obj: object) -> tuple[object, ...] | None:
 
 
 def read_only(items: dict[Any, Any]) -> MappingProxyType[Any, Any]:
-    """A read-only mapping again (pickle cannot name ``MappingProxyType`` itself)."""
+    """A read-only mapping again, in worlds saved before names (those name it)."""
     return MappingProxyType(items)
 
 
 def reference(key: str) -> object:
-    """Stands for another world object in a pickle; the loader resolves it."""
+    """Stood for another world object in worlds saved before names; the loader
+    resolves it."""
     raise RuntimeError(f"world object {key} read outside WorldStore.load")
+
+
+#: What worlds saved before names referred to in this module, by name (wherever the
+#: module lives now).
+_OLD_MARKERS = frozenset({reference.__name__, read_only.__name__})
 
 
 def _state(obj: object) -> object:
@@ -99,27 +122,51 @@ def _state(obj: object) -> object:
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles one object's state; every world object it refers to becomes a key.
-
-    ``reducer_override`` runs only for objects that are not numbers, strings or plain
-    containers, and once per object per pickle, so the check costs little."""
+    """Pickles one object's state; every world object it refers to becomes a key, and
+    every class of ours its saved name (persistent ids, so no module path is written).
+    """
 
     def __init__(self, out: io.BytesIO, key_of: Callable[[object], str | None],
-                 refs: list[object]) -> None:
+                 refs: list[object], names: Mapping[type, str]) -> None:
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
         self._key_of = key_of
         self._refs = refs
+        self._names = names
 
-    def reducer_override(self, obj: object) -> tuple[Callable[..., object], tuple[object, ...]]:
-        """A world object as its key, a read-only mapping as a plain one made read-only
-        again; anything else as pickle would."""
-        if type(obj) is MappingProxyType:
-            return read_only, (dict(obj),)
+    def persistent_id(self, obj: object) -> tuple[str, str] | None:
+        """``("ref", key)`` for a world object, ``("class", name)`` for a class that
+        has a saved name; None (pickled as it is) for anything else."""
+        kind = type(obj)
+        if kind in PLAIN:
+            return None
+        if kind is type or isinstance(obj, type):
+            return _class_id(obj, self._names)  # type: ignore[arg-type]
         key = self._key_of(obj)
         if key is None:
-            return NotImplemented
+            return None
         self._refs.append(obj)
-        return reference, (key,)
+        return ("ref", key)
+
+    def reducer_override(self, obj: object) -> Any:
+        """A read-only mapping as a plain one made read-only again (pickle cannot name
+        ``MappingProxyType`` itself; its saved name stands for it)."""
+        if type(obj) is MappingProxyType:
+            return MappingProxyType, (dict(obj),)  # type: ignore[arg-type]
+        return NotImplemented
+
+
+def _class_id(cls: type, names: Mapping[type, str]) -> tuple[str, str] | None:
+    """The class's saved name; None: pickled by its module path (the standard
+    library's classes, and one of ours that was not named, which is logged: the save
+    goes on, and the world depends on that path until the class is named)."""
+    name = names.get(cls)
+    if name is not None:
+        return ("class", name)
+    if cls.__module__.startswith("falcon_es."):
+        log.warning("the simulated world holds a %s (%s), which has no saved name: it is "
+                    "saved by module path; add it to falcon_es.adapters.sim.saved_names",
+                    cls.__qualname__, cls.__module__)
+    return None
 
 
 class _Unpickler(pickle.Unpickler):
@@ -127,11 +174,27 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._resolve = resolve
 
+    def persistent_load(self, pid: Any) -> object:
+        """A reference resolves to the loaded world's object of that key, a class
+        name to the class saved under it."""
+        kind, name = pid
+        if kind == "ref":
+            return self._resolve(name)
+        if kind == "class":
+            return _named_class(name)
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
     def find_class(self, module: str, name: str) -> Any:
-        """A reference resolves to the loaded world's object of that key."""
-        if module == __name__ and name == reference.__name__:
-            return self._resolve
-        return super().find_class(module, name)
+        """In a world saved before names: a reference, and classes by module path
+        (by their name when the module has moved since)."""
+        if module.rpartition(".")[2] == "persist" and name in _OLD_MARKERS:
+            return self._resolve if name == reference.__name__ else read_only
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            if not module.startswith("falcon_es."):
+                raise
+            return _class_by_qualname(name)
 
 
 class SavedWorldError(Exception):
@@ -159,6 +222,7 @@ class WorldStore:
         self._prints: dict[str, tuple[object, ...]] = {}
         #: Whether a type's instances are world objects (asked once per type).
         self._object_types: dict[type, bool] = {}
+        self._names = saved_names()
         self._next_key = 1
         self._seq = 0
         self._snapshot_seq = 0
@@ -270,6 +334,16 @@ class WorldStore:
             for k, (kind, blob) in current.items()])
         self._snapshot_seq = self._seq
 
+    def _pickler(self, out: io.BytesIO, key_of: Callable[[object], str | None],
+                 refs: list[object]) -> pickle.Pickler:
+        return _Pickler(out, key_of, refs, self._names)
+
+    def _kind(self, cls: type) -> str:
+        """A row's kind: its class's saved name (its module path, as worlds saved
+        before names have it, for a class not named)."""
+        found = _class_id(cls, self._names)
+        return f"{cls.__module__}:{cls.__qualname__}" if found is None else NAMED + found[1]
+
     def _pickle_all(self, world: SimWorld) -> dict[str, tuple[str, bytes]]:
         """Every object reachable from the world, by key, pickled (a frozen one that
         was written already keeps its bytes)."""
@@ -301,7 +375,7 @@ class WorldStore:
             return entry[0]
 
         buffer, refs = io.BytesIO(), list[object]()
-        pickler = _Pickler(buffer, key_of, refs)
+        pickler = self._pickler(buffer, key_of, refs)
         while pending:
             key, obj = pending.pop()
             frozen = _is_frozen(obj)
@@ -319,8 +393,7 @@ class WorldStore:
             buffer.truncate()
             refs.clear()
             pickler.dump(_state(obj))
-            cls = type(obj)
-            out[key] = (f"{cls.__module__}:{cls.__qualname__}", buffer.getvalue())
+            out[key] = (self._kind(type(obj)), buffer.getvalue())
             if frozen:
                 self._refs[key] = list(refs)
             if values is not None:
@@ -331,11 +404,35 @@ class WorldStore:
 def _shell(kind: str) -> object:
     """An empty object of the saved class, filled once every object exists (they refer
     to each other in cycles)."""
-    module, _, qualname = kind.partition(":")
-    cls: Any = __import__(module, fromlist=["_"])
-    for part in qualname.split("."):
-        cls = getattr(cls, part)
+    cls: Any = _named_class(kind[len(NAMED):]) if kind.startswith(NAMED) else _old_kind(kind)
     return cls.__new__(cls)
+
+
+def _named_class(name: str) -> type:
+    cls = SAVED_CLASSES.get(name)
+    if cls is None:
+        raise LookupError(f"no class is saved as {name!r}")
+    return cls
+
+
+def _old_kind(kind: str) -> type:
+    """The class of a row saved before names (``module:qualname``): where the module
+    still has it, else the saved class of that name."""
+    module, _, qualname = kind.partition(":")
+    try:
+        cls: Any = __import__(module, fromlist=["_"])
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError):
+        return _class_by_qualname(qualname)
+    return cls  # type: ignore[no-any-return]
+
+
+def _class_by_qualname(qualname: str) -> type:
+    for cls in SAVED_CLASSES.values():
+        if cls.__qualname__ == qualname:
+            return cls
+    raise LookupError(f"no class {qualname!r} is known to this version")
 
 
 def _fill(shell: object, state: Any) -> None:
