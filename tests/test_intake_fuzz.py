@@ -225,7 +225,7 @@ def test_a_batch_of_bad_rows_fails_each_alone(app: App, running: Controller, spe
     ctl.tick()
     for task_id, spec in bad_ids:
         row = job_rows.get_row(app.engine, task_id)
-        expected = outcome(spec)
+        expected = outcome(json.dumps(spec))  # what the row holds: the spec as JSON text
         if isinstance(expected, TaskSpec):
             assert row["status"] == "Pending"
             continue

@@ -339,12 +339,12 @@ def test_a_job_table_in_the_upper_layers_own_database(mariadb_url: str,
 
 # ------------------------------------------------------------------ rows it cannot use
 
-#: A job table of the upper layer's on each dialect; ``{created_at}``, ``{name}`` and
-#: ``{id}`` and ``{spec}`` are the column types a test varies.
+#: A job table of the upper layer's on each dialect; ``{created_at}``, ``{name}``,
+#: ``{actor}``, ``{id}`` and ``{spec}`` are the column types a test varies.
 BAD_ROWS_TABLE = {
     "mysql": """
 CREATE TABLE job (
-    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor VARCHAR(128) NOT NULL,
+    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor {actor} NOT NULL,
     spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
     message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME(6),
     aborting_at DATETIME(6), aborted_at DATETIME(6), cluster_id VARCHAR(36),
@@ -354,14 +354,14 @@ CREATE TABLE job (
 ) DEFAULT CHARSET=utf8mb4""",
     "sqlite": """
 CREATE TABLE job (
-    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor VARCHAR(128) NOT NULL,
+    id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor {actor} NOT NULL,
     spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
     message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME,
     aborting_at DATETIME, aborted_at DATETIME, cluster_id VARCHAR(36),
     node_pool_name VARCHAR(64), job_uid VARCHAR(64), dispatched_at DATETIME,
     finished_at DATETIME)""",
 }
-TYPES = {"id": "VARCHAR(64)", "name": "VARCHAR(255)", "spec": "TEXT",
+TYPES = {"id": "VARCHAR(64)", "name": "VARCHAR(255)", "actor": "VARCHAR(128)", "spec": "TEXT",
          "created_at": {"mysql": "DATETIME(6)", "sqlite": "DATETIME"}}
 
 

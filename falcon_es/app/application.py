@@ -22,7 +22,9 @@ from falcon_es.engine.follow import LogFollower
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.live_set import LiveSet
 from falcon_es.handlers import timeouts
-from falcon_es.projections.job_table import JobTableProjection, RefusedRowsProjection
+from falcon_es.projections.job_table import (
+    JobTableProjection, RefusedRowsProjection, RowCheckProjection,
+)
 from falcon_es.projections.queues import Predictions, QueueView
 from falcon_es.storage import db
 from falcon_es.storage.store import EventStore, InlineProjection
@@ -84,9 +86,11 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
     live = LiveSet(tasks, index, create_grace_seconds=settings.lifecycle.create_visibility_grace_seconds)
+    language = settings.job_table.language
+    # Refusals before the task rows: a row refused DuplicateId is never its id's task's.
     projections: list[InlineProjection] = [
-        tasks, JobTableProjection(tasks, job, settings.job_table.language), queue_view, index,
-        RefusedRowsProjection(job, settings.job_table.language)]
+        tasks, RefusedRowsProjection(job, language), JobTableProjection(tasks, job, language),
+        RowCheckProjection(tasks, job, language), queue_view, index]
     if follower is not None:
         projections.append(follower)
     if metrics is not None:

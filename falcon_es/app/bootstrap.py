@@ -206,7 +206,8 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor, options: RunOp
                 world_store: WorldStore | None) -> Controller:
     metrics, leadership = app.metrics, options.leadership
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
-                     ignored=metrics.job_row_ignored if metrics is not None else None)
+                     ignored=metrics.job_row_ignored if metrics is not None else None,
+                     diverged=metrics.job_row_diverged if metrics is not None else None)
     settings = app.settings
     reservation_reads = ReservationReads(settings.lifecycle.reservation_read_seconds)
 

@@ -187,7 +187,9 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
         queue = next((row for row in queue_rows(app.queue_view, clusters)
                       if any(w["task_id"] == task_id for w in row["waiting"])), None)
     look = _live_look(settings_of(ctx), state, clusters) if live else None
-    tree = explain(task_id, records, queue, look)
+    from falcon_es.domain.events import ROW_CHECKS_STREAM
+
+    tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM))
     if as_json:
         click.echo(json.dumps(tree.to_data(), indent=2, ensure_ascii=False))
     else:

@@ -86,8 +86,7 @@ def db_check(ctx: click.Context, table: str | None) -> None:
         click.echo(f"{name}: all {len(job.column_kinds)} columns present with usable types")
     for problem in problems:
         click.echo(str(problem), err=True)
-    note = db.id_length_note(app.engine, job)
-    if note is not None:
+    for note in db.width_notes(app.engine, job):
         click.echo(f"note: {note}")
     _print_index_advice(db.index_advice(app.engine, job), name)
     if problems:

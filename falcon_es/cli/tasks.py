@@ -69,6 +69,8 @@ def read_spec_file(path: str) -> list[Entry]:
             raise Failure(f"spec file {label}: not valid JSON at line {error.lineno} "
                           f"column {error.colno}: {error.msg}") from error
         return _json_lines(label, text)
+    except (ValueError, RecursionError) as error:  # JSON, but not what Python can hold
+        raise Failure(f"spec file {label}: cannot be read ({_first_line(error)})") from error
     if isinstance(document, dict):
         return [Entry(f"spec file {label}", document)]
     if isinstance(document, list):
@@ -77,13 +79,19 @@ def read_spec_file(path: str) -> list[Entry]:
                   f"lines, found {_kind(document)}")
 
 
+def _first_line(error: BaseException) -> str:
+    """An error's text, short enough for one line of a message."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def _looks_like_json_lines(text: str) -> bool:
     """Whether a text that is not one JSON document starts with a line that is: then it
     is read line by line, and a broken line is reported by its own number."""
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -98,6 +106,9 @@ def _json_lines(label: str, text: str) -> list[Entry]:
         except json.JSONDecodeError as error:
             raise Failure(f"spec file {label}: line {number}: not valid JSON at column "
                           f"{error.colno}: {error.msg}") from error
+        except (ValueError, RecursionError) as error:
+            raise Failure(f"spec file {label}: line {number}: cannot be read "
+                          f"({_first_line(error)})") from error
     return entries
 
 
@@ -221,20 +232,32 @@ def task_list(ctx: click.Context, status: str | None, limit: int | None, as_json
 @click.pass_context
 @friendly
 def task_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show one task's row."""
+    """Show one task's row, and what the log recorded of it (a spec changed after
+    acceptance: the accepted spec runs; a row deleted or reused while the task ran)."""
+    from falcon_es.jobtable import job_reads
+
     target = driver_target(settings_of(ctx).database.db_url)
     if target is None:
+        import sqlalchemy as sa
+
+        from falcon_es.domain.events import ROW_CHECKS_STREAM
         from falcon_es.jobtable import job_rows
+        from falcon_es.storage.tables import task_events
 
         row = job_rows.get_row(engine_of(ctx), task_id, job=job_of(ctx))
+        with engine_of(ctx).connect() as conn:
+            stored = conn.execute(sa.select(task_events.c.data).where(
+                task_events.c.stream_id == ROW_CHECKS_STREAM).order_by(task_events.c.seq))
+            notes = job_reads.notes_of(task_id, stored.scalars())
     else:
-        from falcon_es.jobtable import job_reads
-
         with _driver_errors():
             try:
                 row = job_reads.get_row(target, settings_of(ctx).job_mapping, task_id)
             except job_reads.TaskMissing as error:
                 raise Failure(str(error)) from error
+            notes = job_reads.row_notes(target, task_id)
+    if notes:
+        row = {**row, "notes": notes}
     if as_json:
         click.echo(json.dumps(jsonable(row), indent=2, ensure_ascii=False))
     else:

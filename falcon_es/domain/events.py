@@ -569,6 +569,28 @@ class RowRefused(Event):
     detail: str
 
 
+#: The stream of what the job table was found to hold against the log (rows set back,
+#: forged, rewritten, deleted or reused, specs changed after acceptance).
+ROW_CHECKS_STREAM = "intake:rows"
+#: What ``JobRowDiverged.found`` says of a row.
+ROW_REWRITTEN = "rewritten"  # Status/Reason differ from the log's: written again
+ROW_DELETED = "deleted"  # gone while its task runs: the task runs on
+ROW_REPLACED = "replaced"  # the id now names another submission (DuplicateId)
+SPEC_CHANGED = "spec-changed"  # the accepted spec runs
+ROW_FINDINGS = (ROW_REWRITTEN, ROW_DELETED, ROW_REPLACED, SPEC_CHANGED)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRowDiverged(Event):
+    """A task's job row was found to differ from the log, recorded (once per finding)
+    in ``ROW_CHECKS_STREAM`` so the log says what the upper layer did to the row; a
+    ``rewritten`` row is written again from the task's state in the same append."""
+
+    task_id: str
+    found: str
+    detail: str
+
+
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
     TaskRequeued, TaskPicked, SlotYielded, TaskMoved, PriorityChanged,
@@ -584,7 +606,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
-    ReservationRead,
+    ReservationRead, JobRowDiverged,
 )
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(

@@ -34,6 +34,10 @@ def autoscaled(supply_mode: str | None) -> bool:
 #: Falcon-ES cannot use; the row's id does not fit the log.
 INVALID_COLUMN = "InvalidColumn"
 INVALID_ID = "InvalidId"
+#: Reason of a row whose id the log knows as another submission (a reused id).
+DUPLICATE_ID = "DuplicateId"
+#: Reason of a row whose first append (and what it leads to) the database refused.
+UNSTORABLE_ROW = "UnstorableRow"
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.
@@ -151,20 +155,119 @@ _SPEC_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     for field in dataclasses.fields(TaskSpec)})
 
 
+#: The longest whole number a spec may write, in digits: Python refuses to read more
+#: than 4,300 (a ``ValueError`` out of ``json.loads``), and no field wants more than a few.
+MAX_DIGITS = 30
+
+
+class _Unusable:
+    """What the decoder puts where a value cannot be used (a number too long, NaN or
+    Infinity, text that is not UTF-8), so the walk that follows names its field."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+class _Pairs(dict):  # type: ignore[type-arg]
+    """An object whose text named a key twice: the controller would read the last
+    value and MariaDB's JSON functions the first, so it is refused, never resolved."""
+
+    duplicate: str | None = None
+
+
 def load_spec(raw: Any) -> Any:
-    """Decode the stored spec (text or already-decoded JSON)."""
+    """Decode the stored spec (text, UTF-8 bytes or already-decoded JSON). In text,
+    numbers too long to convert, NaN and Infinity, duplicate keys and bytes that are
+    not UTF-8 are refused here, naming the field they are in (decoded data met the
+    field checks instead, which refuse such values by range and type)."""
     if raw is None:
         raise SpecError("InvalidSpec", "spec", "missing: expected a JSON object")
     if isinstance(raw, (bytes, bytearray)):
-        raw = raw.decode("utf-8", errors="replace")
+        # surrogateescape keeps each stray byte as a lone surrogate, so the walk
+        # below can name the field that holds it.
+        raw = bytes(raw).decode("utf-8", errors="surrogateescape")
     if isinstance(raw, str):
         if len(raw) > MAX_SPEC_BYTES:
             raise SpecError("InvalidSpec", "spec", f"{len(raw)} bytes, at most {MAX_SPEC_BYTES}")
         try:
-            return json.loads(raw)
+            data = json.loads(raw, object_pairs_hook=_pairs, parse_int=_whole_number,
+                              parse_constant=_constant)
         except (json.JSONDecodeError, RecursionError) as error:
             raise SpecError("InvalidSpec", "spec", f"not valid JSON ({_short(str(error))})") from None
+        except ValueError as error:  # whatever else the decoder refuses: that row alone
+            raise SpecError("InvalidSpec", "spec", f"not readable JSON ({_short(str(error))})") from None
+        _refuse_unusable(data)
+        return data
     return raw
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = _Pairs()
+    for key, value in pairs:
+        if key in obj and obj.duplicate is None:
+            obj.duplicate = key
+        obj[key] = value
+    return obj
+
+
+def _whole_number(text: str) -> Any:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS:
+        return _Unusable(f"a number of {digits} digits, at most {MAX_DIGITS}")
+    return int(text)
+
+
+def _constant(name: str) -> Any:
+    return _Unusable(f"{name} is not a number a spec may hold")
+
+
+def _refuse_unusable(data: Any) -> None:
+    """Walk the decoded spec (iteratively: its depth is the text's) and refuse the
+    first unusable value found, by its path."""
+    stack: list[tuple[str, Any]] = [("spec", data)]
+    while stack:
+        path, value = stack.pop()
+        problem = _problem(value)
+        if problem is not None:
+            raise SpecError("InvalidSpec", path, problem)
+        if isinstance(value, Mapping):
+            for key, item in reversed(list(value.items())):
+                if _stray_bytes(str(key)):
+                    raise SpecError("InvalidSpec", _child(path, key),
+                                    "field name is not UTF-8 text")
+                stack.append((_child(path, key), item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item)
+                         for index, item in reversed(list(enumerate(value))))
+
+
+def _problem(value: Any) -> str | None:
+    """Why one decoded value cannot be used (None: it can, as far as decoding goes)."""
+    if isinstance(value, _Unusable):
+        return value.detail
+    if isinstance(value, _Pairs) and value.duplicate is not None:
+        return (f"names {_label(value.duplicate, 40)} twice (each field once: readers "
+                "disagree on which value counts)")
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f"{value} is not a number a spec may hold"
+    if isinstance(value, int) and not isinstance(value, bool) and \
+            value.bit_length() > MAX_DIGITS * 4:
+        return f"a number of more than {MAX_DIGITS} digits"
+    if isinstance(value, str) and _stray_bytes(value):
+        return "is not UTF-8 text (bytes no character encodes)"
+    return None
+
+
+def _stray_bytes(text: str) -> bool:
+    """Whether text holds a byte that was not UTF-8 (kept by surrogateescape)."""
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
+def _child(path: str, key: Any) -> str:
+    name = _label(key, 40)
+    return name if path == "spec" else f"{path}.{name}"
 
 
 def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:

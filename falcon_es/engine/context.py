@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.jobtable.inbox import Inbox
@@ -45,6 +46,11 @@ class HandlerContext:
     #: Tasks that left memory (they hold nothing): the intake asks whether a row's
     #: stream is in the log already, and brings a task back to fold an abort of it.
     retired: RetiredTasks = dataclasses.field(default_factory=NothingRetired)
+    #: New rows whose first append the database refused (id -> what it said): intake
+    #: refuses each (``UnstorableRow``) instead of taking it in again.
+    unstorable: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: New rows whose refusal the database refused too: left alone (logged once).
+    unwritable: frozenset[str] = frozenset()
     #: The schedule of the reservation reads (None: this controller does not read them).
     reservation_reads: ReservationReads | None = None
 

@@ -97,6 +97,10 @@ class RetiredTasks(Protocol):
         does not know are ignored); they leave again with the next commit."""
         ...
 
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        """Those of these ids whose streams the log holds, with when each began."""
+        ...
+
 
 class NothingRetired:
     """A controller with no log behind it (a test driving handlers on bare states)."""
@@ -106,6 +110,9 @@ class NothingRetired:
 
     def recall(self, task_ids: Collection[str]) -> None:
         return None
+
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        return {}
 
 
 @dataclasses.dataclass
@@ -258,6 +265,9 @@ class LiveSet:
     # ------------------------------------------------------------ for the intake
     def known(self, task_ids: Collection[str]) -> set[str]:
         return self._store().streams_known(task_ids) if task_ids else set()
+
+    def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        return self._store().streams_started(task_ids) if task_ids else {}
 
     def recall(self, task_ids: Collection[str]) -> None:
         missing = {t: 1 for t in task_ids if self.tasks.get(t) is None}

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from falcon_es.domain import events as ev
@@ -25,6 +26,13 @@ from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, TaskStates, evolv
 log = logging.getLogger("falcon_es.engine.runtime")
 
 CONTROLLER_ACTOR = "controller"
+
+
+def _first_line(error: object, limit: int = 300) -> str:
+    """A database error as one short line for a Message."""
+    lines = str(error).splitlines()
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 _EARLIEST = dt.datetime.min
 
 
@@ -143,10 +151,21 @@ class Controller:
         self.reloaded = tuple(reloaded)
         self.make_context = make_context
         self.controller_id = controller_id
+        #: New rows whose first append the database refused, for the next tick's
+        #: intake to refuse (emptied once a tick commits).
+        self.unstorable: dict[str, str] = {}
+        #: Of those, the rows whose refusal failed as well: never read as new again
+        #: by this process (logged once).
+        self.unwritable: set[str] = set()
 
     def tick(self) -> TickReport:
         started = time.perf_counter()
         ctx = self.make_context()
+        refusing = dict(self.unstorable)
+        if refusing:
+            ctx.unstorable = refusing
+        if self.unwritable:
+            ctx.unwritable = frozenset(self.unwritable)
         tick = Tick(self.tasks, ctx.now, self.controller_id)
         for handler in self.handlers:
             handler(tick, ctx)
@@ -154,13 +173,41 @@ class Controller:
             fence(tick, ctx)
         try:
             recorded = self.store.append(tick.appends(), extra=tick.writes, at=tick.now)
-        except ConcurrencyError as error:
-            log.warning("tick lost a race, reloading the streams involved: %s", error)
+        except (ConcurrencyError, sa.exc.DBAPIError) as error:
+            if refusing:  # the refusals themselves failed: leave those rows alone
+                log.warning("the database refused the refusal of new row(s) %s too; "
+                            "they are left as they are: %s", ", ".join(sorted(refusing)), error)
+                self.unwritable.update(refusing)
+                self.unstorable.clear()
+                self.reload([a.stream_id for a in tick.appends()])
+                return TickReport(0, conflicts=1, seconds=time.perf_counter() - started)
+            found = self._unstorable_rows(tick)
+            if not found and not isinstance(error, ConcurrencyError):
+                raise
+            if found:
+                log.warning("the database refused what new row(s) %s lead to; each is "
+                            "refused at the next tick: %s", ", ".join(sorted(found)), error)
+            else:
+                log.warning("tick lost a race, reloading the streams involved: %s", error)
             self.reload([a.stream_id for a in tick.appends()])
             return TickReport(0, conflicts=1, seconds=time.perf_counter() - started)
+        self.unstorable.clear()
         for step in self.after_commit:
             step(ctx, recorded)
         return TickReport(len(recorded), seconds=time.perf_counter() - started)
+
+    def _unstorable_rows(self, tick: Tick) -> dict[str, str]:
+        """After a failed append: each stream the tick began (a new row taken in)
+        appended alone, rolled back; those the database refuses by themselves are
+        the rows whose trouble it was (a stream another writer moved meanwhile is
+        no row's fault). Only a tick that began streams pays for this."""
+        for append in tick.appends():
+            if append.expected_version != 0:
+                continue
+            refusal = self.store.refusal([append])
+            if isinstance(refusal, sa.exc.DBAPIError):
+                self.unstorable[append.stream_id] = _first_line(refusal.orig or refusal)
+        return {k: v for k, v in self.unstorable.items()}
 
     def reload(self, stream_ids: Sequence[str]) -> None:
         """Another writer moved these streams: fold them again from the log."""

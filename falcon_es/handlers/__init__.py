@@ -18,6 +18,7 @@ HANDLERS: tuple[Handler, ...] = (
     intake.accept_new_rows,
     intake.notice_abort_requests,
     intake.notice_priority_requests,
+    intake.check_job_rows,
     # Task lifecycle: outcomes of effects and the edge observations are inputs too;
     # then each phase's decisions.
     outcomes.record_outcomes,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import json
 import logging
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
@@ -23,9 +24,13 @@ from sqlalchemy.engine import Engine
 from falcon_es.storage import db
 from falcon_es.domain import statuses
 from falcon_es.domain.clock import Clock
+from falcon_es.domain.events import ROW_CHECKS_STREAM
 from falcon_es.domain.spec import INVALID_COLUMN, INVALID_ID
-from falcon_es.storage.tables import STREAM_ID_LENGTH, JobTable, task_events
+from falcon_es.storage.tables import ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, task_events
 from falcon_es.domain.timestamps import as_timestamp
+from falcon_es.jobtable.rows import (  # noqa: F401 - the inbox's rows, read from here too
+    AbortRow, BadRow, Diverged, Ignored, Inbox, NewRow, PriorityRow, RowProblem, SeenRow,
+)
 
 log = logging.getLogger("falcon_es.jobtable.inbox")
 
@@ -61,79 +66,25 @@ PRIORITY_MARGIN = dt.timedelta(minutes=10)
 PRIORITY_FIRST_WINDOW = dt.timedelta(days=1)
 #: Ids per ``IN (...)`` when asking the log which rows it knows.
 _IDS_PER_QUERY = 500
-
-
-@dataclasses.dataclass(frozen=True)
-class NewRow:
-    id: str
-    name: str
-    actor: str
-    spec_raw: Any  # text as stored: decoding it is validation's job
-    created_at: dt.datetime
-
-
-@dataclasses.dataclass(frozen=True)
-class RowProblem:
-    """Why a row cannot become a task as it stands: the job Reason it gets
-    (``InvalidColumn`` or ``InvalidId``), Falcon-ES's name of the column, what is wrong."""
-
-    reason: str
-    column: str
-    detail: str
-
-
-@dataclasses.dataclass(frozen=True)
-class BadRow:
-    """A new row with a value Falcon-ES cannot use; ``name`` and ``actor`` are as much
-    of them as could be read."""
-
-    id: str
-    name: str
-    actor: str
-    problem: RowProblem
-
-
-@dataclasses.dataclass(frozen=True)
-class AbortRow:
-    id: str
-    aborting_at: dt.datetime | None
-
-
-@dataclasses.dataclass(frozen=True)
-class PriorityRow:
-    """A request for a task's priority to change (the optional priority columns):
-    ``priority`` as stored, a whole number or a class name (the handler resolves it)."""
-
-    id: str
-    priority: int | str | None
-    requested_at: dt.datetime
-    requested_by: str
-
-
-class Inbox(Protocol):
-    """What the intake handlers read: new rows (oldest first), the new rows that cannot
-    become tasks as they stand, abort requests, and recent priority change requests
-    (none when the table has no priority columns)."""
-
-    def new_rows(self, limit: int = 1000) -> list[NewRow]: ...
-
-    def bad_rows(self) -> list[BadRow]: ...
-
-    def abort_rows(self) -> list[AbortRow]: ...
-
-    def priority_rows(self) -> list[PriorityRow]: ...
-
-    def priority_refused(self, row: PriorityRow, why: str) -> None: ...
-
-
-#: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
-#: ``ID_TOO_LONG``, ``PRIORITY_REFUSED``): the metric.
-Ignored = Callable[[str], None]
+#: The newest new rows a poll reads besides the oldest ``limit`` when those fill it:
+#: however many older rows look new (an upper layer setting thousands back to
+#: Pending), a row just submitted is read at the next tick. The older ones are judged ``limit`` a tick and
+#: marked (a Reason written), so they stop looking new.
+NEWEST_ROWS = 100
+#: How often (clock seconds) the job rows of the tasks in memory are compared with
+#: the log, and how many rows one tick reads: a full pass over N tasks takes
+#: ceil(N / ROW_CHECK_PAGE) ticks, so a row set back, forged or rewritten is put right
+#: within ROW_CHECK_SECONDS plus that many ticks (a row set back to new: at the next
+#: tick, by intake). Five minutes: a pass reads every row in memory, which at a
+#: minute cost the end-to-end bench (hours of virtual time) several per cent.
+ROW_CHECK_SECONDS = 300.0
+ROW_CHECK_PAGE = 500
 
 
 @dataclasses.dataclass(frozen=True)
 class _Statements:
     new_rows: sa.Select[Any]
+    newest: sa.Select[Any]
     poll: sa.CompoundSelect
     unknown: sa.CompoundSelect
     #: The first page of the recent window, and each page after a (created_at, id).
@@ -150,6 +101,10 @@ def _statements(job: JobTable) -> _Statements:
     new_rows = (sa.select(*new_columns).where(is_new).order_by(c.created_at, c.id)
                 .limit(sa.bindparam("limit")))
     first = new_rows.subquery("new_rows")
+    # The newest new rows, read only when the oldest fill a whole poll (see
+    # ``NEWEST_ROWS``): otherwise the poll holds every new row already.
+    newest = (sa.select(*new_columns).where(is_new)
+              .order_by(c.created_at.desc(), c.id.desc()).limit(NEWEST_ROWS))
     # Both inputs in one statement: new rows (their own LIMIT, in a derived table) and
     # every abort request, told apart by ``is_abort`` and ordered as the new rows are.
     # Each half fills the other's columns with typed NULLs so every column keeps its
@@ -170,7 +125,8 @@ def _statements(job: JobTable) -> _Statements:
     ).order_by(sa.literal_column("is_abort"), sa.literal_column("created_at"),
                sa.literal_column("id"))
     recent_first, recent_next = _recent_pages(job)
-    return _Statements(new_rows, poll, _unknown_statuses(job), recent_first, recent_next)
+    return _Statements(new_rows, newest, poll, _unknown_statuses(job), recent_first,
+                       recent_next)
 
 
 def _priority_requests(job: JobTable) -> sa.Select[Any]:
@@ -257,8 +213,19 @@ class JobInbox:
     no tick carries a whole window of recent rows."""
 
     def __init__(self, engine: Engine, job: JobTable, *, clock: Clock | None = None,
-                 ignored: Ignored | None = None) -> None:
+                 ignored: Ignored | None = None, diverged: Diverged | None = None) -> None:
         self.engine = engine
+        self._diverged = diverged
+        #: The row check: when the next pass starts, the ids its pass has still to
+        #: read, and the (task, finding) already recorded (None: not read from the
+        #: log yet).
+        self._next_check: dt.datetime | None = None
+        self._to_check: list[str] = []
+        self._findings: set[tuple[str, str]] | None = None
+        #: Per task in memory, the spec text its row held at the last check when that
+        #: text read as the accepted spec: parsing every spec at every pass cost more
+        #: than the rest of the check together. Kept for the tasks of the pass only.
+        self._specs_seen: dict[str, Any] = {}
         self.job = job
         self.reader = db.read_only(engine)
         self.clock = clock
@@ -361,12 +328,15 @@ class JobInbox:
         aborts: list[AbortRow] = []
         with self.reader.connect() as conn:
             rows = conn.exec_driver_sql(sql, params).all()
-        for row_id, name, actor, spec_raw, created_at, aborting_at, is_abort in rows:
+        read = [row[:5] for row in rows if not row[6]]
+        for row_id, _, _, _, _, aborting_at, is_abort in rows:
             if is_abort:
                 abort = self._abort_row(row_id, aborting_at)
                 if abort is not None:
                     aborts.append(abort)
-                continue
+        if len(read) >= limit:
+            read += self._newest({row[0] for row in read})
+        for row_id, name, actor, spec_raw, created_at in read:
             taken = _new_row(row_id, name, actor, spec_raw, created_at)
             if isinstance(taken, NewRow):
                 new.append(taken)
@@ -375,6 +345,80 @@ class JobInbox:
         if self.clock is not None:
             self._scan_strays(self.clock.now())
         return InboxPoll(self, limit, new, bad, aborts, self.priority_rows())
+
+    # ------------------------------------------------------------ the row check
+    def rows_to_check(self, task_ids: Callable[[], Collection[str]]) -> list[str]:
+        """The next page of task ids whose rows the row check compares with the log:
+        a pass over every task in memory (``task_ids``, asked at its start) every
+        ``ROW_CHECK_SECONDS``, ``ROW_CHECK_PAGE`` ids a tick."""
+        if not self._to_check:
+            now = self.clock.now() if self.clock is not None else None
+            if now is None or (self._next_check is not None and now < self._next_check):
+                return []
+            self._next_check = now + dt.timedelta(seconds=ROW_CHECK_SECONDS)
+            self._to_check = sorted(task_ids(), reverse=True)
+            kept = set(self._to_check)
+            self._specs_seen = {t: raw for t, raw in self._specs_seen.items() if t in kept}
+        page = self._to_check[-ROW_CHECK_PAGE:]
+        del self._to_check[-ROW_CHECK_PAGE:]
+        return page
+
+    def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
+        """These tasks' rows as they are now, by id (a task without a row is absent).
+        Sent as the driver's SQL, like the poll: SQLAlchemy's compiling and result
+        processing cost more than the read."""
+        found: dict[str, SeenRow] = {}
+        ids = sorted(task_ids)
+        with self.reader.connect() as conn:
+            for start in range(0, len(ids), _IDS_PER_QUERY):
+                chunk = ids[start:start + _IDS_PER_QUERY]
+                rows = conn.exec_driver_sql(self._rows_of_sql(len(chunk)), tuple(chunk)).all()
+                for row_id, status, reason, created_at, spec_raw in rows:
+                    text_id = _text(row_id)
+                    if text_id is not None:
+                        found[text_id] = SeenRow(text_id, status, reason,
+                                                 as_timestamp(created_at), spec_raw)
+        return found
+
+    def _rows_of_sql(self, count: int) -> str:
+        """SELECT id, status, reason, created_at, spec ... WHERE id IN (count marks)."""
+        names = self.job.sql(self.engine.dialect)
+        col = names.columns
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        return (f"SELECT {col['id']}, {col['status']}, {col['reason']}, {col['created_at']}, "
+                f"{col['spec']} FROM {names.table} WHERE {col['id']} IN "
+                f"({', '.join([mark] * count)})")
+
+    def spec_unchanged(self, task_id: str, raw: Any) -> bool:
+        """Whether this task's row holds the spec text it held when last found to read
+        as the accepted spec (``spec_seen``): then it need not be parsed again."""
+        return task_id in self._specs_seen and self._specs_seen[task_id] == raw
+
+    def spec_seen(self, task_id: str, raw: Any) -> None:
+        """This task's row holds spec text that reads as the accepted spec."""
+        self._specs_seen[task_id] = raw
+
+    def first_finding(self, task_id: str, found: str) -> bool:
+        """True the first time this finding of this task is asked about, also across
+        restarts (the findings the log records are read once); counts it then."""
+        if self._findings is None:
+            self._findings = _findings_recorded(self.reader)
+        key = (task_id, found)
+        if key in self._findings:
+            return False
+        self._findings.add(key)
+        if self._diverged is not None:
+            self._diverged(found)
+        return True
+
+    def _newest(self, read: set[Any]) -> list[Any]:
+        """The newest ``NEWEST_ROWS`` new rows not among ``read``: asked only when the
+        oldest filled a whole poll, so no number of older rows hides a new one."""
+        sql, names, fixed = self._driver_sql("newest", self._statements.newest)
+        params: Any = tuple(fixed[name] for name in names) if names else fixed
+        with self.reader.connect() as conn:
+            rows = conn.exec_driver_sql(sql, params).all()
+        return [row for row in rows if row[0] not in read]
 
     def _driver_sql(self, key: str, statement: sa.Select[Any] | sa.CompoundSelect,
                     ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
@@ -462,6 +506,18 @@ class JobInbox:
             self._ignored(why)
 
 
+def _findings_recorded(reader: Engine) -> set[tuple[str, str]]:
+    """(task id, finding) of every ``JobRowDiverged`` in the log."""
+    with reader.connect() as conn:
+        rows = conn.execute(sa.select(task_events.c.data).where(
+            task_events.c.stream_id == ROW_CHECKS_STREAM)).scalars().all()
+    found = set()
+    for data in rows:
+        decoded = json.loads(data) if isinstance(data, (str, bytes)) else data
+        found.add((str(decoded["task_id"]), str(decoded["found"])))
+    return found
+
+
 def _streams_known(conn: sa.Connection, ids: Collection[str]) -> set[str]:
     """Which of these ids name a stream in the log (its first event, by the unique
     (stream_id, version) index). Asked with the ids as values rather than joined:
@@ -494,6 +550,9 @@ def _new_row(row_id: Any, name: Any, actor: Any, spec_raw: Any,
         problem = RowProblem(INVALID_COLUMN, "name", f"expected text, found {_shown(name)}")
     elif task_actor is None:
         problem = RowProblem(INVALID_COLUMN, "actor", f"expected text, found {_shown(actor)}")
+    elif len(task_actor) > ACTOR_LENGTH:
+        problem = RowProblem(INVALID_COLUMN, "actor", f"{len(task_actor)} characters, longer "
+                             f"than the {ACTOR_LENGTH} Falcon-ES keeps")
     when = as_timestamp(created_at)
     if problem is None and when is None:
         problem = RowProblem(INVALID_COLUMN, "created_at",
@@ -541,9 +600,11 @@ class InboxPoll:
         self._priorities = priorities or []
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
+        """Asked for the poll's limit or more, every new row it read: the oldest and
+        the newest ``NEWEST_ROWS`` (which no number of older rows may hide)."""
         if limit > self.limit and len(self._new) + len(self._bad) >= self.limit:
             return self.inbox.new_rows(limit)
-        return self._new[:limit]
+        return list(self._new) if limit >= self.limit else self._new[:limit]
 
     def bad_rows(self) -> list[BadRow]:
         return list(self._bad)
@@ -556,3 +617,18 @@ class InboxPoll:
 
     def priority_refused(self, row: PriorityRow, why: str) -> None:
         self.inbox.priority_refused(row, why)
+
+    def rows_to_check(self, task_ids: Callable[[], Collection[str]]) -> list[str]:
+        return self.inbox.rows_to_check(task_ids)
+
+    def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
+        return self.inbox.rows_of(task_ids)
+
+    def first_finding(self, task_id: str, found: str) -> bool:
+        return self.inbox.first_finding(task_id, found)
+
+    def spec_unchanged(self, task_id: str, raw: Any) -> bool:
+        return self.inbox.spec_unchanged(task_id, raw)
+
+    def spec_seen(self, task_id: str, raw: Any) -> None:
+        self.inbox.spec_seen(task_id, raw)

@@ -13,7 +13,7 @@ recognise is read through ``job_rows`` instead.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -21,6 +21,9 @@ from falcon_es.config.db_urls import MysqlTarget, SqliteTarget
 from falcon_es.config.job_mapping import JOB_COLUMNS, JobMapping
 from falcon_es.domain.timestamps import as_timestamp
 
+#: ``falcon_es.domain.events.ROW_CHECKS_STREAM``, written out: importing the events
+#: would cost ``task show`` the start-up time this module exists to save.
+ROW_CHECKS_STREAM = "intake:rows"
 _TIMES = ("created_at", "updated_at", "aborting_at", "aborted_at", "dispatched_at",
           "finished_at")
 
@@ -88,6 +91,27 @@ def get_row(target: SqliteTarget | MysqlTarget, mapping: JobMapping,
     return _as_dict(rows[0])
 
 
+def row_notes(target: SqliteTarget | MysqlTarget, task_id: str) -> list[str]:
+    """What the log recorded of this task's job row (``JobRowDiverged`` details, the
+    latest of each finding): a spec changed after acceptance, a row deleted or reused."""
+    mysql = isinstance(target, MysqlTarget)
+    sql = f"SELECT data FROM task_events WHERE stream_id = {'%s' if mysql else '?'} ORDER BY seq"
+    with _cursor(target) as cursor:
+        cursor.execute(sql, [ROW_CHECKS_STREAM])
+        rows = cursor.fetchall()
+    return notes_of(task_id, (row[0] for row in rows))
+
+
+def notes_of(task_id: str, stored: Iterable[Any]) -> list[str]:
+    """The latest detail of each finding about ``task_id`` among stored event data."""
+    latest: dict[str, str] = {}
+    for data in stored:
+        found = json.loads(data) if isinstance(data, (str, bytes)) else data
+        if found.get("task_id") == task_id:
+            latest[str(found["found"])] = str(found["detail"])
+    return list(latest.values())
+
+
 def _as_dict(row: Sequence[Any]) -> dict[str, Any]:
     return decoded(dict(zip(JOB_COLUMNS, row)), _TIMES)
 
@@ -103,7 +127,7 @@ def decoded(values: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             values["spec"] = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or JSON Python cannot hold
             values["spec"] = raw
     return values
 

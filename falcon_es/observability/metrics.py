@@ -347,6 +347,12 @@ class Metrics:
             "took in, an abort on an id longer than the log's stream_id, a priority "
             "request it refused.", ("reason",),
             registry=registry)
+        self.job_rows_diverged = Counter(
+            "falcon_job_rows_diverged", "Job rows found to differ from the log, each "
+            "finding of a task counted once: found deleted (gone while the task runs), "
+            "replaced (the "
+            "id reused by another submission), spec-changed (the accepted spec runs).",
+            ("found",), registry=registry)
         self.leader = Gauge(
             "falcon_leader", "1 while this replica holds the lease and runs the loop, "
             "0 on standby.", registry=registry)
@@ -403,6 +409,10 @@ class Metrics:
     def job_row_ignored(self, reason: str) -> None:
         """``reason``: unknown-status, not-taken-in, id-too-long (the inbox's)."""
         self.job_rows_ignored.labels(reason).inc()
+
+    def job_row_diverged(self, found: str) -> None:
+        """``found``: a ``JobRowDiverged.found`` (the row check's)."""
+        self.job_rows_diverged.labels(found).inc()
 
     def edge_observations_folded(self, ctx: Any, recorded: Sequence[Any]) -> None:
         """After-commit step: count what became of the tick's edge observations."""

@@ -55,13 +55,24 @@ class LiveLook:
 
 
 def explain(task_id: str, records: Sequence[RecordedEvent],
-            queue: Mapping[str, Any] | None = None, live: LiveLook | None = None) -> Node:
-    """The tree for one task's events (its stream, in order)."""
+            queue: Mapping[str, Any] | None = None, live: LiveLook | None = None,
+            row_findings: Sequence[RecordedEvent] = ()) -> Node:
+    """The tree for one task's events (its stream, in order); ``row_findings`` are the
+    ``JobRowDiverged`` records of its job row, said after the task's own chain (its
+    row deleted or reused while it ran, its spec changed after acceptance)."""
     state = fold(task_id, [(r.event, r.recorded_at) for r in records])
     chain = _chain(state, records, queue)
     if live is not None:
         chain = [*_live_nodes(live), *chain]
+    chain.extend(_row_node(r) for r in row_findings
+                 if isinstance(r.event, ev.JobRowDiverged) and r.event.task_id == task_id)
     return _nested(chain)
+
+
+def _row_node(record: RecordedEvent) -> Node:
+    event = record.event
+    assert isinstance(event, ev.JobRowDiverged)
+    return Node(f"job row {event.found}: {event.detail}", _log(record), record.recorded_at)
 
 
 def render(node: Node, depth: int = 0) -> list[str]:

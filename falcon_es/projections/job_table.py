@@ -18,10 +18,11 @@ from sqlalchemy.engine import Connection
 
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
+from falcon_es.domain.spec import DUPLICATE_ID
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage.tables import JobSql, JobTable
 from falcon_es.domain.task import Change, TaskState, TaskStates
-from falcon_es.projections.messages import render, task_message
+from falcon_es.projections.messages import fit_message, render, task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
 PROJECTED_COLUMNS = (
@@ -77,9 +78,15 @@ def _cas_update(job: JobTable) -> sa.Update:
     )
     return (
         job.table.update()
-        .where(c.id == sa.bindparam("b_id"))
+        .where(c.id == sa.bindparam("b_id"), _not_duplicate(job))
         .ordered_values(*assignments)
     )
+
+
+def _not_duplicate(job: JobTable) -> sa.ColumnElement[bool]:
+    """A row refused ``DuplicateId`` holds another submission under the same id: the
+    task the log knows by that id never writes it again."""
+    return sa.or_(job.c.reason.is_(None), job.c.reason != DUPLICATE_ID)
 
 
 class JobTableProjection:
@@ -166,9 +173,13 @@ def _joined_update_sql(rows: int, dialect_name: str, names: JobSql) -> str:
     first = "SELECT " + ", ".join(f"{mark} AS {name}" for name in _JOINED_PARAMS)
     values = f"{first}{(' UNION ALL SELECT ' + ', '.join(mark for _ in _JOINED_PARAMS)) * (rows - 1)}"
     row_id = f"{table}.{col['id']}"
+    reason = f"{table}.{col['reason']}"
+    not_duplicate = f"({reason} IS NULL OR {reason} <> '{DUPLICATE_ID}')"
     if mysql:
-        return f"UPDATE {table} JOIN ({values}) AS v ON {row_id} = v.b_id SET {', '.join(assignments)}"
-    return f"UPDATE {table} SET {', '.join(assignments)} FROM ({values}) AS v WHERE {row_id} = v.b_id"
+        return (f"UPDATE {table} JOIN ({values}) AS v ON {row_id} = v.b_id "
+                f"SET {', '.join(assignments)} WHERE {not_duplicate}")
+    return (f"UPDATE {table} SET {', '.join(assignments)} FROM ({values}) AS v "
+            f"WHERE {row_id} = v.b_id AND {not_duplicate}")
 
 
 def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, Any]]) -> int:
@@ -191,19 +202,49 @@ def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, An
 
 
 class RefusedRowsProjection:
-    """Inline projection: a row refused as a whole (``RowRefused``, its id does not fit
-    the log) is failed with the refusal's Reason and Message. Only a row still new
-    (Pending, no Reason) is written: the upper layer may have moved it meanwhile."""
+    """Inline projection: a row refused as a whole (``RowRefused``: its id does not fit
+    the log, or names an earlier submission) is failed with the refusal's Reason and
+    Message. A row refused for its id's length is written only while still new
+    (Pending, no Reason): the upper layer may have moved it meanwhile. A ``DuplicateId``
+    row is written whatever the task the log knows by that id wrote there (runs before
+    the job-table projection, which then leaves it alone)."""
 
     def __init__(self, job: JobTable, lang: str = "en") -> None:
         self.job = job
         self.lang = lang
         self._update = refusal_update(job)
+        self._duplicate = duplicate_update(job)
 
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
         refused = [r for r in recorded if type(r.event) is ev.RowRefused]
         if refused:
-            write_refusals(conn, refused, self.lang, self._update)
+            write_refusals(conn, refused, self.lang, self._update, self._duplicate)
+
+    def committed(self) -> None:
+        """Nothing staged here: the rows committed with the events."""
+
+    def discarded(self) -> None:
+        """Nothing staged here: the rows rolled back with the events."""
+
+
+class RowCheckProjection:
+    """Inline projection: a task whose row was found to differ from the log
+    (``JobRowDiverged``, ``rewritten``) gets its row written again from its state as
+    this append leaves it (the compare-and-set write of every projection write)."""
+
+    def __init__(self, states: TaskStates, job: JobTable, lang: str = "en") -> None:
+        self.states = states
+        self.job = job
+        self.lang = lang
+        self._update = _cas_update(job)
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        ids = {r.event.task_id for r in recorded if type(r.event) is ev.JobRowDiverged
+               and r.event.found == ev.ROW_REWRITTEN}
+        states = [s for task_id in sorted(ids) if (s := self.states.get(task_id)) is not None]
+        if states:
+            changes = [Change(s, s, folds_abort=s.status in _ABORT_STATUSES) for s in states]
+            write_rows(conn, changes, self.lang, self._update, job=self.job)
 
     def committed(self) -> None:
         """Nothing staged here: the rows committed with the events."""
@@ -223,17 +264,38 @@ def refusal_update(job: JobTable) -> sa.Update:
     )
 
 
+def duplicate_update(job: JobTable) -> sa.Update:
+    """Fail a row whose id names an earlier submission, whatever it holds (the old
+    task's columns too are cleared: none of them is this row's)."""
+    c = job.c
+    return (
+        job.table.update()
+        .where(c.id == sa.bindparam("b_id"), _not_duplicate(job))
+        .values(status=chart.FAILED, reason=sa.bindparam("b_reason"),
+                message=sa.bindparam("b_message"), updated_at=sa.bindparam("b_at"),
+                finished_at=sa.bindparam("b_at"), cluster_id=None, node_pool_name=None,
+                job_uid=None, dispatched_at=None, aborted_at=None)
+    )
+
+
 def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str,
-                   update: sa.Update) -> int:
-    """Fail each refused row (its event's Reason, a Message rendered from its data)."""
-    params = []
+                   update: sa.Update, duplicate: sa.Update) -> int:
+    """Fail each refused row (its event's Reason, a Message rendered from its data);
+    a row refused more than once gets its latest refusal."""
+    latest: dict[tuple[bool, str], dict[str, Any]] = {}
     for record in refused:
         event = record.event
         if not isinstance(event, ev.RowRefused):
             continue
-        params.append({"b_id": event.row_id, "b_reason": event.reason,
-                       "b_message": render("RowRefused", event.to_data(), lang),
-                       "b_at": record.recorded_at})
-    if not params:
-        return 0
-    return conn.execute(update, params).rowcount
+        latest.pop((event.reason == DUPLICATE_ID, event.row_id), None)
+        latest[(event.reason == DUPLICATE_ID, event.row_id)] = {
+            "b_id": event.row_id, "b_reason": event.reason,
+            "b_message": fit_message(render("RowRefused", event.to_data(), lang)),
+            "b_at": record.recorded_at}
+    written = 0
+    for is_duplicate, statement in ((False, update), (True, duplicate)):
+        params = [p for (dup, _), p in latest.items() if dup is is_duplicate]
+        if params:
+            written += conn.execute(statement, params).rowcount
+    return written
+

@@ -303,6 +303,26 @@ def render(key: str, args: Args, lang: str = "en") -> str:
     return template.format(**args)
 
 
+#: What the job table's ``message`` column holds at least: a MySQL/MariaDB TEXT, 65,535
+#: bytes (a longer value was stored cut at its length modulo 64 KiB, mid-character).
+MESSAGE_BYTES = 65_535
+#: Ends a Message cut to fit the column, so a reader knows there was more.
+CUT_MARK = " …[cut]"
+
+
+def fit_message(text: str | None, limit: int = MESSAGE_BYTES) -> str | None:
+    """A Message cut to ``limit`` UTF-8 bytes at a character boundary, ending with
+    ``CUT_MARK`` when cut. Most Messages are short: those are returned untouched
+    without being encoded."""
+    if text is None or len(text) * 4 <= limit:
+        return text
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    room = limit - len(CUT_MARK.encode("utf-8"))
+    return data[:room].decode("utf-8", errors="ignore") + CUT_MARK
+
+
 def task_message(state: TaskState, lang: str = "en") -> str | None:
     """The Message of a task: its latest statement, then the fate of each pool it
     handed over (a multi-slice task's pools may go to several tasks), then the latest
@@ -315,7 +335,7 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained):
         parts.append(render(state.note_key, state.note_args, lang))
-    return SEPARATOR[lang].join(parts) or None
+    return fit_message(SEPARATOR[lang].join(parts) or None)
 
 
 def position_message(

@@ -44,7 +44,7 @@ from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import JobTable
 from falcon_es.domain.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
 from falcon_es.projections.job_table import (
-    PROJECTED_COLUMNS, refusal_update, row_values, write_refusals, write_rows,
+    PROJECTED_COLUMNS, duplicate_update, refusal_update, row_values, write_refusals, write_rows,
 )
 from falcon_es.projections.messages import position_part
 from falcon_es.projections.position_messages import positions_of
@@ -88,12 +88,12 @@ def rebuild(conn: sa.Connection, states: TaskStates, lang: str, queues: QueueVie
             *, job: JobTable, refused: list[RecordedEvent] | None = None) -> int:
     """Write every task's projected columns, keeping aborts not yet in the log; with
     ``queues``, the waiting tasks' position Messages too; with ``refused``, the rows
-    refused as a whole."""
+    refused as a whole (first: a row refused ``DuplicateId`` is never the task's)."""
+    if refused:
+        write_refusals(conn, refused, lang, refusal_update(job), duplicate_update(job))
     written = write_rows(conn, _as_changes(states.all()), lang, job=job)
     if queues is not None:
         write_positions(conn, queues.all_positions(), job=job)
-    if refused:
-        write_refusals(conn, refused, lang, refusal_update(job))
     return written
 
 
@@ -141,6 +141,8 @@ def _rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str, until: 
     """The rows written, and the queues of the tasks that had not ended."""
     unended = _Unended(policy)
     written = 0
+    if refused:  # first: a row refused DuplicateId is never the task's
+        write_refusals(conn, refused, lang, refusal_update(job), duplicate_update(job))
     states = final_states(store.reader.connect, until=until, watch=("TaskPicked",),
                           on_watched=unended.picked)
     for batch in batched(states, ROWS_PER_BATCH):
@@ -148,8 +150,6 @@ def _rebuild_streamed(conn: sa.Connection, store: EventStore, lang: str, until: 
         unended.states.extend(s for s in batch if not s.is_terminal)
     view = unended.view(lang)
     write_positions(conn, view.all_positions(), job=job)
-    if refused:
-        write_refusals(conn, refused, lang, refusal_update(job))
     return written, view
 
 

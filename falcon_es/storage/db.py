@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+from collections.abc import Mapping
+from types import MappingProxyType
 import time
 from typing import Any
 
@@ -20,8 +22,16 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.config.job_mapping import JobMapping
 from falcon_es.storage.tables import (
-    STREAM_ID_LENGTH, JobTable, WantedIndex,
+    ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, WantedIndex,
 )
+
+#: The job columns whose values Falcon-ES keeps in columns of a fixed width: what a
+#: note calls their values, how many characters it keeps, the Reason a longer value
+#: gets, and where it is kept.
+KEPT_WIDTHS: Mapping[str, tuple[str, int, str, str]] = MappingProxyType({
+    "id": ("ids", STREAM_ID_LENGTH, "InvalidId", "Falcon-ES's log"),
+    "actor": ("actors", ACTOR_LENGTH, "InvalidColumn", "Falcon-ES's last_served.actor"),
+})
 
 #: Execution option marking a connection that only reads (see ``read_only``).
 READ_ONLY_OPTION = "falcon_read_only"
@@ -223,19 +233,26 @@ def check_job_table(engine: Engine, job: JobTable) -> list[ColumnProblem]:
     return problems
 
 
-def id_length_note(engine: Engine, job: JobTable) -> str | None:
-    """A warning when the table's id column holds ids longer than the log's
-    ``stream_id``: intake fails such rows (``InvalidId``) rather than take them in."""
+def width_notes(engine: Engine, job: JobTable) -> list[str]:
+    """One warning per column of the upper layer's table that can hold values longer
+    than Falcon-ES keeps (``KEPT_WIDTHS``): such a row is failed at intake with its
+    Reason instead of being taken in, so the upper layer should know before it writes
+    one."""
     mapping = job.mapping
-    theirs = mapping.column("id").lower()
+    wanted = {mapping.column(name).lower(): name for name in KEPT_WIDTHS}
+    notes = []
     for column in sa.inspect(engine).get_columns(mapping.table, schema=mapping.schema):
+        name = wanted.get(column["name"].lower())
         kind = column["type"]
-        if column["name"].lower() == theirs and isinstance(kind, sa.String):
-            if kind.length is None or kind.length > STREAM_ID_LENGTH:
-                return (f"{mapping.qualified}.{mapping.column('id')} is {kind}: ids longer "
-                        f"than the {STREAM_ID_LENGTH} characters of Falcon-ES's log are "
-                        "failed at intake (Reason InvalidId)")
-    return None
+        if name is None or not isinstance(kind, sa.String):
+            continue
+        noun, kept, reason, where = KEPT_WIDTHS[name]
+        if kind.length is None or kind.length > kept:
+            notes.append(f"{mapping.qualified}.{mapping.column(name)} is {kind}: {noun} longer "
+                         f"than the {kept} characters of {where} are failed at intake "
+                         f"(Reason {reason})")
+    return sorted(notes, key=lambda note: not note.startswith(
+        f"{mapping.qualified}.{mapping.column('id')} "))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,10 @@ from falcon_es.storage.tables import log_head, task_events
 STREAMS_PER_READ = 500
 
 
+class _Probed(Exception):
+    """Rolls back the transaction of ``EventStore.refusal``."""
+
+
 class ConcurrencyError(RuntimeError):
     """A stream's version differs from the one the writer expected; nothing was written."""
 
@@ -138,6 +142,24 @@ class EventStore:
             projection.committed()
         return recorded
 
+    def refusal(self, appends: Sequence[StreamAppend]) -> BaseException | None:
+        """What the database says to these appends alone, the inline projections'
+        writes included, in a transaction rolled back whatever happens: None when it
+        takes them, else the error (a ``ConcurrencyError`` of its own when a stream
+        moved meanwhile). Finds which new row a failed append could not take."""
+        try:
+            with self.engine.begin() as conn:
+                recorded = self._append(conn, [a for a in appends if a.events], self.clock.now())
+                for projection in self.projections:
+                    projection.apply(conn, recorded)
+                raise _Probed()
+        except _Probed:
+            return None
+        except Exception as error:  # noqa: BLE001 - the answer is the error itself
+            return error
+        finally:
+            self._discard()
+
     def _discard(self) -> None:
         for projection in self.projections:
             projection.discarded()
@@ -221,6 +243,17 @@ class EventStore:
                 known.update(conn.execute(
                     _STREAMS_KNOWN, {"ids": ids[first:first + STREAMS_PER_READ]}).scalars())
         return known
+
+    def streams_started(self, stream_ids: Collection[str]) -> dict[str, dt.datetime]:
+        """Those of these streams that have events in the log, with when each began
+        (its first event's recorded_at)."""
+        ids = sorted(set(stream_ids))
+        started: dict[str, dt.datetime] = {}
+        for first in range(0, len(ids), STREAMS_PER_READ):
+            with self.reader.connect() as conn:
+                started.update((row.stream_id, row.recorded_at) for row in conn.execute(
+                    _STREAMS_STARTED, {"ids": ids[first:first + STREAMS_PER_READ]}))
+        return started
 
     def read_after(
         self, position: int, *, batch_size: int = 2000, until: int | None = None
@@ -325,6 +358,9 @@ _READ_STREAMS = (
     .order_by(task_events.c.stream_id, task_events.c.version)
 )
 _STREAMS_KNOWN = sa.select(task_events.c.stream_id).where(
+    task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)),
+    task_events.c.version == 1)
+_STREAMS_STARTED = sa.select(task_events.c.stream_id, task_events.c.recorded_at).where(
     task_events.c.stream_id.in_(sa.bindparam("ids", expanding=True)),
     task_events.c.version == 1)
 

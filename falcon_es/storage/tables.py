@@ -27,6 +27,9 @@ Json = sa.JSON().with_variant(mysql.JSON(), "mysql", "mariadb")
 
 #: The longest stream id the log holds, so the longest job id Falcon-ES can take in.
 STREAM_ID_LENGTH = 64
+#: The longest actor Falcon-ES keeps (``last_served.actor``), so the longest job actor
+#: it takes in.
+ACTOR_LENGTH = 128
 
 task_events = sa.Table(
     "task_events", metadata,
@@ -77,7 +80,7 @@ last_served = sa.Table(
     "last_served", metadata,
     sa.Column("cluster_id", sa.String(36), primary_key=True),
     sa.Column("topology", sa.String(32), primary_key=True),
-    sa.Column("actor", sa.String(128), nullable=False),
+    sa.Column("actor", sa.String(ACTOR_LENGTH), nullable=False),
 )
 
 #: The sim backend's world kept beside the log (``falcon_es.adapters.sim.persist``):

@@ -64,7 +64,8 @@ def test_a_row_whose_task_the_log_holds_already_is_not_accepted_again(
         make_bench: HandlerBenches) -> None:
     """The log, not the row, says whether a task entered: a row showing no Reason
     although the log holds its task (the table restored from an older backup, say)
-    must not start the task a second time."""
+    must not start the task a second time. The row is written again from the log
+    instead (the table converges on the log)."""
     bench = make_bench(intake.accept_new_rows)
     bench.given("t1", ev.TaskAccepted("t1", "user-a", dict(SPEC), "v6e", "4x4",
                                       bench.clock.now()))
@@ -72,7 +73,10 @@ def test_a_row_whose_task_the_log_holds_already_is_not_accepted_again(
     bench.submit("t2", SPEC)
     assert (bench.row("t1")["status"], bench.row("t1")["reason"]) == ("Pending", None)
 
-    assert [(task, type(e)) for task, e in bench.run()] == [("t2", ev.TaskAccepted)]
+    emitted = bench.run()
+    assert [(task, type(e)) for task, e in emitted] == [
+        (ev.ROW_CHECKS_STREAM, ev.JobRowDiverged), ("t2", ev.TaskAccepted)]
+    assert (emitted[0][1].task_id, emitted[0][1].found) == ("t1", ev.ROW_REWRITTEN)
     assert len(bench.log("t1")) == 1
 
 
