@@ -15,9 +15,10 @@ from falcon_es.domain.priority_requests import (
 )
 from falcon_es.jobtable.inbox import NewRow, SeenRow
 from falcon_es.domain.spec import (
-    DUPLICATE_ID, INVALID_ID, UNSTORABLE_ROW, SpecError, parse_spec,
+    DUPLICATE_ID, INVALID_ID, UNSTORABLE_ROW, SpecError, TaskSpec, parse_spec,
 )
 from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_records import NO_SPEC
 
 log = logging.getLogger("falcon_es.intake")
 
@@ -88,7 +89,7 @@ def judge_known_row(tick: Tick, ctx: HandlerContext, row: NewRow,
     when the id was used before, and the old task's history is left as it is (a task
     still running goes on without its row: ``falcon-es task abort`` stops it)."""
     state = tick.state(row.id)
-    if state is not None and not state.is_terminal and state.submitted_at == row.created_at:
+    if state is not None and not state.is_terminal and state.submission.submitted_at == row.created_at:
         shown = f"{state.status}/{state.reason}" if state.reason else state.status
         detail = f"found Pending with no Reason (set back to new); the log says {shown}"
         log.warning("job row %s %s: written again from the log", row.id, detail,
@@ -103,7 +104,8 @@ def refuse_duplicate(tick: Tick, ctx: HandlerContext, row_id: str, actor: str,
     """Fail a row whose id names an earlier submission (Reason ``DuplicateId``), logged
     once (the row is failed, so it is judged again only if the upper layer sets it
     back); a task still running is recorded as having lost its row."""
-    used = state.submitted_at if state is not None and state.submitted_at else started
+    used = (state.submission.submitted_at if state is not None and state.submission.submitted_at
+            else started)
     when = f" at {used:%Y-%m-%d %H:%M:%S} UTC" if used is not None else ""
     fate = (f"; that task is {state.status}" if state is not None
             else "; that task has ended")
@@ -220,9 +222,9 @@ def check_row(tick: Tick, ctx: HandlerContext, state: TaskState, row: SeenRow | 
     if row.reason == DUPLICATE_ID or row.status == chart.ABORTING or \
             (row.status == chart.PENDING and row.reason is None):
         return  # another submission's, judged already; an abort request; or new (intake's)
-    if row.created_at is not None and state.submitted_at is not None \
-            and row.created_at != state.submitted_at:
-        refuse_duplicate(tick, ctx, task_id, state.actor, state, None)
+    if row.created_at is not None and state.submission.submitted_at is not None \
+            and row.created_at != state.submission.submitted_at:
+        refuse_duplicate(tick, ctx, task_id, state.submission.actor, state, None)
         return
     expected = (chart.PENDING if state.status == chart.NEW else state.status, state.reason)
     if (row.status, row.reason) != expected:
@@ -231,15 +233,15 @@ def check_row(tick: Tick, ctx: HandlerContext, state: TaskState, row: SeenRow | 
         log.warning("job row %s %s: written again from the log", task_id, detail,
                     extra={"task_id": task_id})
         tick.emit(ev.ROW_CHECKS_STREAM, ev.JobRowDiverged(task_id, ev.ROW_REWRITTEN, detail))
-    if state.spec and not state.is_terminal and \
-            spec_changed(task_id, row.spec_raw, state.spec, ctx) and \
+    if state.submission.spec is not NO_SPEC and not state.is_terminal and \
+            spec_changed(task_id, row.spec_raw, state.submission.spec, ctx) and \
             ctx.inbox.first_finding(task_id, ev.SPEC_CHANGED):
         detail = "the row's spec was changed after acceptance; the accepted spec runs"
         log.warning("task %s: %s", task_id, detail, extra={"task_id": task_id})
         tick.emit(ev.ROW_CHECKS_STREAM, ev.JobRowDiverged(task_id, ev.SPEC_CHANGED, detail))
 
 
-def spec_changed(task_id: str, raw: object, accepted: dict[str, object],
+def spec_changed(task_id: str, raw: object, accepted: TaskSpec,
                  ctx: HandlerContext) -> bool:
     """Whether the row's spec now reads as another spec than the one accepted (one
     that no longer parses is another); text read as the accepted spec before is not
@@ -247,7 +249,7 @@ def spec_changed(task_id: str, raw: object, accepted: dict[str, object],
     if ctx.inbox.spec_unchanged(task_id, raw):
         return False
     try:
-        changed = parse_spec(raw, ctx.spec_limits).to_data() != accepted
+        changed = parse_spec(raw, ctx.spec_limits).to_data() != accepted.to_data()
     except Exception:  # noqa: BLE001 - any unreadable spec differs from the accepted one
         return True
     if not changed:
