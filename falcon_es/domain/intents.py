@@ -4,8 +4,8 @@ Intent before effect: a handler never calls a port to change the world; it recor
 intent event (``NodePoolCreateRequested``, ``JobSubmitRequested``, ``JobDeleteRequested``,
 ``NodePoolDeleteRequested``, ``OrphanPoolFound``). The effect executor carries out every
 intent the log shows without an outcome, and the outcome is recorded as an event in
-turn. What is open is derived from the folded task states, so a controller that starts
-after a crash re-issues whatever was left open.
+turn. What is open is derived from the folded task states (``task.task_intents``), so a
+controller that starts after a crash re-issues whatever was left open.
 
 The progress of a task's pool and Job requests (``PoolIntent``, ``JobIntent``) and the
 fate of its pool once the task has ended (``PoolDisposition``) are named here, once, for
@@ -18,9 +18,8 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the task aggregate folds these values, so it imports this module
+if TYPE_CHECKING:
     from falcon_es.domain import events as ev
-    from falcon_es.domain.task import TaskState
 
 
 class IntentKind(enum.StrEnum):
@@ -102,23 +101,3 @@ class Outcome:
 
     intent: Intent
     event: ev.Event
-
-
-def task_intents(state: TaskState) -> tuple[Intent, ...]:
-    """The intents of one task that have no outcome yet."""
-    cluster_id = state.placement.cluster_id or ""
-    found: list[Intent] = []
-    if state.pool.intent == PoolIntent.CREATE_REQUESTED and state.pool.name:
-        # The first pool of the task's own group (not a pool it took, which comes first
-        # in ``node_pools``).
-        request = state.pool.request
-        own = request.pool_name if request is not None else state.pool.name
-        found.append(Intent(IntentKind.POOL_CREATE, state.task_id, own, cluster_id))
-    if state.job.name and state.job.intent == JobIntent.SUBMIT_REQUESTED:
-        found.append(Intent(IntentKind.JOB_SUBMIT, state.task_id, state.job.name, cluster_id))
-    if state.job.name and state.job.intent == JobIntent.DELETE_REQUESTED:
-        found.append(Intent(IntentKind.JOB_DELETE, state.task_id, state.job.name, cluster_id))
-    deleting = state.pool.deleting or state.node_pools[:1]
-    if deleting and state.pool.disposition == PoolDisposition.DELETE_REQUESTED:
-        found.append(Intent(IntentKind.POOL_DELETE, state.task_id, deleting[0], cluster_id))
-    return tuple(found)

@@ -39,13 +39,13 @@ from sqlalchemy.engine import Connection
 
 from falcon_es.domain import events as ev
 from falcon_es.domain.handover import needs_disposal
-from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition, task_intents
+from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import last_served, live_streams
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState, TaskStates, task_intents
 
 #: Dispositions under which an ended task still answers for its pool.
 _POOL_OPEN = frozenset({PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED})

@@ -11,7 +11,8 @@ import logging
 
 from falcon_es.domain import chart
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.intents import IntentKind, task_intents
+from falcon_es.domain.intents import IntentKind
+from falcon_es.domain.task import task_intents
 from falcon_es.engine.runtime import Tick
 
 log = logging.getLogger("falcon_es.handlers.outcomes")

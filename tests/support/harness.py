@@ -25,7 +25,7 @@ from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Spa
 from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.effects import EffectExecutor
-from falcon_es.domain.intents import task_intents
+from falcon_es.domain.task import task_intents
 from falcon_es.domain.ports import (
     JOB_KIND, BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
 )
