@@ -58,3 +58,19 @@ def test_a_job_is_never_published_failed_before_its_failed_pod() -> None:
         assert torn == [], f"published {len(torn)} torn view(s): {torn[0]}"
     finally:
         close_world(world)
+
+
+def test_a_jobset_counts_the_completions_its_spec_asks_for_before_every_child_is_seen() -> None:
+    """The Jobs watch may deliver the first child Job before the second: the JobSet's
+    observation still says how many pods must succeed (two slices of four), so no
+    reader takes four of four for a whole JobSet."""
+    from falcon_es.adapters.gcp.job_observations import jobset_content
+
+    jobset = {"metadata": {"name": "falcon-t"}, "spec": {"replicatedJobs": [
+        {"name": "slice", "replicas": 2, "template": {"spec": {"completions": 4}}}]}}
+    first_child = {"metadata": {"name": "falcon-t-slice-0"},
+                   "spec": {"completions": 4}, "status": {}}
+    content = jobset_content(jobset, [(first_child, [], [])])
+    assert content[2] == 8
+    no_spec = {"metadata": {"name": "falcon-t"}}
+    assert jobset_content(no_spec, [(first_child, [], [])])[2] == 4  # the children's sum

@@ -143,7 +143,7 @@ def jobset_content(jobset: Mapping[str, Any],
                     children: Iterable[tuple[Mapping[str, Any], list[dict[str, Any]],
                                              list[dict[str, Any]]]]) -> JobSetContent:
     """A JobSet's observation: its children's pods and counts summed (slice order), the
-    first child's refusal (transient while that child's leader has no node), and the
+    completions its spec asks for, the first child's refusal (transient while that child's leader has no node), and the
     JobSet's own verdict, restarts and reason."""
     succeeded = failed = completions = 0
     pods: list[PodObservation] = []
@@ -160,6 +160,7 @@ def jobset_content(jobset: Mapping[str, Any],
             unscheduled = leader is None or not (leader.get("spec") or {}).get("nodeName")
             refusal = CreateRefusal(f"child Job {child['metadata'].get('name')}: "
                                     f"{refused.message}", refused.count, transient=unscheduled)
+    completions = jobset_completions(jobset) or completions
     status = jobset.get("status") or {}
     condition = reason = None
     for entry in status.get("conditions") or ():
@@ -167,6 +168,18 @@ def jobset_content(jobset: Mapping[str, Any],
             condition, reason = _JOBSET_CONDITIONS[entry["type"]], entry.get("reason")
     return (succeeded, failed, completions, condition, tuple(pods), refusal,
             int(status.get("restarts") or 0), reason)
+
+
+def jobset_completions(jobset: Mapping[str, Any]) -> int:
+    """The pods a JobSet needs to succeed, from its own spec: each replicated Job's
+    replicas times its Jobs' completions (0 when the spec says nothing). A count summed
+    over the child Jobs seen so far falls short while the Jobs watch has not delivered
+    every child yet (the JobSets and Jobs watches are not ordered)."""
+    total = 0
+    for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or ():
+        job_spec = (replicated.get("template") or {}).get("spec") or {}
+        total += int(replicated.get("replicas") or 1) * int(job_spec.get("completions") or 1)
+    return total
 
 
 def children_behind(condition: str | None, children: Iterable[
