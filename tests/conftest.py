@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.storage import db
-from falcon_es.app.bootstrap import App, open_app
+from falcon_es.app.application import App, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable, metadata

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from falcon_es.storage import db
 from falcon_es.bench import restart
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.cli import main
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable, live_streams

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from falcon_es.storage import db
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.cli import EXIT_BAD_INPUT, EXIT_DATABASE, EXIT_PROBLEM, main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.storage import db, registry
 from falcon_es.jobtable import job_rows
 from falcon_es.app import service

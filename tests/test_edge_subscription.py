@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.jobtable import job_rows
 from falcon_es.storage import registry
 from falcon_es.app import service

@@ -36,7 +36,7 @@ from falcon_es.adapters.gcp.wiring import build_cluster_manager
 from falcon_es.adapters.sim import (
     ClusterBehaviour, JobDefaults, SimConfig, SimWorld, Span, build_sim_ports,
 )
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock, WallClock, utcnow
 from falcon_es.domain.manifests import JobPlacement, render_job

@@ -36,7 +36,7 @@ from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.sim import SimClusterConfig, SimConfig
 from falcon_es.adapters.sim.config import QuotaConfig, Span, StockoutConfig
 from falcon_es.adapters.sim.kube_api import DENIAL
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.storage.registry import list_clusters

@@ -10,7 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable

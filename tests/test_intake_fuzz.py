@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App
+from falcon_es.app.application import App
 from falcon_es.engine.runtime import Controller
 from falcon_es.domain.spec import (
     FORBIDDEN_FIELDS,

@@ -28,7 +28,8 @@ from click.testing import CliRunner
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.app import service

@@ -267,7 +267,7 @@ def test_the_migration_gives_an_existing_log_its_live_set_and_can_run_again(
 
 def test_a_controller_started_on_a_migrated_log_folds_its_live_set(
         db_url: str, clock: VirtualClock) -> None:
-    from falcon_es.app.bootstrap import load_task_states, open_app
+    from falcon_es.app.application import load_task_states, open_app
 
     engine = db.make_engine(db_url)
     try:
@@ -296,7 +296,7 @@ def test_a_controller_started_on_a_migrated_log_folds_its_live_set(
 
 def test_the_live_rows_are_written_in_the_append_itself(db_url: str, clock: VirtualClock) -> None:
     """A tick that rolls back leaves the table as it was: the rows commit with the events."""
-    from falcon_es.app.bootstrap import open_app
+    from falcon_es.app.application import open_app
 
     app = open_app(Settings(db_url=db_url), clock)
     try:
@@ -321,7 +321,7 @@ def _explode(conn: sa.Connection) -> None:
 
 def test_another_writers_event_on_a_stream_that_left_memory_is_read_whole_quietly(
         db_url: str, clock: VirtualClock, caplog: pytest.LogCaptureFixture) -> None:
-    from falcon_es.app.bootstrap import load_task_states, open_app
+    from falcon_es.app.application import load_task_states, open_app
 
     mine = open_app(Settings(db_url=db_url), clock, follow_log=True)
     other = open_app(Settings(db_url=db_url), clock)

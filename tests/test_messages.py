@@ -15,7 +15,7 @@ import pytest
 
 from falcon_es.domain import events as ev
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import Meta, StreamAppend

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.storage import db
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import VirtualClock

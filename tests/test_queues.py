@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from falcon_es.domain import events as ev
 from falcon_es.jobtable import job_rows
-from falcon_es.app.bootstrap import App, open_app
+from falcon_es.app.application import App, open_app
 from falcon_es.cli import main
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable

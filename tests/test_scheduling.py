@@ -14,7 +14,8 @@ from freezegun import freeze_time
 from falcon_es.domain import events as ev
 from falcon_es.jobtable import job_rows
 from falcon_es.storage import registry
-from falcon_es.app.bootstrap import App, RunOptions, build_service, load_task_states, open_app
+from falcon_es.app.application import App, load_task_states, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import WallClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.runtime import Controller

@@ -18,7 +18,8 @@ from click.testing import CliRunner, Result
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import SimConfig
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.cluster_cache import ClusterCache

@@ -21,7 +21,8 @@ from falcon_es.jobtable import job_rows
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.staging import EdgeRelay
 from falcon_es.adapters.sim import SimWorld
-from falcon_es.app.bootstrap import BackendError, RunOptions, build_service, open_app
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import BackendError, RunOptions, build_service
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings, SettingsError

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.domain import events as ev
-from falcon_es.app.bootstrap import App
+from falcon_es.app.application import App
 from falcon_es.storage.store import ConcurrencyError, Meta, StreamAppend
 from falcon_es.storage.tables import task_events
 

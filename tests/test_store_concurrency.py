@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from falcon_es.storage import db
 from falcon_es.domain import events as ev
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, StreamAppend

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from falcon_es.app.bootstrap import App, open_app
+from falcon_es.app.application import App, open_app
 from falcon_es.config.settings import Settings
 from falcon_es.domain import events as ev
 from falcon_es.domain.task import fold

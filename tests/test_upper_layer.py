@@ -20,7 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from falcon_es.storage import db
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.job_mapping import JobMapping
 from falcon_es.observability.metrics import Metrics

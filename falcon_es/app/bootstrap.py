@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from falcon_es.app.application import App, load_task_states, open_app
+from falcon_es.app.application import App, load_task_states
 from falcon_es.app.service import Service
 from falcon_es.config.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.domain.clock import Clock, VirtualClock, WallClock, utcnow
@@ -42,8 +42,7 @@ if TYPE_CHECKING:
     from falcon_es.adapters.sim import SimConfig, SimWorld
     from falcon_es.adapters.sim.persist import WorldStore
 
-__all__ = ["App", "BACKENDS", "BackendError", "RunOptions", "build_service",
-           "load_task_states", "open_app", "register_sim_clusters"]
+__all__ = ["BACKENDS", "BackendError", "RunOptions", "build_service", "register_sim_clusters"]
 BACKENDS = ("sim", "gcp")
 
 

@@ -27,7 +27,8 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.app import service
 from falcon_es.adapters.sim import load_sim_config
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.runtime import TickReport
 from falcon_es.config.settings import Settings

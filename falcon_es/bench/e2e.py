@@ -56,7 +56,8 @@ from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
-from falcon_es.app.bootstrap import RunOptions, build_service, open_app, register_sim_clusters
+from falcon_es.app.application import open_app
+from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport

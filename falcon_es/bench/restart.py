@@ -39,7 +39,8 @@ from sqlalchemy.engine import Connection, Engine
 from falcon_es.storage import db, registry
 from falcon_es.domain import events as ev
 from falcon_es.bench.store import scratch_database
-from falcon_es.app.bootstrap import App, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.domain.spec import parse_spec

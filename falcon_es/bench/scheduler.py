@@ -26,7 +26,7 @@ queue's slot). Then, on that state:
   values on the same database, in the same run (median of several rounds).
 
 The composition root passes in the handlers to run (the core does not import them);
-the queue view comes with the app that ``bootstrap.open_app`` builds.
+the queue view comes with the app that ``application.open_app`` builds.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from falcon_es.domain import chart
 from falcon_es.storage import db, registry
 from falcon_es.domain import events as ev
 from falcon_es.bench.scratch import scratch_mysql_database
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.loop import Loop
 from falcon_es.projections.messages import position_part

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Engine
 from falcon_es.storage import db
 from falcon_es.config.db_urls import DEFAULT_URL
 from falcon_es.domain import events as ev
-from falcon_es.app.bootstrap import open_app
+from falcon_es.app.application import open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.log_fold import final_states
 from falcon_es.config.settings import Settings

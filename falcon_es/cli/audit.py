@@ -22,7 +22,7 @@ from falcon_es.cli.common import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from falcon_es.app.bootstrap import App
+    from falcon_es.app.application import App
     from falcon_es.projections.explain import LiveLook
     from falcon_es.domain.clusters import Cluster
     from falcon_es.config.settings import Settings
@@ -169,7 +169,7 @@ def _position(app: App, until: str) -> int:
 def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool) -> None:
     """A task's causal chain, upstream root cause first, each link with its source and
     time: from the log, the queue view and, with --live, the clusters themselves."""
-    from falcon_es.app.bootstrap import load_task_states
+    from falcon_es.app.application import load_task_states
     from falcon_es.projections.explain import explain, render
     from falcon_es.projections.queue_listing import queue_rows
     from falcon_es.domain.task import fold

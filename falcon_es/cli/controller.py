@@ -89,7 +89,8 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
                 leader_election: str | None, in_process_informers: bool | None = None) -> None:
     """The controller loop; stops cleanly on SIGINT/SIGTERM after the current tick."""
     from falcon_es.app import service
-    from falcon_es.app.bootstrap import BackendError, RunOptions, build_service, open_app
+    from falcon_es.app.application import open_app
+    from falcon_es.app.bootstrap import BackendError, RunOptions, build_service
     from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
     from falcon_es.observability.metrics import Metrics
     from falcon_es.storage.registry import list_clusters

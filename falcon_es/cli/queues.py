@@ -20,7 +20,7 @@ from falcon_es.cli.common import app_of, emit, friendly
 def queues_command(ctx: click.Context, as_json: bool, show: int) -> None:
     """The (cluster, topology) queues, folded from the log: slot holder, waiting tasks
     in pick order, running count, actor served last."""
-    from falcon_es.app.bootstrap import load_task_states
+    from falcon_es.app.application import load_task_states
     from falcon_es.projections.queue_listing import queue_rows, unplaced_rows
 
     app = app_of(ctx)

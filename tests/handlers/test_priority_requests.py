@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from falcon_es.storage import db
 from falcon_es.domain import events as ev
-from falcon_es.app.bootstrap import App
+from falcon_es.app.application import App
 from falcon_es.handlers import intake
 from falcon_es.jobtable.inbox import PRIORITY_REFUSED, JobInbox, PriorityRow
 from falcon_es.config.job_mapping import JobMapping

@@ -35,7 +35,8 @@ from falcon_es.storage import registry
 from falcon_es.adapters.sim import (
     SimClusterConfig, SimWorld, behaviour_from_tasks, build_sim_ports,
 )
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine import outbox
 from falcon_es.domain.ports import (

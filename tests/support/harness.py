@@ -22,7 +22,8 @@ from falcon_es.adapters.sim import (
     ClusterBehaviour, SimClusterConfig, SimConfig, SimWorld, build_sim_ports,
 )
 from falcon_es.adapters.sim.config import DeliveryFaults, ReservationConfig, Span
-from falcon_es.app.bootstrap import App, RunOptions, build_service, open_app
+from falcon_es.app.application import App, open_app
+from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.domain.task import task_intents
