@@ -18,9 +18,11 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from falcon_es.storage import db
+from falcon_es.storage.tables import MessageRoom
 from falcon_es.domain import events as ev
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
+from falcon_es.jobtable.ended_rows import ENDED_ROW_CHECK_SECONDS
 from falcon_es.jobtable.inbox import ROW_CHECK_SECONDS
 from falcon_es.projections import replay
 from falcon_es.projections.explain import explain, render
@@ -394,6 +396,61 @@ def test_a_row_set_back_forged_or_rewritten_is_put_right_and_logged_once(
     ]
 
 
+def test_rows_of_ended_tasks_out_of_memory_are_put_right_within_a_pass(
+        any_url: str, upper: UpperLayer, clock: VirtualClock, warned: Warned) -> None:
+    """A task that ended and left memory is no longer in the row check of the tasks
+    in memory: the pass over the whole table finds its forged row, puts it right from
+    the log, and the task leaves memory again with that commit."""
+    table(upper)
+    put(upper, "e1", when(clock))
+    put(upper, "e2", when(clock, 1))
+    running = controller(any_url, clock)
+    try:
+        running.run(lambda: all(status_of(upper, t)[0] == "Succeeded"
+                                and running.app.tasks.get(t) is None for t in ("e1", "e2")))
+        ended = {t: status_of(upper, t) for t in ("e1", "e2")}
+        assert ended == {"e1": ("Succeeded", None), "e2": ("Succeeded", None)}
+        upper.execute("UPDATE job SET status = 'Failed', reason = 'Forged' WHERE id = %s", "e1")
+        upper.execute("UPDATE job SET status = 'Running', reason = NULL WHERE id = %s", "e2")
+        clock.advance(ENDED_ROW_CHECK_SECONDS)
+        running.tick()
+        assert {t: status_of(upper, t) for t in ("e1", "e2")} == ended
+        assert findings(running, "e1") == ["rewritten"] and findings(running, "e2") == ["rewritten"]
+        assert running.app.tasks.get("e1") is None and running.app.tasks.get("e2") is None
+        for _ in range(2):  # a pass an hour: nothing more is found, nothing written
+            clock.advance(ENDED_ROW_CHECK_SECONDS)
+            running.tick()
+        assert findings(running, "e1") == ["rewritten"]
+        assert verified(running) == []
+    finally:
+        running.close()
+    assert warned.messages == [
+        "job row e1 found Failed/Forged; the log says Succeeded: written again from the log",
+        "job row e2 found Running; the log says Succeeded: written again from the log",
+    ]
+
+
+def test_a_pass_over_ended_rows_reads_the_table_a_page_a_tick(
+        any_url: str, upper: UpperLayer, clock: VirtualClock) -> None:
+    """A pass reads ``page`` rows a tick in id order, skips new rows and abort
+    requests, and starts again only when the next pass is due."""
+    from falcon_es.jobtable.ended_rows import EndedRowPages
+    from falcon_es.storage.tables import JobTable
+    table(upper)
+    for n in range(5):
+        put(upper, f"p{n}", when(clock))
+    upper.execute("UPDATE job SET status = 'Succeeded' WHERE id <> %s", "p2")
+    upper.execute("UPDATE job SET status = 'Aborting' WHERE id = %s", "p4")
+    engine = db.make_engine(any_url)
+    try:
+        pages = EndedRowPages(engine, JobTable(), clock, page=2)
+        assert [[r.id for r in pages.next_page()] for _ in range(3)] == [["p0", "p1"], ["p3"], []]
+        clock.advance(ENDED_ROW_CHECK_SECONDS)
+        assert [r.id for r in pages.next_page()] == ["p0", "p1"]
+    finally:
+        engine.dispose()
+
+
 def test_a_row_deleted_while_its_task_runs_is_logged_counted_and_explained(
         any_url: str, upper: UpperLayer, clock: VirtualClock,
         warned: Warned) -> None:
@@ -461,6 +518,32 @@ def test_a_message_longer_than_the_column_is_cut_at_a_character_with_a_mark(
     upper.execute("INSERT INTO job (id, name, actor, created_at, message) VALUES "
                   "('m', 'm', 'a', '2026-11-01 09:00:00', %s)", cut)
     assert message_of(upper, "m") == cut
+
+
+def test_a_narrow_message_column_gets_messages_cut_to_its_width(
+        any_url: str, upper: UpperLayer, clock: VirtualClock) -> None:
+    """An upper layer whose ``message`` is a VARCHAR(60): on MariaDB, where the width
+    holds, every Message written fits it (cut ones end with the mark) and the task
+    runs to its end; ``db check`` says so. SQLite keeps any length."""
+    table(upper, message="VARCHAR(60)")
+    put(upper, "narrow", when(clock))
+    running = controller(any_url, clock)
+    seen: set[str] = set()
+    try:
+        room = running.app.job.message_room
+        assert room == (MessageRoom(chars=60, octets=240) if upper.mysql else MessageRoom())
+        running.run(lambda: seen.add(message_of(upper, "narrow"))
+                    or status_of(upper, "narrow")[0] == "Succeeded")
+    finally:
+        running.close()
+    if upper.mysql:
+        assert seen and all(len(m) <= 60 for m in seen)
+        assert any(m.endswith(CUT_MARK) for m in seen)
+        assert fit_message("x" * 100, room) == "x" * (60 - len(CUT_MARK)) + CUT_MARK
+        checked = CliRunner().invoke(main, ["--db", any_url, "db", "check"])
+        assert "job.message holds 60 characters: longer Messages are cut to fit" in checked.output
+    else:
+        assert any(len(m) > 60 for m in seen)
 
 
 def test_engine_sees_binary_ids(any_url: str) -> None:

@@ -347,7 +347,7 @@ BAD_ROWS_TABLE = {
 CREATE TABLE job (
     id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor {actor} NOT NULL,
     spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
-    message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME(6),
+    message {message}, created_at {created_at} NOT NULL, updated_at DATETIME(6),
     aborting_at DATETIME(6), aborted_at DATETIME(6), cluster_id VARCHAR(36),
     node_pool_name VARCHAR(64), job_uid VARCHAR(64), dispatched_at DATETIME(6),
     finished_at DATETIME(6), KEY ix_job_status_reason (status, reason),
@@ -357,12 +357,13 @@ CREATE TABLE job (
 CREATE TABLE job (
     id {id} NOT NULL PRIMARY KEY, name {name} NOT NULL, actor {actor} NOT NULL,
     spec {spec}, status VARCHAR(32) NOT NULL DEFAULT 'Pending', reason VARCHAR(64),
-    message TEXT, created_at {created_at} NOT NULL, updated_at DATETIME,
+    message {message}, created_at {created_at} NOT NULL, updated_at DATETIME,
     aborting_at DATETIME, aborted_at DATETIME, cluster_id VARCHAR(36),
     node_pool_name VARCHAR(64), job_uid VARCHAR(64), dispatched_at DATETIME,
     finished_at DATETIME)""",
 }
 TYPES = {"id": "VARCHAR(64)", "name": "VARCHAR(255)", "actor": "VARCHAR(128)", "spec": "TEXT",
+         "message": "TEXT",
          "created_at": {"mysql": "DATETIME(6)", "sqlite": "DATETIME"}}
 
 

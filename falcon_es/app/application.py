@@ -76,7 +76,7 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     the estimates with it)."""
     engine = engine or db.make_engine(settings.database.db_url)
     clock = clock or WallClock()
-    job = JobTable(settings.job_mapping)
+    job = JobTable(settings.job_mapping, db.message_room(engine, settings.job_mapping))
     tasks = TaskStates()
     queue_view = QueueView(tasks, settings.job_table.language, QueueBook(settings.scheduling.priorities),
                            job=job, clock=clock,

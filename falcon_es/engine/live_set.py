@@ -101,6 +101,11 @@ class RetiredTasks(Protocol):
         """Those of these ids whose streams the log holds, with when each began."""
         ...
 
+    def final_states(self, task_ids: Collection[str]) -> dict[str, TaskState]:
+        """These tasks as the log leaves them, folded apart: memory is left as it is
+        (ids the log does not know are absent)."""
+        ...
+
 
 class NothingRetired:
     """A controller with no log behind it (a test driving handlers on bare states)."""
@@ -112,6 +117,9 @@ class NothingRetired:
         return None
 
     def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
+        return {}
+
+    def final_states(self, task_ids: Collection[str]) -> dict[str, TaskState]:
         return {}
 
 
@@ -268,6 +276,14 @@ class LiveSet:
 
     def started(self, task_ids: Collection[str]) -> dict[str, dt.datetime]:
         return self._store().streams_started(task_ids) if task_ids else {}
+
+    def final_states(self, task_ids: Collection[str]) -> dict[str, TaskState]:
+        apart = TaskStates()
+        if task_ids:
+            for batch in self._store().read_streams({t: 1 for t in task_ids}):
+                apart.fold(batch)
+            apart.committed()
+        return {t: state for t in task_ids if (state := apart.get(t)) is not None}
 
     def recall(self, task_ids: Collection[str]) -> None:
         missing = {t: 1 for t in task_ids if self.tasks.get(t) is None}

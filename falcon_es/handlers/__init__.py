@@ -19,6 +19,7 @@ HANDLERS: tuple[Handler, ...] = (
     intake.notice_abort_requests,
     intake.notice_priority_requests,
     intake.check_job_rows,
+    intake.check_ended_rows,
     # Task lifecycle: outcomes of effects and the edge observations are inputs too;
     # then each phase's decisions.
     outcomes.record_outcomes,

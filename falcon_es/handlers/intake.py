@@ -209,6 +209,26 @@ def check_job_rows(tick: Tick, ctx: HandlerContext) -> None:
             check_row(tick, ctx, state, seen.get(task_id))
 
 
+def check_ended_rows(tick: Tick, ctx: HandlerContext) -> None:
+    """The rows of tasks that left memory, a page a tick in a pass over the whole
+    table every hour (``falcon_es.jobtable.ended_rows``). Each such task is folded
+    apart from the log and compared; only one whose row differs is brought back
+    (``recall``) for the tick that records the finding and writes its row again."""
+    page = [row for row in ctx.inbox.ended_rows_to_check() if tick.state(row.id) is None]
+    if not page:
+        return
+    final = ctx.retired.final_states([row.id for row in page])
+    wrong = [row for row in page if (state := final.get(row.id)) is not None
+             and (row.status, row.reason) != (state.status, state.reason)]
+    if not wrong:
+        return
+    ctx.retired.recall([row.id for row in wrong])
+    for row in wrong:
+        state = tick.state(row.id)
+        if state is not None:
+            check_row(tick, ctx, state, row)
+
+
 def check_row(tick: Tick, ctx: HandlerContext, state: TaskState, row: SeenRow | None) -> None:
     """One task's row against its state (see ``check_job_rows``)."""
     task_id = state.task_id

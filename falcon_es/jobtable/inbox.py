@@ -28,8 +28,10 @@ from falcon_es.domain.events import ROW_CHECKS_STREAM
 from falcon_es.domain.spec import INVALID_COLUMN, INVALID_ID
 from falcon_es.storage.tables import ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, task_events
 from falcon_es.domain.timestamps import as_timestamp
+from falcon_es.jobtable.ended_rows import EndedRowPages
 from falcon_es.jobtable.rows import (  # noqa: F401 - the inbox's rows, read from here too
     AbortRow, BadRow, Diverged, Ignored, Inbox, NewRow, PriorityRow, RowProblem, SeenRow,
+    cell_text,
 )
 
 log = logging.getLogger("falcon_es.jobtable.inbox")
@@ -148,7 +150,7 @@ def _priority_value(raw: object) -> int | str | None:
         return None if raw is None else str(raw)
     if isinstance(raw, int):
         return raw
-    text = _text(raw)
+    text = cell_text(raw)
     if text is None:
         return str(raw)
     stripped = text.strip()
@@ -228,6 +230,7 @@ class JobInbox:
         self._specs_seen: dict[str, Any] = {}
         self.job = job
         self.reader = db.read_only(engine)
+        self._ended = EndedRowPages(self.reader, job, clock)
         self.clock = clock
         self._ignored = ignored
         self._statements = _statements(job)
@@ -291,12 +294,12 @@ class JobInbox:
         found: list[PriorityRow] = []
         for row_id, priority, requested_at, requested_by in rows:
             when = as_timestamp(requested_at)
-            task_id = _text(row_id)
+            task_id = cell_text(row_id)
             if when is None or task_id is None:
                 continue
             mark = when if mark is None or when > mark else mark
             found.append(PriorityRow(task_id, _priority_value(priority), when,
-                                     _text(requested_by) or "upper-layer"))
+                                     cell_text(requested_by) or "upper-layer"))
         if mark is not None:
             mark = min(mark, now) if now is not None else mark
             self._priority_mark = mark
@@ -374,11 +377,16 @@ class JobInbox:
                 chunk = ids[start:start + _IDS_PER_QUERY]
                 rows = conn.exec_driver_sql(self._rows_of_sql(len(chunk)), tuple(chunk)).all()
                 for row_id, status, reason, created_at, spec_raw in rows:
-                    text_id = _text(row_id)
+                    text_id = cell_text(row_id)
                     if text_id is not None:
                         found[text_id] = SeenRow(text_id, status, reason,
                                                  as_timestamp(created_at), spec_raw)
         return found
+
+    def ended_rows_to_check(self) -> list[SeenRow]:
+        """The next page of the pass over the whole table (``EndedRowPages``): what
+        the row check reads for the tasks that left memory."""
+        return self._ended.next_page()
 
     def _rows_of_sql(self, count: int) -> str:
         """SELECT id, status, reason, created_at, spec ... WHERE id IN (count marks)."""
@@ -437,7 +445,7 @@ class JobInbox:
     def _abort_row(self, row_id: Any, aborting_at: Any) -> AbortRow | None:
         """An abort request; a time that cannot be read is left out (the abort is what
         matters), a row whose id the log cannot hold is reported and skipped."""
-        task_id = _text(row_id)
+        task_id = cell_text(row_id)
         if task_id is None or len(task_id) > STREAM_ID_LENGTH:
             self._report(str(row_id), ID_TOO_LONG,
                          "job row %s: abort ignored: its id is %d characters, longer than "
@@ -537,8 +545,8 @@ def _new_row(row_id: Any, name: Any, actor: Any, spec_raw: Any,
              created_at: Any) -> NewRow | BadRow:
     """A new row as intake takes it, or what is wrong with it (the first column found
     wrong, in the order id, name, actor, created_at)."""
-    task_id = _text(row_id)
-    task_name, task_actor = _text(name), _text(actor)
+    task_id = cell_text(row_id)
+    task_name, task_actor = cell_text(name), cell_text(actor)
     problem: RowProblem | None = None
     if task_id is None:
         problem = RowProblem(INVALID_ID, "id", f"expected text, found {_shown(row_id)}")
@@ -561,21 +569,6 @@ def _new_row(row_id: Any, name: Any, actor: Any, spec_raw: Any,
         return BadRow(task_id, task_name or "", task_actor or "",
                       problem or RowProblem(INVALID_COLUMN, "created_at", "unreadable"))
     return NewRow(task_id, task_name or "", task_actor or "", spec_raw, when)
-
-
-def _text(value: Any) -> str | None:
-    """Text as a text column gives it; a whole number (an integer id) as its digits;
-    bytes (a binary column) when they are UTF-8; None for anything else."""
-    if type(value) is str:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return None
 
 
 def _shown(value: Any) -> str:
@@ -623,6 +616,9 @@ class InboxPoll:
 
     def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]:
         return self.inbox.rows_of(task_ids)
+
+    def ended_rows_to_check(self) -> list[SeenRow]:
+        return self.inbox.ended_rows_to_check()
 
     def first_finding(self, task_id: str, found: str) -> bool:
         return self.inbox.first_finding(task_id, found)

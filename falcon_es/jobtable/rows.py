@@ -88,6 +88,8 @@ class Inbox(Protocol):
 
     def rows_of(self, task_ids: Collection[str]) -> dict[str, SeenRow]: ...
 
+    def ended_rows_to_check(self) -> list[SeenRow]: ...
+
     def first_finding(self, task_id: str, found: str) -> bool: ...
 
     def spec_unchanged(self, task_id: str, raw: Any) -> bool: ...
@@ -100,3 +102,18 @@ Diverged = Callable[[str], None]
 #: Called once per ignored row with why (``UNKNOWN_STATUS``, ``NOT_TAKEN_IN``,
 #: ``ID_TOO_LONG``, ``PRIORITY_REFUSED``): the metric.
 Ignored = Callable[[str], None]
+
+
+def cell_text(value: Any) -> str | None:
+    """Text as a text column gives it; a whole number (an integer id) as its digits;
+    bytes (a binary column) when they are UTF-8; None for anything else."""
+    if type(value) is str:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None

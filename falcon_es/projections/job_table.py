@@ -20,7 +20,7 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.spec import DUPLICATE_ID
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.storage.tables import JobSql, JobTable
+from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
 from falcon_es.domain.task import Change, TaskState, TaskStates
 from falcon_es.projections.messages import fit_message, render, task_message
 
@@ -36,13 +36,15 @@ _ABORT_STATUSES = frozenset({chart.ABORTING, chart.ABORTED})
 _BOUND: Mapping[str, str] = MappingProxyType({c: f"b_{c}" for c in PROJECTED_COLUMNS})
 
 
-def row_values(state: TaskState, lang: str) -> dict[str, Any]:
-    """The projected column values of one task (the fold of its stream)."""
+def row_values(state: TaskState, lang: str,
+               room: MessageRoom = MessageRoom()) -> dict[str, Any]:
+    """The projected column values of one task (the fold of its stream); its Message
+    cut to what the table's column holds (``room``)."""
     status = chart.PENDING if state.status == chart.NEW else state.status
     return {
         "status": status,
         "reason": state.reason,
-        "message": task_message(state, lang),
+        "message": task_message(state, lang, room),
         "cluster_id": state.placement.cluster_id,
         "node_pool_name": state.pool.name,
         "job_uid": state.job.uid,
@@ -114,7 +116,7 @@ def write_rows(
 ) -> int:
     params = []
     for change in changes:
-        values = row_values(change.after, lang)
+        values = row_values(change.after, lang, job.message_room)
         row = {_BOUND[k]: v for k, v in values.items()}
         row["b_id"] = change.after.task_id
         abort_folded = change.folds_abort or change.after.status in _ABORT_STATUSES
@@ -218,7 +220,8 @@ class RefusedRowsProjection:
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
         refused = [r for r in recorded if type(r.event) is ev.RowRefused]
         if refused:
-            write_refusals(conn, refused, self.lang, self._update, self._duplicate)
+            write_refusals(conn, refused, self.lang, self._update, self._duplicate,
+                           self.job.message_room)
 
     def committed(self) -> None:
         """Nothing staged here: the rows committed with the events."""
@@ -279,7 +282,8 @@ def duplicate_update(job: JobTable) -> sa.Update:
 
 
 def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str,
-                   update: sa.Update, duplicate: sa.Update) -> int:
+                   update: sa.Update, duplicate: sa.Update,
+                   room: MessageRoom = MessageRoom()) -> int:
     """Fail each refused row (its event's Reason, a Message rendered from its data);
     a row refused more than once gets its latest refusal."""
     latest: dict[tuple[bool, str], dict[str, Any]] = {}
@@ -290,7 +294,7 @@ def write_refusals(conn: Connection, refused: Sequence[RecordedEvent], lang: str
         latest.pop((event.reason == DUPLICATE_ID, event.row_id), None)
         latest[(event.reason == DUPLICATE_ID, event.row_id)] = {
             "b_id": event.row_id, "b_reason": event.reason,
-            "b_message": fit_message(render("RowRefused", event.to_data(), lang)),
+            "b_message": fit_message(render("RowRefused", event.to_data(), lang), room),
             "b_at": record.recorded_at}
     written = 0
     for is_duplicate, statement in ((False, update), (True, duplicate)):

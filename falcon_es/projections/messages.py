@@ -13,6 +13,7 @@ from typing import Any
 
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
+from falcon_es.storage.tables import MessageRoom
 
 Args = Mapping[str, Any]
 Template = str | Callable[[Args], str]
@@ -303,27 +304,35 @@ def render(key: str, args: Args, lang: str = "en") -> str:
     return template.format(**args)
 
 
-#: What the job table's ``message`` column holds at least: a MySQL/MariaDB TEXT, 65,535
-#: bytes (a longer value was stored cut at its length modulo 64 KiB, mid-character).
-MESSAGE_BYTES = 65_535
+#: What the job table's ``message`` column Falcon-ES creates holds: a MySQL/MariaDB
+#: TEXT, 65,535 bytes (a longer value was stored cut at its length modulo 64 KiB,
+#: mid-character). An upper layer's column may hold less (``MessageRoom``).
+MESSAGE_BYTES = MessageRoom().octets
 #: Ends a Message cut to fit the column, so a reader knows there was more.
 CUT_MARK = " …[cut]"
 
 
-def fit_message(text: str | None, limit: int = MESSAGE_BYTES) -> str | None:
-    """A Message cut to ``limit`` UTF-8 bytes at a character boundary, ending with
-    ``CUT_MARK`` when cut. Most Messages are short: those are returned untouched
-    without being encoded."""
-    if text is None or len(text) * 4 <= limit:
+def fit_message(text: str | None, room: MessageRoom = MessageRoom()) -> str | None:
+    """A Message cut to what the column holds (``room``: characters and UTF-8 bytes) at
+    a character boundary, ending with ``CUT_MARK`` when cut. Most Messages are short:
+    those are returned untouched without being encoded."""
+    if text is None:
+        return None
+    if room.chars is not None and len(text) > room.chars:
+        text = text[:max(room.chars - len(CUT_MARK), 0)] + CUT_MARK
+    if len(text) * 4 <= room.octets:
         return text
     data = text.encode("utf-8", errors="replace")
-    if len(data) <= limit:
+    if len(data) <= room.octets:
         return text
-    room = limit - len(CUT_MARK.encode("utf-8"))
-    return data[:room].decode("utf-8", errors="ignore") + CUT_MARK
+    body = text[:-len(CUT_MARK)] if text.endswith(CUT_MARK) else text
+    space = room.octets - len(CUT_MARK.encode("utf-8"))
+    return body.encode("utf-8", errors="replace")[:space].decode("utf-8", errors="ignore") \
+        + CUT_MARK
 
 
-def task_message(state: TaskState, lang: str = "en") -> str | None:
+def task_message(state: TaskState, lang: str = "en",
+                 room: MessageRoom = MessageRoom()) -> str | None:
     """The Message of a task: its latest statement, then the fate of each pool it
     handed over (a multi-slice task's pools may go to several tasks), then the latest
     pool note."""
@@ -335,7 +344,7 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained):
         parts.append(render(state.note_key, state.note_args, lang))
-    return fit_message(SEPARATOR[lang].join(parts) or None)
+    return fit_message(SEPARATOR[lang].join(parts) or None, room)
 
 
 def position_message(

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from falcon_es.domain import chart
-from falcon_es.storage.tables import JobSql, JobTable
+from falcon_es.projections.messages import fit_message
+from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
 
 
 def position_update(job: JobTable) -> sa.Update:
@@ -46,6 +47,8 @@ def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
     multi-row UPDATEs of ``MYSQL_CHUNK`` rows on MySQL/MariaDB. Returns the rows sent."""
     if not rows:
         return 0
+    if job.message_room != MessageRoom():  # narrower than a TEXT: a Message may not fit
+        rows = [(task_id, fit_message(m, job.message_room) or "") for task_id, m in rows]
     if conn.dialect.name in ("mysql", "mariadb"):
         # Sent to the driver as is: parsing a text() of a thousand bind names cost more
         # than the statement.

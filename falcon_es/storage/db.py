@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.config.job_mapping import JobMapping
 from falcon_es.storage.tables import (
-    ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, WantedIndex,
+    ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, MessageRoom, WantedIndex,
 )
 
 #: The job columns whose values Falcon-ES keeps in columns of a fixed width: what a
@@ -251,8 +251,44 @@ def width_notes(engine: Engine, job: JobTable) -> list[str]:
             notes.append(f"{mapping.qualified}.{mapping.column(name)} is {kind}: {noun} longer "
                          f"than the {kept} characters of {where} are failed at intake "
                          f"(Reason {reason})")
+    room = message_room(engine, mapping)
+    if room.chars is not None or room.octets < MessageRoom().octets:
+        held = f"{room.chars} characters" if room.chars is not None else f"{room.octets} bytes"
+        notes.append(f"{mapping.qualified}.{mapping.column('message')} holds {held}: longer "
+                     "Messages are cut to fit, ending with ' …[cut]' (a TEXT holds 65,535 bytes)")
     return sorted(notes, key=lambda note: not note.startswith(
         f"{mapping.qualified}.{mapping.column('id')} "))
+
+
+#: Bytes of MySQL's text types (a ``TEXT(n)`` is made the smallest of them that holds n).
+_TEXT_OCTETS: Mapping[type[sa.types.TypeEngine], int] = MappingProxyType({
+    mysql.TINYTEXT: 255, mysql.MEDIUMTEXT: 16_777_215, mysql.LONGTEXT: 4_294_967_295,
+})
+
+
+def message_room(engine: Engine, mapping: JobMapping) -> MessageRoom:
+    """What the upper layer's ``message`` column holds, read from the table: a
+    ``VARCHAR(n)`` holds n characters, each text type its bytes. SQLite keeps any length
+    and a missing table or column is Falcon-ES's own (a ``TEXT``): the default room."""
+    if engine.dialect.name not in ("mysql", "mariadb"):
+        return MessageRoom()
+    inspector = sa.inspect(engine)
+    if not inspector.has_table(mapping.table, schema=mapping.schema):
+        return MessageRoom()
+    theirs = mapping.column("message").lower()
+    for column in inspector.get_columns(mapping.table, schema=mapping.schema):
+        if column["name"].lower() == theirs:
+            return _room_of(column["type"])
+    return MessageRoom()
+
+
+def _room_of(kind: sa.types.TypeEngine) -> MessageRoom:
+    octets = next((n for t, n in _TEXT_OCTETS.items() if isinstance(kind, t)), None)
+    if octets is not None:
+        return MessageRoom(octets=octets)
+    if isinstance(kind, sa.String) and not isinstance(kind, sa.Text) and kind.length:
+        return MessageRoom(chars=kind.length, octets=min(4 * kind.length, 65_535))
+    return MessageRoom()
 
 
 @dataclasses.dataclass(frozen=True)

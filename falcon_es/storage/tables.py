@@ -170,6 +170,17 @@ _PRIORITY_DEFINITION: Mapping[str, tuple[sa.types.TypeEngine, bool]] = MappingPr
 
 
 @dataclasses.dataclass(frozen=True)
+class MessageRoom:
+    """What the job table's ``message`` column holds: at most ``chars`` characters
+    (a ``VARCHAR(n)``; None: no such limit) and ``octets`` UTF-8 bytes. The default is a
+    MySQL ``TEXT``, 65,535 bytes, the column Falcon-ES creates; a longer value would be
+    cut by the server mid-character or refused."""
+
+    chars: int | None = None
+    octets: int = 65_535
+
+
+@dataclasses.dataclass(frozen=True)
 class WantedIndex:
     """An index the queries Falcon-ES runs on the job table want: its leading columns
     (Falcon-ES's names) and the queries it serves."""
@@ -216,8 +227,11 @@ class JobTable:
     Indexes are those of ``WANTED_INDEXES`` (created only where Falcon-ES creates the
     table itself)."""
 
-    def __init__(self, mapping: JobMapping = JobMapping()) -> None:
+    def __init__(self, mapping: JobMapping = JobMapping(),
+                 message_room: MessageRoom = MessageRoom()) -> None:
         self.mapping = mapping
+        #: How long a Message the table's column takes (``db.message_room`` reads it).
+        self.message_room = message_room
         definition = dict(_JOB_DEFINITION)
         if mapping.priority_requests:
             definition.update(_PRIORITY_DEFINITION)
