@@ -52,6 +52,13 @@ def test_every_task_ends_and_the_report_has_its_figures(server: str | None) -> N
         assert isinstance(report[figure], (int, float)) and report[figure] >= 0, figure
     assert report["ticks"] > 0 and report["events"] >= 4 * TASKS
     assert report["round_trips"] >= report["statements"] + report["commits"] > 0
+    # Every round trip is put down to a site: the handlers and projections by name, the
+    # log's own append, the job table's poll.
+    sites = report["round_trips_per_task_by_site"]
+    assert sum(sites.values()) == pytest.approx(report["round_trips_per_task"], abs=0.01 * len(sites))
+    assert "projection JobTableProjection" in sites
+    assert "storage.store:EventStore.append (commit)" in sites
+    assert any(site.startswith("handler intake.") for site in sites)
     # Only MySQL connections are pinged, and only after sitting idle (none does here).
     assert report["pool_pings"] == 0 and report["pool_checkouts"] > 0
     assert report["target"]["met"] is None, "the 60 s target is judged at 10,000 tasks only"

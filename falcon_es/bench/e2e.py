@@ -55,6 +55,7 @@ from falcon_es.domain import chart
 from falcon_es.storage import db
 from falcon_es.jobtable import job_rows
 from falcon_es.adapters.sim import load_sim_config
+from falcon_es.bench.round_trips import StatementCounter, label_sites
 from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch_mysql_database
 from falcon_es.app.application import open_app
 from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
@@ -150,68 +151,6 @@ def plan_tasks(count: int, seed: int) -> list[PlannedTask]:
         actor = f"actor-{rng.randrange(ACTORS) + 1:02d}"
         planned.append(PlannedTask(f"e2e-{index:06d}", actor, kind, spec))
     return planned
-
-
-class StatementCounter:
-    """Statements sent and transactions ended on an engine, while ``counting``."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.statements = 0
-        self.executemany = 0
-        self.commits = 0
-        self.rollbacks = 0
-        #: Connections taken from the pool, and those the pool pinged first (MySQL,
-        #: idle connections: ``db.PINGED``), a round trip of its own each.
-        self.checkouts = 0
-        self.pings = 0
-        self.counting = True
-
-    def __enter__(self) -> StatementCounter:
-        sa.event.listen(self.engine, "before_cursor_execute", self._statement)
-        sa.event.listen(self.engine, "commit", self._commit)
-        sa.event.listen(self.engine, "rollback", self._rollback)
-        sa.event.listen(self.engine.pool, "checkout", self._checkout)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        sa.event.remove(self.engine, "before_cursor_execute", self._statement)
-        sa.event.remove(self.engine, "commit", self._commit)
-        sa.event.remove(self.engine, "rollback", self._rollback)
-        sa.event.remove(self.engine.pool, "checkout", self._checkout)
-
-    @property
-    def round_trips(self) -> int:
-        """Statements, transaction ends, and pings (where the pool pings)."""
-        return (self.statements + self.commits + self.rollbacks
-                + self.pings)
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        self.counting = False
-        try:
-            yield
-        finally:
-            self.counting = True
-
-    def _statement(self, _conn: Any, _cursor: Any, _statement: str, _parameters: Any,
-                   _context: Any, executemany: bool) -> None:
-        if self.counting:
-            self.statements += 1
-            self.executemany += executemany
-
-    def _commit(self, _conn: Any) -> None:
-        if self.counting:
-            self.commits += 1
-
-    def _rollback(self, _conn: Any) -> None:
-        if self.counting:
-            self.rollbacks += 1
-
-    def _checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        if self.counting:
-            self.checkouts += 1
-            self.pings += bool(record.info.get(db.PINGED))
 
 
 @contextmanager
@@ -369,6 +308,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
         if progress:
             progress(f"{count} tasks on {backend} ...")
         with StatementCounter(svc.app.engine) as counter:
+            label_sites(svc, counter)
             upper_layer.counter = counter
             rss_before = _max_rss_kib()
             started = time.perf_counter()
@@ -412,6 +352,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "pool_pings": counter.pings,
             "round_trips": counter.round_trips,
             "round_trips_per_task": round(counter.round_trips / count, 2),
+            "round_trips_per_task_by_site": counter.per_task(count),
             "peak_rss_mib": round(rss_after / 1024, 1),
             "rss_growth_mib": round((rss_after - rss_before) / 1024, 1),
             "memory_measure": "ru_maxrss (peak resident set of the process; growth = "
@@ -482,6 +423,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"{round(report['rollbacks'] / report['tasks'], 2)} rollbacks"
         + (f" + {round(report['pool_pings'] / report['tasks'], 2)} pool pings"
            if report["pool_pings"] else "") + " per task",
+        "  where (round trips/task, the 12 most): " + ", ".join(
+            f"{site} {n}" for site, n in list(report["round_trips_per_task_by_site"].items())[:12]),
         f"memory: peak RSS {report['peak_rss_mib']} MiB (grew {report['rss_growth_mib']} MiB "
         f"during the run; ru_maxrss)",
         "multi-slice tasks: " + (", ".join(f"{k} {v}" for k, v in report["multi_slice"].items())

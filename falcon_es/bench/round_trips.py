@@ -1,0 +1,164 @@
+"""Database round trips counted, and told where they came from.
+
+A round trip is a statement sent, a transaction ended (commit or rollback) or a ping
+the pool sends first. Totals say that a change cost round trips; the sites say which
+handler, projection or read path did: each round trip is put down to the handler or
+inline projection under way (labelled by ``label_sites``, one attribute set per call),
+or else to the innermost Falcon-ES function outside the database plumbing that sent it
+(the log's own insert, the append's commit, the loop's reads).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from falcon_es.storage import db
+from falcon_es.storage.store import RecordedEvent
+
+if TYPE_CHECKING:
+    from falcon_es.app.service import Service
+    from falcon_es.engine.context import HandlerContext
+    from falcon_es.engine.runtime import Handler, Tick
+
+#: Modules whose frames are plumbing, never a site: the database helpers and this one.
+_PLUMBING = ("falcon_es.storage.db", "falcon_es.bench.round_trips")
+
+
+class StatementCounter:
+    """Statements sent and transactions ended on an engine, while ``counting``, in all
+    and by site (``sites``: round trips per label)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.statements = 0
+        self.executemany = 0
+        self.commits = 0
+        self.rollbacks = 0
+        #: Connections taken from the pool, and those the pool pinged first (MySQL,
+        #: idle connections: ``db.PINGED``), a round trip of its own each.
+        self.checkouts = 0
+        self.pings = 0
+        self.counting = True
+        self.sites: Counter[str] = Counter()
+        #: The handler or projection under way (innermost last), set by ``label_sites``.
+        self.under_way: list[str] = []
+
+    def __enter__(self) -> StatementCounter:
+        sa.event.listen(self.engine, "before_cursor_execute", self._statement)
+        sa.event.listen(self.engine, "commit", self._commit)
+        sa.event.listen(self.engine, "rollback", self._rollback)
+        sa.event.listen(self.engine.pool, "checkout", self._checkout)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        sa.event.remove(self.engine, "before_cursor_execute", self._statement)
+        sa.event.remove(self.engine, "commit", self._commit)
+        sa.event.remove(self.engine, "rollback", self._rollback)
+        sa.event.remove(self.engine.pool, "checkout", self._checkout)
+
+    @property
+    def round_trips(self) -> int:
+        """Statements, transaction ends, and pings (where the pool pings)."""
+        return (self.statements + self.commits + self.rollbacks
+                + self.pings)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.counting = False
+        try:
+            yield
+        finally:
+            self.counting = True
+
+    @contextmanager
+    def site(self, label: str) -> Iterator[None]:
+        """Round trips sent meanwhile are ``label``'s."""
+        self.under_way.append(label)
+        try:
+            yield
+        finally:
+            self.under_way.pop()
+
+    def per_task(self, tasks: int) -> dict[str, float]:
+        """Every site's round trips per task, most first."""
+        return {label: round(count / tasks, 2) for label, count in self.sites.most_common()}
+
+    def _count_site(self, kind: str) -> None:
+        label = self.under_way[-1] if self.under_way else _sender(sys._getframe(2))
+        self.sites[f"{label} ({kind})" if kind != "statement" else label] += 1
+
+    def _statement(self, _conn: Any, _cursor: Any, _statement: str, _parameters: Any,
+                   _context: Any, executemany: bool) -> None:
+        if self.counting:
+            self.statements += 1
+            self.executemany += executemany
+            self._count_site("statement")
+
+    def _commit(self, _conn: Any) -> None:
+        if self.counting:
+            self.commits += 1
+            self._count_site("commit")
+
+    def _rollback(self, _conn: Any) -> None:
+        if self.counting:
+            self.rollbacks += 1
+            self._count_site("rollback")
+
+    def _checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if self.counting:
+            self.checkouts += 1
+            if record.info.get(db.PINGED):
+                self.pings += 1
+                self._count_site("ping")
+
+
+def _sender(frame: FrameType | None) -> str:
+    """The innermost Falcon-ES function outside the plumbing on the stack."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("falcon_es.") and not module.startswith(_PLUMBING):
+            return f"{module.removeprefix('falcon_es.')}:{frame.f_code.co_qualname}"
+        frame = frame.f_back
+    return "outside falcon_es"
+
+
+class _LabelledProjection:
+    """An inline projection whose ``apply`` is a site of its own."""
+
+    def __init__(self, inner: Any, counter: StatementCounter) -> None:
+        self._inner = inner
+        self._counter = counter
+        self._label = f"projection {type(inner).__name__}"
+
+    def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
+        with self._counter.site(self._label):
+            self._inner.apply(conn, recorded)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _labelled_handler(handler: Handler, counter: StatementCounter) -> Handler:
+    label = f"handler {handler.__module__.removeprefix('falcon_es.handlers.')}.{handler.__name__}"
+
+    def labelled(tick: Tick, ctx: HandlerContext) -> None:
+        with counter.site(label):
+            handler(tick, ctx)
+    return labelled
+
+
+def label_sites(service: Service, counter: StatementCounter) -> None:
+    """Make each handler of ``service``'s controller and each inline projection of its
+    store a site of ``counter``. Instruments this one bench's service only (the
+    controller's handlers and the store's projections are replaced by labelled ones)."""
+    controller, store = service.controller, service.app.store
+    controller.handlers = tuple(_labelled_handler(h, counter) for h in controller.handlers)
+    store.projections = tuple(_LabelledProjection(p, counter) for p in store.projections)
