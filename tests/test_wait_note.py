@@ -7,7 +7,9 @@ from __future__ import annotations
 import datetime as dt
 
 from falcon_es.domain import events as ev
-from falcon_es.domain.eta import FLOOR, WINDOW, SlotTimes
+from falcon_es.domain.eta import (
+    CALIBRATED, FLOOR, UNCALIBRATED, WINDOW, Calibration, Estimate, SlotTimes,
+)
 from falcon_es.engine.eta_error import EtaLog
 from tests.test_scheduling_properties import World
 
@@ -51,8 +53,10 @@ def test_the_expected_start_follows_the_queues_slot_holds() -> None:
     world.free(held, fail=False)  # ann's task ran after holding the slot 10 minutes
     world.tick()  # bob's task takes the slot
     assert world.conn.messages[second].endswith(
-        "(Provisioning since 2026-11-01 09:10 UTC); expected start ~2026-11-01 09:20 UTC")
-    assert world.conn.messages[later].endswith("expected start ~2026-11-01 09:30 UTC")
+        "(Provisioning since 2026-11-01 09:10 UTC); expected start ~2026-11-01 09:20 UTC "
+        "(likely 2026-11-01 09:12–09:50 UTC)")  # nothing measured yet: a quarter to 4x the wait
+    assert world.conn.messages[later].endswith(
+        "expected start ~2026-11-01 09:30 UTC (likely 2026-11-01 09:15–10:30 UTC)")
     rows = world.view.wait(KEY, world.now).estimate
     assert rows is not None and rows.step == dt.timedelta(minutes=10)
 
@@ -84,16 +88,51 @@ def test_simulate_measures_each_expected_start_against_the_pick() -> None:
     log = EtaLog()
     t0 = dt.datetime(2026, 1, 5, 9)
     minutes = lambda m: t0 + dt.timedelta(minutes=m)  # noqa: E731
-    log.record("a", minutes(0), minutes(10))  # at submit: 10 min, picked after 20: 50%
-    log.record("a", minutes(10), minutes(20))  # then 10 more, picked after 10: 0%
-    log.record("a", minutes(10), minutes(18))  # the last rendering of a moment counts
-    log.record("b", minutes(0), minutes(0))  # told 'now', picked 30 s later: 50% of a minute
-    log.record("d", minutes(0), minutes(0))  # told 'now', picked then: 0%
-    log.record("c", minutes(0), minutes(5))  # never picked: not counted
+    told = lambda m, low, high: (minutes(m), minutes(low), minutes(high))  # noqa: E731
+    log.record("a", minutes(0), *told(10, 5, 15))  # at submit: 10 min, picked after 20: 50%
+    log.record("a", minutes(10), *told(20, 15, 25))  # then 10 more, picked after 10: 0%
+    log.record("a", minutes(10), *told(18, 15, 25))  # the last rendering of a moment counts
+    log.record("b", minutes(0), *told(0, 0, 1))  # told 'now', picked 30 s later: 50% of a minute
+    log.record("d", minutes(0), *told(0, 0, 1))  # told 'now', picked then: 0%
+    log.record("c", minutes(0), *told(5, 0, 10))  # never picked: not counted
     report = log.report({"a": minutes(20), "b": t0 + dt.timedelta(seconds=30), "d": t0})
     assert report["tasks_with_estimate"] == 3
     assert report["at_submit"] == {"median": 0.5, "p90": 0.5, "count": 3}
     assert report["at_every_refresh"] == {"median": 0.35, "p90": 0.5, "count": 4}
+    # a's first range (5-15 min) missed its pick at 20; b's and d's held theirs.
+    assert report["in_range_at_submit"] == round(2 / 3, 3)
+
+
+def test_the_range_is_as_wide_as_the_told_waits_were_off() -> None:
+    calibration = Calibration()
+    t0 = dt.datetime(2026, 1, 5, 9)
+    assert calibration.spread(KEY) == UNCALIBRATED, "nothing compared yet"
+    for n in range(WINDOW):  # told 10 minutes each, picked after 10 to 30 minutes
+        task = f"t{n}"
+        calibration.told(task, KEY, t0, t0 + dt.timedelta(minutes=10))
+        calibration.told(task, KEY, t0, t0 + dt.timedelta(minutes=99))  # only the first counts
+        calibration.picked(task, t0 + dt.timedelta(minutes=10 + 20 * n / (WINDOW - 1)))
+    low, high = calibration.spread(KEY)
+    assert 2.7 < high <= 3.0 and low == 1 / high, "off by up to 3x: a third to 3x"
+    estimate = Estimate(t0, t0 + dt.timedelta(minutes=10), dt.timedelta(minutes=10),
+                        spread=(low, high))
+    earliest, latest = estimate.start_range(1)  # told 20 minutes
+    assert earliest == t0 + 20 * low * dt.timedelta(minutes=1)
+    assert latest == t0 + 20 * high * dt.timedelta(minutes=1)
+    # Another queue with few picks of its own (each twice too early) takes the wider of
+    # its own and all queues'; all queues' is what every queue's range widens to.
+    other = ("c1", "4x4")
+    for n in range(CALIBRATED):
+        calibration.told(f"o{n}", other, t0, t0 + dt.timedelta(minutes=10))
+        calibration.picked(f"o{n}", t0 + dt.timedelta(minutes=5))
+    wider = calibration.spread(other)
+    assert wider[1] >= 2.0 and wider[0] == 1 / wider[1]
+    assert calibration.spread(KEY) == (min(low, wider[0]), max(high, wider[1]))
+    before = calibration.spread(KEY)
+    calibration.told("gone", KEY, t0, t0 + dt.timedelta(minutes=10))
+    calibration.forget("gone")
+    calibration.picked("gone", t0 + dt.timedelta(days=3))  # left without a pick: not counted
+    assert calibration.spread(KEY) == before
 
 
 def test_a_holders_remaining_time_follows_its_state() -> None:

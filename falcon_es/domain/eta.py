@@ -66,10 +66,22 @@ class Estimate:
     quick: int = 0
     short: dt.timedelta = dt.timedelta(0)
 
+    #: How far real waits fell from what was told (``Calibration``): the told wait is
+    #: multiplied by these for the earliest and the latest start of the range.
+    spread: tuple[float, float] = (1.0, 1.0)
+
     def start(self, index: int) -> dt.datetime:
         """Expected start of the task at ``index`` of the pick order."""
         quick = min(index, self.quick)
         return self.first + self.short * quick + self.step * (index - quick)
+
+    def start_range(self, index: int) -> tuple[dt.datetime, dt.datetime]:
+        """The earliest and latest start of the task at ``index``: its expected wait
+        scaled by ``spread`` (a wait shorter than ``MIN_WAIT`` counts as that long for
+        the latest, as it does in the calibration)."""
+        wait = self.start(index) - self.now
+        low, high = self.spread
+        return self.now + wait * low, self.now + max(wait, MIN_WAIT) * high
 
 
 class SlotTimes:
@@ -167,6 +179,77 @@ class SlotTimes:
         if mix is None or not mix.short:
             return Estimate(now, first, step)
         return Estimate(now, first, step, idle, dt.timedelta(seconds=mix.short))
+
+
+#: A wait shorter than this counts as this long when a told wait and a real one are
+#: compared (a start told 'now' that comes 10 s later is not 'ten times off').
+MIN_WAIT = dt.timedelta(minutes=1)
+#: The share of real starts the range is meant to hold: its ends are the factor by which
+#: that share of recent real waits were off from the told ones, either way.
+RANGE_SHARE = 0.9
+#: Real waits compared per queue; with fewer than ``CALIBRATED`` of a queue, those of
+#: every queue together; with fewer than that in all, ``UNCALIBRATED``.
+CALIBRATED = 8
+UNCALIBRATED = (0.25, 4.0)
+
+
+class Calibration:
+    """How far real waits fell from the first wait each task was told, per queue: the
+    ratio real / told of each picked task (both at least ``MIN_WAIT``), the last
+    ``WINDOW`` of a queue and of all queues. An estimate's range is its wait divided and
+    multiplied by the factor that held ``RANGE_SHARE`` of them (the wider of the
+    queue's and all queues'),
+    so the range is as wide as the estimates have recently been wrong: a split-conformal
+    interval in the statistician's words. Waits drift (a saturated world's queues grow
+    longer), so a trailing window alone held 75 % of real starts in ``falcon-es
+    simulate`` (seeds 1-2); the wider of the two holds 80-95 %.
+
+    Memory: one told wait per waiting task, ``WINDOW`` ratios per queue."""
+
+    def __init__(self) -> None:
+        #: Per waiting task: its queue, when it was first told, and the start told then.
+        self._told: dict[str, tuple[Hashable, dt.datetime, dt.datetime]] = {}
+        self._ratios: dict[Hashable, deque[float]] = {}
+        self._all: deque[float] = deque(maxlen=WINDOW)
+
+    def told(self, task_id: str, key: Hashable, at: dt.datetime, start: dt.datetime) -> None:
+        """A start was told to a waiting task; only its first counts."""
+        if task_id not in self._told:
+            self._told[task_id] = (key, at, start)
+
+    def picked(self, task_id: str, at: dt.datetime) -> None:
+        """The task took its queue's slot at ``at``: how far that fell from its first
+        told start is recorded."""
+        told = self._told.pop(task_id, None)
+        if told is None:
+            return
+        key, told_at, start = told
+        real = max(at - told_at, MIN_WAIT)
+        expected = max(start - told_at, MIN_WAIT)
+        ratio = real / expected
+        self._ratios.setdefault(key, deque(maxlen=WINDOW)).append(ratio)
+        self._all.append(ratio)
+
+    def forget(self, task_id: str) -> None:
+        """The task left its queue without a pick (aborted, moved, failed)."""
+        self._told.pop(task_id, None)
+
+    def spread(self, key: Hashable) -> tuple[float, float]:
+        """The multipliers of a told wait for the range's two ends."""
+        spreads = [_quantiles(ratios) for ratios in (self._ratios.get(key), self._all)
+                   if ratios is not None and len(ratios) >= CALIBRATED]
+        if not spreads:
+            return UNCALIBRATED
+        return min(1.0, *(low for low, _ in spreads)), max(1.0, *(high for _, high in spreads))
+
+
+def _quantiles(ratios: Sequence[float]) -> tuple[float, float]:
+    """The multipliers that held ``RANGE_SHARE`` of ``ratios``, as far below 1 as above
+    (a told wait is off by a factor, and an estimate that was too short lately is as
+    likely to be too long next: the queue that slowed down speeds up again)."""
+    factors = sorted(max(r, 1 / r) for r in ratios)
+    factor = factors[min(len(factors) - 1, int(RANGE_SHARE * len(factors)))]
+    return 1 / factor, factor
 
 
 @dataclasses.dataclass(frozen=True)

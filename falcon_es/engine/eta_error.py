@@ -25,9 +25,13 @@ class EtaLog:
 
     def __init__(self) -> None:
         self.told: dict[str, dict[dt.datetime, dt.datetime]] = defaultdict(dict)
+        #: Per task, the range (earliest, latest start) it was first told.
+        self.first_range: dict[str, tuple[dt.datetime, dt.datetime]] = {}
 
-    def record(self, task_id: str, at: dt.datetime, expected: dt.datetime) -> None:
+    def record(self, task_id: str, at: dt.datetime, expected: dt.datetime,
+               earliest: dt.datetime, latest: dt.datetime) -> None:
         self.told[task_id][at] = expected  # the last rendering of one moment counts
+        self.first_range.setdefault(task_id, (earliest, latest))
 
     def report(self, picked: Mapping[str, dt.datetime]) -> dict[str, Any]:
         """Median and p90 of |expected - picked| / max(picked - told at, ETA_MIN_WAIT),
@@ -45,8 +49,11 @@ class EtaLog:
                 every.append(error)
                 if index == 0:
                     first.append(error)
+        inside = [low <= picked[t] <= high for t, (low, high) in self.first_range.items()
+                  if t in picked]
         return {"tasks_with_estimate": len(first), "tasks_picked": len(picked),
-                "at_submit": _relative(first), "at_every_refresh": _relative(every)}
+                "at_submit": _relative(first), "at_every_refresh": _relative(every),
+                "in_range_at_submit": round(sum(inside) / len(inside), 3) if inside else None}
 
 
 def _relative(errors: list[float]) -> dict[str, float]:
@@ -78,4 +85,7 @@ def eta_lines(report: Mapping[str, Any] | None) -> list[str]:
         if figures:
             lines.append(f"  {label:<17} median {figures['median']:.1%}  "
                          f"p90 {figures['p90']:.1%}  ({figures['count']} estimates)")
+    if report.get("in_range_at_submit") is not None:
+        lines.append(f"  real start within the range told at submit: "
+                     f"{report['in_range_at_submit']:.1%} of tasks")
     return lines

@@ -209,7 +209,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "more": "{count} more",
     "wait-holder": "slot held by {holder} ({reason} since {since})",
     "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
-    "wait-expected": "expected start ~{at}",
+    "wait-expected": "expected start ~{at} (likely {span})",
 })
 
 ZH: Mapping[str, Template] = MappingProxyType({
@@ -290,7 +290,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "more": "另外 {count} 个",
     "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
     "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
-    "wait-expected": "预计开始时间约 {at}",
+    "wait-expected": "预计开始时间约 {at}（可能在 {span} 之间）",
 })
 
 CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
@@ -364,6 +364,14 @@ def clock_time(at: dt.datetime) -> str:
     """A moment as a Message states it: absolute, so a Message written once stays true
     however long it is not rewritten (``2026-11-01 09:12 UTC``)."""
     return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def clock_span(low: dt.datetime, high: dt.datetime) -> str:
+    """Two moments as a Message states a range: the date once when both fall on it
+    (``2026-11-01 09:05–09:40 UTC``)."""
+    if low.date() == high.date():
+        return f"{low:%Y-%m-%d %H:%M}–{high:%H:%M} UTC"
+    return f"{clock_time(low)}–{clock_time(high)}"
 
 
 def position_part(message: str, lang: str = "en") -> str:

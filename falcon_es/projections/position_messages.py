@@ -17,6 +17,7 @@ from falcon_es.projections.messages import (
     CATALOGS,
     EN,
     SEPARATOR,
+    clock_span,
     clock_time,
     position_message,
 )
@@ -77,8 +78,9 @@ def renderer(order: Sequence[Entry], lang: str, wait: Wait | None) -> Callable[[
     expected = _formatter("wait-expected", lang)
 
     def render(index: int) -> str:
-        at = clock_time(estimate.start(index))
-        return bare(index) + reason + separator + expected(at=at)
+        low, high = estimate.start_range(index)
+        told = expected(at=clock_time(estimate.start(index)), span=clock_span(low, high))
+        return bare(index) + reason + separator + told
 
     return render
 

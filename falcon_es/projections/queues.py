@@ -34,6 +34,7 @@ more than one interval behind the order. The exact order is always in the book
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 import zlib
@@ -45,7 +46,7 @@ from sqlalchemy.engine import Connection, Engine
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
-from falcon_es.domain.eta import SlotTimes
+from falcon_es.domain.eta import Calibration, Estimate, SlotTimes
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.queue_places import Entry, Placement, QueueKey
 from falcon_es.storage.store import RecordedEvent
@@ -75,7 +76,8 @@ _POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
 
 
 #: Told (task id, when, expected start) for every position rendered to be written.
-Predictions = Callable[[str, dt.datetime, dt.datetime], None]
+#: Told (task id, when, expected start, earliest start, latest start) per rendering.
+Predictions = Callable[[str, dt.datetime, dt.datetime, dt.datetime, dt.datetime], None]
 
 
 class QueueView:
@@ -105,6 +107,7 @@ class QueueView:
         #: Recent slot holds per queue (the expected starts), and each current holder's
         #: (queue, when it took the slot, its state then).
         self.slot_times = SlotTimes()
+        self.calibration = Calibration()
         self._holding: dict[str, tuple[QueueKey, dt.datetime, str]] = {}
         #: When each current holder entered each state of its hold, in order (a few
         #: per holder): the expected remaining time of a holder depends on its state.
@@ -211,6 +214,7 @@ class QueueView:
         else:  # a row that left its queue has its own Message, not a position
             self._unwritten.discard(state.task_id)
             self._slice_of.pop(state.task_id, None)
+            self.calibration.forget(state.task_id)
 
     def _follow_slot(self, state: TaskState, place: tuple[str, Any] | None) -> None:
         """Time the slot holds: a holder's change of state rewrites its queue's
@@ -222,6 +226,8 @@ class QueueView:
         self._follow_run(state, place, at)
         if place is not None and place[0] == Placement.SLOT:
             key: QueueKey = place[1]
+            if holding is None:
+                self.calibration.picked(task_id, at)
             if holding is None or holding[2] != state.state:
                 self._holding[task_id] = (key, holding[1] if holding else at, state.state)
                 self._phases.setdefault(task_id, []).append((state.state, at))
@@ -258,9 +264,9 @@ class QueueView:
         holders = self.book.holders(key)
         state = self.tasks.get(holders[0]) if holders else None
         if state is None:
-            return Wait(None, self.slot_times.estimate(key, now, None,
-                                                       running=self.book.running(key),
-                                                       idle=self.book.idle_pools(key)))
+            return Wait(None, self._calibrated(key, self.slot_times.estimate(
+                key, now, None, running=self.book.running(key),
+                idle=self.book.idle_pools(key))))
         holding = self._holding.get(state.task_id)
         phases = self._phases.get(state.task_id)
         since = state.phase_started_at or now
@@ -268,18 +274,35 @@ class QueueView:
                        else None)
         reason = wait_reason(f"{state.submission.actor}: {state.submission.name}",
                              state.reason or state.status, since, reservation, self.lang)
-        return Wait(reason, self.slot_times.estimate(key, now, holding[1] if holding else since,
-                                                     phases[-1] if phases else None,
-                                                     self.book.running(key) + 1,
-                                                     self.book.idle_pools(key)))
+        return Wait(reason, self._calibrated(key, self.slot_times.estimate(
+            key, now, holding[1] if holding else since, phases[-1] if phases else None,
+            self.book.running(key) + 1, self.book.idle_pools(key))))
 
-    def _rendered(self, key: QueueKey, now: dt.datetime) -> tuple[list[Entry], Wait]:
-        """The queue's order and wait, told to ``predictions`` when it is set."""
+    def _calibrated(self, key: QueueKey, estimate: Estimate | None) -> Estimate | None:
+        """The estimate with its range: as wide as the queue's told waits were off."""
+        if estimate is None:
+            return None
+        return dataclasses.replace(estimate, spread=self.calibration.spread(key))
+
+    def _tell(self, task_id: str, key: QueueKey, now: dt.datetime, estimate: Estimate,
+              index: int) -> None:
+        """A start rendered for a task: kept for the calibration (its first), and told
+        to ``predictions`` when it is set."""
+        start = estimate.start(index)
+        self.calibration.told(task_id, key, now, start)
+        if self.predictions is not None:
+            self.predictions(task_id, now, start, *estimate.start_range(index))
+
+    def _rendered(self, key: QueueKey, now: dt.datetime,
+                  wanted: Collection[str] | None = None) -> tuple[list[Entry], Wait]:
+        """The queue's order and wait; the starts of the ``wanted`` tasks (None: all)
+        are told (``_tell``)."""
         order = self.book.pick_order(key, now)
         wait = self.wait(key, now)
-        if self.predictions is not None and wait.estimate is not None:
+        if wait.estimate is not None:
             for index, entry in enumerate(order):
-                self.predictions(entry.task_id, now, wait.estimate.start(index))
+                if wanted is None or entry.task_id in wanted:
+                    self._tell(entry.task_id, key, now, wait.estimate, index)
         return order, wait
 
     def load(self, batches: Iterable[Sequence[RecordedEvent]]) -> None:
@@ -447,14 +470,14 @@ class QueueView:
             if waits_in is not None and waits_in not in due:
                 at_once.setdefault(waits_in, set()).add(task_id)
         for key in sorted(at_once):
-            order, wait = self._rendered(key, now)
+            order, wait = self._rendered(key, now, at_once[key])
             rows.extend(positions_of(order, at_once[key], self.lang, wait))
         return rows
 
     def _sliced(self, key: QueueKey, now: dt.datetime,
                 due: Collection[int]) -> list[tuple[str, str]]:
         """The rows of one queue's ``due`` slices whose text changed and those needed at
-        once (rendering those only, and telling ``predictions`` of those only), noting
+        once (rendering those only, and telling the starts of those only), noting
         which slices the queue's rows occupy (``next_refresh``)."""
         rows: list[tuple[str, str]] = []
         order = self.book.pick_order(key, now)
@@ -473,11 +496,11 @@ class QueueView:
         wait = self.wait(key, now)
         render = renderer(order, self.lang, wait)
         written = self._written
-        tell, estimate = self.predictions, wait.estimate
+        estimate = wait.estimate
         for index in sorted(wanted):
             entry, message = order[index - skip], render(index - skip)
-            if tell is not None and estimate is not None:
-                tell(entry.task_id, now, estimate.start(index - skip))
+            if estimate is not None:
+                self._tell(entry.task_id, key, now, estimate, index - skip)
             if written.get(entry.task_id) != message:
                 rows.append((entry.task_id, message))
         return rows
