@@ -516,6 +516,19 @@ class ClusterRegistered(Event):
     gcs_bucket: str
     default_reservation: str | None
     status: str
+    #: The zone of its TPU pools; None in events recorded before it was kept.
+    node_location: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterNodeLocationSet(Event):
+    """A cluster was given the zone its TPU pools go in (a regional cluster registered
+    before the zone was kept, or one whose pools move to another zone)."""
+
+    cluster_id: str
+    name: str
+    old_node_location: str | None
+    new_node_location: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,7 +618,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     PodsRefused, NodesAwaited, NodeWaitExtended,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
-    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
+    ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
     ReservationRead, JobRowDiverged,
 )
 

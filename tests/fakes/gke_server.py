@@ -18,6 +18,12 @@ and try again once it is done."; creating a pool that exists is ALREADY_EXISTS;
 getting or deleting a missing pool is NOT_FOUND. Faults on demand: any status on the
 next call of a method (429, 403 quota, ...), a create whose operation ends in a
 quota or stockout error, and a window in which a just-created pool 404s on get.
+
+Regional and zonal clusters: a cluster is addressed by its own location (a region or a
+zone) and has ``locations``, its node zones (three for a regional cluster). A pool
+created without ``locations`` gets the cluster's, so a regional pool has a node group
+in each zone (``initial_node_count`` is per zone); COMPACT placement over more than one
+zone is refused, as is a pool zone outside the cluster's region (docs/FIDELITY.md).
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ STOCKOUT_WORDS = (
     "have enough resources available to fulfill the request. Try a different zone, or "
     "try again later."
 )
+#: What cluster-toolkit's gke-node-pool module says of COMPACT over several zones
+#: (GKE's own API wording for the refusal is not published; docs/FIDELITY.md).
+COMPACT_ZONES_WORDS = "Compact placement is only available for node pools operating in a single zone."
 QUOTA_WORDS = (
     "Insufficient quota to satisfy the request: Not all instances running in IGM after "
     "4m2s. Expected {n}, running 0, transitioning {n}. Current errors: "
@@ -109,10 +118,16 @@ class FakeGke:
 
     def add_cluster(self, project: str, location: str, name: str, *,
                     endpoint: str = "10.20.30.40", ca_pem: bytes = b"-----FAKE CA-----\n",
-                    gcs_fuse: bool = True) -> container_v1.Cluster:
+                    gcs_fuse: bool = True, locations: list[str] | None = None,
+                    ) -> container_v1.Cluster:
+        """A zonal cluster (``location`` a zone) has its zone as ``locations``; a
+        regional one (a region) the region's zones a, b and c unless told."""
         path = f"projects/{project}/locations/{location}/clusters/{name}"
+        if locations is None:
+            locations = ([location] if _ZONE.match(location)
+                         else [f"{location}-{z}" for z in "abc"])
         cluster = container_v1.Cluster(
-            name=name, location=location, locations=[location], endpoint=endpoint,
+            name=name, location=location, locations=locations, endpoint=endpoint,
             status=container_v1.Cluster.Status.RUNNING, self_link=f"https://fake/v1/{path}",
             master_auth=container_v1.MasterAuth(
                 cluster_ca_certificate=base64.b64encode(ca_pem).decode()),
@@ -187,12 +202,15 @@ class FakeGke:
         with self._lock:
             self._enter("CreateNodePool", request)
             parent = request.parent
-            self._cluster(parent)
+            cluster = self._cluster(parent)
             pool = container_v1.NodePool(request.node_pool)
             path = f"{parent}/nodePools/{pool.name}"
             if path in self.pools:
                 raise ApiError("ALREADY_EXISTS", f"Already exists: {path}.")
+            if not pool.locations:
+                pool.locations = list(cluster.locations)
             _validate(pool)
+            _validate_zones(pool, cluster)
             self._busy(parent)
             pool.status = container_v1.NodePool.Status.PROVISIONING
             pool.self_link = f"https://fake/v1/{path}"
@@ -209,10 +227,10 @@ class FakeGke:
         if outcome is None:
             pool.status = container_v1.NodePool.Status.RUNNING
             return None
-        project, location = path.split("/")[1], path.split("/")[3]
+        project, zone = path.split("/")[1], pool.locations[0]
         words = (STOCKOUT_WORDS if outcome.kind.startswith("stockout") else QUOTA_WORDS).format(
-            n=max(pool.initial_node_count, 1), pool=pool.name, project=project, zone=location,
-            region=location.rsplit("-", 1)[0],
+            n=max(pool.initial_node_count, 1), pool=pool.name, project=project, zone=zone,
+            region=_region(zone),
         )
         condition = container_v1.StatusCondition(
             code=(container_v1.StatusCondition.Code.GCE_STOCKOUT
@@ -313,6 +331,25 @@ class FakeGke:
         with self._lock:
             self._enter("GetCluster", request)
             return container_v1.Cluster(self._cluster(request.name))
+
+
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z][a-z0-9]*$")
+
+
+def _region(location: str) -> str:
+    return location.rsplit("-", 1)[0] if _ZONE.match(location) else location
+
+
+def _validate_zones(pool: container_v1.NodePool, cluster: container_v1.Cluster) -> None:
+    """A pool's zones lie in the cluster's region; COMPACT placement wants one zone."""
+    region = _region(cluster.location)
+    outside = [zone for zone in pool.locations if _region(zone) != region]
+    if outside:
+        raise ApiError("INVALID_ARGUMENT", f"Node pool locations {', '.join(outside)} are not "
+                                           f"in the cluster's region {region}.")
+    compact = container_v1.NodePool.PlacementPolicy.Type.COMPACT
+    if pool.placement_policy.type_ == compact and len(pool.locations) > 1:
+        raise ApiError("INVALID_ARGUMENT", COMPACT_ZONES_WORDS)
 
 
 def _validate(pool: container_v1.NodePool) -> None:
