@@ -69,19 +69,11 @@ def add_cluster(
 
 def set_status(store: EventStore, name: str, status: str, actor: str = "operator") -> Cluster:
     _check_status(status)
-    with store.engine.connect() as conn:
-        cluster = find_cluster(conn, name)
-    if cluster is None:
-        raise RegistryError(f"cluster {name!r} is not registered")
+    cluster = _registered(store, name)
     if cluster.status == status:
         return cluster
-    event = ev.ClusterStatusChanged(cluster.id, name, cluster.status, status)
-    store.append(
-        [StreamAppend(cluster.stream_id, None, (event,), Meta(actor=actor))],
-        extra=[lambda c: c.execute(
-            clusters.update().where(clusters.c.id == cluster.id).values(status=status)
-        )],
-    )
+    _record(store, cluster, ev.ClusterStatusChanged(cluster.id, name, cluster.status, status),
+            actor, status=status)
     return dataclasses.replace(cluster, status=status)
 
 
@@ -90,21 +82,32 @@ def set_node_location(store: EventStore, name: str, zone: str,
     """Give a registered cluster the zone its TPU pools go in (the way a regional
     cluster registered before the zone was kept becomes usable). Pools that exist stay
     where they are; new pools and reservation reads use the new zone."""
+    cluster = _registered(store, name)
+    zone = node_location_for(name, cluster.location, zone)
+    if cluster.node_location == zone:
+        return cluster
+    _record(store, cluster, ev.ClusterNodeLocationSet(cluster.id, name, cluster.node_location,
+                                                      zone), actor, node_location=zone)
+    return dataclasses.replace(cluster, node_location=zone)
+
+
+def _registered(store: EventStore, name: str) -> Cluster:
     with store.engine.connect() as conn:
         cluster = find_cluster(conn, name)
     if cluster is None:
         raise RegistryError(f"cluster {name!r} is not registered")
-    zone = node_location_for(name, cluster.location, zone)
-    if cluster.node_location == zone:
-        return cluster
-    event = ev.ClusterNodeLocationSet(cluster.id, name, cluster.node_location, zone)
+    return cluster
+
+
+def _record(store: EventStore, cluster: Cluster, event: ev.Event, actor: str,
+            **values: str) -> None:
+    """The change as a fact on the cluster's stream and, in the same commit, its row."""
     store.append(
         [StreamAppend(cluster.stream_id, None, (event,), Meta(actor=actor))],
         extra=[lambda c: c.execute(
-            clusters.update().where(clusters.c.id == cluster.id).values(node_location=zone)
+            clusters.update().where(clusters.c.id == cluster.id).values(**values)
         )],
     )
-    return dataclasses.replace(cluster, node_location=zone)
 
 
 def _check_status(status: str) -> None:
