@@ -20,6 +20,7 @@ from google.cloud import container_v1
 from falcon_es.adapters.gcp import errors, pools
 from falcon_es.adapters.gcp.compute import WorkloadPolicies
 from falcon_es.adapters.gcp.gke import GkeNodePools, cluster_manager_client
+from falcon_es.adapters.sim.common import COMPACT_ZONES_WORDS
 from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     FAILED,
@@ -319,7 +320,7 @@ def test_compact_placement_over_the_regional_clusters_zones_is_refused(node_pool
         node_pools.create(unplaced)
 
     assert refused.value.code == INVALID
-    assert gke_server.COMPACT_ZONES_WORDS in refused.value.message
+    assert COMPACT_ZONES_WORDS in refused.value.message
     assert fake.pools.keys() == {f"{CLUSTER_PATH}/nodePools/default-pool",
                                  f"{REGIONAL_PATH}/nodePools/default-pool"}
 

@@ -47,6 +47,8 @@ import proto
 from google.cloud import container_v1
 from google.rpc import status_pb2
 
+from falcon_es.adapters.sim.common import zone_problem
+from falcon_es.domain.clusters import is_zone, region_of
 from tests.fakes.http_server import serve_http
 
 HTTP_STATUS = {
@@ -64,9 +66,6 @@ STOCKOUT_WORDS = (
     "have enough resources available to fulfill the request. Try a different zone, or "
     "try again later."
 )
-#: What cluster-toolkit's gke-node-pool module says of COMPACT over several zones
-#: (GKE's own API wording for the refusal is not published; docs/FIDELITY.md).
-COMPACT_ZONES_WORDS = "Compact placement is only available for node pools operating in a single zone."
 QUOTA_WORDS = (
     "Insufficient quota to satisfy the request: Not all instances running in IGM after "
     "4m2s. Expected {n}, running 0, transitioning {n}. Current errors: "
@@ -124,7 +123,7 @@ class FakeGke:
         regional one (a region) the region's zones a, b and c unless told."""
         path = f"projects/{project}/locations/{location}/clusters/{name}"
         if locations is None:
-            locations = ([location] if _ZONE.match(location)
+            locations = ([location] if is_zone(location)
                          else [f"{location}-{z}" for z in "abc"])
         cluster = container_v1.Cluster(
             name=name, location=location, locations=locations, endpoint=endpoint,
@@ -230,7 +229,7 @@ class FakeGke:
         project, zone = path.split("/")[1], pool.locations[0]
         words = (STOCKOUT_WORDS if outcome.kind.startswith("stockout") else QUOTA_WORDS).format(
             n=max(pool.initial_node_count, 1), pool=pool.name, project=project, zone=zone,
-            region=_region(zone),
+            region=region_of(zone),
         )
         condition = container_v1.StatusCondition(
             code=(container_v1.StatusCondition.Code.GCE_STOCKOUT
@@ -333,23 +332,13 @@ class FakeGke:
             return container_v1.Cluster(self._cluster(request.name))
 
 
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z][a-z0-9]*$")
-
-
-def _region(location: str) -> str:
-    return location.rsplit("-", 1)[0] if _ZONE.match(location) else location
-
-
 def _validate_zones(pool: container_v1.NodePool, cluster: container_v1.Cluster) -> None:
-    """A pool's zones lie in the cluster's region; COMPACT placement wants one zone."""
-    region = _region(cluster.location)
-    outside = [zone for zone in pool.locations if _region(zone) != region]
-    if outside:
-        raise ApiError("INVALID_ARGUMENT", f"Node pool locations {', '.join(outside)} are not "
-                                           f"in the cluster's region {region}.")
-    compact = container_v1.NodePool.PlacementPolicy.Type.COMPACT
-    if pool.placement_policy.type_ == compact and len(pool.locations) > 1:
-        raise ApiError("INVALID_ARGUMENT", COMPACT_ZONES_WORDS)
+    """The sim's rule (one home): zones in the cluster's region, one zone for a slice
+    placed as one (COMPACT or a workload policy)."""
+    placed = bool(pool.placement_policy.type_ or pool.placement_policy.policy_name)
+    problem = zone_problem(cluster.location, tuple(pool.locations), placed)
+    if problem:
+        raise ApiError("INVALID_ARGUMENT", problem)
 
 
 def _validate(pool: container_v1.NodePool) -> None:
