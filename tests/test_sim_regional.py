@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import INVALID, NOT_FOUND, NodePoolSpec, PortError, Ports
 from falcon_es.domain.tpu import slice_shape
 from falcon_es.storage.tables import clusters
-from tests.support.harness import QUIET, Harness, Harnesses
+from tests.support.harness import QUIET, Harness
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 REGION, ZONE = "us-central1", "us-central1-b"
@@ -136,13 +136,6 @@ def test_the_sim_config_refuses_a_region_where_a_zone_belongs(entry: dict[str, A
 # ------------------------------------------------------------ end to end
 
 Make = Callable[..., Harness]
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def regional(name: str = "v6e-reg") -> SimClusterConfig:
