@@ -3,7 +3,7 @@
 The record is a plain value the scheduling policy, the ports and the adapters read; the
 rows it comes from live in ``falcon_es.storage.registry``.
 
-GKE keeps two places apart (docs/design/regional-clusters.md): the cluster's own
+GKE keeps two places apart (docs/design-notes/regional-clusters.md): the cluster's own
 ``location`` (a region for a regional cluster, a zone for a zonal one) addresses every
 GKE call, and the zone its TPU pools go in (``NodePool.locations``) is where Compute's
 zonal reservations are read. ``node_location`` is that zone; a zonal cluster's is its
