@@ -272,7 +272,7 @@ def test_gce_resource_labels_are_folded_node_labels_kept_exactly(node_pools, fak
     assert pool.config.resource_labels["falcon-task"] == "job_42_a"
 
 
-# -- regional and zonal clusters (gke-day-one.md §1) --------------------------------
+# -- regional and zonal clusters (docs/FIDELITY.md) ---------------------------------
 
 REGION, RNAME = "us-east5", "edge-r"
 REGIONAL = Cluster("c-2", RNAME, PROJECT, REGION, "v6e", "bucket-a", "res-1", "active",

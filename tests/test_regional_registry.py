@@ -1,5 +1,5 @@
 """A cluster's GKE location and the zone of its TPU pools, as the registry keeps them
-(issue 25 point 1; gke-day-one.md §1): registration rules, the CLI's one-line refusals,
+(docs/design-notes/regional-clusters.md): registration rules, the CLI's one-line refusals,
 and a registry written before the zone was kept (migration 0005, both dialects)."""
 
 from __future__ import annotations

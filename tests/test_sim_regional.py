@@ -1,4 +1,4 @@
-"""Regional clusters on the sim (issue 25 point 1; gke-day-one.md §1).
+"""Regional clusters on the sim (docs/FIDELITY.md, "Regional and zonal clusters").
 
 The world models what GKE does with a regional cluster: it is addressed by its region,
 has three zones, and a pool created without ``locations`` gets a node group in each

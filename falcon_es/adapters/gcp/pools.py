@@ -13,7 +13,7 @@ Zones
   ``locations`` is the spec's (the cluster's node zone): the request is sent to the
   cluster's own location, a region for a regional cluster, and a pool without
   ``locations`` would get a node group in each of the cluster's zones (three times
-  the nodes, and COMPACT placement refused). Reference: gke-day-one.md §1.
+  the nodes, and COMPACT placement refused). Sources: docs/FIDELITY.md.
 
 Placement
   Multi-host v5e / v5p / v6e slices get COMPACT placement with ``tpu_topology``.
