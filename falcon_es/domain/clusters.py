@@ -65,13 +65,6 @@ class Cluster:
             return self.node_location
         return None if self.regional else self.location
 
-    def require_node_zone(self) -> str:
-        """The node zone, or the one-line refusal that names the missing flag."""
-        zone = self.node_zone
-        if zone is None:
-            raise RegistryError(missing_node_zone(self.name, self.location))
-        return zone
-
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["created_at"] = self.created_at.isoformat()
