@@ -22,6 +22,7 @@ from falcon_es.app.application import App, open_app
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable, metadata
+from tests.support.harness import Harnesses
 
 # pydantic builds a model's schema on first use; under a frozen clock it would meet
 # freezegun's FakeDatetime (the kubernetes client's models are pydantic's), so whether
@@ -123,3 +124,12 @@ def app(db_url: str, clock: VirtualClock) -> Iterator[App]:
     application = open_app(Settings(db_url=db_url), clock)
     yield application
     application.close()
+
+
+@pytest.fixture
+def make(db_url: str, clock: VirtualClock) -> Iterator[Harnesses]:
+    """Controllers on the sim world (``tests.support.harness``), closed at the end; a
+    test module with a ``make`` of its own uses that one."""
+    harnesses = Harnesses(db_url, clock)
+    yield harnesses
+    harnesses.close()

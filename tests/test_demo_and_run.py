@@ -66,6 +66,10 @@ def test_demo_covers_every_outcome_and_is_identical_on_every_run(tmp_path: Path)
         assert (row.project, row.location, row.tpu_type, row.gcs_bucket,
                 row.default_reservation) == (entry.project, entry.location, entry.tpu_type,
                                              entry.gcs_bucket, entry.default_reservation)
+    # its flex-start cluster is regional: addressed by its region, pools in its zone
+    flex = clusters["v7x-flex"]
+    assert (flex.kind, flex.location, flex.node_zone) == ("regional", "us-central1",
+                                                          "us-central1-c")
 
 
 def test_demo_database_replays_identically(tmp_path: Path) -> None:

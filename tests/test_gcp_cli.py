@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from google.oauth2 import service_account
 
@@ -34,7 +35,7 @@ from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.gcp.wiring import build_cluster_manager
 from falcon_es.adapters.sim import (
-    ClusterBehaviour, JobDefaults, SimConfig, SimWorld, Span, build_sim_ports,
+    ClusterBehaviour, JobDefaults, SimClusterConfig, SimConfig, SimWorld, Span, build_sim_ports,
 )
 from falcon_es.app.application import open_app
 from falcon_es.cli import main
@@ -44,6 +45,7 @@ from falcon_es.domain.ports import JobObservation
 from falcon_es.config.settings import Settings
 from falcon_es.domain.spec import SUPPLY_MODES
 from falcon_es.domain.tpu import slice_shape
+from falcon_es.storage.tables import clusters as cluster_rows
 from tests.fakes import fixtures
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator, free_port
@@ -70,10 +72,27 @@ class Installation:
         return CliRunner(env={**self.env, **env}).invoke(main, list(args))
 
 
+#: A regional cluster beside it: region us-central1, TPU pools in us-central1-b.
+REGIONAL = dataclasses.replace(reserved_cluster("v6e-reg", count=2), location="us-central1",
+                               node_location="us-central1-b")
+
+
 @pytest.fixture
 def installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Installation]:
-    world = SimWorld(VirtualClock(START), sim_config(CLUSTER))
+    yield from _installation(db_url, tmp_path, pubsub_emulator, monkeypatch, CLUSTER)
+
+
+@pytest.fixture
+def regional_installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
+                          monkeypatch: pytest.MonkeyPatch) -> Iterator[Installation]:
+    yield from _installation(db_url, tmp_path, pubsub_emulator, monkeypatch, CLUSTER, REGIONAL)
+
+
+def _installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
+                  monkeypatch: pytest.MonkeyPatch, *clusters: SimClusterConfig,
+                  ) -> Iterator[Installation]:
+    world = SimWorld(VirtualClock(START), sim_config(*clusters))
     cloud = SimBackedCloud(world).start()
     key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
     env = {**cloud.environment(key), "FALCON_DB_URL": db_url,
@@ -85,9 +104,11 @@ def installation(db_url: str, tmp_path: Path, pubsub_emulator: PubSubEmulator,
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", pubsub_emulator.host)
     bus = PubSubBus(pubsub_emulator.project, pull_timeout_seconds=0.5)
     app = open_app(Settings(db_url=db_url))
-    registry.add_cluster(app.store, name=CLUSTER.name, project="proj", location="us-east5-b",
-                         tpu_type="v6e", gcs_bucket="logs-bucket",
-                         default_reservation=CLUSTER.default_reservation)
+    for cluster in clusters:
+        registry.add_cluster(app.store, name=cluster.name, project="proj",
+                             location=cluster.location or "us-east5-b", tpu_type="v6e",
+                             gcs_bucket="logs-bucket", node_location=cluster.node_location,
+                             default_reservation=cluster.default_reservation)
     app.close()
     cloud.resource_manager.grant("proj", EDGE_PERMISSIONS)
     yield Installation(db_url, cloud, env, bus)
@@ -127,7 +148,8 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert list(found) == [
         "database: " + found_key(found, "database"),
         "credentials: Application Default Credentials",
-        "cluster v6e-res: GKE get_cluster", "cluster v6e-res: Workload Identity",
+        "cluster v6e-res: GKE get_cluster", "cluster v6e-res: location",
+        "cluster v6e-res: Workload Identity",
         "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
         "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list",
         "cluster v6e-res: reservation v6e-res-r",
@@ -144,7 +166,10 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert f"all {len(EDGE_PERMISSIONS)} permissions held" in found["project proj: falconEdgeOperator permissions"]
     (call,) = installation.cloud.resource_manager.calls
     assert call[:2] == ("proj", EDGE_PERMISSIONS)
-    assert result.output.rstrip().endswith("13 checks, all passed")
+    assert found["cluster v6e-res: location"] == (
+        "ok   cluster v6e-res: location: zonal cluster (zone us-east5-b); TPU pools and "
+        "reservations in zone us-east5-b")
+    assert result.output.rstrip().endswith("14 checks, all passed")
 
 
 def found_key(found: dict[str, str], subject: str) -> str:
@@ -184,6 +209,46 @@ def test_doctor_names_the_root_cause_and_the_fix(installation: Installation) -> 
     assert "falconEdgeOperator custom role in project proj (deploy/iam/setup.sh)" in role
     subscription = found[f"pubsub: subscription {edge_subscription}"]
     assert subscription.startswith("FAIL") and "gcloud pubsub subscriptions create" in subscription
+
+
+def test_doctor_says_which_kind_each_cluster_is_and_checks_the_node_zone(
+        regional_installation: Installation) -> None:
+    """A regional cluster is addressed by its region and its reservation is read in its
+    node zone; a node zone outside GKE's zones for the cluster, and a regional row
+    from before the node zone was kept, each fail with the fix."""
+    installation = regional_installation
+    topics(installation)
+    result = installation.cli("doctor")
+    assert result.exit_code == 0, result.output
+    found = lines(result)
+    assert found["cluster v6e-reg: location"] == (
+        "ok   cluster v6e-reg: location: regional cluster (region us-central1); TPU pools "
+        "and reservations in zone us-central1-b")
+    assert "2 of 2 ct6e-standard-4t VM(s) free" in found["cluster v6e-reg: reservation v6e-reg-r"]
+    assert found["cluster v6e-reg: GKE get_cluster"].startswith("ok")
+
+    engine = sa.create_engine(installation.db_url)
+    with engine.begin() as conn:
+        conn.execute(cluster_rows.update().where(cluster_rows.c.name == "v6e-reg")
+                     .values(node_location="us-central1-f"))
+        conn.execute(cluster_rows.update().where(cluster_rows.c.name == "v6e-res")
+                     .values(location="us-east5", node_location=None))
+    engine.dispose()
+    result = installation.cli("doctor")
+    assert result.exit_code == 1
+    found = lines(result)
+    assert found["cluster v6e-reg: location"] == (
+        "FAIL cluster v6e-reg: location: regional cluster (region us-central1): node zone "
+        "us-central1-f is not one of the cluster's zones (us-central1-a, us-central1-b, "
+        "us-central1-c) -- fix: falcon-es cluster set-node-location v6e-reg ZONE (one of "
+        "those), or add the zone to the cluster (gcloud container clusters update "
+        "--node-locations)")
+    legacy = found["cluster v6e-res: location"]
+    assert legacy.startswith("FAIL cluster v6e-res: location: regional cluster (region "
+                             "us-east5) with no node zone")
+    assert legacy.endswith("fix: falcon-es cluster set-node-location v6e-res ZONE")
+    reservation = found["cluster v6e-res: reservation v6e-res-r"]
+    assert "--node-location ZONE" in reservation and "us-east5-b" not in reservation
 
 
 def test_doctor_says_how_to_install_a_missing_jobset_crd(installation: Installation) -> None:

@@ -206,7 +206,9 @@ def test_a_503_is_retried_by_the_client_itself(reservations, fake):
     assert len(fake.calls_of("reservation")) == 2
 
 
-def test_regional_cluster_location_is_refused_with_the_fix(reservations, fake):
+def test_regional_cluster_without_a_node_zone_is_refused_naming_the_flag(reservations, fake):
+    """A regional cluster registered before the node zone was kept (node_location
+    None): Compute reservations are zonal, so nothing is asked of Compute."""
     regional = Cluster("c-2", "edge-r", PROJECT, "us-east5", "v6e", "b", "res-1", "active",
                        dt.datetime(2026, 11, 1))
 
@@ -214,8 +216,22 @@ def test_regional_cluster_location_is_refused_with_the_fix(reservations, fake):
         reservations.remaining_slices(regional, "res-1", slice_shape("v6e", "4x4"))
 
     assert refused.value.code == INVALID
-    assert "cluster edge-r has location 'us-east5', not a zone" in refused.value.message
+    assert refused.value.message.startswith(
+        "cluster edge-r is regional (us-east5): give the zone its TPU pools go in with "
+        "--node-location ZONE")
     assert fake.calls == []
+
+
+def test_regional_cluster_reads_its_reservation_in_its_node_zone(reservations, fake):
+    """The cluster's location is a region; the reservation lives in the pools' zone,
+    and one of the same name in another zone of the region is not read."""
+    fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8, in_use=0)
+    fake.add_specific(PROJECT, "us-east5-a", "res-1", machine_type="ct6e-standard-4t",
+                      count=4, in_use=4)
+    regional = Cluster("c-2", "edge-r", PROJECT, "us-east5", "v6e", "b", "res-1", "active",
+                       dt.datetime(2026, 11, 1), node_location=ZONE)
+
+    assert reservations.remaining_slices(regional, "res-1", slice_shape("v6e", "4x4")) == 2
 
 
 def test_malformed_reference_is_refused_before_any_call(reservations, fake):

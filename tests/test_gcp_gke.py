@@ -7,6 +7,7 @@ on the wire, and what the adapter maps is what the library raised.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from google.cloud import container_v1
 from falcon_es.adapters.gcp import errors, pools
 from falcon_es.adapters.gcp.compute import WorkloadPolicies
 from falcon_es.adapters.gcp.gke import GkeNodePools, cluster_manager_client
+from falcon_es.adapters.sim.common import COMPACT_ZONES_WORDS
 from falcon_es.domain.ports import (
     ALREADY_EXISTS,
     FAILED,
@@ -73,7 +75,8 @@ def spec(tpu_type: str = "v6e", topology: str = "2x2", supply_mode: str = "reser
          reservation: str | None = "res-1", name: str = "falcon-t1", task: str = "job-42",
          scale_down: int = 600, cluster: Cluster = CLUSTER) -> NodePoolSpec:
     return NodePoolSpec(cluster, name, slice_shape(tpu_type, topology), supply_mode,
-                        reservation, scale_down, {"falcon-task": task})
+                        reservation, scale_down, {"falcon-task": task},
+                        locations=(cluster.node_zone,) if cluster.node_zone else ())
 
 
 def sent_pool(fake: gke_server.FakeGke) -> container_v1.NodePool:
@@ -267,6 +270,82 @@ def test_gce_resource_labels_are_folded_node_labels_kept_exactly(node_pools, fak
     pool = sent_pool(fake)
     assert pool.config.labels["falcon-task"] == "Job_42.A"
     assert pool.config.resource_labels["falcon-task"] == "job_42_a"
+
+
+# -- regional and zonal clusters (docs/FIDELITY.md) ---------------------------------
+
+REGION, RNAME = "us-east5", "edge-r"
+REGIONAL = Cluster("c-2", RNAME, PROJECT, REGION, "v6e", "bucket-a", "res-1", "active",
+                   dt.datetime(2026, 11, 1), node_location=ZONE)
+REGIONAL_PATH = f"projects/{PROJECT}/locations/{REGION}/clusters/{RNAME}"
+
+
+def test_regional_cluster_is_addressed_by_its_region_and_its_pool_is_in_the_node_zone(
+        node_pools, fake):
+    fake.add_cluster(PROJECT, REGION, RNAME)
+
+    started = node_pools.create(spec("v6e", "4x4", cluster=REGIONAL))
+    node_pools.get_operation(REGIONAL, started.id)
+    info = node_pools.get(REGIONAL, "falcon-t1")
+
+    (request,) = fake.calls_of("CreateNodePool")
+    assert request.parent == REGIONAL_PATH
+    assert list(request.node_pool.locations) == [ZONE]
+    assert request.node_pool.placement_policy.tpu_topology == "4x4"
+    assert fake.calls_of("GetOperation")[0].name.startswith(
+        f"projects/{PROJECT}/locations/{REGION}/operations/")
+    assert (info.status, info.node_count) == ("RUNNING", 4)
+
+
+def test_a_pool_without_locations_spreads_over_the_regional_clusters_zones(node_pools, fake):
+    """What one ``location`` field did to a regional cluster: no ``locations`` on the
+    pool, so GKE puts a node group in each of the region's three zones."""
+    fake.add_cluster(PROJECT, REGION, RNAME)
+    unplaced = dataclasses.replace(spec("v6e", "2x2", cluster=REGIONAL), locations=())
+
+    node_pools.create(unplaced)
+    fake.finish_operations()
+
+    info = node_pools.get(REGIONAL, "falcon-t1")
+    assert info.node_count == 3
+    assert list(fake.pools[f"{REGIONAL_PATH}/nodePools/falcon-t1"].locations) == [
+        "us-east5-a", "us-east5-b", "us-east5-c"]
+
+
+def test_compact_placement_over_the_regional_clusters_zones_is_refused(node_pools, fake):
+    fake.add_cluster(PROJECT, REGION, RNAME)
+    unplaced = dataclasses.replace(spec("v6e", "4x4", cluster=REGIONAL), locations=())
+
+    with pytest.raises(PortError) as refused:
+        node_pools.create(unplaced)
+
+    assert refused.value.code == INVALID
+    assert COMPACT_ZONES_WORDS in refused.value.message
+    assert fake.pools.keys() == {f"{CLUSTER_PATH}/nodePools/default-pool",
+                                 f"{REGIONAL_PATH}/nodePools/default-pool"}
+
+
+def test_a_regional_cluster_addressed_by_its_node_zone_is_not_found(node_pools, fake):
+    """Registered with the zone instead of the region: GKE answers 404."""
+    fake.add_cluster(PROJECT, REGION, RNAME)
+    by_zone = dataclasses.replace(REGIONAL, location=ZONE)
+
+    with pytest.raises(PortError) as missing:
+        node_pools.create(spec(cluster=by_zone))
+
+    assert missing.value.code == NOT_FOUND
+    assert f"projects/{PROJECT}/locations/{ZONE}/clusters/{RNAME}" in missing.value.message
+
+
+def test_a_node_zone_outside_the_clusters_region_is_refused(node_pools, fake):
+    fake.add_cluster(PROJECT, REGION, RNAME)
+    elsewhere = dataclasses.replace(spec(cluster=REGIONAL), locations=("us-central1-a",))
+
+    with pytest.raises(PortError) as refused:
+        node_pools.create(elsewhere)
+
+    assert refused.value.code == INVALID
+    assert "us-central1-a are not in the cluster's region us-east5" in refused.value.message
 
 
 # -- operations ---------------------------------------------------------------------

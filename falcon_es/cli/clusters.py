@@ -1,5 +1,5 @@
-"""Clusters: ``falcon-es cluster add|list|set-status`` to register them and change
-their status, and ``falcon-es clusters`` for what each one holds now (reservation,
+"""Clusters: ``falcon-es cluster add|list|set-status|set-node-location`` to register
+them and change their status or node zone, and ``falcon-es clusters`` for what each one holds now (reservation,
 pools, queues), folded from the log and optionally asked of GKE and Compute."""
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ def cluster_group() -> None:
 @cluster_group.command("add")
 @click.argument("name")
 @click.option("--project", required=True)
-@click.option("--location", required=True, help="Zone or region of the GKE cluster.")
+@click.option("--location", required=True,
+              help="The GKE cluster's own location: its region (regional cluster) or zone "
+                   "(zonal cluster), as in projects/P/locations/LOCATION/clusters/NAME.")
+@click.option("--node-location", default=None,
+              help="The zone its TPU pools and reservations are in; required for a "
+                   "regional cluster, a zonal cluster's is its location.")
 @click.option("--tpu-type", required=True)
 @click.option("--gcs-bucket", required=True, help="Bucket for task logs.")
 @click.option("--reservation", default=None, help="Default reservation for its pools.")
@@ -37,17 +42,21 @@ def cluster_group() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @friendly
-def cluster_add(ctx: click.Context, name: str, project: str, location: str, tpu_type: str,
-                gcs_bucket: str, reservation: str | None, status: str, as_json: bool) -> None:
+def cluster_add(ctx: click.Context, name: str, project: str, location: str,
+                node_location: str | None, tpu_type: str, gcs_bucket: str,
+                reservation: str | None, status: str, as_json: bool) -> None:
     """Register a GKE cluster."""
     cluster = registry.add_cluster(
         app_of(ctx).store, name=name, project=project, location=location, tpu_type=tpu_type,
         gcs_bucket=gcs_bucket, default_reservation=reservation, status=status,
+        node_location=node_location,
     )
     if as_json:
         click.echo(json.dumps(cluster.as_dict(), indent=2))
     else:
-        click.echo(f"registered {cluster.name} ({cluster.tpu_type}, {cluster.status}) id {cluster.id}")
+        click.echo(f"registered {cluster.name} ({cluster.tpu_type}, {cluster.status}) id "
+                   f"{cluster.id}: {cluster.kind} cluster {cluster.location}, TPU pools in "
+                   f"{cluster.node_zone}")
 
 
 @cluster_group.command("list")
@@ -59,7 +68,7 @@ def cluster_list(ctx: click.Context, as_json: bool) -> None:
     with engine_of(ctx).connect() as conn:
         rows = [c.as_dict() for c in registry.list_clusters(conn)]
     emit(rows, as_json, ["name", "tpu_type", "status", "project", "location",
-                         "default_reservation", "gcs_bucket", "id"])
+                         "node_location", "default_reservation", "gcs_bucket", "id"])
 
 
 @cluster_group.command("set-status")
@@ -71,6 +80,18 @@ def cluster_set_status(ctx: click.Context, name: str, status: str) -> None:
     """Set a cluster active, in maintenance or offline."""
     cluster = registry.set_status(app_of(ctx).store, name, status)
     click.echo(f"{cluster.name} is {cluster.status}")
+
+
+@cluster_group.command("set-node-location")
+@click.argument("name")
+@click.argument("zone")
+@click.pass_context
+@friendly
+def cluster_set_node_location(ctx: click.Context, name: str, zone: str) -> None:
+    """Set the zone a cluster's new TPU pools and reservation reads use."""
+    cluster = registry.set_node_location(app_of(ctx).store, name, zone)
+    click.echo(f"{cluster.name} ({cluster.kind} {cluster.location}): TPU pools in "
+               f"{cluster.node_zone}")
 
 
 @click.command("clusters")

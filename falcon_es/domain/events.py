@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
+
+from falcon_es.domain import event_json
+from falcon_es.domain.event_json import Conversions, to_json
 
 JsonDict = dict[str, Any]
 
@@ -49,19 +51,11 @@ class Event:
         # Only fields whose JSON form differs (datetimes, tuples) need converting.
         conversions = _CONVERSIONS.get(type(self))
         if conversions is None:
-            return {name: _to_json(value) for name, value in self.__dict__.items()}
+            return {name: to_json(value) for name, value in self.__dict__.items()}
         data = dict(self.__dict__)
         for name, _ in conversions:
-            data[name] = _to_json(data[name])
+            data[name] = to_json(data[name])
         return data
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------- task stream
@@ -516,6 +510,17 @@ class ClusterRegistered(Event):
     gcs_bucket: str
     default_reservation: str | None
     status: str
+    node_location: str | None = None  # its TPU pools' zone; None in events from before
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterNodeLocationSet(Event):
+    """A cluster's TPU pools go to another zone (``cluster set-node-location``)."""
+
+    cluster_id: str
+    name: str
+    old_node_location: str | None
+    new_node_location: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,8 +610,8 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     PodsRefused, NodesAwaited, NodeWaitExtended,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
-    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
-    ReservationRead, JobRowDiverged,
+    ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound,
+    OrphanPoolDeleted, RowRefused, ReservationRead, JobRowDiverged,
 )
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(
@@ -659,7 +664,7 @@ def _build(cls: type[Event], data: JsonDict) -> Event:
 def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
     conversions = _CONVERSIONS.get(cls)
     if conversions is None:  # a class outside REGISTRY; () means "nothing to convert"
-        conversions = _conversions(cls)
+        conversions = event_json.conversions(cls)
     if not conversions:
         return data
     out = dict(data)
@@ -670,26 +675,8 @@ def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
     return out
 
 
-def _conversions(cls: type[Event]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    """Fields whose JSON form differs from their Python form (datetimes, tuples)."""
-    found: list[tuple[str, Callable[[Any], Any]]] = []
-    for name, hint in typing.get_type_hints(cls).items():
-        text = str(hint)
-        if "ClassVar" in text:
-            continue
-        if "datetime" in text:
-            found.append((name, _parse_datetime))
-        elif "tuple" in text:
-            found.append((name, tuple))
-    return tuple(found)
-
-
-def _parse_datetime(value: Any) -> Any:
-    return dt.datetime.fromisoformat(value) if isinstance(value, str) else value
-
-
-_CONVERSIONS: Mapping[type[Event], tuple[tuple[str, Callable[[Any], Any]], ...]] = (
-    MappingProxyType({cls: _conversions(cls) for cls in REGISTRY.values()})
+_CONVERSIONS: Mapping[type[Event], Conversions] = (
+    MappingProxyType({cls: event_json.conversions(cls) for cls in REGISTRY.values()})
 )
 #: Field names of each registered event class whose ``__init__`` only stores its
 #: arguments (no ``__post_init__``), for ``_build``.

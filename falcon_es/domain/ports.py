@@ -49,6 +49,9 @@ class NodePoolSpec:
     reservation: str | None
     scale_down_unneeded_seconds: int
     labels: Mapping[str, str]  # managed-by=falcon, falcon-task, falcon-topology, ...
+    #: GKE's ``NodePool.locations``: the zones of the pool's nodes. Empty means what
+    #: GKE does then, every zone of the cluster (three for a regional cluster).
+    locations: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

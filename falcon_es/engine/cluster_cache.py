@@ -3,7 +3,8 @@
 The registry changes rarely (an operator adds a cluster or sets its status) while the
 controller ticks many times a second, so the rows are kept in memory and read again
 when a change commits through this process's store (this cache is one of its inline
-projections and watches for ``ClusterRegistered`` / ``ClusterStatusChanged``), and at
+projections and watches for ``ClusterRegistered`` / ``ClusterStatusChanged`` /
+``ClusterNodeLocationSet``), and at
 least every ``max_age_seconds`` of wall time, for changes another process commits.
 """
 
@@ -22,7 +23,7 @@ from falcon_es.storage.store import RecordedEvent
 
 #: Wall seconds after which the rows are read again even if no change was seen here.
 MAX_AGE_SECONDS = 2.0
-_REGISTRY_EVENTS = (ev.ClusterRegistered, ev.ClusterStatusChanged)
+_REGISTRY_EVENTS = (ev.ClusterRegistered, ev.ClusterStatusChanged, ev.ClusterNodeLocationSet)
 
 
 class ClusterCache:

@@ -38,7 +38,7 @@ from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.domain.ports import (
     ALREADY_EXISTS, NOT_FOUND, RETRYABLE, NodePoolSpec, Operation, PortError, Ports,
 )
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.config.retry import (
     API_OF_STEP, call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt,
     seeded_delay,
@@ -277,6 +277,11 @@ class EffectExecutor:
         supply_mode = request.supply_mode
         operations: list[str] = []
         group = naming.pool_group(intent.name, request.slices)
+        zone = cluster.node_zone
+        if zone is None:
+            self._queue(intent, ev.NodePoolFailed(intent.name, missing_node_zone(
+                cluster.name, cluster.location)), now)
+            return
         for name in group[request.first_slice:request.upto or len(group)]:
             spec = NodePoolSpec(
                 cluster=cluster,
@@ -286,6 +291,7 @@ class EffectExecutor:
                 reservation=request.reservation,
                 scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
                 labels=pool_labels(state.task_id, state.submission.topology, supply_mode),
+                locations=(zone,),
             )
             try:
                 operations.append(self.ports.node_pools.create(spec).id)

@@ -23,7 +23,8 @@ from alembic import op
 
 from falcon_es.storage.db import MigrationConflict
 
-__all__ = ["MigrationConflict", "create_index", "create_table", "drop_table", "insert_missing"]
+__all__ = ["MigrationConflict", "add_column", "create_index", "create_table", "drop_column",
+           "drop_table", "insert_missing"]
 
 
 def _inspector() -> sa.Inspector:
@@ -75,4 +76,26 @@ def drop_table(name: str) -> bool:
     if not _inspector().has_table(name):
         return False
     op.drop_table(name)
+    return True
+
+
+def _has_column(table: str, column: str) -> bool:
+    return any(c["name"].lower() == column.lower() for c in _inspector().get_columns(table))
+
+
+def add_column(table: str, column: sa.Column[Any]) -> bool:
+    """ALTER TABLE ADD COLUMN unless the table has it (True when added)."""
+    if _has_column(table, column.name):
+        return False
+    op.add_column(table, column)
+    return True
+
+
+def drop_column(table: str, column: str) -> bool:
+    """DROP COLUMN if the table has it (True when dropped); batch mode, so SQLite
+    builds the table anew where it cannot drop in place."""
+    if not _has_column(table, column):
+        return False
+    with op.batch_alter_table(table) as batch:
+        batch.drop_column(column)
     return True

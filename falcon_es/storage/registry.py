@@ -11,7 +11,10 @@ from sqlalchemy.engine import Connection
 from falcon_es.domain import events as ev
 from falcon_es.storage.store import EventStore, Meta, StreamAppend
 from falcon_es.storage.tables import clusters
-from falcon_es.domain.clusters import CLUSTER_NAME, CLUSTER_STATUSES, Cluster, RegistryError
+from falcon_es.domain.clusters import (
+    CLUSTER_NAME, CLUSTER_STATUSES, Cluster, RegistryError, node_location_for,
+)
+
 
 def list_clusters(conn: Connection) -> list[Cluster]:
     rows = conn.execute(sa.select(clusters).order_by(clusters.c.name))
@@ -26,7 +29,7 @@ def find_cluster(conn: Connection, name: str) -> Cluster | None:
 def add_cluster(
     store: EventStore, *, name: str, project: str, location: str, tpu_type: str,
     gcs_bucket: str, default_reservation: str | None = None, status: str = "active",
-    actor: str = "operator",
+    actor: str = "operator", node_location: str | None = None,
 ) -> Cluster:
     from falcon_es.domain.tpu import TPU_TYPES
 
@@ -39,6 +42,7 @@ def add_cluster(
         raise RegistryError(
             f"TPU type {tpu_type!r} is unknown; known: {', '.join(sorted(TPU_TYPES))}"
         )
+    node_location = node_location_for(name, location, node_location)
     with store.engine.connect() as conn:
         if find_cluster(conn, name):
             raise RegistryError(f"cluster {name!r} is already registered")
@@ -50,10 +54,11 @@ def add_cluster(
                                 f"/locations/{location}/clusters/{name}"))
     cluster = Cluster(
         cluster_id, name, project, location, tpu_type, gcs_bucket,
-        default_reservation, status, store.clock.now(),
+        default_reservation, status, store.clock.now(), node_location,
     )
     event = ev.ClusterRegistered(
-        cluster.id, name, project, location, tpu_type, gcs_bucket, default_reservation, status
+        cluster.id, name, project, location, tpu_type, gcs_bucket, default_reservation, status,
+        node_location,
     )
     store.append(
         [StreamAppend(cluster.stream_id, 0, (event,), Meta(actor=actor))],
@@ -64,20 +69,45 @@ def add_cluster(
 
 def set_status(store: EventStore, name: str, status: str, actor: str = "operator") -> Cluster:
     _check_status(status)
+    cluster = _registered(store, name)
+    if cluster.status == status:
+        return cluster
+    _record(store, cluster, ev.ClusterStatusChanged(cluster.id, name, cluster.status, status),
+            actor, status=status)
+    return dataclasses.replace(cluster, status=status)
+
+
+def set_node_location(store: EventStore, name: str, zone: str,
+                      actor: str = "operator") -> Cluster:
+    """Give a registered cluster the zone its TPU pools go in (the way a regional
+    cluster registered before the zone was kept becomes usable). Pools that exist stay
+    where they are; new pools and reservation reads use the new zone."""
+    cluster = _registered(store, name)
+    zone = node_location_for(name, cluster.location, zone)
+    if cluster.node_location == zone:
+        return cluster
+    _record(store, cluster, ev.ClusterNodeLocationSet(cluster.id, name, cluster.node_location,
+                                                      zone), actor, node_location=zone)
+    return dataclasses.replace(cluster, node_location=zone)
+
+
+def _registered(store: EventStore, name: str) -> Cluster:
     with store.engine.connect() as conn:
         cluster = find_cluster(conn, name)
     if cluster is None:
         raise RegistryError(f"cluster {name!r} is not registered")
-    if cluster.status == status:
-        return cluster
-    event = ev.ClusterStatusChanged(cluster.id, name, cluster.status, status)
+    return cluster
+
+
+def _record(store: EventStore, cluster: Cluster, event: ev.Event, actor: str,
+            **values: str) -> None:
+    """The change as a fact on the cluster's stream and, in the same commit, its row."""
     store.append(
         [StreamAppend(cluster.stream_id, None, (event,), Meta(actor=actor))],
         extra=[lambda c: c.execute(
-            clusters.update().where(clusters.c.id == cluster.id).values(status=status)
+            clusters.update().where(clusters.c.id == cluster.id).values(**values)
         )],
     )
-    return dataclasses.replace(cluster, status=status)
 
 
 def _check_status(status: str) -> None:

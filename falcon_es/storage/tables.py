@@ -125,6 +125,7 @@ clusters = sa.Table(
     sa.Column("default_reservation", sa.String(255), nullable=True),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("node_location", sa.String(64), nullable=True),
 )
 
 #: The columns Falcon-ES reads or writes in the upper layer's job table, and the

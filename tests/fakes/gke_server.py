@@ -18,6 +18,12 @@ and try again once it is done."; creating a pool that exists is ALREADY_EXISTS;
 getting or deleting a missing pool is NOT_FOUND. Faults on demand: any status on the
 next call of a method (429, 403 quota, ...), a create whose operation ends in a
 quota or stockout error, and a window in which a just-created pool 404s on get.
+
+Regional and zonal clusters: a cluster is addressed by its own location (a region or a
+zone) and has ``locations``, its node zones (three for a regional cluster). A pool
+created without ``locations`` gets the cluster's, so a regional pool has a node group
+in each zone (``initial_node_count`` is per zone); COMPACT placement over more than one
+zone is refused, as is a pool zone outside the cluster's region (docs/FIDELITY.md).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ import proto
 from google.cloud import container_v1
 from google.rpc import status_pb2
 
+from falcon_es.adapters.sim.common import zone_problem
+from falcon_es.domain.clusters import is_zone, region_of
 from tests.fakes.http_server import serve_http
 
 HTTP_STATUS = {
@@ -109,10 +117,16 @@ class FakeGke:
 
     def add_cluster(self, project: str, location: str, name: str, *,
                     endpoint: str = "10.20.30.40", ca_pem: bytes = b"-----FAKE CA-----\n",
-                    gcs_fuse: bool = True) -> container_v1.Cluster:
+                    gcs_fuse: bool = True, locations: list[str] | None = None,
+                    ) -> container_v1.Cluster:
+        """A zonal cluster (``location`` a zone) has its zone as ``locations``; a
+        regional one (a region) the region's zones a, b and c unless told."""
         path = f"projects/{project}/locations/{location}/clusters/{name}"
+        if locations is None:
+            locations = ([location] if is_zone(location)
+                         else [f"{location}-{z}" for z in "abc"])
         cluster = container_v1.Cluster(
-            name=name, location=location, locations=[location], endpoint=endpoint,
+            name=name, location=location, locations=locations, endpoint=endpoint,
             status=container_v1.Cluster.Status.RUNNING, self_link=f"https://fake/v1/{path}",
             master_auth=container_v1.MasterAuth(
                 cluster_ca_certificate=base64.b64encode(ca_pem).decode()),
@@ -187,12 +201,15 @@ class FakeGke:
         with self._lock:
             self._enter("CreateNodePool", request)
             parent = request.parent
-            self._cluster(parent)
+            cluster = self._cluster(parent)
             pool = container_v1.NodePool(request.node_pool)
             path = f"{parent}/nodePools/{pool.name}"
             if path in self.pools:
                 raise ApiError("ALREADY_EXISTS", f"Already exists: {path}.")
+            if not pool.locations:
+                pool.locations = list(cluster.locations)
             _validate(pool)
+            _validate_zones(pool, cluster)
             self._busy(parent)
             pool.status = container_v1.NodePool.Status.PROVISIONING
             pool.self_link = f"https://fake/v1/{path}"
@@ -209,10 +226,10 @@ class FakeGke:
         if outcome is None:
             pool.status = container_v1.NodePool.Status.RUNNING
             return None
-        project, location = path.split("/")[1], path.split("/")[3]
+        project, zone = path.split("/")[1], pool.locations[0]
         words = (STOCKOUT_WORDS if outcome.kind.startswith("stockout") else QUOTA_WORDS).format(
-            n=max(pool.initial_node_count, 1), pool=pool.name, project=project, zone=location,
-            region=location.rsplit("-", 1)[0],
+            n=max(pool.initial_node_count, 1), pool=pool.name, project=project, zone=zone,
+            region=region_of(zone),
         )
         condition = container_v1.StatusCondition(
             code=(container_v1.StatusCondition.Code.GCE_STOCKOUT
@@ -313,6 +330,15 @@ class FakeGke:
         with self._lock:
             self._enter("GetCluster", request)
             return container_v1.Cluster(self._cluster(request.name))
+
+
+def _validate_zones(pool: container_v1.NodePool, cluster: container_v1.Cluster) -> None:
+    """The sim's rule (one home): zones in the cluster's region, one zone for a slice
+    placed as one (COMPACT or a workload policy)."""
+    placed = bool(pool.placement_policy.type_ or pool.placement_policy.policy_name)
+    problem = zone_problem(cluster.location, tuple(pool.locations), placed)
+    if problem:
+        raise ApiError("INVALID_ARGUMENT", problem)
 
 
 def _validate(pool: container_v1.NodePool) -> None:

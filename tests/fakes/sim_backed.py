@@ -64,6 +64,7 @@ from falcon_es.adapters.gcp import informer as gcp_informer
 from falcon_es.adapters.gcp import job_observations
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.sim import ClusterSim, SimWorld
+from falcon_es.adapters.sim.config import SimClusterConfig
 from falcon_es.adapters.sim.gke import NodePoolService
 from falcon_es.adapters.sim.kube_api import KubeService
 from falcon_es.adapters.sim.kube_objects import SimJob, SimPod
@@ -760,7 +761,8 @@ class SimGke:
                       location=config.location, tpu_type=config.tpu_type,
                       gcs_bucket=config.gcs_bucket or "", status="active",
                       default_reservation=config.default_reservation,
-                      created_at=self.cloud.world.clock.now())
+                      created_at=self.cloud.world.clock.now(),
+                      node_location=config.node_location)
         return self.cloud.world.cluster(config.name), row
 
     def _call(self, action: Callable[[dt.datetime], T]) -> T:
@@ -780,7 +782,7 @@ class SimGke:
         spec = NodePoolSpec(cluster=row, name=pool.name, shape=_shape_of(pool),
                             supply_mode=_supply_mode_of(pool), reservation=_reservation_of(pool),
                             scale_down_unneeded_seconds=_delay_of(pool),
-                            labels=dict(pool.config.labels))
+                            labels=dict(pool.config.labels), locations=tuple(pool.locations))
         operation = self._call(lambda now: sim.gke.create(spec, now))
         with self._lock:
             self._created[(row.name, pool.name)] = pool
@@ -821,11 +823,11 @@ class SimGke:
             row.name, container_v1.Operation.Type.DELETE_NODE_POOL, name))
 
     def get_cluster(self, request: container_v1.GetClusterRequest) -> container_v1.Cluster:
-        _, row = self._cluster(request.name)
+        sim, row = self._cluster(request.name)
         server = self.cloud.kube[row.name]
         ca = base64.b64encode((server.ca_pem or "").encode()).decode()
         return container_v1.Cluster(
-            name=row.name, location=row.location, locations=[row.location],
+            name=row.name, location=row.location, locations=list(sim.identity.zones),
             endpoint=server.endpoint, status=container_v1.Cluster.Status.RUNNING,
             master_auth=container_v1.MasterAuth(cluster_ca_certificate=ca),
             current_master_version="1.33.5-gke.1000000",
@@ -924,8 +926,7 @@ class SimCompute:
             return self.others.handle(method, path, body)
         project, zone, name = match["project"], match["zone"], match["name"]
         config = next((c for c in self.cloud.world.config.clusters
-                       if c.project == project and c.location == zone and c.reservation(name)),
-                      None)
+                       if c.project == project and _reservation_zone(c, name) == zone), None)
         if config is None:
             raise HttpError(404, f"The resource 'projects/{project}/zones/{zone}/reservations/"
                                  f"{name}' was not found")
@@ -941,6 +942,14 @@ class SimCompute:
                 instance_properties=compute_server.InstanceProperties(machine_type=machine_type),
             ),
         )
+
+
+def _reservation_zone(config: SimClusterConfig, name: str) -> str | None:
+    """The zone the cluster's reservation ``name`` lives in (None: it has none)."""
+    reservation = config.reservation(name)
+    if reservation is None or config.location is None:
+        return None
+    return reservation.zone or config.node_zone(config.location)
 
 
 # ----------------------------------------------------------------------- the cloud

@@ -104,7 +104,7 @@ class HandlerBench:
             self._app.store, name=config.name, project=config.project or "proj",
             location=config.location or "us-east5-b", tpu_type=config.tpu_type,
             gcs_bucket=config.gcs_bucket or "logs-bucket",
-            default_reservation=config.default_reservation)
+            default_reservation=config.default_reservation, node_location=config.node_location)
 
     # ------------------------------------------------------------------ given
     def cluster(self, name: str | None = None) -> Cluster:

@@ -272,6 +272,7 @@ class Harness:
             location=config.location or "us-east5-b", tpu_type=config.tpu_type,
             gcs_bucket=config.gcs_bucket or "logs-bucket",
             default_reservation=config.default_reservation,
+            node_location=config.node_location,
         )
 
     def submit(self, name: str, spec: Mapping[str, Any] | None = None, *, actor: str = "user-a",

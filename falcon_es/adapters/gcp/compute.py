@@ -12,8 +12,9 @@ How many slices of a shape a TPU reservation can still give (reference §3.3):
   (``.../reservationBlocks/B[/reservationSubBlocks/SB]``) counts the hosts free in
   that block or sub-block.
 
-The reservation is looked up in the cluster's zone (its location), in the cluster's
-project, or in the owner's project for a shared reservation written
+Reservations are zonal (``compute.reservations.get`` takes a zone): the reservation is
+looked up in the zone of the cluster's TPU pools (its node zone, not the cluster's
+location, which is a region for a regional cluster), in the cluster's project, or in the owner's project for a shared reservation written
 ``projects/OWNER/reservations/NAME``.
 
 ``WorkloadPolicies`` lives here as well because it is Compute too: an Ironwood
@@ -33,9 +34,8 @@ from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
 from falcon_es.adapters.gcp.errors import capacity_code, port_error
-from falcon_es.adapters.gcp.pools import is_zone
 from falcon_es.domain.ports import FAILED, INVALID, NOT_FOUND, PortError
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.domain.tpu import SliceShape
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -70,17 +70,17 @@ class ReservationRef:
 
 
 def reservation_ref(cluster: Cluster, reservation: str) -> ReservationRef:
-    if not is_zone(cluster.location):
-        raise PortError(INVALID, f"cluster {cluster.name} has location {cluster.location!r}, "
-                                 "not a zone: TPU reservations are zonal, register the cluster "
-                                 "with the zone its TPU pools live in")
+    zone = cluster.node_zone
+    if zone is None:
+        raise PortError(INVALID, f"{missing_node_zone(cluster.name, cluster.location)}: "
+                                 "TPU reservations are zonal")
     match = _REFERENCE.match(reservation)
     if not match:
         raise PortError(INVALID, f"reservation {reservation!r} is neither a name nor "
                                  "projects/OWNER/reservations/NAME[/reservationBlocks/B"
                                  "[/reservationSubBlocks/SB]]")
     return ReservationRef(
-        project=match["project"] or cluster.project, zone=cluster.location,
+        project=match["project"] or cluster.project, zone=zone,
         name=match["name"], block=match["block"], sub_block=match["sub_block"],
     )
 

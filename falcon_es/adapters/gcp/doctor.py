@@ -6,8 +6,9 @@ that failed are reported as skipped, naming it, so the first failure is the one 
 fix. The identity is the one the controller uses: Application Default
 Credentials; the token itself is never shown.
 
-Per registered cluster: GKE ``get_cluster`` (the endpoint and CA come from there), the
-Workload Identity pool and the GCS FUSE CSI add-on (Jobs write their logs through it),
+Per registered cluster: GKE ``get_cluster`` (the endpoint and CA come from there), which
+kind it is (regional or zonal) and whether the zone its TPU pools go in lies in its
+region and among GKE's ``locations`` for it, the Workload Identity pool and the GCS FUSE CSI add-on (Jobs write their logs through it),
 the Kubernetes API (``/version``, then listing Jobs in the Jobs' namespace with the
 Google token), listing node pools, and the cluster's reservation. Per edge project, the
 edge role's permissions (Resource Manager ``testIamPermissions``), each missing one by
@@ -50,7 +51,7 @@ from falcon_es.adapters.gcp.wiring import (
     pubsub_project,
 )
 from falcon_es.domain.ports import PERMISSION_DENIED, PortError
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.clusters import Cluster, region_of
 from falcon_es.config.settings import Settings
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
@@ -191,11 +192,13 @@ class Doctor:
             if isinstance(error, gexc.NotFound):
                 fix = (f"no GKE cluster {cluster.name} in project {cluster.project} location "
                        f"{cluster.location}: correct the registration (falcon-es cluster add "
-                       "takes --project and --location) or create the cluster")
+                       "takes --project and --location: a regional cluster's region, with "
+                       "--node-location ZONE) or create the cluster")
             elif not isinstance(error, (gexc.PermissionDenied, gexc.Forbidden,
                                         gexc.Unauthenticated)):
                 fix = "check that the GKE API is enabled and reachable from here"
             checks.append(Check(subject, "GKE get_cluster", FAIL, _words(error), fix))
+            checks.append(_location(subject, cluster, None))
             needs = "needs GKE get_cluster (endpoint and CA)"
             checks += [Check(subject, name, SKIP, needs)
                        for name in ("Workload Identity", "GCS FUSE CSI driver", "Kubernetes API")]
@@ -204,6 +207,7 @@ class Doctor:
             checks.append(Check(subject, "GKE get_cluster", OK,
                                 f"{status}, version {gke.current_master_version or 'unknown'}, "
                                 f"endpoint {gke.endpoint or 'none'}"))
+            checks.append(_location(subject, cluster, list(gke.locations)))
             checks += self._cluster_features(subject, cluster, gke)
             kubernetes = self._kubernetes(subject, cluster, edges)
             checks.append(kubernetes)
@@ -289,7 +293,7 @@ class Doctor:
             ref = reservation_ref(cluster, name)
         except PortError as error:
             return Check(subject, f"reservation {name}", FAIL, error.message,
-                         "register the cluster with its zone as location")
+                         f"falcon-es cluster set-node-location {cluster.name} ZONE")
         try:
             found = reservations.get(project=ref.project, zone=ref.zone, reservation=ref.name,
                                      timeout=CALL_TIMEOUT_SECONDS, retry=None)
@@ -414,6 +418,34 @@ class Doctor:
     def identity_email(self) -> str:
         words = self.identity.split()
         return words[2] if self.identity.startswith("service account ") else "the identity"
+
+
+def _location(subject: str, cluster: Cluster, gke_zones: list[str] | None) -> Check:
+    """Which kind the cluster is and where its TPU pools go: the node zone must be known,
+    lie in the cluster's region and, when GKE answered, be one of its ``locations``
+    (a pool in another zone of the region is created, but outside the cluster's zones)."""
+    zone = cluster.node_zone
+    kind = (f"regional cluster (region {cluster.location})" if cluster.regional
+            else f"zonal cluster (zone {cluster.location})")
+    if zone is None:
+        return Check(subject, "location", FAIL,
+                     f"{kind} with no node zone: its TPU pools would spread over every zone "
+                     "of the region and its reservation cannot be read",
+                     f"falcon-es cluster set-node-location {cluster.name} ZONE")
+    if region_of(zone) != region_of(cluster.location):
+        return Check(subject, "location", FAIL,
+                     f"{kind}: node zone {zone} is not in region {region_of(cluster.location)}",
+                     f"falcon-es cluster set-node-location {cluster.name} ZONE")
+    if gke_zones is not None and zone not in gke_zones:
+        return Check(subject, "location", FAIL,
+                     f"{kind}: node zone {zone} is not one of the cluster's zones "
+                     f"({', '.join(gke_zones) or 'none'})",
+                     f"falcon-es cluster set-node-location {cluster.name} ZONE (one of "
+                     "those), or add the zone to the cluster (gcloud container clusters "
+                     "update --node-locations)")
+    where = "" if gke_zones is not None else " (GKE's zones not checked: needs get_cluster)"
+    return Check(subject, "location", OK,
+                 f"{kind}; TPU pools and reservations in zone {zone}{where}")
 
 
 def _words(error: BaseException) -> str:

@@ -35,11 +35,11 @@ from google.cloud.container_v1.services.cluster_manager.transports import (
 from falcon_es.adapters.gcp.compute import WorkloadPolicies
 from falcon_es.adapters.gcp.errors import code_for_operation_error, port_error
 from falcon_es.adapters.gcp.pools import (
-    labels_of, needs_workload_policy, node_pool, region_of, status_message, status_name,
+    labels_of, needs_workload_policy, node_pool, status_message, status_name,
     target_node_count, workload_policy_name,
 )
 from falcon_es.domain.ports import NOT_FOUND, NodePoolInfo, NodePoolSpec, Operation, PortError
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.clusters import Cluster, region_of
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 TRANSPORTS = ("grpc", "rest")
@@ -76,6 +76,8 @@ def cluster_manager_client(
 
 
 def cluster_path(cluster: Cluster) -> str:
+    """The cluster's own location (a region for a regional cluster), never the zone of
+    its nodes: GKE answers 404 to a cluster addressed by another location."""
     return f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}"
 
 

@@ -9,6 +9,12 @@ Shape
   4-chip VMs for multi-host slices, one node per VM. A multi-host slice is atomic, so
   its pool asks for exactly ``hosts`` nodes.
 
+Zones
+  ``locations`` is the spec's (the cluster's node zone): the request is sent to the
+  cluster's own location, a region for a regional cluster, and a pool without
+  ``locations`` would get a node group in each of the cluster's zones (three times
+  the nodes, and COMPACT placement refused). Sources: docs/FIDELITY.md.
+
 Placement
   Multi-host v5e / v5p / v6e slices get COMPACT placement with ``tpu_topology``.
   Multi-host Ironwood (v7x) slices get a workload policy instead
@@ -81,7 +87,6 @@ TPU_TAINT_KEY = "google.com/tpu"
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
 IRONWOOD = "v7x"
 
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _RESOURCE_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 _RESERVATION = re.compile(
     rf"^(projects/[a-z][-a-z0-9.:]{{4,61}}[a-z0-9]/reservations/)?{_RESOURCE_NAME}"
@@ -92,14 +97,6 @@ _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _GCE_KEY = re.compile(r"^[a-z][-_a-z0-9]{0,62}$")
 _GCE_INVALID = re.compile(r"[^-_a-z0-9]")
-
-def is_zone(location: str) -> bool:
-    return bool(_ZONE.match(location))
-
-
-def region_of(location: str) -> str:
-    return location.rsplit("-", 1)[0] if is_zone(location) else location
-
 
 def workload_policy_name(shape: SliceShape) -> str:
     """The Compute workload policy an Ironwood multi-host pool of this shape uses.
@@ -173,8 +170,8 @@ def node_pool(spec: NodePoolSpec, *, workload_policy: str | None = None) -> cont
         config=config,
         initial_node_count=0 if flex else shape.hosts,
     )
-    if is_zone(spec.cluster.location):
-        pool.locations = [spec.cluster.location]
+    if spec.locations:
+        pool.locations = list(spec.locations)
     if flex:
         pool.autoscaling = container_v1.NodePoolAutoscaling(
             enabled=True,
@@ -245,9 +242,12 @@ def status_message(pool: container_v1.NodePool) -> str:
 
 
 def target_node_count(pool: container_v1.NodePool) -> int:
-    """The size the pool is meant to reach: the autoscaling ceiling when it has one."""
+    """The size the pool is meant to reach: the autoscaling ceiling when it has one.
+    ``initial_node_count`` and ``max_node_count`` count per zone, so a pool spread over a
+    regional cluster's three zones is three times their size."""
     autoscaling = pool.autoscaling
+    zones = max(len(pool.locations), 1)
     if autoscaling.enabled:
-        return max(autoscaling.total_max_node_count, autoscaling.max_node_count,
-                   pool.initial_node_count)
-    return pool.initial_node_count
+        return max(autoscaling.total_max_node_count, autoscaling.max_node_count * zones,
+                   pool.initial_node_count * zones)
+    return pool.initial_node_count * zones

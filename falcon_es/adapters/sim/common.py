@@ -12,7 +12,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from falcon_es.adapters.sim.config import ClusterBehaviour, JobDefaults, SimClusterConfig
+from falcon_es.domain.clusters import region_of
+from falcon_es.adapters.sim.config import (
+    ClusterBehaviour, JobDefaults, ReservationConfig, SimClusterConfig,
+)
 
 T = TypeVar("T")
 
@@ -23,12 +26,20 @@ DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+#: What cluster-toolkit's gke-node-pool module says of COMPACT placement over several
+#: zones (GKE's own API wording for the refusal is not published; docs/FIDELITY.md).
+COMPACT_ZONES_WORDS = ("Compact placement is only available for node pools operating in a "
+                       "single zone.")
 #: Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
 SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterIdentity:
+    """The cluster as GKE knows it: its own ``location`` (a zone or a region) and its
+    ``zones`` (``Cluster.locations``); ``node_zone`` is where its reservations live
+    unless one names its own zone."""
+
     name: str
     project: str
     location: str
@@ -36,6 +47,8 @@ class ClusterIdentity:
     config: SimClusterConfig
     behaviour: ClusterBehaviour
     jobs: JobDefaults
+    zones: tuple[str, ...] = ()
+    node_zone: str = ""
 
     @property
     def path(self) -> str:
@@ -44,8 +57,11 @@ class ClusterIdentity:
     def pool_path(self, pool: str) -> str:
         return f"{self.path}/nodePools/{pool}"
 
-    def reservation_path(self, reservation: str) -> str:
-        return f"projects/{self.project}/zones/{self.location}/reservations/{reservation}"
+    def reservation_zone(self, reservation: ReservationConfig) -> str:
+        return reservation.zone or self.node_zone or self.location
+
+    def reservation_path(self, reservation: str, zone: str) -> str:
+        return f"projects/{self.project}/zones/{zone}/reservations/{reservation}"
 
 
 class WorldCall(Protocol):
@@ -99,3 +115,16 @@ def label_problem(labels: object) -> str | None:
 
 def seconds_after(moment: dt.datetime, seconds: float) -> dt.datetime:
     return moment + dt.timedelta(seconds=seconds)
+
+
+def zone_problem(location: str, zones: tuple[str, ...], multi_host: bool) -> str | None:
+    """Why GKE refuses a pool in ``zones`` of the cluster at ``location``, or None: its
+    zones lie in the cluster's region, and a multi-host slice (COMPACT placement, or
+    Ironwood's workload policy, one ICI domain either way) wants a single zone."""
+    region = region_of(location)
+    outside = [zone for zone in zones if region_of(zone) != region]
+    if outside:
+        return f"Node pool locations {', '.join(outside)} are not in the cluster's region {region}."
+    if len(zones) > 1 and multi_host:
+        return COMPACT_ZONES_WORDS
+    return None

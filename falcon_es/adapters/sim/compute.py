@@ -3,7 +3,8 @@
 Counts are VMs, as in a specific-SKU reservation's ``count`` / ``inUseCount``;
 slices available = (count - in_use - VMs held by this world's reservation pools)
 // hosts per slice (xpk's formula). A reservation for another machine type offers
-no slices of this shape.
+no slices of this shape. Reservations are zonal: read in the cluster's node zone, one
+in another zone is not found, as Compute answers.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from falcon_es.domain.ports import NOT_FOUND, PortError
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.ports import INVALID, NOT_FOUND, PortError
+from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.domain.tpu import SliceShape
 
 from falcon_es.adapters.sim.common import WorldCall
@@ -47,14 +48,18 @@ class SimReservations:
         gke = self._pools_of(cluster)
         identity = gke.identity
 
+        zone = cluster.node_zone
+        if zone is None:
+            raise PortError(INVALID, f"{missing_node_zone(cluster.name, cluster.location)}: "
+                                     "TPU reservations are zonal")
+
         def answer(now: object) -> int:
             config = identity.config.reservation(reservation)
-            if config is None:
+            if config is None or identity.reservation_zone(config) != zone:
                 name = reservation.rsplit("/", 1)[-1]
-                raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name)}' "
-                                           f"was not found (reservation {name} not found in "
-                                           f"project {identity.project} zone "
-                                           f"{identity.location})")
+                raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name, zone)}"
+                                           f"' was not found (reservation {name} not found in "
+                                           f"project {identity.project} zone {zone})")
             return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
 
         return self._call(answer)

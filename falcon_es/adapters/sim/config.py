@@ -7,9 +7,11 @@ changing only the knobs it names over ``defaults``; a registered cluster the fil
 not name behaves like ``defaults``. A registered cluster's default reservation exists
 with ``default_reservation_size`` (16 VMs, none in use, unless the file says otherwise)
 when its entry lists no reservation of that name. An entry's ``project``,
-``location``, ``tpu_type`` (or ``tpu_types``), ``gcs_bucket`` and
+``location``, ``node_location``, ``tpu_type`` (or ``tpu_types``), ``gcs_bucket`` and
 ``default_reservation`` are what ``demo``, ``simulate`` and ``bench`` register; the
-world simulates the registry's values.
+world simulates the registry's values. A regional cluster (``location`` a region) has
+the zones ``zones`` lists (default: the region's a, b and c); a reservation lives in
+its ``zone``, by default the zone of the cluster's TPU pools.
 
 Every knob has a default so an empty object is a valid world. Latencies are
 seconds, either a number or ``[low, high]`` (drawn uniformly from the world's seeded
@@ -31,6 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from falcon_es.domain.clusters import is_zone
 from falcon_es.domain.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
 from falcon_es.domain.spec import SIM_OUTCOMES, SUPPLY_MODES
 from falcon_es.domain.tpu import TPU_TYPES
@@ -135,6 +138,8 @@ class ReservationConfig:
     count: int  # VMs
     in_use: int = 0  # VMs used by something other than Falcon's pools
     machine_type: str | None = None  # None: any machine of the cluster's TPU type
+    #: Reservations are zonal; None: the zone of the cluster's TPU pools.
+    zone: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +198,13 @@ class SimClusterConfig:
 
     name: str
     project: str | None = None  # None: the registry's value for the cluster
+    #: The cluster's own location: a zone (zonal cluster) or a region (regional).
     location: str | None = None
+    #: The zone its TPU pools go in (``--node-location``); a zonal cluster's location.
+    node_location: str | None = None
+    #: The cluster's zones (GKE's ``Cluster.locations``), where a pool created without
+    #: ``locations`` puts nodes; empty: its zone, or for a region its zones a, b, c.
+    zones: tuple[str, ...] = ()
     tpu_types: tuple[str, ...] = ()
     gcs_bucket: str | None = None
     default_reservation: str | None = None
@@ -203,6 +214,16 @@ class SimClusterConfig:
     @property
     def tpu_type(self) -> str:
         return self.tpu_types[0] if self.tpu_types else ""
+
+    def cluster_zones(self, location: str) -> tuple[str, ...]:
+        """GKE's ``Cluster.locations`` for the cluster at ``location``."""
+        if self.zones:
+            return self.zones
+        return (location,) if is_zone(location) else tuple(f"{location}-{z}" for z in "abc")
+
+    def node_zone(self, location: str) -> str:
+        """Where its TPU pools go, and its reservations live unless they name a zone."""
+        return self.node_location or self.cluster_zones(location)[0]
 
     def reservation(self, name: str) -> ReservationConfig | None:
         short = name.rsplit("/", 1)[-1]
@@ -319,7 +340,7 @@ _BEHAVIOUR_KEYS = frozenset({
     "create_throttled", "submit_throttled", "default_reservation_size",
 })
 _CLUSTER_KEYS = frozenset({
-    "project", "location", "tpu_types", "tpu_type", "gcs_bucket",
+    "project", "location", "node_location", "zones", "tpu_types", "tpu_type", "gcs_bucket",
     "default_reservation", "reservations",
 }) | _BEHAVIOUR_KEYS
 
@@ -378,6 +399,8 @@ class _Parser:
             name=name,
             project=self.optional_text(data, "project", where),
             location=self.optional_text(data, "location", where),
+            node_location=self.optional_text(data, "node_location", where),
+            zones=self.zones(data.get("zones", []), f"{where}.zones"),
             tpu_types=tuple(raw_types),
             gcs_bucket=self.optional_text(data, "gcs_bucket", where),
             default_reservation=default_reservation,
@@ -387,9 +410,21 @@ class _Parser:
         )
 
     def reservation(self, data: Any, where: str) -> ReservationConfig:
-        data = self.obj(data, where, {"name", "count", "in_use", "machine_type"})
+        data = self.obj(data, where, {"name", "count", "in_use", "machine_type", "zone"})
         name = self.text(data.get("name"), f"{where}.name")
-        return self.size(data, where, count=data.get("count")).named(name)
+        zone = self.optional_text(data, "zone", where)
+        if zone is not None and not is_zone(zone):
+            raise self.fail(f"{where}.zone", f"{zone!r} is not a zone (us-central1-a)")
+        return dataclasses.replace(self.size(data, where, count=data.get("count")).named(name),
+                                   zone=zone)
+
+    def zones(self, data: Any, where: str) -> tuple[str, ...]:
+        if not isinstance(data, list):
+            raise self.fail(where, f"expected a list of zones, found {_kind(data)}")
+        for index, zone in enumerate(data):
+            if not isinstance(zone, str) or not is_zone(zone):
+                raise self.fail(f"{where}[{index}]", f"{zone!r} is not a zone (us-central1-a)")
+        return tuple(data)
 
     def behaviour(self, data: Any, where: str, base: ClusterBehaviour) -> ClusterBehaviour:
         data = self.obj(data, where, _BEHAVIOUR_KEYS)

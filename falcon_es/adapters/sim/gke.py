@@ -12,7 +12,11 @@ removes the nodes again once they have been unneeded for the pool's scale-down-u
 time. TPU quota bites when VMs are made: at a fixed-size pool's create (its operation
 fails), at an autoscaled pool's scale-up (its create succeeds with no VMs) unless the
 config says GKE checks it at create (``QuotaConfig.autoscaled_at``).
-Multi-host slices are atomic: all nodes arrive together. A failed
+Multi-host slices are atomic: all nodes arrive together. A pool's zones are the
+spec's ``locations``, or, when it names none, every zone of the cluster, as GKE does:
+a node group per zone, so a regional cluster's pool has three times the nodes, and
+COMPACT placement (which wants one zone) is refused. Reservations are zonal: a pool
+can consume one only in the reservation's zone. A failed
 create leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made
 from a SPECIFIC reservation hold their VMs of it from create until deleted.
 """
@@ -29,13 +33,13 @@ from falcon_es.domain.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, NodePoolInfo,
     NodePoolSpec, Operation, PortError,
 )
-from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.clusters import Cluster, region_of
 from falcon_es.domain.spec import SUPPLY_MODES
 from falcon_es.domain.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
     POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
-    suffix,
+    suffix, zone_problem,
 )
 from falcon_es.adapters.sim.config import (
     FLEX_START, QUOTA_AT_CREATE, RESERVATION, ReservationConfig,
@@ -89,6 +93,8 @@ class SimPool:
     running_at: dt.datetime | None = None
     deleted_at: dt.datetime | None = None
     holds_reservation: bool = False
+    #: The zones it has a node group in (``NodePool.locations``), each ``hosts`` nodes.
+    zones: tuple[str, ...] = ()
     stocked_out: bool = False
     stockout_ends_at: dt.datetime | None = None  # None while stocked out: for good
     nodes: list[SimNode] = dataclasses.field(default_factory=list)
@@ -113,6 +119,16 @@ class SimPool:
     @property
     def registered(self) -> int:
         return len(self.nodes)
+
+    @property
+    def node_count(self) -> int:
+        """Nodes it is sized for: ``hosts`` per zone (a pool saved before zones were
+        kept has one zone)."""
+        return self.shape.hosts * max(1, len(self.zones))
+
+    @property
+    def zone_words(self) -> str:
+        return ",".join(self.zones)
 
     @property
     def ready(self) -> int:
@@ -164,6 +180,7 @@ class PoolSnapshot:
     create_operation: str
     delete_operation: str | None
     status_message: str
+    zones: tuple[str, ...] = ()
 
 
 NodesChanged = Callable[[SimPool, dt.datetime, list[SimNode]], None]
@@ -193,7 +210,8 @@ class NodePoolService:
     # ----------------------------------------------------------------- API
 
     def create(self, spec: NodePoolSpec, now: dt.datetime) -> Operation:
-        self._validate(spec)
+        zones = spec.locations or self.identity.zones
+        self._validate(spec, zones)
         existing = self.pools.get(spec.name)
         if existing is not None:
             if existing.status == STOPPING:
@@ -223,6 +241,7 @@ class NodePoolService:
             shape=spec.shape, labels=MappingProxyType(dict(spec.labels)),
             scale_down_unneeded_seconds=spec.scale_down_unneeded_seconds, created_at=now,
             visible_at=seconds_after(now, visible_after), create_operation=operation.id,
+            zones=tuple(zones),
         )
         if not self._quota_at_create(pool):
             pool.quota_refused, quota_hit = quota_hit, False
@@ -335,11 +354,12 @@ class NodePoolService:
             deleted_at=pool.deleted_at, registered=pool.registered, ready=pool.ready,
             stocked_out=pool.stocked_out, create_operation=pool.create_operation,
             delete_operation=pool.delete_operation, status_message=pool.status_message,
+            zones=pool.zones,
         )
 
     # -------------------------------------------------------------- internals
 
-    def _validate(self, spec: NodePoolSpec) -> None:
+    def _validate(self, spec: NodePoolSpec, zones: tuple[str, ...]) -> None:
         where = self.identity.pool_path(spec.name)
         if not isinstance(spec.name, str) or not POOL_NAME.match(spec.name):
             raise PortError(INVALID, f"Invalid value for field 'node_pool.name': {spec.name!r}. "
@@ -356,21 +376,27 @@ class NodePoolService:
         if spec.shape.tpu_type not in self.identity.tpu_types:
             raise PortError(INVALID, f"Invalid value for field 'node_pool.config.machine_type': "
                                      f"machine type {spec.shape.machine_type} is not available in "
-                                     f"zone {self.identity.location} for cluster "
+                                     f"zone {','.join(zones)} for cluster "
                                      f"{self.identity.name} (it offers "
                                      f"{', '.join(self.identity.tpu_types) or 'no TPUs'}).")
         if spec.scale_down_unneeded_seconds < 0:
             raise PortError(INVALID, f"{where}: scale-down-unneeded time must not be negative")
+        problem = zone_problem(self.identity.location, zones, spec.shape.multi_host)
+        if problem:
+            raise PortError(INVALID, problem)
         if spec.supply_mode == RESERVATION:
             if not spec.reservation:
                 raise PortError(INVALID, "Invalid value for field 'node_pool.config.reservation_"
                                          "affinity': SPECIFIC_RESERVATION requires key "
                                          "compute.googleapis.com/reservation-name and one value.")
             name = spec.reservation.rsplit("/", 1)[-1]
-            if self.identity.config.reservation(name) is None:
-                raise PortError(INVALID, f"Reservation {self.identity.reservation_path(name)} "
-                                         f"was not found (reservation {name} not found in project "
-                                         f"{self.identity.project} zone {self.identity.location}).")
+            found = self.identity.config.reservation(name)
+            for zone in zones:
+                if found is None or self.identity.reservation_zone(found) != zone:
+                    raise PortError(INVALID, f"Reservation "
+                                             f"{self.identity.reservation_path(name, zone)} was "
+                                             f"not found (reservation {name} not found in "
+                                             f"project {self.identity.project} zone {zone}).")
 
     def _check_throttled(self) -> None:
         """GKE's per-cluster rate limit on node-pool operations (``create_throttled``)."""
@@ -395,14 +421,13 @@ class NodePoolService:
     def _create_failure(self, pool: SimPool, quota_hit: bool) -> tuple[str, str] | None:
         limit = self.behaviour.quota.tpu_chip_limit
         over_limit = self._quota_at_create(pool) and self._over_chip_limit(pool)
-        location = self.identity.location
-        region = location.rsplit("-", 1)[0] if location.count("-") >= 2 else location
+        region = region_of(self.identity.location)
         if quota_hit or over_limit:
             shown = limit if limit is not None else self.quota_chips_in_use()
             return QUOTA_EXCEEDED, (
                 "Insufficient quota to satisfy the request: Not all instances running in IGM "
-                f"after 1m0s. Expected {pool.shape.hosts}, running 0, transitioning "
-                f"{pool.shape.hosts}. Current errors: [QUOTA_EXCEEDED]: Instance "
+                f"after 1m0s. Expected {pool.node_count}, running 0, transitioning "
+                f"{pool.node_count}. Current errors: [QUOTA_EXCEEDED]: Instance "
                 f"'gke-{self.identity.name[:12]}-{pool.name[:20]}-{suffix(self._rng, 4)}' "
                 "creation failed: Quota 'TPUS_PER_TPU_FAMILY' exceeded. "
                 f"Limit: {float(shown)} in region {region}."
@@ -420,7 +445,7 @@ class NodePoolService:
                 f"creation failed: Specified reservation '{reservation.name}' does not have "
                 f"available resources for the request ({pool.shape.hosts} x "
                 f"{pool.shape.machine_type} requested, {free} available in "
-                f"{self.identity.reservation_path(reservation.name)}).")
+                f"{self.identity.reservation_path(reservation.name, pool.zones[0])}).")
 
     def _fail_create(self, pool: SimPool, operation: SimOperation, code: str, words: str,
                      moment: dt.datetime) -> None:
@@ -484,7 +509,7 @@ class NodePoolService:
             # The MIG resize is refused for quota before capacity is looked for. A
             # chip-limit refusal is retried when chips are freed (``_quota_freed``).
             self._autoscaler_says(pool, FAILED_SCALE_UP,
-                                  self._failed_scale_up_words(GCE_QUOTA_EXCEEDED))
+                                  self._failed_scale_up_words(pool, GCE_QUOTA_EXCEEDED))
             return False
         stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
@@ -498,7 +523,7 @@ class NodePoolService:
         pool.scaling_for = job
         self._autoscaler_says(pool, TRIGGERED_SCALE_UP, (
             f"pod triggered scale-up: [{{https://www.googleapis.com/compute/v1/projects/"
-            f"{self.identity.project}/zones/{self.identity.location}/instanceGroups/"
+            f"{self.identity.project}/zones/{pool.zones[0]}/instanceGroups/"
             f"gke-{self.identity.name[:12]}-{pool.name[:24]}-grp 0->{pool.shape.hosts} "
             f"(max: {pool.shape.hosts})}}]"))
         self._bring_nodes(pool, moment)
@@ -525,8 +550,8 @@ class NodePoolService:
         refused stays refused."""
         if self.behaviour.quota.tpu_chip_limit is None:
             return
-        quota_words = self._failed_scale_up_words(GCE_QUOTA_EXCEEDED)
         for pool in self.pools.values():
+            quota_words = self._failed_scale_up_words(pool, GCE_QUOTA_EXCEEDED)
             if (pool.status == RUNNING and not pool.quota_refused
                     and pool.autoscaler_event == (FAILED_SCALE_UP, quota_words)):
                 self._timeline.at(moment, self._retry_scale_up, pool)
@@ -534,13 +559,14 @@ class NodePoolService:
     def _stockout_words(self, pool: SimPool) -> str:
         """The autoscaler's FailedScaleUp on a pod whose pool's zone has no capacity."""
         return self._failed_scale_up_words(
-            f"GCE out of resources ({pool.shape.hosts} x {pool.shape.machine_type}, "
+            pool, f"GCE out of resources ({pool.shape.hosts} x {pool.shape.machine_type}, "
             f"{pool.supply_mode})")
 
-    def _failed_scale_up_words(self, failure: str) -> str:
+    @staticmethod
+    def _failed_scale_up_words(pool: SimPool, failure: str) -> str:
         """The autoscaler's FailedScaleUp message on a pending pod, in its GKE provider's
         template ("GCE quota exceeded", "GCE out of resources", ...)."""
-        return (f"Node scale up in zones {self.identity.location} associated with this pod "
+        return (f"Node scale up in zones {pool.zone_words} associated with this pod "
                 f"failed: {failure}. Pod is at risk of not being scheduled.")
 
     def node_use_changed(self, name: str, moment: dt.datetime) -> None:
@@ -576,7 +602,7 @@ class NodePoolService:
         group = suffix(self._rng, 8)
         pool.nodes = [
             SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")
-            for _ in range(pool.shape.hosts)
+            for _ in range(pool.node_count)
         ]
         self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
@@ -622,7 +648,7 @@ class NodePoolService:
 
     def _info(self, pool: SimPool) -> NodePoolInfo:
         return NodePoolInfo(self.identity.name, pool.name, pool.status, pool.labels,
-                            pool.shape.hosts, pool.status_message)
+                            pool.node_count, pool.status_message)
 
 
 class SimNodePools:

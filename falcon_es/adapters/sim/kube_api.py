@@ -426,7 +426,7 @@ class KubeService:
         where = f"cluster {self.identity.name}"
         if pool is None:
             return f"node pool {name} does not exist in {where}"
-        hosts = pool.shape.hosts
+        hosts = pool.node_count
         if pool.status == PROVISIONING:
             return (f"node pool {name} is still being created (PROVISIONING, operation "
                     f"{pool.create_operation}); 0/{hosts} nodes ready")
@@ -446,7 +446,7 @@ class KubeService:
             if pool.stocked_out:
                 return (f"node pool {name} has {pool.ready}/{hosts} nodes ready: no "
                         f"{pool.supply_mode} capacity for {hosts} x {pool.shape.machine_type} in "
-                        f"{self.identity.location} (GCE_STOCKOUT: the zone does not have enough "
+                        f"{pool.zone_words} (GCE_STOCKOUT: the zone does not have enough "
                         "resources available to fulfill the request); the cluster autoscaler "
                         "keeps retrying")
             return (f"node pool {name} has {pool.ready}/{hosts} nodes ready "

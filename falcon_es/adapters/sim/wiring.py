@@ -114,7 +114,8 @@ def register_sim_clusters(host: SimHost, config: SimConfig) -> list[Cluster]:
                                  "tpu_type, so the cluster cannot be registered")
         added.append(registry.add_cluster(
             host.store, name=entry.name, project=entry.project or SIM_PROJECT,
-            location=entry.location or SIM_LOCATION, tpu_type=entry.tpu_type,
+            location=entry.location or SIM_LOCATION, node_location=entry.node_location,
+            tpu_type=entry.tpu_type,
             gcs_bucket=entry.gcs_bucket or SIM_BUCKET,
             default_reservation=entry.default_reservation,
         ))

@@ -208,6 +208,7 @@ class SimWorld:
                             field, said, has, field, extra={"cluster": name})
             config = dataclasses.replace(
                 config, project=registered.project, location=registered.location,
+                node_location=registered.node_zone,
                 tpu_types=(registered.tpu_type,), gcs_bucket=registered.gcs_bucket,
                 default_reservation=registered.default_reservation)
         config = dataclasses.replace(
@@ -219,10 +220,13 @@ class SimWorld:
                      if config.default_reservation else "",
                      f"its entry in {self.config.source}" if entry else
                      f"the defaults of {self.config.source}", extra={"cluster": name})
+        location = config.location or UNREGISTERED_LOCATION
+        zones = config.cluster_zones(location)
         return ClusterIdentity(
             name=name, project=config.project or UNREGISTERED_PROJECT,
-            location=config.location or UNREGISTERED_LOCATION, tpu_types=config.tpu_types,
-            config=config, behaviour=config.behaviour, jobs=self.config.jobs)
+            location=location, tpu_types=config.tpu_types,
+            config=config, behaviour=config.behaviour, jobs=self.config.jobs,
+            zones=zones, node_zone=config.node_zone(location))
 
     def ports(self) -> Ports:
         """The ports over this world: each adapter gets ``call`` and the lookup of the
@@ -313,6 +317,7 @@ def _disagreements(entry: SimClusterConfig | None,
     pairs: tuple[tuple[str, object, object], ...] = (
         ("project", entry.project, registered.project),
         ("location", entry.location, registered.location),
+        ("node_location", entry.node_location, registered.node_zone),
         ("tpu_type", None if not entry.tpu_types or registered.tpu_type in entry.tpu_types
          else entry.tpu_type, registered.tpu_type),
         ("gcs_bucket", entry.gcs_bucket, registered.gcs_bucket),
