@@ -146,21 +146,26 @@ _SQLITE_BUSY = ("database is locked", "database table is locked", "database is b
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` is the database blinking (lost or refused connection, a hang
     past the read timeout, a lock wait timeout or deadlock) rather than an answer
-    about what was sent: a tick that met it is simply run again from the log."""
+    about what was sent: a tick that met it is simply run again from the log. Driver
+    errors raised outside SQLAlchemy's wrapping (SQLite's BEGIN, issued straight to
+    the driver) count as well."""
     if isinstance(error, (sa.exc.TimeoutError, sa.exc.DisconnectionError)):
         return True
-    if not isinstance(error, sa.exc.DBAPIError):
+    if isinstance(error, sa.exc.DBAPIError):
+        if error.connection_invalidated or isinstance(error, sa.exc.InterfaceError):
+            return True  # PyMySQL's InterfaceError: the connection is closed
+        orig: BaseException = error.orig
+    elif type(error).__module__.startswith(("pymysql", "sqlite3")):
+        orig = error
+    else:
         return False
-    if error.connection_invalidated:
-        return True
-    orig = error.orig
     args = getattr(orig, "args", ())
     if args and isinstance(args[0], int) and args[0] in TRANSIENT_CODES:
         return True
-    if isinstance(error, sa.exc.InterfaceError):  # PyMySQL: the connection is closed
+    if type(orig).__name__ == "InterfaceError":
         return True
     text = str(orig).lower()
-    return isinstance(error, sa.exc.OperationalError) and any(
+    return type(orig).__name__ == "OperationalError" and any(
         words in text for words in _SQLITE_BUSY)
 
 

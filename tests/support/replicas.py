@@ -31,6 +31,7 @@ from falcon_es.engine.runtime import Handler, TickReport
 from falcon_es.handlers import HANDLERS
 from falcon_es.jobtable import job_rows
 from falcon_es.jobtable.job_rows import NewTask
+from falcon_es.observability.health import HealthServer
 from falcon_es.projections import replay
 from falcon_es.storage import db
 from falcon_es.storage.store import EventStore
@@ -106,6 +107,7 @@ class Replica:
     lock_class: type[DatabaseLock] = DatabaseLock
     #: Seconds between this replica's tries for the lock while it stands by.
     retry_period: float = 0.05
+    health: HealthServer | None = None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     report: LoopReport | None = None
     error: BaseException | None = None
@@ -149,7 +151,7 @@ class Replica:
         try:
             self.report = service.serve_elected(
                 self._build, self.election, until_idle=self.until_idle, stop=self.stop,
-                outage_limit=self.settings.database.outage_limit)
+                health=self.health, outage_limit=self.settings.database.outage_limit)
         except BaseException as error:  # the test asserts there was none
             self.error = error
 
