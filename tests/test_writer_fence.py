@@ -1,6 +1,6 @@
 """One writer, enforced by the database: the writer fence in the log head, the database
 lock verified each tick, a lost lock handed over to a standby, and a leader frozen
-inside its commit replaced within the lock's timeout (docs/design/writer-fence.md)."""
+inside its commit replaced within the lock's timeout (docs/design-notes/writer-fence.md)."""
 
 from __future__ import annotations
 

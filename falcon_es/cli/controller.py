@@ -77,8 +77,10 @@ class _Serving:
 @click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
               help="Who may append when several replicas run: a Kubernetes Lease "
                    "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
-                   "database lock that refuses a second controller, or none (default: lease "
-                   "in a Kubernetes cluster with --backend gcp, else db).")
+                   "database lock (a second controller stands by until it is free; "
+                   "FALCON_DB_LOCK_TIMEOUT), or none (default: lease in a Kubernetes cluster "
+                   "with --backend gcp, else db). Either election takes the log's writer "
+                   "fence, so a replica whose term is over cannot append.")
 @click.option("--in-process-informers/--no-in-process-informers", default=None,
               help="With --backend gcp, also watch every active registered cluster from this "
                    "process (instead of falcon-es informer Deployments).")

@@ -12,7 +12,7 @@ The lock's connection has a session ``wait_timeout`` of ``lock_timeout`` seconds
 holder that stops answering (frozen, partitioned) loses the lock with its connection
 after that long, so it cannot block a successor for longer. The database's writer
 fence (``storage.fence``) is what refuses a holder that lost the lock without
-noticing yet. docs/design/writer-fence.md has the timing.
+noticing yet. docs/design-notes/writer-fence.md has the timing.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ names the holder in one transaction; an append by the holder moves the log head 
 ``WHERE fence_term = <its term>``, in the statement that locks the head row, so a
 stale writer's append changes nothing and raises ``FencedOut``. Appends made without
 a fence (the command line's, an unelected controller's) are not checked.
-The scheme and its timing: docs/design/writer-fence.md.
+The scheme and its timing: docs/design-notes/writer-fence.md.
 """
 
 from __future__ import annotations
