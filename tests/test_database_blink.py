@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -23,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from falcon_es.app import service
+from falcon_es.cli import main
 from falcon_es.config.settings import Settings
 from falcon_es.domain.clock import VirtualClock, utcnow
 from falcon_es.engine.runtime import TickReport
@@ -184,3 +188,47 @@ def test_a_controller_rides_out_a_sqlite_write_lock_held_past_the_busy_timeout(
         assert outcomes(url) == base
         assert effects.created_twice() == {}
         assert verify_replay(url) == []
+
+
+def test_the_controller_exits_only_after_an_outage_longer_than_the_limit(
+        mariadb: str) -> None:
+    """An outage that does not end: the controller retries for FALCON_DB_OUTAGE_LIMIT
+    seconds (here 4), standing by once the lock went with its connection, then gives
+    up with the database's words (``falcon-es run`` exits rc 3 on it)."""
+    proxy = DatabaseProxy()
+    through = proxy.url(mariadb)
+    settings = Settings(db_url=through, **{**QUICK, "outage_limit": 4})
+    clock = VirtualClock(utcnow())
+    world = shared_world(clock, mariadb)
+    submit_tasks(mariadb, 8, clock)
+    dropped: list[float] = []
+
+    def drop_for_good(report: TickReport) -> None:
+        if not dropped:
+            dropped.append(time.monotonic())
+            proxy.drop()
+
+    replica = Replica("a", through, world, clock, settings, on_tick=drop_for_good).start()
+    try:
+        replica.join(60)
+    finally:
+        replica.halt()
+        proxy.close()
+    lasted = time.monotonic() - dropped[0]
+    assert isinstance(replica.error, service.DatabaseOutage), replica.error
+    assert "has not answered for" in str(replica.error)
+    assert settings.database.outage_limit < lasted < settings.database.outage_limit + 8
+
+
+def test_run_exits_rc_3_naming_the_database_once_the_outage_limit_has_passed() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"mysql+pymysql://root@127.0.0.1:{port}/nowhere"
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["--db", url, "run", "--leader-election", "db"],
+                                env={"FALCON_DB_OUTAGE_LIMIT": "2"})
+    assert result.exit_code == 3, result.output
+    assert "the database has not answered for" in result.output
+    assert "Can't connect to MySQL server" in result.output
+    assert 2 < time.monotonic() - started < 15

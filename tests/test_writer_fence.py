@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 
 from falcon_es.config.settings import Settings
 from falcon_es.domain import events as ev
@@ -277,3 +278,25 @@ def test_a_leader_frozen_inside_its_commit_is_replaced_within_the_lock_timeout(
         first.halt()
     assert first.error is None and second.error is None
     assert_one_writer_at_a_time(mariadb, effects, base)
+
+
+def test_the_migration_adds_the_fence_to_an_existing_log_head_and_can_be_undone(
+        bare_db_url: str) -> None:
+    engine = db.make_engine(bare_db_url)
+    try:
+        db.upgrade(engine, "0004")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE log_head SET last_seq = 7")
+        db.upgrade(engine)
+        db.upgrade(engine)  # rerunnable
+        with engine.connect() as conn:
+            assert fence.current(conn) == fence.Fence(0, "")
+            assert conn.exec_driver_sql("SELECT last_seq FROM log_head").scalar() == 7
+        assert fence.take(engine, "controller-a") == fence.Fence(1, "controller-a")
+        command.downgrade(db.alembic_config(engine), "0004")
+        with engine.connect() as conn:
+            columns = {c["name"] for c in sa.inspect(conn).get_columns("log_head")}
+        assert columns == {"id", "last_seq"}
+    finally:
+        engine.dispose()
+

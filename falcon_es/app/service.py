@@ -226,7 +226,8 @@ class Outage:
 def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
                   until_idle: bool, stop: threading.Event, metrics: Metrics | None = None,
                   health: HealthServer | None = None, ops_topic: str | None = None,
-                  outage_limit: float = 300.0) -> LoopReport:
+                  outage_limit: float = 300.0,
+                  database_check: Callable[[], None] | None = None) -> LoopReport:
     """Serve as one of several replicas: stand by until this one holds the lease (or
     the database lock), then build the controller (a fresh fold of the log, so
     whatever the previous leader appended is in it), catch up and serve until stopped,
@@ -239,7 +240,9 @@ def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
     A database that blinks does not end the process: the term is built again, with
     backoff, once the database answers (effects are idempotent, so the ticks simply
     run again from the log); /readyz fails meanwhile, and only an outage longer than
-    ``outage_limit`` seconds raises ``DatabaseOutage``."""
+    ``outage_limit`` seconds raises ``DatabaseOutage``. A standby asks
+    ``database_check`` each time it looks at the election, so an outage is measured
+    (and ended) there too: one that began at start, or took the database lock with it."""
     total = LoopReport()
     campaign_stop = threading.Event()
     campaign = threading.Thread(target=election.run, args=(campaign_stop,),
@@ -250,6 +253,8 @@ def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
     try:
         while not stop.is_set():
             if not election.may_append():
+                if not _answers(database_check, outage, health, stop):
+                    continue
                 standing_by = _stand_by(election, standing_by, health, metrics)
                 stop.wait(min(election.retry_period, 1.0))
                 continue
@@ -299,6 +304,23 @@ def _term(build: Callable[[Leadership], Service], election: Election, *, until_i
         if not db.is_transient(error):
             raise
         return LoopReport(stopped_by=DATABASE_UNAVAILABLE, error=db.first_line(error))
+
+
+def _answers(database_check: Callable[[], None] | None, outage: Outage,
+             health: HealthServer | None, stop: threading.Event) -> bool:
+    """Whether the database answers a standby now (ending any outage); else the outage
+    goes on (or begins) as if a term had failed."""
+    if database_check is None:
+        return True
+    try:
+        database_check()
+    except Exception as error:
+        if not db.is_transient(error):
+            raise
+        _database_down(outage, db.first_line(error), health, stop)
+        return False
+    outage.ended()
+    return True
 
 
 def _database_down(outage: Outage, error: str, health: HealthServer | None,

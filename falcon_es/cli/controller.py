@@ -139,12 +139,12 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
         serving.svc, serving.world = built, built.world
         return built
 
+    def database_check() -> None:
+        with probe_engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     server = None
     if health if health is not None else backend == "gcp":
-        def database_check() -> None:
-            with probe_engine.connect() as conn:
-                conn.execute(sa.text("SELECT 1"))
-
         def clusters() -> list[dict[str, Any]]:
             with probe_engine.connect() as conn:
                 return metrics.cluster_overview(list_clusters(conn))
@@ -164,7 +164,8 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
     try:
         report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
                                        metrics=metrics, health=server, ops_topic=topic,
-                                       outage_limit=settings.database.outage_limit)
+                                       outage_limit=settings.database.outage_limit,
+                                       database_check=database_check)
     except service.DatabaseOutage as error:
         raise Failure(str(error), EXIT_DATABASE) from error
     finally:

@@ -147,11 +147,16 @@ class Replica:
             app.close()
             raise
 
+    def _database_check(self) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
     def _serve(self) -> None:
         try:
             self.report = service.serve_elected(
                 self._build, self.election, until_idle=self.until_idle, stop=self.stop,
-                health=self.health, outage_limit=self.settings.database.outage_limit)
+                health=self.health, outage_limit=self.settings.database.outage_limit,
+                database_check=self._database_check)
         except BaseException as error:  # the test asserts there was none
             self.error = error
 
