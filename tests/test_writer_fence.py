@@ -300,3 +300,62 @@ def test_the_migration_adds_the_fence_to_an_existing_log_head_and_can_be_undone(
     finally:
         engine.dispose()
 
+
+
+class Unaware:
+    """An election whose holder has not noticed its term is over (a lease holder on a
+    clock running late, a lock whose loss no check has seen yet): it says it may
+    append until told to hand back what it holds."""
+
+    def __init__(self, engine: sa.Engine, *, identity: str, **_: Any) -> None:
+        self.identity, self.retry_period = identity, 0.05
+        self.released = threading.Event()
+
+    def may_append(self) -> bool:
+        return not self.released.is_set()
+
+    def is_leader(self) -> bool:
+        return self.may_append()
+
+    def run(self, stop: threading.Event) -> None:
+        """Nothing to campaign for."""
+
+    def release(self) -> bool:
+        self.released.set()
+        return True
+
+    def describe(self) -> str:
+        return f"leader as {self.identity}, as far as it knows"
+
+
+def test_a_leader_that_has_not_noticed_its_term_ended_is_refused_and_stands_by(
+        db_url: str) -> None:
+    """Another controller's term begins under a running one that still believes it
+    leads: its next append is refused by the fence, it appends nothing more, hands its
+    election back and stands by (the process goes on)."""
+    clock = VirtualClock(utcnow())
+    world = shared_world(clock, db_url)
+    submit_tasks(db_url, 4, clock)
+    other = db.make_engine(db_url)
+    taken: list[int] = []
+
+    def successor_after_the_first_commit(report: TickReport) -> None:
+        if len(taken) == 0 and report.appended:
+            taken.append(fence.take(other, "controller-b").term)
+            taken.append(EventStore(other, clock).head())
+
+    first = Replica("a", db_url, world, clock, Settings(db_url=db_url, **QUICK),
+                    lock_class=Unaware, on_tick=successor_after_the_first_commit).start()  # type: ignore[arg-type]
+    try:
+        assert first.election.released.wait(30)  # type: ignore[attr-defined]
+        time.sleep(0.2)
+        assert first.thread.is_alive()
+    finally:
+        first.halt()
+        other.dispose()
+    assert first.error is None and first.report is not None
+    assert first.report.stopped_by == "signal"
+    store = EventStore(db.make_engine(db_url), clock)
+    mine = [r.seq for r in store.read_after(0) if r.meta.get("controller") == "falcon-a"]
+    assert mine and max(mine) <= taken[1] == store.head()
+    store.engine.dispose()

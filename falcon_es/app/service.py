@@ -16,7 +16,7 @@ from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import PoolDisposition
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
 from falcon_es.engine.loop import (
-    DATABASE_UNAVAILABLE, LOST_LEADERSHIP, Leadership, Loop, LoopReport,
+    DATABASE_UNAVAILABLE, FENCED_OUT, LOST_LEADERSHIP, Leadership, Loop, LoopReport,
 )
 from falcon_es.storage import db
 from falcon_es.storage.fence import FencedOut
@@ -269,6 +269,12 @@ def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
             if report.stopped_by == DATABASE_UNAVAILABLE:
                 _database_down(outage, report.error, health, stop)
                 continue
+            if report.stopped_by == FENCED_OUT:
+                # Another controller's term began: whatever this one still holds is
+                # handed back, and it campaigns again as a standby.
+                log.warning("%s; standing by", report.error)
+                election.release()
+                continue
             if report.stopped_by != LOST_LEADERSHIP:
                 total.stopped_by = report.stopped_by
                 return total
@@ -298,8 +304,7 @@ def _term(build: Callable[[Leadership], Service], election: Election, *, until_i
         finally:
             svc.close()
     except FencedOut as error:
-        log.warning("%s; standing by", error)
-        return LoopReport(stopped_by=LOST_LEADERSHIP)
+        return LoopReport(stopped_by=FENCED_OUT, error=str(error))
     except Exception as error:
         if not db.is_transient(error):
             raise

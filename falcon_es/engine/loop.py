@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -40,10 +39,11 @@ from falcon_es.storage import db
 from falcon_es.storage.fence import FencedOut
 
 DueSource = Callable[[], dt.datetime | None]
-log = logging.getLogger("falcon_es.engine.loop")
 
 #: ``LoopReport.stopped_by`` when the lease was lost (the replica goes back to standby).
 LOST_LEADERSHIP = "lost-leadership"
+#: ``LoopReport.stopped_by`` when the database's writer fence refused an append.
+FENCED_OUT = "fenced-out"
 #: ``LoopReport.stopped_by`` when the database blinked (the caller retries with backoff).
 DATABASE_UNAVAILABLE = "database-unavailable"
 
@@ -143,7 +143,9 @@ class Loop:
 
     def step(self, on_tick: Callable[[TickReport], None] | None = None) -> TickReport | None:
         """One tick as ``run`` makes it: the lease fence, the world's own changes, the
-        log's head, then the tick; None when the lease is gone and nothing was appended."""
+        log's head, then the tick; None when the lease is gone and nothing was appended.
+        ``FencedOut`` when the database refused the append: another controller's term
+        has begun."""
         if self.leadership is not None and not self.leadership.may_append():
             return None
         if self.advance_world is not None:
@@ -152,9 +154,7 @@ class Loop:
             self.follow_log()
         try:
             tick = self.controller.tick()
-        except (LeadershipLost, FencedOut) as lost:
-            if isinstance(lost, FencedOut):
-                log.warning("%s; standing by", lost)
+        except LeadershipLost:
             return None
         if self.script is not None:
             self.script.on_tick(tick)
@@ -180,6 +180,9 @@ class Loop:
                 return report
             try:
                 tick = self.step(on_tick)
+            except FencedOut as error:
+                report.stopped_by, report.error = FENCED_OUT, str(error)
+                return report
             except Exception as error:
                 if not db.is_transient(error):
                     raise

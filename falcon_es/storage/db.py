@@ -154,7 +154,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, sa.exc.DBAPIError):
         if error.connection_invalidated or isinstance(error, sa.exc.InterfaceError):
             return True  # PyMySQL's InterfaceError: the connection is closed
-        orig: BaseException = error.orig
+        orig: BaseException | None = error.orig
     elif type(error).__module__.startswith(("pymysql", "sqlite3")):
         orig = error
     else:
