@@ -21,7 +21,6 @@ import fcntl
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -219,14 +218,4 @@ class DatabaseLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def wait_for(lock: DatabaseLock, seconds: float) -> bool:
-    """Try for the lock until held or ``seconds`` passed (for tools and tests)."""
-    deadline = time.monotonic() + seconds
-    while not lock.try_acquire():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(lock.retry_period, 0.1))
-    return True
 
