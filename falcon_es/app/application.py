@@ -26,7 +26,7 @@ from falcon_es.projections.job_table import (
     JobTableProjection, RefusedRowsProjection, RowCheckProjection,
 )
 from falcon_es.projections.queues import Predictions, QueueView
-from falcon_es.storage import db
+from falcon_es.storage import db, fence
 from falcon_es.storage.store import EventStore, InlineProjection
 from falcon_es.storage.tables import JobTable
 
@@ -67,14 +67,16 @@ class App:
 
 def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None,
              metrics: Metrics | None = None, follow_log: bool = False,
-             predictions: Predictions | None = None) -> App:
+             predictions: Predictions | None = None, fenced_as: str | None = None) -> App:
     """The store and its inline projections. ``metrics`` adds its projection, so
     transition histograms and event counts follow each commit; ``follow_log`` folds
     what another writer appended before each tick (one read of the log head per
     tick), for when nothing guarantees a single writer; ``predictions`` is told every
     expected start the queue view writes (``simulate`` and ``bench e2e`` measure
-    the estimates with it)."""
-    engine = engine or db.make_engine(settings.database.db_url)
+    the estimates with it); ``fenced_as`` begins an elected controller's term: it takes
+    the log's writer fence under that name, and every append of this app is refused
+    once another controller has taken it since (``storage.fence``)."""
+    engine = engine or db.make_engine(settings.database.db_url, settings.database)
     clock = clock or WallClock()
     job = JobTable(settings.job_mapping, db.message_room(engine, settings.job_mapping))
     tasks = TaskStates()
@@ -97,7 +99,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
         projections.append(metrics.projection(tasks))
     # Last: it judges what the append staged and evicts once the others committed.
     projections.extend((cluster_cache, live))
-    store = EventStore(engine, clock, projections=projections)
+    store = EventStore(engine, clock, projections=projections,
+                       fence=fence.take(engine, fenced_as) if fenced_as is not None else None)
     live.attach(store)
     if follower is not None:
         # The head before the fold: events appended meanwhile are read again and told

@@ -15,7 +15,11 @@ from falcon_es.engine.effects import EffectExecutor
 from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import PoolDisposition
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
-from falcon_es.engine.loop import LOST_LEADERSHIP, Leadership, Loop, LoopReport
+from falcon_es.engine.loop import (
+    DATABASE_UNAVAILABLE, FENCED_OUT, LOST_LEADERSHIP, Leadership, Loop, LoopReport,
+)
+from falcon_es.storage import db
+from falcon_es.storage.fence import FencedOut
 from falcon_es.domain.ports import Ports
 from falcon_es.engine.runtime import Controller, TickReport
 from falcon_es.domain.task import TaskStates
@@ -141,9 +145,15 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event,
 
 
 class Election(Leadership, Protocol):
-    """A lease campaign (``adapters.gcp.lease.LeaseElector``) as ``serve_elected`` uses it."""
+    """A campaign (``adapters.gcp.lease.LeaseElector``, ``engine.leader.DatabaseLock``,
+    ``Unelected``) as ``serve_elected`` uses it."""
 
     retry_period: float
+    #: Who this candidate is (the writer fence's holder while it leads).
+    identity: str
+
+    def is_leader(self) -> bool:
+        """Leading as last seen (no round trip): what the metrics show."""
 
     def run(self, stop: threading.Event) -> None: ...
 
@@ -152,44 +162,123 @@ class Election(Leadership, Protocol):
     def describe(self) -> str: ...
 
 
+class Unelected:
+    """No election (``--leader-election none``): this process may always append, and
+    the log's optimistic concurrency is the only guard against another writer."""
+
+    retry_period = 1.0
+    identity = ""
+
+    def may_append(self) -> bool:
+        return True
+
+    def is_leader(self) -> bool:
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Nothing to campaign for."""
+
+    def release(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return "no leader election: appending"
+
+
+class DatabaseOutage(RuntimeError):
+    """The database stayed unreachable (or hung) longer than the outage limit."""
+
+
+#: The first pause after the database blinked, and the longest (doubling in between).
+FIRST_RETRY_SECONDS, MAX_RETRY_SECONDS = 0.25, 5.0
+
+
+@dataclasses.dataclass
+class Outage:
+    """How long the database has been failing, and the pause before the next try:
+    doubling from ``FIRST_RETRY_SECONDS`` to ``MAX_RETRY_SECONDS``; past ``limit``
+    seconds the process gives up (its restarter takes over)."""
+
+    limit: float
+    since: float | None = None
+    pause: float = FIRST_RETRY_SECONDS
+    monotonic: Callable[[], float] = time.monotonic
+
+    def failed(self, error: str) -> float:
+        """Another failure: the pause before the next try, or ``DatabaseOutage``."""
+        now = self.monotonic()
+        if self.since is None:
+            self.since, self.pause = now, FIRST_RETRY_SECONDS
+        else:
+            self.pause = min(self.pause * 2, MAX_RETRY_SECONDS)
+        if now - self.since > self.limit:
+            raise DatabaseOutage(f"the database has not answered for {now - self.since:.0f}s "
+                                 f"(FALCON_DB_OUTAGE_LIMIT={self.limit:g}): {error}")
+        return self.pause
+
+    def ended(self) -> None:
+        self.since = None
+
+    def seconds(self) -> float:
+        return 0.0 if self.since is None else self.monotonic() - self.since
+
+
 def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
                   until_idle: bool, stop: threading.Event, metrics: Metrics | None = None,
-                  health: HealthServer | None = None,
-                  ops_topic: str | None = None) -> LoopReport:
-    """Serve as one of several replicas: stand by until this one holds the lease, then
-    build the controller (a fresh fold of the log, so whatever the previous leader
-    appended is in it), catch up and serve until stopped or the lease is lost; after a
-    loss, stand by again. The campaign runs in its own thread so renewals go on while
-    a tick or the fold runs. On stop: the current tick finishes, the outbox is
-    flushed, and only then is the lease released, so a standby takes over at once
-    without ever overlapping this replica's last commit."""
+                  health: HealthServer | None = None, ops_topic: str | None = None,
+                  outage_limit: float = 300.0,
+                  database_check: Callable[[], None] | None = None) -> LoopReport:
+    """Serve as one of several replicas: stand by until this one holds the lease (or
+    the database lock), then build the controller (a fresh fold of the log, so
+    whatever the previous leader appended is in it), catch up and serve until stopped,
+    the lease is lost or the database's writer fence refuses an append; then stand
+    by again. The campaign runs in its own thread so renewals go on while a tick or
+    the fold runs. On stop: the current tick finishes, the outbox is flushed, and only
+    then is the lease released, so a standby takes over at once without ever
+    overlapping this replica's last commit.
+
+    A database that blinks does not end the process: the term is built again, with
+    backoff, once the database answers (effects are idempotent, so the ticks simply
+    run again from the log); /readyz fails meanwhile, and only an outage longer than
+    ``outage_limit`` seconds raises ``DatabaseOutage``. A standby asks
+    ``database_check`` each time it looks at the election, so an outage is measured
+    (and ended) there too: one that began at start, or took the database lock with it."""
     total = LoopReport()
     campaign_stop = threading.Event()
     campaign = threading.Thread(target=election.run, args=(campaign_stop,),
-                                name="falcon-lease", daemon=True)
+                                name="falcon-election", daemon=True)
     campaign.start()
     standing_by = ""
+    outage = Outage(outage_limit)
     try:
         while not stop.is_set():
             if not election.may_append():
+                if not _answers(database_check, outage, health, stop):
+                    continue
                 standing_by = _stand_by(election, standing_by, health, metrics)
                 stop.wait(min(election.retry_period, 1.0))
                 continue
             standing_by = ""
-            log.info("%s; folding the log before taking new work", election.describe())
-            svc = build(election)
-            try:
-                report = serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
-                               health=health, ops_topic=ops_topic)
-            finally:
-                svc.close()
+            report = _term(build, election, until_idle=until_idle, stop=stop,
+                           metrics=metrics, health=health, ops_topic=ops_topic)
             total.ticks += report.ticks
             total.appended += report.appended
             total.conflicts += report.conflicts
+            if report.ticks:
+                outage.ended()
+            if report.stopped_by == DATABASE_UNAVAILABLE:
+                _database_down(outage, report.error, health, stop)
+                continue
+            if report.stopped_by == FENCED_OUT:
+                # Another controller's term began: whatever this one still holds is
+                # handed back, and it campaigns again as a standby.
+                log.warning("%s; standing by", report.error)
+                election.release()
+                continue
             if report.stopped_by != LOST_LEADERSHIP:
                 total.stopped_by = report.stopped_by
                 return total
-            log.warning("lease lost after %d ticks: appending stopped; standing by",
+            log.warning("leadership lost after %d ticks: appending stopped; standing by",
                         report.ticks)
         total.stopped_by = "signal"
         return total
@@ -199,6 +288,58 @@ def serve_elected(build: Callable[[Leadership], Service], election: Election, *,
         election.release()
         if health is not None:
             health.set_leader(False)
+
+
+def _term(build: Callable[[Leadership], Service], election: Election, *, until_idle: bool,
+          stop: threading.Event, metrics: Metrics | None, health: HealthServer | None,
+          ops_topic: str | None) -> LoopReport:
+    """One term: build (fold, take the fence), catch up and serve. A database that
+    blinks while it is built ends it like one that blinks during a tick."""
+    log.info("%s; folding the log before taking new work", election.describe())
+    try:
+        svc = build(election)
+        try:
+            return serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
+                         health=health, ops_topic=ops_topic)
+        finally:
+            svc.close()
+    except FencedOut as error:
+        return LoopReport(stopped_by=FENCED_OUT, error=str(error))
+    except Exception as error:
+        if not db.is_transient(error):
+            raise
+        return LoopReport(stopped_by=DATABASE_UNAVAILABLE, error=db.first_line(error))
+
+
+def _answers(database_check: Callable[[], None] | None, outage: Outage,
+             health: HealthServer | None, stop: threading.Event) -> bool:
+    """Whether the database answers a standby now (ending any outage); else the outage
+    goes on (or begins) as if a term had failed."""
+    if database_check is None:
+        return True
+    try:
+        database_check()
+    except Exception as error:
+        if not db.is_transient(error):
+            raise
+        _database_down(outage, db.first_line(error), health, stop)
+        return False
+    outage.ended()
+    return True
+
+
+def _database_down(outage: Outage, error: str, health: HealthServer | None,
+                   stop: threading.Event) -> None:
+    """Not ready, say why in the database's words, and wait before the next try."""
+    pause = outage.failed(error)
+    detail = (f"database unavailable for {outage.seconds():.0f}s: {error}; "
+              f"retrying in {pause:g}s")
+    log.warning("%s", detail)
+    if health is not None:
+        health.mark_tick()  # alive: the process is retrying, not stuck
+        health.set_leader(False)
+        health.set_ready(False, detail)
+    stop.wait(pause)
 
 
 #: How long shutdown waits for a lease request in flight before releasing anyway.

@@ -9,6 +9,7 @@ command line.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,7 +17,7 @@ import click
 import sqlalchemy as sa
 
 from falcon_es.storage import db, registry
-from falcon_es.cli.common import EXIT_PROBLEM, Failure, friendly, gcp_ports
+from falcon_es.cli.common import EXIT_DATABASE, Failure, friendly, gcp_ports
 from falcon_es.cli.process import (
     configure_logs,
     default_leader_election,
@@ -76,8 +77,10 @@ class _Serving:
 @click.option("--leader-election", type=click.Choice(["lease", "none", "db"]), default=None,
               help="Who may append when several replicas run: a Kubernetes Lease "
                    "(FALCON_LEASE_NAME/NAMESPACE/DURATION/RENEW_DEADLINE/RETRY_PERIOD), a "
-                   "database lock that refuses a second controller, or none (default: lease "
-                   "in a Kubernetes cluster with --backend gcp, else db).")
+                   "database lock (a second controller stands by until it is free; "
+                   "FALCON_DB_LOCK_TIMEOUT), or none (default: lease in a Kubernetes cluster "
+                   "with --backend gcp, else db). Either election takes the log's writer "
+                   "fence, so a replica whose term is over cannot append.")
 @click.option("--in-process-informers/--no-in-process-informers", default=None,
               help="With --backend gcp, also watch every active registered cluster from this "
                    "process (instead of falcon-es informer Deployments).")
@@ -91,7 +94,7 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
     from falcon_es.app import service
     from falcon_es.app.application import open_app
     from falcon_es.app.bootstrap import BackendError, RunOptions, build_service
-    from falcon_es.engine.leader import AlreadyRunning, DatabaseLock
+    from falcon_es.engine.leader import DatabaseLock
     from falcon_es.observability.metrics import Metrics
     from falcon_es.storage.registry import list_clusters
 
@@ -104,9 +107,17 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
     observability = configure_logs(settings, log_format)
     serving = _Serving()
     election = leader_election or default_leader_election(settings, backend)
-    elector = lease_elector(settings) if election == "lease" else None
+    probe_engine = db.make_engine(settings.database.db_url, settings.database)
+    elector: service.Election = (
+        lease_elector(settings) if election == "lease"
+        else DatabaseLock(probe_engine,
+                          identity=f"{settings.database.controller_id} (pid {os.getpid()})",
+                          lock_timeout=settings.database.lock_timeout) if election == "db"
+        else service.Unelected())
+    # An elected controller takes the log's writer fence at the start of each term.
+    fenced_as = elector.identity if election != "none" else None
     metrics = Metrics(tasks=lambda: serving.svc.app.tasks.all() if serving.svc is not None and (
-        elector is None or elector.is_leader()) else [])
+        elector.is_leader()) else [])
     ports = gcp_ports(settings) if backend == "gcp" else None
 
     def build(leadership: Leadership | None = None) -> Service:
@@ -116,9 +127,10 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
         options = RunOptions(backend=backend, realtime=realtime, sim_config=sim_config,
                              seed=seed, tick_seconds=tick_seconds, world=world,
                              world_continues=world is not None,
-                             sim_snapshot_every=sim_snapshot_every, leadership=leadership)
+                             sim_snapshot_every=sim_snapshot_every,
+                             leadership=leadership if election != "none" else None)
         app = open_app(settings, options.clock(), metrics=metrics,
-                       follow_log=election != "db")
+                       follow_log=election == "none", fenced_as=fenced_as)
         try:
             built = build_service(app, ports, options)
         except BackendError as error:
@@ -127,23 +139,12 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
         serving.svc, serving.world = built, built.world
         return built
 
-    # With a lease, a replica builds its controller (folds the log) only once it leads.
-    svc = build() if elector is None else None
-    probe_engine = svc.app.engine if svc is not None else db.make_engine(settings.database.db_url)
-    lock = DatabaseLock(probe_engine) if election == "db" else None
-    try:
-        if lock is not None:
-            lock.acquire()
-    except AlreadyRunning as error:
-        if svc is not None:
-            svc.close()
-        raise Failure(str(error), EXIT_PROBLEM) from error
+    def database_check() -> None:
+        with probe_engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     server = None
     if health if health is not None else backend == "gcp":
-        def database_check() -> None:
-            with probe_engine.connect() as conn:
-                conn.execute(sa.text("SELECT 1"))
-
         def clusters() -> list[dict[str, Any]]:
             with probe_engine.connect() as conn:
                 return metrics.cluster_overview(list_clusters(conn))
@@ -159,26 +160,19 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
                f"{'Pub/Sub bus, ' if backend == 'sim' and on_pubsub else ''}"
                f"{'virtual' if backend == 'sim' and not realtime else 'wall'} clock, "
                f"leader election: {election}"
-               f"{f' as {elector.identity}' if elector is not None else ''})", err=True)
+               f"{f' as {elector.identity}' if election == 'lease' else ''})", err=True)
     try:
-        if elector is not None:
-            report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
-                                           metrics=metrics, health=server, ops_topic=topic)
-        else:
-            if svc is None:  # built above whenever there is no elector
-                raise RuntimeError("no controller was built to serve")
-            report = service.serve(svc, until_idle=until_idle, stop=stop, metrics=metrics,
-                                   health=server, ops_topic=topic)
+        report = service.serve_elected(build, elector, until_idle=until_idle, stop=stop,
+                                       metrics=metrics, health=server, ops_topic=topic,
+                                       outage_limit=settings.database.outage_limit,
+                                       database_check=database_check)
+    except service.DatabaseOutage as error:
+        raise Failure(str(error), EXIT_DATABASE) from error
     finally:
         stop_threads(stop, informers)  # in-process informers end with the loop
-        if lock is not None:
-            lock.release()
         if server is not None:
             server.stop()
-        if svc is not None:
-            svc.close()
-        else:
-            probe_engine.dispose()
+        probe_engine.dispose()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)
 

@@ -114,6 +114,47 @@ class DatabaseSettings(BaseModel):
     controller_id: Text = setting("falcon-controller", "FALCON_CONTROLLER_ID", "HOSTNAME",
                                   doc="Who appends, recorded with every commit (the pod's "
                                       "name in Kubernetes)")
+    connect_timeout: Seconds = setting(
+        5, "FALCON_DB_CONNECT_TIMEOUT",
+        doc="Seconds a controller waits for a new database connection")
+    read_timeout: Seconds = setting(
+        10, "FALCON_DB_READ_TIMEOUT",
+        doc="Seconds a controller waits for the database's answer to a statement before "
+            "it counts the database as hung (MySQL/MariaDB)")
+    write_timeout: Seconds = setting(
+        10, "FALCON_DB_WRITE_TIMEOUT",
+        doc="Seconds a controller waits to send a statement to the database (MySQL/MariaDB)")
+    lock_wait_timeout: Seconds = setting(
+        5, "FALCON_DB_LOCK_WAIT_TIMEOUT",
+        doc="Seconds a statement waits for a row lock (innodb_lock_wait_timeout) or for "
+            "SQLite's write lock (busy timeout) before it is retried")
+    idle_transaction_timeout: Seconds = setting(
+        8, "FALCON_DB_IDLE_TRANSACTION_TIMEOUT",
+        doc="Seconds the database keeps a controller's write transaction that went quiet "
+            "(a frozen process) before it ends its connection and frees its locks "
+            "(MariaDB's idle_write_transaction_timeout); keep it below the lease")
+    lock_timeout: Seconds = setting(
+        15, "FALCON_DB_LOCK_TIMEOUT",
+        doc="With --leader-election db: seconds the database keeps the controller lock of "
+            "a holder that stopped answering (its connection's wait_timeout)")
+    outage_limit: Seconds = setting(
+        300, "FALCON_DB_OUTAGE_LIMIT",
+        doc="Seconds a controller retries an unreachable or hung database before it "
+            "exits (rc 3) for its restarter")
+
+    @model_validator(mode="after")
+    def _bounded_waits(self) -> DatabaseSettings:
+        if self.lock_wait_timeout >= self.read_timeout:
+            raise ValueError(
+                f"FALCON_DB_LOCK_WAIT_TIMEOUT={self.lock_wait_timeout} must be shorter than "
+                f"FALCON_DB_READ_TIMEOUT={self.read_timeout}: a lock wait should end as a "
+                "retried lock timeout, not as a hung database")
+        if self.idle_transaction_timeout >= self.lock_timeout:
+            raise ValueError(
+                f"FALCON_DB_IDLE_TRANSACTION_TIMEOUT={self.idle_transaction_timeout} must be "
+                f"shorter than FALCON_DB_LOCK_TIMEOUT={self.lock_timeout}: a frozen "
+                "holder's transaction must end before its lock passes to a successor")
+        return self
 
 
 class JobTableSettings(BaseModel):

@@ -10,11 +10,18 @@ until the next due moment or the tick interval, whichever comes first.
 A stop request (SIGINT/SIGTERM) is honoured between ticks: the current tick always
 finishes and commits.
 
-With several replicas, ``leadership`` (a lease elector) fences the loop: it ticks only
-while ``may_append()`` holds, checked before each tick and again right before each
-commit (``leadership_fence``), and stops as soon as the lease is lost. A replica that
+With several replicas, ``leadership`` (a lease elector, the database lock) fences the
+loop: it ticks only while ``may_append()`` holds, checked before each tick and again
+right before each commit (``leadership_fence``), and stops as soon as the lease is
+lost or the database's writer fence refuses an append (``FencedOut``). A replica that
 regains the lease starts over from a fresh fold of the log rather than resuming on
 states another leader has moved on since.
+
+A database that blinks (a lost connection, a hang past the read timeout, a lock wait
+timeout, a deadlock: ``db.is_transient``) ends the loop too, with
+``DATABASE_UNAVAILABLE``: nothing of the failed tick was applied in memory, and the
+caller (``service.serve_elected``) runs the ticks again from a fresh fold once the
+database answers.
 """
 
 from __future__ import annotations
@@ -28,11 +35,17 @@ from typing import Protocol
 from falcon_es.domain.clock import Clock, VirtualClock, utcnow
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.runtime import Controller, Handler, Tick, TickReport
+from falcon_es.storage import db
+from falcon_es.storage.fence import FencedOut
 
 DueSource = Callable[[], dt.datetime | None]
 
 #: ``LoopReport.stopped_by`` when the lease was lost (the replica goes back to standby).
 LOST_LEADERSHIP = "lost-leadership"
+#: ``LoopReport.stopped_by`` when the database's writer fence refused an append.
+FENCED_OUT = "fenced-out"
+#: ``LoopReport.stopped_by`` when the database blinked (the caller retries with backoff).
+DATABASE_UNAVAILABLE = "database-unavailable"
 
 
 class Leadership(Protocol):
@@ -78,6 +91,8 @@ class LoopReport:
     appended: int = 0
     conflicts: int = 0
     stopped_by: str = ""
+    #: What ended the loop when the database did (its first line, for logs and /readyz).
+    error: str = ""
 
 
 @dataclasses.dataclass
@@ -128,7 +143,9 @@ class Loop:
 
     def step(self, on_tick: Callable[[TickReport], None] | None = None) -> TickReport | None:
         """One tick as ``run`` makes it: the lease fence, the world's own changes, the
-        log's head, then the tick; None when the lease is gone and nothing was appended."""
+        log's head, then the tick; None when the lease is gone and nothing was appended.
+        ``FencedOut`` when the database refused the append: another controller's term
+        has begun."""
         if self.leadership is not None and not self.leadership.may_append():
             return None
         if self.advance_world is not None:
@@ -161,7 +178,16 @@ class Loop:
             if max_ticks is not None and report.ticks >= max_ticks:
                 report.stopped_by = "max-ticks"
                 return report
-            tick = self.step(on_tick)
+            try:
+                tick = self.step(on_tick)
+            except FencedOut as error:
+                report.stopped_by, report.error = FENCED_OUT, str(error)
+                return report
+            except Exception as error:
+                if not db.is_transient(error):
+                    raise
+                report.stopped_by, report.error = DATABASE_UNAVAILABLE, db.first_line(error)
+                return report
             if tick is None:
                 report.stopped_by = LOST_LEADERSHIP
                 return report

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
+from falcon_es.storage import db
 from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, RecordedEvent, StreamAppend
 from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, TaskStates, evolve
 
@@ -174,6 +175,8 @@ class Controller:
         try:
             recorded = self.store.append(tick.appends(), extra=tick.writes, at=tick.now)
         except (ConcurrencyError, sa.exc.DBAPIError) as error:
+            if db.is_transient(error):
+                raise  # the database blinked: the loop runs the tick again from the log
             if refusing:  # the refusals themselves failed: leave those rows alone
                 log.warning("the database refused the refusal of new row(s) %s too; "
                             "they are left as they are: %s", ", ".join(sorted(refusing)), error)

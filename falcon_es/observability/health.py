@@ -10,7 +10,9 @@ that also hangs.
   keeps calling ``mark_tick``); 503 otherwise: the kubelet restarts a stuck replica.
 - ``/readyz`` (readiness): 200 when the database answers and the replica says it is
   caught up. A standby replica is ready too (it serves metrics and takes over from the
-  log), and the JSON body says ``leader`` or ``standby``.
+  log), and the JSON body says ``leader`` or ``standby``. While the database is
+  unavailable (the loop retries it in the process) the replica says it is not caught
+  up, with the database's error in ``detail``, so /readyz fails even between checks.
 - ``/metrics``: the Prometheus text exposition of the process's own registry.
 - ``/clusters``: JSON per cluster: reservation remaining, active pools with topology,
   queue depths and running counts.

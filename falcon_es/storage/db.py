@@ -14,7 +14,7 @@ import importlib.resources
 from collections.abc import Mapping
 from types import MappingProxyType
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -37,6 +37,10 @@ KEPT_WIDTHS: Mapping[str, tuple[str, int, str, str]] = MappingProxyType({
 READ_ONLY_OPTION = "falcon_read_only"
 
 
+if TYPE_CHECKING:
+    from falcon_es.config.settings import DatabaseSettings
+
+
 class DatabaseUrlError(ValueError):
     """The database URL cannot be used (bad syntax or an unsupported dialect)."""
 
@@ -46,9 +50,12 @@ class MigrationConflict(RuntimeError):
     (raised by ``falcon_es.migrations.steps``; the message says what to do)."""
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
     """An engine tuned per dialect: SQLite in WAL with immediate write transactions,
-    MySQL/MariaDB through PyMySQL in READ COMMITTED."""
+    MySQL/MariaDB through PyMySQL in READ COMMITTED. ``limits`` (a controller's) bound
+    every wait of every connection: connecting, each read and write, each lock wait,
+    and how long the server keeps a write transaction that went quiet; without them
+    (migrations, one-off commands) only connecting is bounded, by the driver."""
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError as error:
@@ -56,17 +63,24 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         engine = sa.create_engine(parsed, **kwargs)
-        _make_sqlite_transactions_immediate(engine)
+        busy = 30.0 if limits is None else float(limits.lock_wait_timeout)
+        _make_sqlite_transactions_immediate(engine, busy)
         return engine
     if backend in ("mysql", "mariadb"):
         if parsed.get_driver_name() != "pymysql":
             raise DatabaseUrlError(
                 f"database URL {url!r}: use the PyMySQL driver (mysql+pymysql://...)"
             )
+        if limits is not None:
+            kwargs["connect_args"] = {
+                "connect_timeout": limits.connect_timeout, "read_timeout": limits.read_timeout,
+                "write_timeout": limits.write_timeout, **kwargs.get("connect_args", {})}
         engine = sa.create_engine(
             parsed, isolation_level="READ COMMITTED", pool_recycle=3600, **kwargs,
         )
         _ping_idle_connections(engine)
+        if limits is not None:
+            _bound_session_waits(engine, limits)
         return engine
     raise DatabaseUrlError(
         f"database URL {url!r}: unsupported dialect {backend!r} (use sqlite or mysql+pymysql)"
@@ -104,7 +118,64 @@ def _ping_idle_connections(engine: Engine) -> None:
             raise sa.exc.DisconnectionError(f"database connection lost: {error}") from error
 
 
-def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+def _bound_session_waits(engine: Engine, limits: DatabaseSettings) -> None:
+    """Per session: a row lock is waited for ``lock_wait_timeout`` seconds (not the
+    server's 50), and on MariaDB a write transaction whose client went quiet for
+    ``idle_transaction_timeout`` seconds is ended with its connection, so a frozen
+    writer holding the log head cannot block its successor for longer."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(limits.lock_wait_timeout)}")
+        if "mariadb" in dbapi_connection.get_server_info().lower():
+            cursor.execute("SET SESSION idle_write_transaction_timeout = "
+                           f"{int(limits.idle_transaction_timeout)}")
+        cursor.close()
+
+
+#: MySQL/MariaDB error codes of a database that blinked (the statement may succeed
+#: when run again): lock wait timeout, deadlock, too many connections, server
+#: shutting down, connection killed, can't connect, gone away, lost connection,
+#: connection ended by the idle transaction timeout.
+TRANSIENT_CODES = frozenset({1205, 1213, 1040, 1053, 1927, 2003, 2006, 2013, 2055, 4031})
+#: SQLite's words for a write lock it could not get within the busy timeout.
+_SQLITE_BUSY = ("database is locked", "database table is locked", "database is busy")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` is the database blinking (lost or refused connection, a hang
+    past the read timeout, a lock wait timeout or deadlock) rather than an answer
+    about what was sent: a tick that met it is simply run again from the log. Driver
+    errors raised outside SQLAlchemy's wrapping (SQLite's BEGIN, issued straight to
+    the driver) count as well."""
+    if isinstance(error, (sa.exc.TimeoutError, sa.exc.DisconnectionError)):
+        return True
+    if isinstance(error, sa.exc.DBAPIError):
+        if error.connection_invalidated or isinstance(error, sa.exc.InterfaceError):
+            return True  # PyMySQL's InterfaceError: the connection is closed
+        orig: BaseException | None = error.orig
+    elif type(error).__module__.startswith(("pymysql", "sqlite3")):
+        orig = error
+    else:
+        return False
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int) and args[0] in TRANSIENT_CODES:
+        return True
+    if type(orig).__name__ == "InterfaceError":
+        return True
+    text = str(orig).lower()
+    return type(orig).__name__ == "OperationalError" and any(
+        words in text for words in _SQLITE_BUSY)
+
+
+def first_line(error: BaseException) -> str:
+    """A database error as one line, in the database's (the driver's) own words."""
+    text = str(getattr(error, "orig", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _make_sqlite_transactions_immediate(engine: Engine, busy_seconds: float) -> None:
     """pysqlite defers BEGIN; take the write lock at BEGIN so appends serialize cleanly."""
 
     @sa.event.listens_for(engine, "connect")
@@ -113,7 +184,7 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_seconds * 1000)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

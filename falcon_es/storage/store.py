@@ -18,9 +18,10 @@ from typing import Any, NamedTuple, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from falcon_es.storage import db
+from falcon_es.storage import db, fence as fencing
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
+from falcon_es.storage.fence import Fence
 from falcon_es.storage.tables import log_head, task_events
 
 
@@ -106,11 +107,14 @@ class EventStore:
         engine: Engine,
         clock: Clock,
         projections: Sequence[InlineProjection] = (),
+        fence: Fence | None = None,
     ) -> None:
         self.engine = engine
         self.reader = db.read_only(engine)
         self.clock = clock
         self.projections = tuple(projections)
+        #: The writer fence term every append is checked against (None: unchecked).
+        self.fence = fence
 
     # ------------------------------------------------------------------ writing
     def append(
@@ -118,8 +122,9 @@ class EventStore:
         at: dt.datetime | None = None,
     ) -> list[RecordedEvent]:
         """Append all streams' events atomically; raise ``ConcurrencyError`` on a
-        version mismatch. ``extra`` are callables run on the same connection before
-        commit (for writes that must commit with the events). ``at`` stamps the events
+        version mismatch, ``FencedOut`` when the store's fence term is over. ``extra``
+        are callables run on the same connection before commit (for writes that must
+        commit with the events). ``at`` stamps the events
         (``recorded_at``): a tick passes the moment its handlers decided on, so the
         fold of the log sees what the tick saw; without it the clock is read."""
         appends = [a for a in appends if a.events]
@@ -170,7 +175,7 @@ class EventStore:
         if len(set(stream_ids)) != len(stream_ids):
             raise ValueError("each stream may appear once per append")
         count = sum(len(a.events) for a in appends)
-        head = _move_head(conn, count) - count
+        head = _move_head(conn, count, self.fence) - count
         current = _stream_versions(conn, stream_ids)
         for a in appends:
             have = current.get(a.stream_id, 0)
@@ -318,6 +323,11 @@ _MOVE_HEAD_LAST_INSERT_ID = (
     log_head.update().where(log_head.c.id == 1)
     .values(last_seq=sa.func.last_insert_id(log_head.c.last_seq + sa.bindparam("count")))
 )
+#: The same, for a fenced writer: the head moves only while the term is its own.
+_MOVE_HEAD_RETURNING_FENCED = _MOVE_HEAD_RETURNING.where(
+    log_head.c.fence_term == sa.bindparam("term"))
+_MOVE_HEAD_LAST_INSERT_ID_FENCED = _MOVE_HEAD_LAST_INSERT_ID.where(
+    log_head.c.fence_term == sa.bindparam("term"))
 _EVENT_COLUMNS = "seq, stream_id, version, type, schema_version, data, meta, recorded_at"
 #: The driver-level INSERT (qmark parameters for sqlite3, format for PyMySQL, whose
 #: executemany sends one multi-row INSERT).
@@ -330,13 +340,27 @@ _STREAM_VERSIONS = (
 )
 
 
-def _move_head(conn: Connection, count: int) -> int:
+def _move_head(conn: Connection, count: int, fence: Fence | None) -> int:
     """Reserve ``count`` seqs and return the new head, in one statement that also locks
     the head row until commit: concurrent appends queue here, so seq order is commit
-    order (an UPDATE locks like SELECT ... FOR UPDATE and reads the latest commit)."""
-    if conn.dialect.name in ("mysql", "mariadb"):
-        return int(conn.execute(_MOVE_HEAD_LAST_INSERT_ID, {"count": count}).lastrowid)
-    return int(conn.execute(_MOVE_HEAD_RETURNING, {"count": count}).scalar_one())
+    order (an UPDATE locks like SELECT ... FOR UPDATE and reads the latest commit).
+    With a fence the same statement checks the term: it matches no row once another
+    writer has taken the fence, and the append raises ``FencedOut``."""
+    mysql = conn.dialect.name in ("mysql", "mariadb")
+    if fence is None:
+        if mysql:
+            return int(conn.execute(_MOVE_HEAD_LAST_INSERT_ID, {"count": count}).lastrowid)
+        return int(conn.execute(_MOVE_HEAD_RETURNING, {"count": count}).scalar_one())
+    values = {"count": count, "term": fence.term}
+    if mysql:
+        # The dialect counts matched rows (CLIENT.FOUND_ROWS): 0 is the fence's refusal.
+        result = conn.execute(_MOVE_HEAD_LAST_INSERT_ID_FENCED, values)
+        head = int(result.lastrowid) if result.rowcount == 1 else None
+    else:
+        head = conn.execute(_MOVE_HEAD_RETURNING_FENCED, values).scalar_one_or_none()
+    if head is None:
+        raise fencing.refusal(conn, fence)
+    return int(head)
 
 
 def _stream_versions(conn: Connection, stream_ids: Sequence[str]) -> dict[str, int]:

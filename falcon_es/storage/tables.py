@@ -46,11 +46,15 @@ task_events = sa.Table(
 )
 
 #: One row (id=1) holding the last assigned seq. Appenders lock it FOR UPDATE so that
-#: seq order is commit order on MySQL too.
+#: seq order is commit order on MySQL too. It also holds the writers' fence: the term
+#: of the controller that took it last and who that is (``storage.fence``).
+FENCE_HOLDER_LENGTH = 255
 log_head = sa.Table(
     "log_head", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("last_seq", sa.BigInteger, nullable=False),
+    sa.Column("fence_term", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("fence_holder", sa.String(FENCE_HOLDER_LENGTH), nullable=True),
 )
 
 #: Position of each asynchronous consumer (outbox publisher, rebuilt views).
