@@ -120,7 +120,7 @@ def test_submit_get_and_delete_a_job_with_its_pods(edge: KubeEdgeCluster,
 
     stored = kube_server.get("jobs", ref.name)
     assert stored is not None
-    assert ref == JobRef("falcon-task-1", stored["metadata"]["uid"], "task-1")
+    assert ref == JobRef("falcon-task-1", stored["metadata"]["uid"], "task-1", "task-1")
     # What went over the wire is the manifest, TPU chips as strings, Indexed, 4 hosts.
     pod_spec = stored["spec"]["template"]["spec"]
     assert pod_spec["containers"][0]["resources"]["limits"] == {"google.com/tpu": "4"}
