@@ -436,6 +436,22 @@ def test_job_submit_conflict(make: Make) -> None:
     assert gcp.live_pools() == []
 
 
+def test_two_ids_whose_old_names_collided_run_at_once_on_both_backends(make: Make) -> None:
+    """Both tasks on one cluster and topology at once: each gets its own pool and Job,
+    and the gcp adapter's adoption, which decides on the full id, takes neither."""
+    ids = ("job-2026-07-01/user4883@example.com", "job-2026-07-01/user8747@example.com")
+
+    def scenario(h: Harness) -> None:
+        for index, task_id in enumerate(ids):
+            h.submit(f"t{index}", task_id=task_id)
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(),), scenario)
+    assert {gcp.statuses()[t] for t in ids} == {("Succeeded", None)}
+    assert sorted(p.name for p in gcp.world.pools(include_deleted=True)) == sorted(
+        naming.pool_name(t, "2x2") for t in ids)
+
+
 # ------------------------------------------------------------ multi-slice tasks
 
 SLICE_POOLS = "node pools falcon-t1-4x4, falcon-t1-4x4-s1"
