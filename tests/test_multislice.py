@@ -88,11 +88,11 @@ def _busy_behind_a(make: Make, settings: Settings, a_seconds: int,
                    *, other_queue: bool = False) -> Harness:
     """Two 4x4 slices in the reservation; "a" runs on one for ``a_seconds``, and the
     two-slice task "ms" is picked after it: one slice free, two needed. ``other_queue``:
-    "a" takes the same four VMs as four 2x2 slices, so no pool of ms's queue is left
-    when it ends."""
+    "a" takes the same four VMs as two 2x4 slices of two 4-chip VMs each (Multislice
+    runs only on multi-host slices), so no pool of ms's queue is left when it ends."""
     h = make(reserved_cluster(count=8), settings=settings)
     if other_queue:
-        h.submit("a", topology="2x2", slices=4, sim={"duration_seconds": a_seconds})
+        h.submit("a", topology="2x4", slices=2, sim={"duration_seconds": a_seconds})
     else:
         h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
     h.clock.advance(1)
@@ -162,7 +162,7 @@ def test_a_partial_create_takes_the_pool_a_task_of_its_queue_leaves_before_the_t
     assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
     assert _create_requests(h) == [(0, 1)]  # its second slice was never created
     events = h.events("ms")
     assert events[events.index("NodePoolTaken") + 1] == "NodePoolReady"  # no slice missing
@@ -226,7 +226,7 @@ def test_a_partial_create_still_in_flight_takes_the_pool_a_task_of_its_queue_lea
     assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
     h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
     assert h.statuses()["b"] == ("Running", None)  # ms did not wait for b's slice
     ready = [e.event for e in h.app.store.read_stream("ms")
@@ -423,7 +423,7 @@ def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
     h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
     assert _create_requests(h) == [(1, 0)]
     assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-h-4x4", "falcon-ms-4x4-s1"]
     kube = h.world.cluster("v6e-res").kube
@@ -477,7 +477,7 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
         ev.TaskAccepted("ms", "user-a", spec, "v6e", "4x4", at),
         ev.ClusterChosen("c-1", "v6e-res", "4x4", "only-candidate", ()),
         ev.TaskPicked("c-1", "4x4", "only-waiting", (), None),
-        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t"),
         ev.NodePoolCreateRequested("falcon-ms-4x4", "reservation", "ct6e-standard-4t", 4,
                                    "v6e-res-r", 60, slices=2, first_slice=1),
         ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
@@ -512,7 +512,7 @@ def test_a_pool_taken_after_a_partial_create_stands_for_the_next_slice() -> None
         ev.NodePoolCreateRequested(**request, first_slice=0, upto=1),
         ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
         ev.ReservationInsufficient("v6e-res-r", 0, 2, 1),
-        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t"),
         ev.NodePoolCreateRequested(**request, first_slice=2, upto=0),
     )])
     assert ms.node_pools == ("falcon-ms-4x4", "falcon-a-4x4", "falcon-ms-4x4-s2")
@@ -576,18 +576,20 @@ def test_a_busy_holder_keeps_its_slot_from_a_higher_priority_task_only_while_it_
 
 def test_two_multi_slice_tasks_sharing_a_reservation_too_small_for_both_never_hold_while_waiting(
         make: Make) -> None:
-    """Two queues (4x4, four VMs a slice, and 2x2, one VM) share a reservation of eight
-    VMs: "a" (4x4, 120 s) and "b" (2x2, 3000 s) run one slice each, and behind them
-    "m4" (two 4x4 slices, eight VMs) and "m2" (four 2x2 slices, four VMs) need twelve.
+    """Two queues (4x4, four VMs a slice, and 2x4, two 4-chip VMs a slice) share a
+    reservation of eight VMs: "a" (4x4, 120 s) and "b" (2x4, 3000 s) run one slice
+    each, and behind them "m4" (two 4x4 slices, eight VMs) and "m2" (two 2x4 slices,
+    four VMs) need twelve.
     When a ends, m4 could take its pool but has no room for its second slice, so it
     takes nothing and a's pool goes: whenever either waits for room it holds no pool,
     neither keeps back what the other needs, and both run to the end."""
     h = make(reserved_cluster(count=8))
     h.submit("a", topology="4x4", sim={"duration_seconds": 120})
-    h.submit("b", topology="2x2", sim={"duration_seconds": 3000})
+    h.submit("b", topology="2x4", machine_type="ct6e-standard-4t",
+             sim={"duration_seconds": 3000})
     h.clock.advance(1)
     h.submit("m4", topology="4x4", slices=2, sim={"duration_seconds": 300})
-    h.submit("m2", topology="2x2", slices=4, sim={"duration_seconds": 300})
+    h.submit("m2", topology="2x4", slices=2, sim={"duration_seconds": 300})
     seen: set[str] = set()
 
     def holding_while_busy() -> bool:

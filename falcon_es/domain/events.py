@@ -206,6 +206,8 @@ class NodePoolReused(Event):
     pool_name: str
     from_task: str | None
     supply_mode: str
+    #: The pool's machine type (None in events written before it was recorded).
+    machine_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,8 @@ class NodePoolTaken(Event):
     pool_name: str
     from_task: str
     supply_mode: str
+    #: The pool's machine type (None in events written before it was recorded).
+    machine_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,9 @@ class NodePools(Protocol):
 
 class Reservations(Protocol):
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int: ...
+    #: The machine type a specific reservation holds; None when it names none (an
+    #: aggregate reservation counts chips of a machine family).
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

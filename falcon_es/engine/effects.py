@@ -49,7 +49,6 @@ from falcon_es.domain.task import TaskState, TaskStates
 from falcon_es.engine.task_manifests import (
     POOL_TASK_LABEL, pool_labels, pool_owner, render_task_job, workload_kind,
 )
-from falcon_es.domain.tpu import slice_shape
 
 
 log = logging.getLogger("falcon_es.engine.effects")
@@ -281,7 +280,7 @@ class EffectExecutor:
             spec = NodePoolSpec(
                 cluster=cluster,
                 name=name,
-                shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+                shape=state.shape,
                 supply_mode=supply_mode,
                 reservation=request.reservation,
                 scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,

@@ -16,7 +16,6 @@ from falcon_es.domain.ports import JOB_KIND, JOBSET_KIND
 from falcon_es.domain.clusters import Cluster
 from falcon_es.config.settings import Settings
 from falcon_es.domain.task import TaskState
-from falcon_es.domain.tpu import slice_shape
 
 #: Labels on every pool Falcon-ES creates (the orphan sweep lists pools by them).
 POOL_MANAGED_BY = manifests.MANAGED_BY
@@ -65,14 +64,14 @@ def render_task_job(state: TaskState, cluster: Cluster, settings: Settings) -> d
         return manifests.render_jobset(
             task_id=state.task_id,
             spec=state.submission.spec.to_data(),
-            shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+            shape=state.shape,
             pool_names=state.node_pools,
             placement=job_placement(settings, cluster),
         )
     return manifests.render_job(
         task_id=state.task_id,
         spec=state.submission.spec.to_data(),
-        shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+        shape=state.shape,
         pool_name=state.pool.name or "",
         placement=job_placement(settings, cluster),
     )

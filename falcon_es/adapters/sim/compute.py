@@ -16,6 +16,7 @@ from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.tpu import SliceShape
 
 from falcon_es.adapters.sim.common import WorldCall
+from falcon_es.adapters.sim.config import ReservationConfig
 from falcon_es.adapters.sim.gke import NodePoolService
 
 
@@ -45,16 +46,26 @@ class SimReservations:
 
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int:
         gke = self._pools_of(cluster)
-        identity = gke.identity
 
         def answer(now: object) -> int:
-            config = identity.config.reservation(reservation)
-            if config is None:
-                name = reservation.rsplit("/", 1)[-1]
-                raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name)}' "
-                                           f"was not found (reservation {name} not found in "
-                                           f"project {identity.project} zone "
-                                           f"{identity.location})")
+            config = self._config(gke, reservation)
             return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
 
         return self._call(answer)
+
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
+        gke = self._pools_of(cluster)
+        return self._call(lambda now: self._config(gke, reservation).machine_type)
+
+    @staticmethod
+    def _config(gke: NodePoolService, reservation: str) -> ReservationConfig:
+        """The reservation as configured; NOT_FOUND in Compute's words when there is none."""
+        identity = gke.identity
+        config = identity.config.reservation(reservation)
+        if config is None:
+            name = reservation.rsplit("/", 1)[-1]
+            raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name)}' "
+                                       f"was not found (reservation {name} not found in "
+                                       f"project {identity.project} zone "
+                                       f"{identity.location})")
+        return config
