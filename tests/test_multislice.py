@@ -162,7 +162,7 @@ def test_a_partial_create_takes_the_pool_a_task_of_its_queue_leaves_before_the_t
     assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
     assert _create_requests(h) == [(0, 1)]  # its second slice was never created
     events = h.events("ms")
     assert events[events.index("NodePoolTaken") + 1] == "NodePoolReady"  # no slice missing
@@ -226,7 +226,7 @@ def test_a_partial_create_still_in_flight_takes_the_pool_a_task_of_its_queue_lea
     assert retained == [ev.NodePoolRetained("falcon-a-4x4", "ms")]
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
     h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
     assert h.statuses()["b"] == ("Running", None)  # ms did not wait for b's slice
     ready = [e.event for e in h.app.store.read_stream("ms")
@@ -423,7 +423,7 @@ def test_a_multi_slice_task_takes_a_retained_pool_and_creates_the_other(
     h.run(until=lambda: h.statuses()["ms"] == ("Running", None))
     taken = [e.event for e in h.app.store.read_stream("ms")
              if isinstance(e.event, ev.NodePoolTaken)]
-    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t")]
+    assert taken == [ev.NodePoolTaken("falcon-a-4x4", "a", "reservation")]
     assert _create_requests(h) == [(1, 0)]
     assert sorted(h.live_pools()) == ["falcon-a-4x4", "falcon-h-4x4", "falcon-ms-4x4-s1"]
     kube = h.world.cluster("v6e-res").kube
@@ -477,7 +477,7 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
         ev.TaskAccepted("ms", "user-a", spec, "v6e", "4x4", at),
         ev.ClusterChosen("c-1", "v6e-res", "4x4", "only-candidate", ()),
         ev.TaskPicked("c-1", "4x4", "only-waiting", (), None),
-        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t"),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
         ev.NodePoolCreateRequested("falcon-ms-4x4", "reservation", "ct6e-standard-4t", 4,
                                    "v6e-res-r", 60, slices=2, first_slice=1),
         ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
@@ -512,7 +512,7 @@ def test_a_pool_taken_after_a_partial_create_stands_for_the_next_slice() -> None
         ev.NodePoolCreateRequested(**request, first_slice=0, upto=1),
         ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
         ev.ReservationInsufficient("v6e-res-r", 0, 2, 1),
-        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation", "ct6e-standard-4t"),
+        ev.NodePoolTaken("falcon-a-4x4", "a", "reservation"),
         ev.NodePoolCreateRequested(**request, first_slice=2, upto=0),
     )])
     assert ms.node_pools == ("falcon-ms-4x4", "falcon-a-4x4", "falcon-ms-4x4-s2")

@@ -206,8 +206,7 @@ class NodePoolReused(Event):
     pool_name: str
     from_task: str | None
     supply_mode: str
-    #: The pool's machine type (None in events written before it was recorded).
-    machine_type: str | None = None
+    machine_type: str | None = None  # the pool's; None: recorded before it was kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +218,6 @@ class NodePoolTaken(Event):
     pool_name: str
     from_task: str
     supply_mode: str
-    #: The pool's machine type (None in events written before it was recorded).
-    machine_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -357,7 +357,6 @@ def _on_node_pool_taken(event: ev.NodePoolTaken, state: TaskState,
     pool = state.pool
     return {"pool": {"name": pool.name or event.pool_name,
                      "supply_mode": event.supply_mode,
-                     "machine_type": event.machine_type or pool.machine_type,
                      "taken_pools": (*pool.taken_pools, event.pool_name),
                      "taken_from": (*pool.taken_from, event.from_task),
                      "taken_slices": (*pool.taken_slices, pool.slices_requested),

@@ -225,7 +225,7 @@ class _Provisioner:
                   supply_mode: str) -> TaskState:
         for holder, pool in taking:
             state = self.tick.emit(state.task_id, ev.NodePoolTaken(
-                pool, holder.task_id, supply_mode, holder.machine_type)) or state
+                pool, holder.task_id, supply_mode)) or state
             self._handed_over(holder, pool, state)
         return state
 
