@@ -1,4 +1,4 @@
-"""Names that cannot collide and ownership decided on the full task id (issue 25, 2).
+"""Names that cannot collide and ownership decided on the full task id.
 
 ``job-2026-07-01/user4883@example.com`` and ``job-2026-07-01/user8747@example.com``
 once got the same pool, Job and label names (28 bits of hash); the second task's

@@ -1,4 +1,4 @@
-"""The shapes GKE offers (issue 25, 5): v5e/v6e 2x4 as one 8-chip or two 4-chip VMs,
+"""The shapes GKE offers: v5e/v6e 2x4 as one 8-chip or two 4-chip VMs,
 Multislice only on multi-host slices, and the v5p/v7x topology lists from Cloud TPU's
 tables and xpk (sources in ``falcon_es/domain/tpu.py`` and ``docs/FIDELITY.md``)."""
 
