@@ -81,6 +81,17 @@ def test_specific_reservation_of_another_machine_type_is_refused(reservations, f
         "a v6e 2x4 pool needs ct6e-standard-8t")
 
 
+def test_the_machine_type_a_reservation_holds_is_read_for_the_2x4_choice(reservations, fake):
+    fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8, in_use=0)
+    fake.add_aggregate(PROJECT, ZONE, "agg", vm_family=CT6E, reserved={"ct6e": 64},
+                       in_use={"ct6e": 0})
+
+    assert reservations.machine_type(CLUSTER, "res-1") == "ct6e-standard-4t"
+    assert reservations.machine_type(CLUSTER, "agg") is None  # chips of a family
+    shape = slice_shape("v6e", "2x4", "ct6e-standard-4t")
+    assert reservations.remaining_slices(CLUSTER, "res-1", shape) == 4
+
+
 def test_shared_reservation_is_read_in_the_owner_project(reservations, fake):
     fake.add_specific("owner-proj", ZONE, "shared", machine_type="tpu7x-standard-4t", count=32,
                       in_use=8)

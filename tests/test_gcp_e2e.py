@@ -34,7 +34,7 @@ from falcon_es.adapters.gcp import build_gcp_ports
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.sim import SimClusterConfig, SimConfig
-from falcon_es.adapters.sim.config import QuotaConfig, Span, StockoutConfig
+from falcon_es.adapters.sim.config import QuotaConfig, ReservationConfig, Span, StockoutConfig
 from falcon_es.adapters.sim.kube_api import DENIAL
 from falcon_es.app.application import open_app
 from falcon_es.domain.clock import VirtualClock
@@ -434,6 +434,39 @@ def test_job_submit_conflict(make: Make) -> None:
         "Job falcon-t1 could not be submitted: a Job named falcon-t1 already exists and is not "
         "this task's (falcon-task=someone-else); node pool falcon-t1-2x2 deleted")
     assert gcp.live_pools() == []
+
+
+def test_two_ids_whose_old_names_collided_run_at_once_on_both_backends(make: Make) -> None:
+    """Both tasks on one cluster and topology at once: each gets its own pool and Job,
+    and the gcp adapter's adoption, which decides on the full id, takes neither."""
+    ids = ("job-2026-07-01/user4883@example.com", "job-2026-07-01/user8747@example.com")
+
+    def scenario(h: Harness) -> None:
+        for index, task_id in enumerate(ids):
+            h.submit(f"t{index}", task_id=task_id)
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(),), scenario)
+    assert {gcp.statuses()[t] for t in ids} == {("Succeeded", None)}
+    assert sorted(p.name for p in gcp.world.pools(include_deleted=True)) == sorted(
+        naming.pool_name(t, "2x2") for t in ids)
+
+
+def test_a_2x4_task_on_a_reservation_of_4_chip_vms_runs_on_two_on_both_backends(
+        make: Make) -> None:
+    """The reservation's machine type, read through Compute, makes the 2x4 slice two
+    4-chip VMs: a multi-host pool GKE's fake accepts only on that machine type."""
+    cluster = dataclasses.replace(reserved_cluster(count=4), reservations=(
+        ReservationConfig("v6e-res-r", 4, 0, "ct6e-standard-4t"),))
+
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="2x4")
+        h.run()
+
+    _, gcp = both(make, (cluster,), scenario)
+    assert gcp.history["t1"][-1] == ("Succeeded", None)
+    (pool,) = gcp.world.pools(include_deleted=True)
+    assert (pool.machine_type, pool.hosts) == ("ct6e-standard-4t", 2)
 
 
 # ------------------------------------------------------------ multi-slice tasks

@@ -11,6 +11,7 @@ clock's now (google-auth stamps a token's expiry with the real time); it moves b
 from __future__ import annotations
 
 import base64
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from falcon_es.adapters.gcp.kube_auth import (
     endpoint_from_gke,
 )
 from falcon_es.domain.clock import VirtualClock, utcnow
+from falcon_es.domain import naming
 from falcon_es.domain.manifests import TASK_ID_ANNOTATION
 from falcon_es.domain.ports import (
     ALREADY_EXISTS,
@@ -120,7 +122,7 @@ def test_submit_get_and_delete_a_job_with_its_pods(edge: KubeEdgeCluster,
 
     stored = kube_server.get("jobs", ref.name)
     assert stored is not None
-    assert ref == JobRef("falcon-task-1", stored["metadata"]["uid"], "task-1")
+    assert ref == JobRef("falcon-task-1", stored["metadata"]["uid"], "task-1", "task-1")
     # What went over the wire is the manifest, TPU chips as strings, Indexed, 4 hosts.
     pod_spec = stored["spec"]["template"]["spec"]
     assert pod_spec["containers"][0]["resources"]["limits"] == {"google.com/tpu": "4"}
@@ -184,6 +186,35 @@ def test_a_same_named_job_of_another_task_is_not_adopted(edge: KubeEdgeCluster) 
 
     assert refused.value.code == ALREADY_EXISTS
     assert "belongs to task task-5" in refused.value.message
+
+
+COLLIDED = ("job-2026-07-01/user4883@example.com", "job-2026-07-01/user8747@example.com")
+
+
+def test_a_job_of_another_task_with_the_same_label_is_not_adopted(edge: KubeEdgeCluster) -> None:
+    """Ownership is the full id of the annotation: the two ids once shared a label."""
+    first, second = COLLIDED
+    theirs = manifest("task-31")
+    theirs["metadata"]["annotations"][TASK_ID_ANNOTATION] = first
+    theirs["metadata"]["labels"]["falcon-task"] = naming.legacy_task_label(first)
+    edge.submit_job(theirs)
+    mine = copy.deepcopy(theirs)
+    mine["metadata"]["annotations"][TASK_ID_ANNOTATION] = second
+
+    with pytest.raises(PortError) as refused:
+        edge.submit_job(mine)
+
+    assert refused.value.code == ALREADY_EXISTS
+    assert f"belongs to task {first}" in refused.value.message
+
+
+def test_a_job_made_before_the_annotation_is_adopted_by_its_label(edge: KubeEdgeCluster) -> None:
+    old = manifest("task-32")
+    del old["metadata"]["annotations"][TASK_ID_ANNOTATION]
+    first = edge.submit_job(old)
+
+    assert edge.submit_job(manifest("task-32")).uid == first.uid
+    assert edge.get_job("falcon-task-32") == JobRef("falcon-task-32", first.uid, None, "task-32")
 
 
 # ------------------------------------------------- multi-host: the headless Service

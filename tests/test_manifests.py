@@ -155,6 +155,7 @@ def test_a_multi_host_job_names_its_headless_service_as_the_pods_subdomain(
             "name": name,
             "namespace": "falcon-jobs",
             "labels": {"managed-by": "falcon", "falcon-task": "task-1"},
+            "annotations": {"falcon/task-id": "task-1"},
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
                                  "uid": JOB_UID, "controller": False,
                                  "blockOwnerDeletion": False}],
@@ -208,7 +209,7 @@ def test_names_are_deterministic_and_keep_the_short_id_readable() -> None:
     assert naming.job_name("job-42") == "falcon-job-42"
     long_id = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
     assert naming.pool_name(long_id, "4x4") == naming.pool_name(long_id, "4x4")
-    assert naming.pool_name(long_id, "4x4").startswith("falcon-0f1e2d3c-")
+    assert naming.pool_name(long_id, "4x4").startswith("falcon-0f1e2d-")
     assert naming.short_task_id("job-2024-000001") != naming.short_task_id("job-2024-000002")
 
 

@@ -88,11 +88,11 @@ def _busy_behind_a(make: Make, settings: Settings, a_seconds: int,
                    *, other_queue: bool = False) -> Harness:
     """Two 4x4 slices in the reservation; "a" runs on one for ``a_seconds``, and the
     two-slice task "ms" is picked after it: one slice free, two needed. ``other_queue``:
-    "a" takes the same four VMs as four 2x2 slices, so no pool of ms's queue is left
-    when it ends."""
+    "a" takes the same four VMs as two 2x4 slices of two 4-chip VMs each (Multislice
+    runs only on multi-host slices), so no pool of ms's queue is left when it ends."""
     h = make(reserved_cluster(count=8), settings=settings)
     if other_queue:
-        h.submit("a", topology="2x2", slices=4, sim={"duration_seconds": a_seconds})
+        h.submit("a", topology="2x4", slices=2, sim={"duration_seconds": a_seconds})
     else:
         h.submit("a", topology="4x4", sim={"duration_seconds": a_seconds})
     h.clock.advance(1)
@@ -576,18 +576,20 @@ def test_a_busy_holder_keeps_its_slot_from_a_higher_priority_task_only_while_it_
 
 def test_two_multi_slice_tasks_sharing_a_reservation_too_small_for_both_never_hold_while_waiting(
         make: Make) -> None:
-    """Two queues (4x4, four VMs a slice, and 2x2, one VM) share a reservation of eight
-    VMs: "a" (4x4, 120 s) and "b" (2x2, 3000 s) run one slice each, and behind them
-    "m4" (two 4x4 slices, eight VMs) and "m2" (four 2x2 slices, four VMs) need twelve.
+    """Two queues (4x4, four VMs a slice, and 2x4, two 4-chip VMs a slice) share a
+    reservation of eight VMs: "a" (4x4, 120 s) and "b" (2x4, 3000 s) run one slice
+    each, and behind them "m4" (two 4x4 slices, eight VMs) and "m2" (two 2x4 slices,
+    four VMs) need twelve.
     When a ends, m4 could take its pool but has no room for its second slice, so it
     takes nothing and a's pool goes: whenever either waits for room it holds no pool,
     neither keeps back what the other needs, and both run to the end."""
     h = make(reserved_cluster(count=8))
     h.submit("a", topology="4x4", sim={"duration_seconds": 120})
-    h.submit("b", topology="2x2", sim={"duration_seconds": 3000})
+    h.submit("b", topology="2x4", machine_type="ct6e-standard-4t",
+             sim={"duration_seconds": 3000})
     h.clock.advance(1)
     h.submit("m4", topology="4x4", slices=2, sim={"duration_seconds": 300})
-    h.submit("m2", topology="2x2", slices=4, sim={"duration_seconds": 300})
+    h.submit("m2", topology="2x4", slices=2, sim={"duration_seconds": 300})
     seen: set[str] = set()
 
     def holding_while_busy() -> bool:

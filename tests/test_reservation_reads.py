@@ -46,6 +46,9 @@ class CountingReservations:
             raise PortError(RETRYABLE, "429 Too Many Requests: rate limit exceeded")
         return int(self._inner.remaining_slices(cluster, reservation, shape))
 
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
+        return self._inner.machine_type(cluster, reservation)  # type: ignore[no-any-return]
+
 
 @pytest.fixture
 def harness(db_url: str, clock: VirtualClock) -> Iterator[Harness]:

@@ -242,6 +242,9 @@ class _FlakyReservations:
             raise PortError(RETRYABLE, "503 Service Unavailable: backend error")
         return self._inner.remaining_slices(*args)  # type: ignore[attr-defined]
 
+    def machine_type(self, *args: object) -> str | None:
+        return self._inner.machine_type(*args)  # type: ignore[attr-defined, no-any-return]
+
 
 def _flaky(h: Harness, failures: int) -> None:
     h.ports = dataclasses.replace(h.ports,

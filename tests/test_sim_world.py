@@ -900,12 +900,13 @@ def test_behaviour_from_tasks_reads_the_accepted_spec_of_the_task() -> None:
     assert finals["falcon-unknown"].observed_at == START + dt.timedelta(seconds=150 + 5 + 100)
 
 
-def test_observations_carry_the_task_id_and_job_refs_the_label_it_was_shortened_to() -> None:
+def test_observations_carry_the_task_id_and_job_refs_the_id_and_its_shortened_label() -> None:
     sim = Sim()
     manifest = job("falcon-t1", "falcon-a", task="upperlayerid1-4f2a9c1")
     manifest["metadata"]["annotations"]["falcon/task-id"] = "Upper/Layer id#1"
     ref = sim.edge(sim.east).submit_job(manifest)
-    assert ref.task_id == "upperlayerid1-4f2a9c1"
+    # Ownership is decided on the full id of the annotation, never on the label.
+    assert (ref.task_id, ref.task_label) == ("Upper/Layer id#1", "upperlayerid1-4f2a9c1")
     assert sim.edge(sim.east).get_job("falcon-t1") == ref
     assert sim.drain()[0].task_id == "Upper/Layer id#1"
 

@@ -9,7 +9,7 @@ job table in bursts (``DEFAULT_BURST`` every ``DEFAULT_BURST_EVERY`` virtual sec
 ``--burst`` at least ``--tasks`` puts them all in up front) and asks to abort some of
 each burst ten minutes later. Task specs are drawn from a seed: most succeed, some
 fail (exit codes, OOM, image pull errors), some time out, a few are invalid, and some
-are multi-slice (two slices of their type's smallest topology: two pools and a
+are multi-slice (two slices of their type's smallest multi-host topology: two pools and a
 JobSet), a third of those failing once with an OOM and restarting (``max_restarts`` 1);
 the report counts their endings apart (``multi_slice``).
 
@@ -60,6 +60,7 @@ from falcon_es.bench.scratch import ScratchDatabaseError, bench_mapping, scratch
 from falcon_es.app.application import open_app
 from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.tpu import multi_host_machine
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport
 from falcon_es.config.settings import Settings
@@ -96,6 +97,12 @@ TOPOLOGIES: Mapping[str, tuple[str, ...]] = MappingProxyType({
             "2x4x4"),
 })
 TPU_WEIGHTS = (("v6e", 0.4), ("v7x", 0.4), ("v5p", 0.2))
+
+
+def _multislice_topology(tpu_type: str) -> str:
+    """The smallest topology of the type's draw that is a multi-host slice: GKE
+    Multislice runs on nothing else (the spec refuses slices > 1 on one VM)."""
+    return next(t for t in TOPOLOGIES[tpu_type] if multi_host_machine(tpu_type, t))
 DURATIONS = (60, 120, 180, 300, 600)
 #: (kind, weight): what a task is meant to do.
 KINDS = (
@@ -145,7 +152,8 @@ def plan_tasks(count: int, seed: int) -> list[PlannedTask]:
         elif kind == "invalid":
             spec["topology"] = "3x3"
         elif kind == "multislice":
-            spec.update(topology=TOPOLOGIES[tpu_type][0], slices=MULTI_SLICES, max_restarts=1)
+            spec.update(topology=_multislice_topology(tpu_type), slices=MULTI_SLICES,
+                        max_restarts=1)
             if rng.random() < 1 / 3:
                 sim["outcome"] = "oom"  # restarts once, then fails: ReachedMaxRestarts
         actor = f"actor-{rng.randrange(ACTORS) + 1:02d}"

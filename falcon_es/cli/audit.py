@@ -203,7 +203,6 @@ def _live_look(settings: Settings, state: TaskState,
     from falcon_es.domain.ports import PortError
     from falcon_es.projections.explain import LiveLook
     from falcon_es.engine.task_manifests import workload_kind
-    from falcon_es.domain.tpu import slice_shape
 
     cluster = clusters.get(state.placement.cluster_id or "")
     now = WallClock().now()
@@ -211,7 +210,7 @@ def _live_look(settings: Settings, state: TaskState,
         return LiveLook(at=now)
     ports = gcp_ports(settings)
     edge = ports.edges.for_cluster(cluster)
-    shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+    shape = state.shape
     workload = None
     if state.job.name:
         try:

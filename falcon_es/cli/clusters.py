@@ -163,7 +163,7 @@ def _live_cluster_views(settings: Settings, clusters: Sequence[Cluster],
     are reported per cluster, not fatal)."""
     from falcon_es.observability.metrics import queue_figures
     from falcon_es.domain.ports import PortError
-    from falcon_es.domain.tpu import slice_shape
+    from falcon_es.handlers.reservations import reserved_shape
 
     backend = gcp_backend(settings)
     queues = queue_figures(tasks)
@@ -188,9 +188,10 @@ def _live_cluster_views(settings: Settings, clusters: Sequence[Cluster],
             if cluster.default_reservation:
                 for topology in topologies:
                     try:
+                        shape = reserved_shape(backend.reservations, cluster,
+                                               cluster.default_reservation, topology)
                         slices = backend.reservations.remaining_slices(
-                            cluster, cluster.default_reservation,
-                            slice_shape(cluster.tpu_type, topology))
+                            cluster, cluster.default_reservation, shape)
                     except PortError as error:
                         errors.append(f"reservation {topology}: {error.message}")
                         continue

@@ -200,6 +200,7 @@ class NodePoolReused(Event):
     pool_name: str
     from_task: str | None
     supply_mode: str
+    machine_type: str | None = None  # the pool's; None: recorded before it was kept
 
 
 @dataclasses.dataclass(frozen=True)

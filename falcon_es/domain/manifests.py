@@ -212,7 +212,8 @@ def render_headless_service(job: Mapping[str, Any], job_uid: str) -> dict[str, A
     or None for a Job whose pods name no subdomain of the Job's own name (every
     single-host Job).
 
-    Rendered from the Job manifest (name, namespace, the falcon labels), which
+    Rendered from the Job manifest (name, namespace, the falcon labels and the task id
+    annotation its ownership is decided on), which
     ``render_job`` fixes, never from the spec; the uid is the created Job's. Headless
     (``clusterIP: None``) because workers address one another, not a load balancer; no
     ports, which a headless Service may omit; ``publishNotReadyAddresses`` because
@@ -230,13 +231,16 @@ def render_headless_service(job: Mapping[str, Any], job_uid: str) -> dict[str, A
     labels = {MANAGED_BY: MANAGED_BY_VALUE}
     if TASK_LABEL in job_labels:
         labels[TASK_LABEL] = job_labels[TASK_LABEL]
+    task_id = (metadata.get("annotations") or {}).get(TASK_ID_ANNOTATION)
+    annotations = {"annotations": {TASK_ID_ANNOTATION: task_id}} if task_id else {}
     namespace = {"namespace": metadata["namespace"]} if metadata.get("namespace") else {}
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
              "controller": False, "blockOwnerDeletion": False}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, **namespace, "labels": labels, "ownerReferences": [owner]},
+        "metadata": {"name": name, **namespace, "labels": labels, **annotations,
+                     "ownerReferences": [owner]},
         "spec": {
             "clusterIP": "None",
             "selector": {JOB_NAME_POD_LABEL: name},

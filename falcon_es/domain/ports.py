@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from falcon_es.domain import naming
 from falcon_es.domain.clock import Clock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.topics import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC  # noqa: F401 (re-exported)
@@ -84,14 +85,25 @@ class NodePools(Protocol):
 
 class Reservations(Protocol):
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int: ...
+    #: The machine type a specific reservation holds; None when it names none (an
+    #: aggregate reservation counts chips of a machine family).
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class JobRef:
     name: str
     uid: str
-    #: The Job's falcon-task label value (naming.task_label of the task id).
+    #: The full task id the workload names (its ``falcon/task-id`` annotation); None
+    #: for an object without one.
     task_id: str | None
+    #: Its ``falcon-task`` label value (``naming.task_label``, maybe shortened).
+    task_label: str | None = None
+
+    @property
+    def owner(self) -> naming.OwnerMarks:
+        """What ``naming.owned_by`` decides on."""
+        return naming.OwnerMarks(task_id=self.task_id, label=self.task_label)
 
 
 @dataclasses.dataclass(frozen=True)

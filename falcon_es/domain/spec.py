@@ -16,7 +16,9 @@ from types import MappingProxyType
 from typing import Any
 
 from falcon_es.domain.priority import PriorityError, PriorityPolicy
-from falcon_es.domain.tpu import TPU_TYPES, TopologyError, slice_shape
+from falcon_es.domain.tpu import (
+    TPU_TYPES, TopologyError, machine_types, multi_host_machine, slice_shape,
+)
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
@@ -51,6 +53,7 @@ FORBIDDEN_FIELDS = frozenset({
 KNOWN_FIELDS = frozenset({
     "image", "command", "args", "env", "tpu_type", "topology", "supply_mode",
     "timeout_seconds", "display_name", "sim", "slices", "max_restarts", "priority",
+    "machine_type",
 })
 MAX_STRING = 4096
 MAX_LIST = 256
@@ -115,6 +118,9 @@ class TaskSpec:
     max_restarts: int = 0
     #: Higher is served first (a class name in the spec is stored as its value).
     priority: int = 0
+    #: The machine type of the slice's VMs, for the one shape two make (v5e/v6e 2x4:
+    #: one 8-chip or two 4-chip VMs); None: ``tpu.choose_machine`` decides.
+    machine_type: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -314,6 +320,7 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
     if display_name is not None:
         display_name = _string(data, "display_name", max_length=255)
     slices, max_restarts = _slices(data, limits)
+    machine_type = _machine_type(data, tpu_type, topology, slices)
     try:
         priority = limits.priorities.resolve(data.get("priority", 0))
     except PriorityError as error:
@@ -323,8 +330,34 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
         command=_strings(data, "command"), args=_strings(data, "args"), env=_env(data),
         supply_mode=supply_mode, timeout_seconds=timeout, display_name=display_name,
         sim=_sim(data.get("sim")), slices=slices, max_restarts=max_restarts,
-        priority=priority,
+        priority=priority, machine_type=machine_type,
     )
+
+
+def _machine_type(data: Mapping[str, Any], tpu_type: str, topology: str,
+                  slices: int) -> str | None:
+    """The spec's ``machine_type``, one that makes the topology; and a multi-slice task
+    on a shape that can be multi-host (GKE Multislice runs only on multi-host TPU
+    slice node pools, kubernetes-engine/docs/how-to/tpu-multislice)."""
+    machine = data.get("machine_type")
+    if machine is not None:
+        machine = _string(data, "machine_type", max_length=64)
+        try:
+            shape = slice_shape(tpu_type, topology, machine)
+        except TopologyError as error:
+            raise SpecError("InvalidField", "machine_type", _short(str(error), 300)) from None
+        if slices > 1 and not shape.multi_host:
+            raise SpecError("InvalidField", "slices",
+                            f"{slices} slices of {tpu_type} {topology} on {machine}: GKE "
+                            "Multislice runs only on multi-host TPU slices, and that is "
+                            "one VM")
+        return machine
+    if slices > 1 and multi_host_machine(tpu_type, topology) is None:
+        (only,) = machine_types(tpu_type, topology)
+        raise SpecError("InvalidField", "slices",
+                        f"{slices} slices of {tpu_type} {topology}: GKE Multislice runs "
+                        f"only on multi-host TPU slices, and {topology} is one VM ({only})")
+    return None
 
 
 def _slices(data: Mapping[str, Any], limits: SpecLimits) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from falcon_es.domain.intents import (
     RESERVATION_CHECK, Intent, IntentKind, JobIntent, PoolDisposition, PoolIntent,
 )
 from falcon_es.domain.spec import TaskSpec
+from falcon_es.domain.tpu import SliceShape, choose_machine, shape_of
 from falcon_es.domain.task_records import (
     NOTHING, Ending, JobRecord, Placement, PoolRecord, Retries, Submission,
 )
@@ -114,6 +115,24 @@ class TaskState:
     def slices(self) -> int:
         """Slices the task runs on: one node pool each (the spec's ``slices``)."""
         return self.submission.spec.slices
+
+    @property
+    def machine_type(self) -> str:
+        """The machine type of the task's slices: that of the pools it asked for or
+        took, else the one it would ask for without a reservation."""
+        pool, submission = self.pool, self.submission
+        if pool.request is not None:
+            return pool.request.machine_type
+        if pool.machine_type is not None:
+            return pool.machine_type
+        return choose_machine(submission.tpu_type, submission.topology,
+                              asked=submission.spec.machine_type, multislice=self.slices > 1)
+
+    @property
+    def shape(self) -> SliceShape:
+        """The task's slice: its topology on its machine type."""
+        submission = self.submission
+        return shape_of(submission.tpu_type, submission.topology, self.machine_type)
 
     @property
     def node_pools(self) -> tuple[str, ...]:
@@ -329,7 +348,8 @@ def _on_task_requeued(event: ev.TaskRequeued, state: TaskState, at: dt.datetime)
 def _on_node_pool_reused(event: ev.NodePoolReused, state: TaskState,
                          at: dt.datetime) -> Changes:
     return {"pool": {"name": event.pool_name, "supply_mode": event.supply_mode,
-                     "intent": _READY, "from_task": event.from_task}}
+                     "intent": _READY, "from_task": event.from_task,
+                     "machine_type": event.machine_type}}
 
 
 def _on_node_pool_taken(event: ev.NodePoolTaken, state: TaskState,

@@ -77,6 +77,9 @@ class PoolRecord:
     #: while a partial create waits for the rest.
     slices_requested: int = 0
     from_task: str | None = None  # the task that handed its pool over to this one
+    #: The machine type of a pool it reused (``NodePoolReused``); a multi-slice task's
+    #: is always the multi-host one, so the pools it takes need not say.
+    machine_type: str | None = None
     #: Pools a multi-slice task took from ended tasks (``NodePoolTaken``), in the order
     #: taken, the task each came from, and the slice each stands for: the slices asked
     #: for so far when it was taken (before any create, the first slices; with

@@ -47,9 +47,8 @@ from falcon_es.config.settings import Settings
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.domain.task import TaskState, TaskStates
 from falcon_es.engine.task_manifests import (
-    POOL_TASK_LABEL, pool_labels, render_task_job, workload_kind,
+    POOL_TASK_LABEL, pool_labels, pool_owner, render_task_job, workload_kind,
 )
-from falcon_es.domain.tpu import slice_shape
 
 
 log = logging.getLogger("falcon_es.engine.effects")
@@ -286,7 +285,7 @@ class EffectExecutor:
             spec = NodePoolSpec(
                 cluster=cluster,
                 name=name,
-                shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+                shape=state.shape,
                 supply_mode=supply_mode,
                 reservation=request.reservation,
                 scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,
@@ -323,7 +322,7 @@ class EffectExecutor:
                 self._later(intent, now, error)
             return False
         owner = info.labels.get(POOL_TASK_LABEL)
-        if owner == naming.task_label(state.task_id):
+        if naming.owned_by(pool_owner(info.labels), state.task_id):
             return True
         self._queue(intent, ev.NodePoolFailed(
             name,
@@ -335,11 +334,10 @@ class EffectExecutor:
     def _submit_job(self, intent: Intent, state: TaskState, cluster: Cluster,
                     now: dt.datetime) -> None:
         edge = self.ports.edges.for_cluster(cluster)
-        label = naming.task_label(state.task_id)
         kind = workload_kind(state)
         if state.status == chart.ABORTING:
             existing = edge.get_job(intent.name, kind)
-            if existing is not None and existing.task_id == label:
+            if existing is not None and naming.owned_by(existing.owner, state.task_id):
                 self._queue(intent, ev.JobSubmitted(intent.name, existing.uid), now)
             else:
                 self._queue(intent, ev.JobSubmitCancelled(intent.name), now)
@@ -351,13 +349,13 @@ class EffectExecutor:
                 existing = edge.get_job(intent.name, kind)
                 if existing is None:
                     self._later(intent, now, error)
-                elif existing.task_id == label:
+                elif naming.owned_by(existing.owner, state.task_id):
                     self._queue(intent, ev.JobSubmitted(intent.name, existing.uid), now)
                 else:
                     self._queue(intent, ev.JobSubmitFailed(
                         intent.name,
                         f"a Job named {intent.name} already exists and is not this task's "
-                        f"(falcon-task={existing.task_id or 'unset'})",
+                        f"(falcon-task={existing.task_label or 'unset'})",
                     ), now)
             elif error.code == RETRYABLE:
                 self._later(intent, now, error)

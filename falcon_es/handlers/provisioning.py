@@ -58,8 +58,8 @@ from falcon_es.config.retry import (
 from falcon_es.engine.runtime import Tick
 from falcon_es.config.settings import Settings
 from falcon_es.domain.spec import FLEX_START, ON_DEMAND, RESERVATION, autoscaled
+from falcon_es.domain.tpu import SliceShape, choose_machine, machine_types, shape_of
 from falcon_es.domain.task import TaskState
-from falcon_es.domain.tpu import slice_shape
 
 log = logging.getLogger("falcon_es.handlers.provisioning")
 
@@ -83,6 +83,32 @@ def scale_down_seconds(supply_mode: str, settings: Settings) -> int:
     }[supply_mode]
 
 
+def _machine_open(state: TaskState) -> bool:
+    """The task's machine type is still to be chosen by its reservation: the one shape
+    two machine types make (v5e/v6e 2x4), no pool asked for or taken yet, neither the
+    spec nor Multislice deciding it (``tpu.choose_machine``)."""
+    submission = state.submission
+    return (state.pool.request is None and state.pool.machine_type is None
+            and not submission.spec.machine_type and state.slices == 1
+            and len(machine_types(submission.tpu_type, submission.topology)) > 1)
+
+
+def _shape(state: TaskState, reserved: str | None) -> SliceShape:
+    """The slice the task's pools are made of: its own, or on the machine type its
+    reservation holds while that is still to be chosen."""
+    if reserved is None or not _machine_open(state):
+        return state.shape
+    submission = state.submission
+    machine = choose_machine(submission.tpu_type, submission.topology, reserved=reserved)
+    return shape_of(submission.tpu_type, submission.topology, machine)
+
+
+def _fits(state: TaskState, machine: str) -> bool:
+    """A pool of ``machine`` VMs can run the task: the task's machine type is that one,
+    or still open (then the pool decides it)."""
+    return machine == state.machine_type or _machine_open(state)
+
+
 class _Provisioner:
     """One tick's provisioning decisions, with what they have used up so far."""
 
@@ -96,6 +122,8 @@ class _Provisioner:
         #: Reservation hosts granted to creates earlier in this tick, which the API
         #: cannot see until the executor has issued them.
         self.granted_hosts: dict[tuple[str, str], int] = {}
+        #: The machine type each reservation read this tick holds (None: it names none).
+        self.reserved_machines: dict[tuple[str, str], str | None] = {}
 
     def run(self, state: TaskState) -> None:
         cluster = self.clusters.get(state.placement.cluster_id or "")
@@ -122,7 +150,8 @@ class _Provisioner:
             if verdict:
                 self.tick.emit(state.task_id, ev.NodePoolReused(
                     pool, holder.task_id,
-                    holder.pool.supply_mode or supply_mode_for(state, cluster)))
+                    holder.pool.supply_mode or supply_mode_for(state, cluster),
+                    holder.machine_type))
                 self._handed_over(holder, pool, state)
             return True
         return False
@@ -159,7 +188,7 @@ class _Provisioner:
         elif state.pool.taken_pools:
             # Every slice on a pool that was running its earlier task's work: as a reused
             # pool, ready at once.
-            hosts = slice_shape(state.submission.tpu_type, state.submission.topology).hosts
+            hosts = state.shape.hosts
             self.tick.emit(state.task_id, ev.NodePoolReady(
                 state.pool.taken_pools[0], hosts * len(state.pool.taken_pools)))
 
@@ -231,7 +260,8 @@ class _Provisioner:
             holder = self.tick.state(holder_id)
             if (holder is None or not holder.is_terminal or pool not in holder.retained_idle
                     or (cluster.id, pool) in self.taken
-                    or not index.is_holder(holder, pool, self.handed_over)):
+                    or not index.is_holder(holder, pool, self.handed_over)
+                    or not _fits(state, holder.machine_type)):
                 continue
             idle.append((holder, pool))
         idle.sort(key=lambda held: (held[0].pool.retained[held[1]] != state.task_id, held[1]))
@@ -273,7 +303,8 @@ class _Provisioner:
     def _create(self, state: TaskState, cluster: Cluster, granted: int) -> None:
         """Ask for the task's pools: the ``granted`` slices after those it has."""
         supply_mode = supply_mode_for(state, cluster)
-        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        reserved = self.reserved_machines.get((cluster.id, cluster.default_reservation or ""))
+        shape = _shape(state, reserved if supply_mode == RESERVATION else None)
         upto = 0  # every slice still to create
         if state.pool.slices_requested + granted < state.slices:
             upto = state.pool.slices_requested + granted
@@ -291,8 +322,8 @@ class _Provisioner:
         """The slices the reservation grants this task now (less what creates granted
         earlier in this tick will take): every one of the ``needed``, or none; with
         ``multislice_partial_create``, as many as fit."""
-        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
         try:
+            shape = _shape(state, self._reserved_machine(state, cluster, reservation))
             remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
         except PortError as error:
             if error.code == NOT_FOUND:
@@ -316,6 +347,18 @@ class _Provisioner:
             needed = remaining  # a part now, the rest once it fits
         self.granted_hosts[key] = granted + needed * shape.hosts
         return needed
+
+    def _reserved_machine(self, state: TaskState, cluster: Cluster,
+                          reservation: str) -> str | None:
+        """The machine type the reservation holds, read (once a tick) only for a task
+        whose shape it decides."""
+        if not _machine_open(state):
+            return None
+        key = (cluster.id, reservation)
+        if key not in self.reserved_machines:
+            self.reserved_machines[key] = self.ports.reservations.machine_type(cluster,
+                                                                               reservation)
+        return self.reserved_machines[key]
 
     def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
         """Compute did not answer the capacity read: record the attempt (the Message
@@ -388,7 +431,7 @@ class _Provisioner:
                 return
             ready += counts.ready
             registered += counts.registered
-        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        shape = state.shape
         total = shape.hosts * len(state.node_pools)
         partial = state.pool.slices_requested < state.slices
         if ready >= total and partial:

@@ -18,12 +18,25 @@ import logging
 
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.ports import PortError
-from falcon_es.domain.clusters import cluster_stream
+from falcon_es.domain.ports import PortError, Reservations
+from falcon_es.domain.clusters import Cluster, cluster_stream
 from falcon_es.engine.runtime import Tick
-from falcon_es.domain.tpu import TopologyError, slice_shape
+from falcon_es.domain.tpu import (
+    SliceShape, TopologyError, choose_machine, machine_types, slice_shape,
+)
 
 log = logging.getLogger("falcon_es.handlers.reservations")
+
+
+def reserved_shape(reservations: Reservations, cluster: Cluster, reservation: str,
+                   topology: str) -> SliceShape:
+    """The slice a task of the topology would get on the reservation: for the one shape
+    two machine types make (v5e/v6e 2x4), on the machine type the reservation holds."""
+    machine = None
+    if len(machine_types(cluster.tpu_type, topology)) > 1:
+        reserved = reservations.machine_type(cluster, reservation)
+        machine = choose_machine(cluster.tpu_type, topology, reserved=reserved)
+    return slice_shape(cluster.tpu_type, topology, machine)
 
 
 def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
@@ -40,7 +53,7 @@ def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
         for topology in reads.topologies(cluster.id, asked.get(cluster.tpu_type, ())):
             key = (cluster.id, reservation, topology)
             try:
-                shape = slice_shape(cluster.tpu_type, topology)
+                shape = reserved_shape(ctx.ports.reservations, cluster, reservation, topology)
                 slices = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
             except (PortError, TopologyError) as error:
                 words = error.message if isinstance(error, PortError) else str(error)

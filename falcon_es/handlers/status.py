@@ -54,7 +54,6 @@ from falcon_es.engine.runtime import Tick
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.spec import autoscaled
 from falcon_es.domain.task import TaskState
-from falcon_es.domain.tpu import slice_shape
 
 log = logging.getLogger("falcon_es.handlers.status")
 
@@ -224,7 +223,7 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
     except PortError as error:
         log.warning("nodes of pool %s: %s", state.pool.name, error)
         return None
-    shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+    shape = state.shape
     expected = shape.hosts * state.slices
     if ready >= expected:
         return None

@@ -874,12 +874,12 @@ def _shape_of(pool: container_v1.NodePool) -> SliceShape:
     (machine type, node count, TPU topology)."""
     labels = pool.config.labels
     try:
-        shape = slice_shape(labels.get("falcon-tpu-type", ""), labels.get("falcon-topology", ""))
+        shape = slice_shape(labels.get("falcon-tpu-type", ""), labels.get("falcon-topology", ""),
+                            pool.config.machine_type)
     except TopologyError as error:
-        raise ApiError("INVALID_ARGUMENT", f"node pool {pool.name}: {error}") from None
-    if shape.machine_type != pool.config.machine_type:
-        raise ApiError("INVALID_ARGUMENT", f"machine type {pool.config.machine_type} cannot "
-                                           f"host a {shape.topology} {shape.tpu_type} slice")
+        raise ApiError("INVALID_ARGUMENT", f"node pool {pool.name}: machine type "
+                                           f"{pool.config.machine_type} cannot host the slice: "
+                                           f"{error}") from None
     nodes = pool.autoscaling.max_node_count if pool.config.flex_start else pool.initial_node_count
     if nodes != shape.hosts:
         raise ApiError("INVALID_ARGUMENT", f"a {shape.topology} slice on {shape.machine_type} "

@@ -106,10 +106,10 @@ def test_each_pool_of_a_multi_slice_task_is_decided_alone(make_bench: HandlerBen
     """Two single-slice tasks wait: each gets one pool of the ended two-slice task. With
     one waiting, the other pool is deleted; a two-slice task waiting takes both."""
     bench = make_bench(deprovision.deprovision, reserved_cluster())
-    bench.bring("ms", "succeeded", slices=2)
-    bench.bring("w1", "waiting")
+    bench.bring("ms", "succeeded", slices=2, topology="4x8")
+    bench.bring("w1", "waiting", topology="4x8")
     bench.advance(1)
-    bench.bring("w2", "waiting")
+    bench.bring("w2", "waiting", topology="4x8")
     bench.bring("ms-b", "succeeded", slices=2, topology="4x4")
     bench.bring("w3", "waiting", topology="4x4")
     bench.advance(1)
@@ -117,8 +117,8 @@ def test_each_pool_of_a_multi_slice_task_is_decided_alone(make_bench: HandlerBen
     bench.bring("ms-c", "succeeded", slices=2, topology="2x4")
 
     assert sorted(bench.run(), key=repr) == sorted([
-        ("ms", ev.NodePoolRetained("falcon-ms-2x2", "w1")),
-        ("ms", ev.NodePoolRetained("falcon-ms-2x2-s1", "w2")),
+        ("ms", ev.NodePoolRetained("falcon-ms-4x8", "w1")),
+        ("ms", ev.NodePoolRetained("falcon-ms-4x8-s1", "w2")),
         ("ms-b", ev.NodePoolRetained("falcon-ms-b-4x4", "w3")),
         ("ms-b", ev.NodePoolDeleteRequested("falcon-ms-b-4x4-s1")),
         ("ms-c", ev.NodePoolRetained("falcon-ms-c-2x4", "ms-w")),
@@ -131,16 +131,16 @@ def test_a_taken_pool_goes_on_and_a_create_that_failed_is_deleted(
     """A two-slice task took a retained pool, and its own slice's create failed: the
     taken pool, which ran, goes to the next task; its own is deleted."""
     bench = make_bench(deprovision.deprovision, reserved_cluster())
-    bench.bring("first", "succeeded")
-    bench.given("first", ev.NodePoolRetained("falcon-first-2x2", "ms"))
-    bench.bring("ms", "picked", slices=2)
-    bench.given("ms", ev.NodePoolTaken("falcon-first-2x2", "first", "reservation"),
-                ev.NodePoolCreateRequested("falcon-ms-2x2", "reservation", "ct6e-standard-4t",
-                                           1, "v6e-res-r", 60, slices=2, first_slice=1),
-                ev.NodePoolCreateStarted("falcon-ms-2x2", "op-1"),
-                ev.NodePoolFailed("falcon-ms-2x2-s1", "no capacity"))
-    bench.bring("next", "waiting")
+    bench.bring("first", "succeeded", topology="4x4")
+    bench.given("first", ev.NodePoolRetained("falcon-first-4x4", "ms"))
+    bench.bring("ms", "picked", slices=2, topology="4x4")
+    bench.given("ms", ev.NodePoolTaken("falcon-first-4x4", "first", "reservation"),
+                ev.NodePoolCreateRequested("falcon-ms-4x4", "reservation", "ct6e-standard-4t",
+                                           4, "v6e-res-r", 60, slices=2, first_slice=1),
+                ev.NodePoolCreateStarted("falcon-ms-4x4", "op-1"),
+                ev.NodePoolFailed("falcon-ms-4x4-s1", "no capacity"))
+    bench.bring("next", "waiting", topology="4x4")
 
-    assert bench.run() == [("ms", ev.NodePoolRetained("falcon-first-2x2", "next")),
-                           ("ms", ev.NodePoolDeleteRequested("falcon-ms-2x2-s1"))]
+    assert bench.run() == [("ms", ev.NodePoolRetained("falcon-first-4x4", "next")),
+                           ("ms", ev.NodePoolDeleteRequested("falcon-ms-4x4-s1"))]
     assert bench.run() == []  # "first" answers for its pool no more

@@ -137,15 +137,15 @@ def test_a_retained_pool_of_a_group_is_spared_and_its_deleted_sibling_swept(
     bench = make_bench(orphans.sweep_orphans, reserved_cluster(),
                        create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
     cluster = bench.cluster()
-    bench.bring("ms", "succeeded", slices=2)
-    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
-    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2-s1", "waiting"),
-                ev.NodePoolDeleteRequested("falcon-ms-2x2"), ev.NodePoolDeleted("falcon-ms-2x2"))
-    bench.bring("waiting", "waiting")
+    bench.bring("ms", "succeeded", slices=2, topology="4x4")
+    bench.add_pool("falcon-ms-4x4-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-4x4-s1", "waiting"),
+                ev.NodePoolDeleteRequested("falcon-ms-4x4"), ev.NodePoolDeleted("falcon-ms-4x4"))
+    bench.bring("waiting", "waiting", topology="4x4")
 
     bench.advance(300)
     assert bench.run() == [(f"orphans:{cluster.id}",
-                            ev.OrphanPoolFound(cluster.id, "falcon-ms-2x2", "ms"))]
+                            ev.OrphanPoolFound(cluster.id, "falcon-ms-4x4", "ms"))]
 
 
 
@@ -161,15 +161,15 @@ def test_a_pool_of_a_group_handed_over_in_this_tick_is_its_takers(
     it handed over in this very tick is the taker's, and the taker runs on it."""
     bench = make_bench(provision_then_sweep, reserved_cluster(),
                        create_visibility_grace_seconds=300, orphan_sweep_seconds=60)
-    bench.bring("ms", "succeeded", slices=2)
-    bench.add_pool("falcon-ms-2x2-s1", {**FALCON, "falcon-task": "ms"})
-    bench.given("ms", ev.NodePoolRetained("falcon-ms-2x2", "s1"),
-                ev.NodePoolRetained("falcon-ms-2x2-s1", "s2"))
-    bench.bring("s1", "picked")
-    bench.bring("s2", "waiting")
+    bench.bring("ms", "succeeded", slices=2, topology="4x4")
+    bench.add_pool("falcon-ms-4x4-s1", {**FALCON, "falcon-task": "ms"})
+    bench.given("ms", ev.NodePoolRetained("falcon-ms-4x4", "s1"),
+                ev.NodePoolRetained("falcon-ms-4x4-s1", "s2"))
+    bench.bring("s1", "picked", topology="4x4")
+    bench.bring("s2", "waiting", topology="4x4")
     bench.advance(300)
 
     assert bench.run() == [
-        ("s1", ev.NodePoolReused("falcon-ms-2x2", "ms", "reservation")),
-        ("ms", ev.NodePoolHandedOver("falcon-ms-2x2", "s1")),
+        ("s1", ev.NodePoolReused("falcon-ms-4x4", "ms", "reservation", "ct6e-standard-4t")),
+        ("ms", ev.NodePoolHandedOver("falcon-ms-4x4", "s1")),
     ]

@@ -68,7 +68,8 @@ def test_a_pool_retained_for_the_task_is_reused_instead_of_creating_one(
     bench.advance(90)  # the pool is RUNNING on the world
     bench.bring("new", "picked")
 
-    assert bench.run() == [("new", ev.NodePoolReused("falcon-old-2x2", "old", "reservation"))]
+    assert bench.run() == [("new", ev.NodePoolReused("falcon-old-2x2", "old", "reservation",
+                                                         "ct6e-standard-4t"))]
     assert bench.state("new").pool.name == "falcon-old-2x2"
 
 

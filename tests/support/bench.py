@@ -163,7 +163,7 @@ class HandlerBench:
 
     def _step(self, step: str, state: TaskState, cluster: Cluster) -> tuple[ev.Event, ...]:
         """The events that take ``state`` through ``step`` of ``STEPS`` on ``cluster``."""
-        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        shape = state.shape
         pool = naming.pool_name(state.task_id, state.submission.topology)
         job = naming.job_name(state.task_id)
         supply_mode = state.submission.spec.supply_mode or (
@@ -212,7 +212,7 @@ class HandlerBench:
         supply_mode = request.supply_mode
         return self.ports.node_pools.create(NodePoolSpec(
             cluster=cluster, name=request.pool_name,
-            shape=slice_shape(state.submission.tpu_type, state.submission.topology),
+            shape=state.shape,
             supply_mode=supply_mode,
             reservation=request.reservation,
             scale_down_unneeded_seconds=request.scale_down_unneeded_seconds,

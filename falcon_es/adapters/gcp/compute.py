@@ -149,6 +149,12 @@ class ComputeReservations:
         raise PortError(INVALID, f"{ref.label} has neither a specific nor an aggregate "
                                  "allocation; Falcon cannot count its TPU capacity")
 
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
+        found = self._get_reservation(reservation_ref(cluster, reservation))
+        if "specific_reservation" in found:
+            return found.specific_reservation.instance_properties.machine_type.rsplit("/", 1)[-1]
+        return None
+
     def _get_reservation(self, ref: ReservationRef) -> compute_v1.Reservation:
         try:
             return self._reservations.get(

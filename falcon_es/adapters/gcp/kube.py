@@ -5,8 +5,9 @@ Where the API server is and the token it is sent come from ``kube_auth``: an
 current. One ``ApiClient`` per cluster is built on first use and cached.
 
 Effects are idempotent, since an intent left open by a crash is carried out again: a
-Job that already exists is adopted when it
-carries the same task id, deleting a Job that is gone is success, and deletes
+Job, JobSet or Service that already exists is adopted only when its ``falcon/task-id``
+annotation holds this very task id (``naming.owned_by``; one made before the
+annotation was written is recognised by its label of that time), deleting a Job that is gone is success, and deletes
 propagate (Background by default) so the pods go with the Job; batch/v1 would
 otherwise orphan them.
 
@@ -56,10 +57,13 @@ from falcon_es.adapters.gcp.kube_objects import (
     metadata_of,
     name_of,
     node_ready,
-    task_of,
+    owner_of,
+    owner_words,
+    workload_ref,
 )
+from falcon_es.domain.naming import OwnerMarks, owned_by
 from falcon_es.domain.manifests import (
-    JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, TASK_LABEL, render_headless_service,
+    JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, render_headless_service,
 )
 from falcon_es.domain.ports import (
     ALREADY_EXISTS,
@@ -208,9 +212,9 @@ class KubeEdgeCluster:
             raise PortError(RETRYABLE, f"JobSet {name} in namespace {self.namespace} on "
                                        f"cluster {self.name} was being deleted while it was "
                                        "submitted; submit again")
-        wanted = task_of(body["metadata"])
-        if wanted is None or existing.task_id != wanted:
-            owner = f"task {existing.task_id}" if existing.task_id else "no Falcon task"
+        wanted = owner_of(body["metadata"]).task_id
+        if wanted is None or not owned_by(existing.owner, wanted):
+            owner = owner_words(existing.owner)
             raise PortError(ALREADY_EXISTS, f'jobsets.jobset.x-k8s.io "{name}" already exists '
                                             f"in namespace {self.namespace} on cluster "
                                             f"{self.name} and belongs to {owner}")
@@ -326,7 +330,7 @@ class KubeEdgeCluster:
                 raise self.error(error, f"creating Job {name}") from error
         except Exception as error:  # connection failures become PortErrors too
             raise self.error(error, f"creating Job {name}") from error
-        return self._adopt(name, task_of(body["metadata"]))
+        return self._adopt(name, owner_of(body["metadata"]).task_id)
 
     def _ensure_service(self, service: dict[str, Any], job: JobRef) -> None:
         """The Job's headless Service exists and is owned by this Job afterwards."""
@@ -334,10 +338,10 @@ class KubeEdgeCluster:
         if self._create_service(service):
             return
         existing = self._read_service(name)
-        wanted = service["metadata"]["labels"].get(TASK_LABEL)
+        wanted = owner_of(service["metadata"]).task_id
         existing_meta = metadata_of(existing, f"Service {name}")
-        owner = (existing_meta.labels or {}).get(TASK_LABEL)
-        if wanted is None or owner != wanted:
+        owner = owner_of(existing_meta)
+        if wanted is None or not owned_by(owner, wanted):
             self.delete_job(job.name)
             raise self._foreign_service(job, name, owner)
         owners = existing_meta.owner_references or ()
@@ -397,10 +401,10 @@ class KubeEdgeCluster:
                                        f"cluster {self.name} was recreated by someone else "
                                        "while it was replaced; submit again")
 
-    def _foreign_service(self, job: JobRef, service: str, owner: str | None) -> PortError:
+    def _foreign_service(self, job: JobRef, service: str, owner: OwnerMarks) -> PortError:
         """Another's Service holds the name the Job's pods resolve each other under: the
         Job could never form its slice, so the submit fails (and the Job is deleted)."""
-        belongs = f"task {owner}" if owner else "no Falcon task"
+        belongs = owner_words(owner)
         return PortError(FAILED, f'services "{service}" already exists in namespace '
                                 f"{self.namespace} on cluster {self.name} and belongs to "
                                 f"{belongs}; Job {job.name} needs that name for its workers "
@@ -421,8 +425,8 @@ class KubeEdgeCluster:
             raise PortError(RETRYABLE, f"Job {name} in namespace {self.namespace} on cluster "
                                        f"{self.name} is being deleted; submit again once it "
                                        "is gone")
-        if task_id is None or ref.task_id != task_id:
-            owner = f"task {ref.task_id}" if ref.task_id else "no Falcon task"
+        if task_id is None or not owned_by(ref.owner, task_id):
+            owner = owner_words(ref.owner)
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{name}" already exists in namespace '
                                             f"{self.namespace} on cluster {self.name} and "
                                             f"belongs to {owner}")
@@ -499,8 +503,7 @@ def _jobset_ref(found: Any, name: str) -> JobRef:
     if not isinstance(metadata, Mapping) or not metadata.get("uid"):
         raise PortError(FAILED, f"the Kubernetes API returned JobSet {name} without "
                                 "metadata.uid")
-    return JobRef(name=str(metadata.get("name") or name), uid=str(metadata["uid"]),
-                  task_id=task_of(metadata))
+    return workload_ref(str(metadata.get("name") or name), str(metadata["uid"]), metadata)
 
 
 def _crd_missing(error: ApiException) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from falcon_es.domain.manifests import MANAGED_BY, MANAGED_BY_VALUE, TASK_ID_ANNOTATION, TASK_LABEL
+from falcon_es.domain.naming import OwnerMarks
 from falcon_es.domain.ports import FAILED, JobRef, PortError
 
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -30,6 +31,24 @@ def task_of(metadata: Any) -> str | None:
     else:
         annotations, labels = metadata.annotations or {}, metadata.labels or {}
     return annotations.get(TASK_ID_ANNOTATION) or labels.get(TASK_LABEL) or None
+
+
+def owner_of(metadata: Any) -> OwnerMarks:
+    """Whose an object is, as its metadata says: the full id of the annotation (None
+    for an object made without one) and the ``falcon-task`` label, for
+    ``naming.owned_by``."""
+    if isinstance(metadata, Mapping):
+        annotations, labels = metadata.get("annotations") or {}, metadata.get("labels") or {}
+    else:
+        annotations, labels = metadata.annotations or {}, metadata.labels or {}
+    return OwnerMarks(task_id=annotations.get(TASK_ID_ANNOTATION),
+                      label=labels.get(TASK_LABEL))
+
+
+def owner_words(marks: OwnerMarks) -> str:
+    """Whose an object is, in a Message: ``task <id>`` or ``no Falcon task``."""
+    known = marks.task_id or marks.label
+    return f"task {known}" if known else "no Falcon task"
 
 
 class KubeObject(Protocol):
@@ -62,7 +81,13 @@ def job_ref(job: client.V1Job) -> JobRef:
     meta = metadata_of(job, f"Job {name}")
     if meta.uid is None:
         raise PortError(FAILED, f"the Kubernetes API returned Job {name} without metadata.uid")
-    return JobRef(name=name, uid=meta.uid, task_id=task_of(meta))
+    return workload_ref(name, meta.uid, meta)
+
+
+def workload_ref(name: str, uid: str, metadata: Any) -> JobRef:
+    """The port's handle on a Job or JobSet, with the marks its ownership is decided on."""
+    marks = owner_of(metadata)
+    return JobRef(name=name, uid=uid, task_id=marks.task_id, task_label=marks.label)
 
 
 def node_ready(node: client.V1Node) -> bool:

@@ -17,6 +17,7 @@ from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.domain.tpu import SliceShape
 
 from falcon_es.adapters.sim.common import WorldCall
+from falcon_es.adapters.sim.config import ReservationConfig
 from falcon_es.adapters.sim.gke import NodePoolService
 
 
@@ -46,20 +47,36 @@ class SimReservations:
 
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int:
         gke = self._pools_of(cluster)
-        identity = gke.identity
-
-        zone = cluster.node_zone
-        if zone is None:
-            raise PortError(INVALID, f"{missing_node_zone(cluster.name, cluster.location)}: "
-                                     "TPU reservations are zonal")
+        zone = self._zone(cluster)
 
         def answer(now: object) -> int:
-            config = identity.config.reservation(reservation)
-            if config is None or identity.reservation_zone(config) != zone:
-                name = reservation.rsplit("/", 1)[-1]
-                raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name, zone)}"
-                                           f"' was not found (reservation {name} not found in "
-                                           f"project {identity.project} zone {zone})")
+            config = self._config(gke, reservation, zone)
             return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
 
         return self._call(answer)
+
+    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
+        gke = self._pools_of(cluster)
+        zone = self._zone(cluster)
+        return self._call(lambda now: self._config(gke, reservation, zone).machine_type)
+
+    @staticmethod
+    def _zone(cluster: Cluster) -> str:
+        """Where the cluster's reservations are read: its node zone."""
+        if cluster.node_zone is None:
+            raise PortError(INVALID, f"{missing_node_zone(cluster.name, cluster.location)}: "
+                                     "TPU reservations are zonal")
+        return cluster.node_zone
+
+    @staticmethod
+    def _config(gke: NodePoolService, reservation: str, zone: str) -> ReservationConfig:
+        """The reservation as configured in ``zone``; NOT_FOUND in Compute's words when
+        there is none there."""
+        identity = gke.identity
+        config = identity.config.reservation(reservation)
+        if config is None or identity.reservation_zone(config) != zone:
+            name = reservation.rsplit("/", 1)[-1]
+            raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name, zone)}"
+                                       f"' was not found (reservation {name} not found in "
+                                       f"project {identity.project} zone {zone})")
+        return config

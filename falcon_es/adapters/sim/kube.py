@@ -3,7 +3,8 @@
 
 Services: a multi-host Job's headless Service is created in the same ``submit_job``
 (as the gcp adapter does), so one port call leaves both or neither; an earlier Job's
-Service of the same task is replaced, anybody else's fails the submit.
+Service of the same task (its falcon/task-id annotation, ``naming.owned_by``) is
+replaced, anybody else's fails the submit.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from falcon_es.domain.manifests import render_headless_service
+from falcon_es.domain.naming import owned_by
 from falcon_es.domain.ports import (
     ALREADY_EXISTS, FAILED as PORT_FAILED, JOB_KIND, JOBSET_KIND, JobRef, NodeCounts, PortError,
 )
@@ -20,7 +22,7 @@ from falcon_es.domain.clusters import Cluster
 
 from falcon_es.adapters.sim.common import RecordCreate, WorldCall, no_record
 from falcon_es.adapters.sim.kube_api import KubeService
-from falcon_es.adapters.sim.kube_manifests import TASK_LABEL
+from falcon_es.adapters.sim.kube_manifests import TASK_ID_ANNOTATION
 
 
 class SimEdgeCluster:
@@ -75,10 +77,11 @@ class SimEdgeCluster:
         kube = self._kube
         name = service["metadata"]["name"]
         existing = kube.services[name]
-        wanted = service["metadata"]["labels"].get(TASK_LABEL)
-        if wanted is None or existing.task_label != wanted:
+        wanted = (service["metadata"].get("annotations") or {}).get(TASK_ID_ANNOTATION)
+        if wanted is None or not owned_by(existing.owner, wanted):
             kube.delete_job(ref.name, now)
-            belongs = f"task {existing.task_label}" if existing.task_label else "no Falcon task"
+            known = existing.owner_id or existing.task_label
+            belongs = f"task {known}" if known else "no Falcon task"
             raise PortError(PORT_FAILED, f'services "{name}" already exists in namespace '
                                          f"{existing.namespace} on cluster "
                                          f"{kube.identity.name} and belongs to {belongs}; Job "

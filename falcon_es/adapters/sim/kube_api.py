@@ -124,12 +124,12 @@ class KubeService:
         self.jobs[job.name] = job
         if job.behaviour.outcome == CREATE_DENIED:
             self._refuse_pods(job, now)
-            return JobRef(job.name, job.uid, job.task_label or None)
+            return job.ref()
         for index in range(min(job.parallelism, job.completions)):
             self.new_pod(job, index)
         self._dirty[job.name] = job
         self._schedule_job(job, now)
-        return JobRef(job.name, job.uid, job.task_label or None)
+        return job.ref()
 
     def _check_throttled(self) -> None:
         """The API server's priority and fairness refusing a request
@@ -166,7 +166,7 @@ class KubeService:
         if kind == JOBSET_KIND:
             return self.jobsets.get(name)
         job = self.jobs.get(name)
-        return None if job is None else JobRef(job.name, job.uid, job.task_label or None)
+        return None if job is None else job.ref()
 
     def delete_job(self, name: str, now: dt.datetime, kind: str = JOB_KIND) -> None:
         if kind == JOBSET_KIND:

@@ -105,12 +105,11 @@ class SimJobSets:
                      "publishNotReadyAddresses": True},
         })
         self._create_children(jobset, now)
-        return JobRef(jobset.name, jobset.uid, jobset.task_label or None)
+        return jobset.ref()
 
     def get(self, name: str) -> JobRef | None:
         jobset = self.jobsets.get(name)
-        return None if jobset is None else JobRef(jobset.name, jobset.uid,
-                                                  jobset.task_label or None)
+        return None if jobset is None else jobset.ref()
 
     def delete(self, name: str, now: dt.datetime) -> None:
         """Delete the JobSet; its children and Service go with it (ownerReferences)."""
@@ -347,6 +346,7 @@ def _parse(manifest: Mapping[str, Any], now: dt.datetime, rng: random.Random) ->
     return SimJobSet(
         name=shown, uid=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
         task_id=str(annotations.get(TASK_ID_ANNOTATION) or task_label), task_label=task_label,
+        owner_id=annotations.get(TASK_ID_ANNOTATION),
         replicated_job=str(entry.get("name") or "job"), replicas=replicas, template=child,
         max_restarts=max_restarts, created_at=now,
         exclusive=annotations.get(EXCLUSIVE_ANNOTATION) == POOL_SELECTOR,

@@ -108,6 +108,7 @@ def parse_job(manifest: Mapping[str, Any], now: dt.datetime, defaults: JobDefaul
         tolerates_tpu=_tolerates_tpu(pod_spec.get("tolerations")),
         tpu_per_pod=_tpu_request(containers, invalid), image=image,
         behaviour=_behaviour(annotations, task_id, invalid, defaults, behaviour_source),
+        owner_id=annotations.get(TASK_ID_ANNOTATION),
         created_at=now, ttl_after_finished=ttl,
     )
 
@@ -183,7 +184,8 @@ def parse_service(manifest: Mapping[str, Any]) -> SimService:
     return SimService(name=name, namespace=str(metadata.get("namespace") or "default"),
                       task_label=(metadata.get("labels") or {}).get(TASK_LABEL),
                       owner_uids=owners, selector=dict(spec.get("selector") or {}),
-                      headless=spec.get("clusterIP") == "None")
+                      headless=spec.get("clusterIP") == "None",
+                      owner_id=(metadata.get("annotations") or {}).get(TASK_ID_ANNOTATION))
 
 
 def _tolerates_tpu(tolerations: Any) -> bool:

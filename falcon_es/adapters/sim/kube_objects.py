@@ -13,7 +13,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from falcon_es.domain.ports import CreateRefusal, PodObservation
+from falcon_es.domain.naming import OwnerMarks
+from falcon_es.domain.ports import CreateRefusal, JobRef, PodObservation
 from falcon_es.domain.spec import SimBehaviour
 
 POOL_SELECTOR = "cloud.google.com/gke-nodepool"
@@ -101,6 +102,12 @@ class SimJob:
     #: The FailedCreate of its pods while it lasts: the ``create-denied`` outcome's
     #: webhook, or a JobSet child's followers refused until the leader is scheduled.
     refused: SimCreateFailure | None = None
+    #: The ``falcon/task-id`` annotation (None: the manifest had none).
+    owner_id: str | None = None
+
+    def ref(self) -> JobRef:
+        """What the API answers of it: name, uid and the marks of its task."""
+        return JobRef(self.name, self.uid, self.owner_id, self.task_label or None)
 
     @property
     def pool(self) -> str | None:
@@ -153,6 +160,12 @@ class SimJobSet:
     condition_reason: str | None = None
     last_published: tuple[Any, ...] | None = None
     resource_version: int = 0
+    #: The ``falcon/task-id`` annotation (None: the manifest had none).
+    owner_id: str | None = None
+
+    def ref(self) -> JobRef:
+        """What the API answers of it: name, uid and the marks of its task."""
+        return JobRef(self.name, self.uid, self.owner_id, self.task_label or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,3 +178,9 @@ class SimService:
     owner_uids: tuple[str, ...]
     selector: Mapping[str, str]
     headless: bool
+    #: The ``falcon/task-id`` annotation (None: the manifest had none).
+    owner_id: str | None = None
+
+    @property
+    def owner(self) -> OwnerMarks:
+        return OwnerMarks(task_id=self.owner_id, label=self.task_label)
