@@ -88,17 +88,47 @@ def test_followers_are_created_once_their_leader_is_scheduled() -> None:
     assert latest.refusal is None and len(latest.pods) == 8 and latest.active == 8
 
 
-def test_a_failed_child_restarts_the_jobset_until_max_restarts() -> None:
+def test_a_retryable_exit_code_restarts_the_jobset_until_max_restarts() -> None:
     sim = Sim()
     ready_pools(sim)
-    ref = sim.edge(sim.east).submit_job(jobset(max_restarts=1,
-                                               sim={"outcome": "oom", "duration_seconds": 20}))
+    ref = sim.edge(sim.east).submit_job(jobset(
+        max_restarts=1, retry_exit_codes=[42],
+        sim={"outcome": "fail", "exit_code": 42, "duration_seconds": 20}))
     seen: list[JobObservation] = sim.run()
     assert max(o.restarts for o in seen) == 1
     last = seen[-1]
     assert (last.condition, last.condition_reason, last.job_uid) == (
         "Failed", "ReachedMaxRestarts", ref.uid)
+    assert any(p.exit_code == 42 for p in last.pods)
+
+
+def test_the_workloads_own_exit_code_fails_the_jobset_without_a_restart() -> None:
+    """An OOM kill (137) is not in retry_exit_codes: the child's FailJob rule fails it
+    with reason PodFailurePolicy, and the JobSet's FailJobSet rule fails the JobSet
+    instead of restarting it until max_restarts is spent (xpk's behaviour)."""
+    sim = Sim()
+    ready_pools(sim)
+    sim.edge(sim.east).submit_job(jobset(max_restarts=3,
+                                         sim={"outcome": "oom", "duration_seconds": 20}))
+    seen: list[JobObservation] = sim.run()
+    assert max(o.restarts for o in seen) == 0
+    last = seen[-1]
+    assert (last.condition, last.condition_reason) == ("Failed", "FailJobSetFailurePolicyAction")
     assert any(p.reason == "OOMKilled" and p.exit_code == 137 for p in last.pods)
+
+
+def test_a_node_repair_recreates_a_slices_pods_and_the_jobset_completes() -> None:
+    sim = Sim()
+    ready_pools(sim)
+    sim.edge(sim.east).submit_job(jobset(sim={"outcome": "node-repair", "duration_seconds": 200}))
+    seen: list[JobObservation] = sim.run()
+    last = seen[-1]
+    assert (last.condition, last.restarts) == ("Complete", 0)
+    disrupted = [p for p in last.pods if p.disruption]
+    assert len(disrupted) == 8  # both slices repaired once, every VM's pod evicted
+    assert {p.disruption for p in disrupted} == {"EvictionByEvictionAPI: Eviction API: evicting"}
+    assert all(p.node and p.exit_code == 143 for p in disrupted)
+    assert last.succeeded == 8
 
 
 def test_deleting_the_jobset_takes_its_children_and_service() -> None:

@@ -164,6 +164,10 @@ class LifecycleSettings(BaseModel):
     flex_start_provisioning_timeout_seconds: Seconds = setting(
         4 * 3600, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
         doc="How long a task may wait for its nodes on a flex-start pool")
+    disruption_budget: Count = setting(
+        5, "FALCON_DISRUPTION_BUDGET",
+        doc="How many disruptions (pods killed by a node repair, upgrade, drain or "
+            "preemption, which the Job recreates) a task may suffer; the next fails it")
     failed_create_grace_seconds: Seconds = setting(
         600, "FALCON_FAILED_CREATE_GRACE",
         doc="How long the Job controller may be refused creating a Job's pods before the "

@@ -12,7 +12,12 @@ Messages are acknowledged only after the tick that folded them has committed
 (``ack_folded``, an after-commit step); a tick that loses a race acknowledges nothing.
 
 What an observation means:
-- a failed pod, or the Job's Failed condition -> JobFailed with the pod's root cause
+- pods killed by a disruption (their ``DisruptionTarget`` condition: a node repair,
+  upgrade, drain, preemption) -> WorkloadDisrupted, led by the condition and the node:
+  the Job's pod failure policy ignores them and recreates the pods, so the task keeps
+  its state (past ``FALCON_DISRUPTION_BUDGET`` disruptions: JobFailed, Job deleted);
+- a failed pod no disruption killed, or the Job's Failed condition -> JobFailed with
+  the pod's root cause
   ("OOMKilled (exit code 137)", "exit code 3"); a JobSet (a multi-slice task) fails
   only by its Failed condition (ReachedMaxRestarts, FailedJobs), with the pod that
   failed first in any child Job, and its restarts show in the Message meanwhile;
@@ -121,7 +126,7 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
             ctx.acks.append(message_id)
             ctx.edge_outcomes.append((cluster, "stale"))
             continue
-        if _torn_failure(ctx, observation):
+        if _torn_failure(ctx, state, observation):
             ctx.edge_outcomes.append((cluster, "held"))
             continue  # unacked: it comes back after the ack deadline, decided then
         ctx.acks.append(message_id)
@@ -130,10 +135,11 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
             tick.emit(task_id, event)
 
 
-def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
+def _torn_failure(ctx: HandlerContext, state: TaskState, observation: JobObservation) -> bool:
     """A Job failed with no failed pod in view yet, seen recently: wait for the pod's
     root cause instead of recording a failure without one."""
-    if not _failed(observation) or any(p.phase == "Failed" for p in observation.pods):
+    if not _failed(state, observation) or any(
+            p.phase == "Failed" and not p.disruption for p in observation.pods):
         return False
     return ctx.now - observation.observed_at < TORN_VIEW_GRACE
 
@@ -141,12 +147,16 @@ def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
 def _events_for(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     version = observation.resource_version
-    if _failed(observation):
-        cause, exit_code = _failure_cause(_failed_first(observation.pods), observation)
+    if _failed(state, observation):
+        cause, exit_code = _failure_cause(
+        _failed_first([p for p in observation.pods if not p.disruption]), observation)
         if observation.kind == JOBSET_KIND:
             cause += (f" (JobSet failed: {observation.condition_reason or 'Failed'} after "
                       f"{observation.restarts} restart(s))")
         return [ev.JobFailed(cause, exit_code, version)]
+    disrupted = _disruption(ctx, state, observation)
+    if disrupted:
+        return disrupted
     stuck = _first(observation.pods, lambda p: p.phase == "Pending" and p.reason in IMAGE_FAILURES)
     if stuck is not None:
         cause = f"{stuck.reason}: {stuck.message}" if stuck.message else str(stuck.reason)
@@ -161,6 +171,8 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     restarts = observation.restarts
     if state.status == chart.RUNNING:
         shown = state.message_event
+        if isinstance(shown, ev.WorkloadDisrupted) and running < total:
+            return []  # the disruption leads until the recreated pods all run
         shown_restarts = shown.restarts if isinstance(shown, ev.PodsRunning) else 0
         if active != state.job.pods_active or restarts != shown_restarts:
             return [ev.PodsRunning(active, total, version, restarts)]
@@ -233,14 +245,43 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
                            observation.resource_version)
 
 
-def _failed(observation: JobObservation) -> bool:
+def _failed(state: TaskState, observation: JobObservation) -> bool:
     """The workload has failed. A JobSet fails only by its Failed condition: a child
-    Job's failed pod before that is one attempt, which the JobSet restarts."""
+    Job's failed pod before that is one attempt, which the JobSet restarts. A Job fails
+    by its condition, or at its first failed pod that no disruption killed (the pod
+    failure policy ignores those) unless the spec names exit codes to retry (then the
+    Job's ``backoffLimit`` decides, and its condition says so)."""
     if observation.condition == "Failed":
         return True
-    if observation.kind == JOBSET_KIND:
+    if observation.kind == JOBSET_KIND or state.submission.spec.retry_exit_codes:
         return False
-    return observation.failed > 0 or any(p.phase == "Failed" for p in observation.pods)
+    disrupted = {p.name for p in observation.pods if p.disruption} | state.job.disrupted_pods
+    return (observation.failed > len(disrupted)
+            or any(p.phase == "Failed" and not p.disruption for p in observation.pods))
+
+
+def _disruption(ctx: HandlerContext, state: TaskState,
+                observation: JobObservation) -> list[ev.Event]:
+    """Pods a disruption killed that no earlier observation showed: WorkloadDisrupted
+    (the Job recreates them), or past the task's disruption budget JobFailed and the
+    workload deleted, so a slice that cannot stay up does not hold its pool."""
+    fresh = [p for p in observation.pods if p.phase == "Failed" and p.disruption
+             and p.name not in state.job.disrupted_pods]
+    if not fresh:
+        return []
+    nodes = sorted({p.node for p in fresh if p.node}) or ["(unknown)"]
+    node = nodes[0] + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else "")
+    cause = f"DisruptionTarget {fresh[0].disruption}"
+    count = state.job.disruptions + 1
+    budget = ctx.settings.lifecycle.disruption_budget
+    if count > budget:
+        words = (f"disrupted {count} times, more than the budget of {budget} "
+                 f"(FALCON_DISRUPTION_BUDGET); last: {len(fresh)} pod(s) killed on node "
+                 f"{node} ({cause})")
+        return [ev.JobFailed(words, None, observation.resource_version),
+                ev.JobDeleteRequested(observation.job_name, "disruption budget spent")]
+    return [ev.WorkloadDisrupted(tuple(p.name for p in fresh), node, cause, count,
+                                 observation.resource_version)]
 
 
 def _failure_cause(pod: PodObservation | None,

@@ -104,6 +104,22 @@ def _log(record: RecordedEvent) -> str:
     return f"log: {record.type_name} (version {record.version})"
 
 
+def _disruptions(records: Sequence[RecordedEvent]) -> list[Node]:
+    """Each disruption the task went through, oldest first: the condition and the node
+    lead (the cause), and what followed is said as such, never as the workload's
+    failure."""
+    nodes = []
+    for record in records:
+        event = record.event
+        if isinstance(event, ev.WorkloadDisrupted):
+            nodes.append(Node(
+                f"disruption {event.disruptions}: {len(event.pods)} pod(s) killed on node "
+                f"{event.node} ({event.cause}); not the workload's failure: the Job's pod "
+                "failure policy ignores it and recreates the pods", _log(record),
+                record.recorded_at))
+    return nodes
+
+
 def _outcome(state: TaskState) -> Node:
     reason = f"/{state.reason}" if state.reason else ""
     return Node(f"task is {state.status}{reason}", "job table", state.updated_at)
@@ -125,16 +141,18 @@ def _chain(state: TaskState, records: Sequence[RecordedEvent],
     if status == chart.SUCCEEDED:
         done = _last(records, ev.JobSucceeded)
         if done is None or not isinstance(done.event, ev.JobSucceeded):
-            return [_outcome(state)]
-        return [Node(f"every pod completed ({done.event.succeeded})", _log(done),
+            return [*_disruptions(records), _outcome(state)]
+        return [*_disruptions(records),
+                Node(f"every pod completed ({done.event.succeeded})", _log(done),
                      done.recorded_at), _outcome(state)]
     if status == chart.RUNNING:
-        record = _last(records, ev.PodsRunning)
+        record = _last(records, ev.PodsRunning, ev.WorkloadDisrupted)
         if record is None or not isinstance(record.event, ev.PodsRunning):
-            return [_outcome(state)]
+            return [*_disruptions(records), _outcome(state)]
         running = record.event
         restarted = f", JobSet restarted {running.restarts} time(s)" if running.restarts else ""
-        return [Node(f"{running.active}/{running.total} pods running{restarted}", _log(record),
+        return [*_disruptions(records),
+                Node(f"{running.active}/{running.total} pods running{restarted}", _log(record),
                      record.recorded_at), _outcome(state)]
     return [*_waiting(state, records, queue), _outcome(state)]
 
@@ -171,7 +189,9 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
                          source, at)]
         case ev.JobFailed():
             cause, _, jobset = event.cause.partition(" (JobSet failed: ")
-            nodes = [Node(f"pod failed: {cause}", source, at)]
+            if cause.startswith("disrupted "):  # the disruption budget spent
+                return [*_disruptions(records), Node(cause, source, at)]
+            nodes = [*_disruptions(records), Node(f"pod failed: {cause}", source, at)]
             if jobset:
                 nodes.append(Node(f"JobSet failed: {jobset.rstrip(')')}", source, at))
             return nodes

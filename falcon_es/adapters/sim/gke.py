@@ -558,6 +558,20 @@ class NodePoolService:
         self._timeline.at(seconds_after(moment, pool.scale_down_unneeded_seconds),
                           self._scale_down, pool, since)
 
+    def repair_nodes(self, name: str, moment: dt.datetime) -> None:
+        """GKE's repair of a node of a multi-host TPU slice recreates every VM of the
+        slice (Cloud TPU "TPUs in GKE"): the nodes go (the Kubernetes side evicted their
+        pods first) and new ones register and become Ready as after a create. No
+        scale-up of an autoscaled pool runs meanwhile (``scaling_for``)."""
+        pool = self.pools.get(name)
+        if pool is None or pool.status != RUNNING or not pool.nodes:
+            return
+        lost, pool.nodes = pool.nodes, []
+        self.registered_nodes -= len(lost)
+        pool.scaling_for, pool.unneeded_since = "node-repair", None
+        self._on_nodes_changed(pool, moment, lost)
+        self._bring_nodes(pool, moment)
+
     def _scale_down(self, pool: SimPool, since: dt.datetime, moment: dt.datetime) -> None:
         if (self.pools.get(pool.name) is not pool or pool.status != RUNNING
                 or pool.unneeded_since != since):

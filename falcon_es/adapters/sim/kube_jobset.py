@@ -13,7 +13,10 @@ cluster runs them (kubernetes-sigs/jobset, ``jobset.x-k8s.io/v1alpha2``).
   them with "follower pod node selector not set" -- the FailedCreate events on the
   child Job that mask the leader's real cause (kubernetes-sigs/jobset#1187). Followers are
   created as soon as their leader is bound.
-- Failure policy: a failed child Job restarts the whole JobSet (Recreate: every child
+- Failure policy: a child Job failed for a reason a ``FailJobSet`` rule names
+  (``onJobFailureReasons``, e.g. ``PodFailurePolicy``) fails the JobSet at once
+  (reason FailJobSetFailurePolicyAction, ``pkg/controllers/failure_policy.go``); any
+  other failed child Job restarts the whole JobSet (Recreate: every child
   deleted and created again, ``status.restarts`` + 1) until ``maxRestarts`` is
   reached; then the JobSet is Failed with reason ReachedMaxRestarts (FailedJobs when it
   has no failure policy). Every child Complete makes it Completed (AllJobsCompleted).
@@ -73,6 +76,9 @@ EXCLUSIVE_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 COMPLETED, FAILED_CONDITION = "Completed", "Failed"
 ALL_JOBS_COMPLETED, FAILED_JOBS, REACHED_MAX_RESTARTS = (
     "AllJobsCompleted", "FailedJobs", "ReachedMaxRestarts")
+#: The Failed condition's reason when a FailJobSet rule acted (jobset
+#: ``pkg/constants/constants.go`` ``FailJobSetActionReason``).
+FAIL_JOBSET_ACTION = "FailJobSetFailurePolicyAction"
 #: The validating pod webhook's answer to a follower created before its leader is
 #: scheduled (the Job controller's FailedCreate prefixes "Error creating: ").
 FOLLOWER_REFUSED = ('admission webhook "vpod.kb.io" denied the request: '
@@ -157,6 +163,12 @@ class SimJobSets:
         if jobset is None or jobset.condition is not None or jobset.name in self._restarting:
             return
         self._dirty[jobset.name] = None
+        if condition == "Failed" and job.condition_reason in jobset.fail_on_reasons:
+            # A FailJobSet rule on the child's failure reason: no restart.
+            jobset.condition, jobset.condition_reason = FAILED_CONDITION, FAIL_JOBSET_ACTION
+            self._stop_children(jobset, moment)
+            self._expire_later(jobset, moment)
+            return
         if condition == "Failed":
             limit = jobset.max_restarts
             if limit is not None and jobset.restarts < limit:
@@ -342,13 +354,18 @@ def _parse(manifest: Mapping[str, Any], now: dt.datetime, rng: random.Random) ->
              "spec": child_spec}
     policy = spec.get("failurePolicy")
     max_restarts = int(policy.get("maxRestarts") or 0) if isinstance(policy, Mapping) else None
+    rules = (policy.get("rules") or []) if isinstance(policy, Mapping) else []
+    fail_on = frozenset(str(reason) for rule in rules if isinstance(rule, Mapping)
+                        and rule.get("action") == "FailJobSet"
+                        and not rule.get("targetReplicatedJobs")
+                        for reason in rule.get("onJobFailureReasons") or ())
     task_label = str(labels.get(TASK_LABEL, ""))
     ttl = spec.get("ttlSecondsAfterFinished")
     return SimJobSet(
         name=shown, uid=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
         task_id=str(annotations.get(TASK_ID_ANNOTATION) or task_label), task_label=task_label,
         replicated_job=str(entry.get("name") or "job"), replicas=replicas, template=child,
-        max_restarts=max_restarts, created_at=now,
+        max_restarts=max_restarts, created_at=now, fail_on_reasons=fail_on,
         exclusive=annotations.get(EXCLUSIVE_ANNOTATION) == POOL_SELECTOR,
         ttl_after_finished=ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
     )
