@@ -294,13 +294,22 @@ def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -
 
 def test_a_failing_slice_restarts_the_jobset_then_fails_it_with_the_root_cause(
         make: Make) -> None:
+    """An exit code the spec names worth a retry restarts the JobSet until
+    max_restarts; the workload's other exit codes (an OOM kill) fail it at once."""
     h = make(reserved_cluster(count=16))
-    submit(h, max_restarts=1, sim={"outcome": "oom", "duration_seconds": 60})
+    submit(h, max_restarts=1, retry_exit_codes=[42],
+           sim={"outcome": "fail", "exit_code": 42, "duration_seconds": 60})
+    submit(h, "t2", max_restarts=1, sim={"outcome": "oom", "duration_seconds": 60})
     h.run()
     assert h.statuses()["t1"] == ("Failed", "JobFailed")
     assert any("JobSet restarted 1 time(s)" in m for m in h.messages["t1"])
     assert h.row("t1")["message"].startswith(
-        "OOMKilled (exit code 137) (JobSet failed: ReachedMaxRestarts after 1 restart(s))")
+        "exit code 42 (JobSet failed: ReachedMaxRestarts after 1 restart(s))")
+    assert h.statuses()["t2"] == ("Failed", "JobFailed")
+    assert not any("JobSet restarted" in m for m in h.messages["t2"])
+    assert h.row("t2")["message"].startswith(
+        "OOMKilled (exit code 137) (JobSet failed: FailJobSetFailurePolicyAction after 0 "
+        "restart(s))")
     assert h.live_pools() == []
 
 

@@ -244,6 +244,11 @@ class Features(BaseModel):
         False, "FALCON_JOB_PRIORITY_REQUESTS",
         doc="The job table has the priority columns, through which the upper layer asks "
             "for a waiting task's priority to change")
+    pool_upgrade_exclusion: Flag = setting(
+        True, "FALCON_POOL_UPGRADE_EXCLUSION",
+        doc="On a cluster enrolled in a release channel (where node auto-upgrade cannot be "
+            "off), each TPU pool is created with GKE's per-pool maintenance exclusion until "
+            "end of support, so node upgrades do not recreate running slices")
     in_process_informers: Flag = setting(
         False, "FALCON_IN_PROCESS_INFORMERS",
         doc="With the gcp backend, the controller also watches every active cluster itself "

@@ -109,7 +109,9 @@ class FakeGke:
 
     def add_cluster(self, project: str, location: str, name: str, *,
                     endpoint: str = "10.20.30.40", ca_pem: bytes = b"-----FAKE CA-----\n",
-                    gcs_fuse: bool = True) -> container_v1.Cluster:
+                    gcs_fuse: bool = True, release_channel: str = "REGULAR",
+                    exclusions: dict[str, container_v1.TimeWindow] | None = None,
+                    ) -> container_v1.Cluster:
         path = f"projects/{project}/locations/{location}/clusters/{name}"
         cluster = container_v1.Cluster(
             name=name, location=location, locations=[location], endpoint=endpoint,
@@ -120,6 +122,10 @@ class FakeGke:
                 workload_pool=f"{project}.svc.id.goog"),
             addons_config=container_v1.AddonsConfig(
                 gcs_fuse_csi_driver_config=container_v1.GcsFuseCsiDriverConfig(enabled=gcs_fuse)),
+            release_channel=container_v1.ReleaseChannel(
+                channel=container_v1.ReleaseChannel.Channel[release_channel or "UNSPECIFIED"]),
+            maintenance_policy=container_v1.MaintenancePolicy(window=container_v1.MaintenanceWindow(
+                maintenance_exclusions=exclusions or {})),
         )
         with self._lock:
             self.clusters[path] = cluster
@@ -193,6 +199,7 @@ class FakeGke:
             if path in self.pools:
                 raise ApiError("ALREADY_EXISTS", f"Already exists: {path}.")
             _validate(pool)
+            refuse_disabled_upgrades(self._cluster(parent), pool)
             self._busy(parent)
             pool.status = container_v1.NodePool.Status.PROVISIONING
             pool.self_link = f"https://fake/v1/{path}"
@@ -313,6 +320,18 @@ class FakeGke:
         with self._lock:
             self._enter("GetCluster", request)
             return container_v1.Cluster(self._cluster(request.name))
+
+
+def refuse_disabled_upgrades(cluster: container_v1.Cluster, pool: container_v1.NodePool) -> None:
+    """On a cluster enrolled in a release channel node auto-upgrade cannot be turned off
+    (GKE "Auto-upgrading nodes"); the refusal's exact words are not documented, these
+    are the product's model of them."""
+    unspecified = container_v1.ReleaseChannel.Channel.UNSPECIFIED
+    channel = cluster.release_channel.channel
+    if channel != unspecified and "management" in pool and not pool.management.auto_upgrade:
+        name = container_v1.ReleaseChannel.Channel(channel).name
+        raise ApiError("INVALID_ARGUMENT", f"Auto_upgrade cannot be false when release_channel "
+                                           f"{name} is set.")
 
 
 def _validate(pool: container_v1.NodePool) -> None:
