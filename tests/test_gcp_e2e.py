@@ -504,7 +504,9 @@ def test_a_node_repair_under_a_running_slice_is_survived_on_both_backends(make: 
     assert gcp.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
     assert any(m.startswith("disrupted: 4 pod(s) killed on node gke-") and
                "EvictionByEvictionAPI: Eviction API: evicting" in m for m in gcp.messages["t1"])
-    assert gcp.events("t1").count("WorkloadDisrupted") == 1
+    # the informer may show the slice's four evictions one at a time: one disruption
+    assert gcp.row("t1")["message"].startswith("succeeded (4 pod(s))")
+    assert not any("disruption 2" in m for m in gcp.messages["t1"])
 
 
 def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make) -> None:

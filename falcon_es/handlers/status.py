@@ -264,24 +264,32 @@ def _disruption(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     """Pods a disruption killed that no earlier observation showed: WorkloadDisrupted
     (the Job recreates them), or past the task's disruption budget JobFailed and the
-    workload deleted, so a slice that cannot stay up does not hold its pool."""
-    fresh = [p for p in observation.pods if p.phase == "Failed" and p.disruption
+    workload deleted, so a slice that cannot stay up does not hold its pool.
+
+    One disruption is one episode: a slice's repair evicts every pod of it, and an
+    informer may show them one observation at a time, so pods disrupted while the
+    Message still says the last disruption (its pods not all running again) belong to
+    that one, which the new event restates with every pod and node it took."""
+    fresh = [p.name for p in observation.pods if p.phase == "Failed" and p.disruption
              and p.name not in state.job.disrupted_pods]
     if not fresh:
         return []
-    nodes = sorted({p.node for p in fresh if p.node}) or ["(unknown)"]
+    shown = state.message_event
+    ongoing = isinstance(shown, ev.WorkloadDisrupted)
+    episode = (*shown.pods, *fresh) if isinstance(shown, ev.WorkloadDisrupted) else tuple(fresh)
+    hit = [p for p in observation.pods if p.name in episode and p.disruption]
+    nodes = sorted({p.node for p in hit if p.node}) or ["(unknown)"]
     node = nodes[0] + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else "")
-    cause = f"DisruptionTarget {fresh[0].disruption}"
-    count = state.job.disruptions + 1
+    cause = f"DisruptionTarget {hit[-1].disruption}"
+    count = state.job.disruptions + (0 if ongoing else 1)
     budget = ctx.settings.lifecycle.disruption_budget
     if count > budget:
         words = (f"disrupted {count} times, more than the budget of {budget} "
-                 f"(FALCON_DISRUPTION_BUDGET); last: {len(fresh)} pod(s) killed on node "
+                 f"(FALCON_DISRUPTION_BUDGET); last: {len(episode)} pod(s) killed on node "
                  f"{node} ({cause})")
         return [ev.JobFailed(words, None, observation.resource_version),
                 ev.JobDeleteRequested(observation.job_name, "disruption budget spent")]
-    return [ev.WorkloadDisrupted(tuple(p.name for p in fresh), node, cause, count,
-                                 observation.resource_version)]
+    return [ev.WorkloadDisrupted(episode, node, cause, count, observation.resource_version)]
 
 
 def _failure_cause(pod: PodObservation | None,
