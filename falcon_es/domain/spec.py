@@ -127,6 +127,7 @@ class TaskSpec:
         data = dataclasses.asdict(self)
         data["command"] = list(self.command)
         data["args"] = list(self.args)
+        data["retry_exit_codes"] = list(self.retry_exit_codes)
         data["env"] = {k: v for k, v in self.env}
         return data
 

@@ -240,9 +240,12 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
     expected = shape.hosts * state.slices
     if ready >= expected:
         return None
+    cause = _diagnose(ctx, state, observation)
+    refusal = observation.refusal
+    if observation.kind == JOBSET_KIND and refusal is not None and refusal.transient:
+        cause = f"{cause}; {refusal.message}"  # the JobSet trap, after the leader's cause
     return ev.NodesAwaited(state.pool.name or "", expected, registered, ready,
-                           "RUNNING", _diagnose(ctx, state, observation),
-                           observation.resource_version)
+                           "RUNNING", cause, observation.resource_version)
 
 
 def _failed(state: TaskState, observation: JobObservation) -> bool:

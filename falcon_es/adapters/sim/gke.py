@@ -46,6 +46,9 @@ PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
+#: The autoscaler's NotTriggerScaleUp while it backs off after a failed scale-up
+#: (kubernetes/autoscaler ``core/scaleup/orchestrator/skippedreasons.go``).
+BACKOFF_NOTE = "pod didn't trigger scale-up: 1 in backoff after failed scale-up"
 #: The autoscaler's GKE provider's failure words for a MIG resize refused for quota.
 GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
 
@@ -97,6 +100,9 @@ class SimPool:
     autoscaler_event: tuple[str, str] | None = None
     #: How many times in a row the autoscaler said it (a repeated event's count).
     autoscaler_event_count: int = 0
+    #: Its last FailedScaleUp (the cause) while it backs off after it: the newest
+    #: event is then the backoff note, which says no cause of its own.
+    failed_scale_up: tuple[str, str] | None = None
     #: The Job whose pending pods a scale-up in flight is for (exclusive per pool).
     scaling_for: str | None = None
     #: Since when no pod has used the pool's nodes (None: in use, or no nodes).
@@ -488,12 +494,16 @@ class NodePoolService:
             return False
         stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
-            if pool.autoscaler_event != stockout:
+            if pool.failed_scale_up != stockout:
                 self._autoscaler_says(pool, *stockout)
+                pool.failed_scale_up = stockout
                 if pool.stockout_ends_at is not None:
                     # The autoscaler tries again after its backoff; the first try
                     # after the stockout ends succeeds.
                     self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
+            elif pool.autoscaler_event == stockout:
+                # Asked again while it backs off: the newest event is its note.
+                self._autoscaler_says(pool, NOT_TRIGGER_SCALE_UP, BACKOFF_NOTE)
             return False
         pool.scaling_for = job
         self._autoscaler_says(pool, TRIGGERED_SCALE_UP, (
@@ -586,7 +596,7 @@ class NodePoolService:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
             return
         pool.stocked_out = False
-        pool.scaling_for = None
+        pool.scaling_for, pool.failed_scale_up = None, None
         group = suffix(self._rng, 8)
         pool.nodes = [
             SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")

@@ -46,8 +46,8 @@ from falcon_es.domain.ports import (
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
 from falcon_es.adapters.sim.gke import (
-    ERROR, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP, NodePoolService, SimNode,
-    SimPool,
+    ERROR, FAILED_SCALE_UP, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP,
+    NodePoolService, SimNode, SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
@@ -446,6 +446,8 @@ class KubeService:
         if pool.status == RUNNING and pool.ready < hosts and pool.autoscaled:
             counts = f"{pool.registered}/{hosts} nodes registered, {pool.ready} Ready"
             event = pool.autoscaler_event
+            if event is not None and event[0] != FAILED_SCALE_UP and pool.failed_scale_up:
+                event = pool.failed_scale_up  # the cause, not the backoff note after it
             if event is None:
                 return f"node pool {name} (autoscaled): {counts}"
             if event[0] == TRIGGERED_SCALE_UP and pool.registered:

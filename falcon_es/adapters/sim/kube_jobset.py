@@ -10,7 +10,10 @@ cluster runs them (kubernetes-sigs/jobset, ``jobset.x-k8s.io/v1alpha2``).
   mutating pod webhook gives each follower a node selector on the leader's pool. While
   the leader is not scheduled the webhook leaves followers unpatched, and the
   validating webhook, which checks the selector before it checks the leader, refuses
-  them with "follower pod node selector not set" -- the FailedCreate events on the
+  them with "follower pod node selector not set" (a follower with no node selector at
+  all) or, for pods that have other selectors (Falcon's: the accelerator and topology),
+  "follower pod node selector for topology domain not found. missing selector:
+  cloud.google.com/gke-nodepool" -- the FailedCreate events on the
   child Job that mask the leader's real cause (kubernetes-sigs/jobset#1187). Followers are
   created as soon as their leader is bound.
 - Failure policy: a child Job failed for a reason a ``FailJobSet`` rule names
@@ -83,6 +86,12 @@ FAIL_JOBSET_ACTION = "FailJobSetFailurePolicyAction"
 #: scheduled (the Job controller's FailedCreate prefixes "Error creating: ").
 FOLLOWER_REFUSED = ('admission webhook "vpod.kb.io" denied the request: '
                     "follower pod node selector not set")
+#: The same refusal of a follower whose pod has node selectors, only not the topology
+#: key's (Falcon's pods: the TPU accelerator and topology): the validating webhook's
+#: second check (``pod_webhook.go``, wording of jobset PR 636).
+FOLLOWER_MISSING_SELECTOR = ('admission webhook "vpod.kb.io" denied the request: follower '
+                             "pod node selector for topology domain not found. missing "
+                             "selector: cloud.google.com/gke-nodepool")
 
 
 class SimJobSets:
@@ -151,7 +160,8 @@ class SimJobSets:
 
     def refuse_followers(self, job: SimJob, moment: dt.datetime) -> None:
         """The Job controller tried the followers; the validating webhook refused them."""
-        job.refuse(FOLLOWER_REFUSED, max(1, min(job.parallelism, job.completions) - 1), moment)
+        words = FOLLOWER_MISSING_SELECTOR if job.selector else FOLLOWER_REFUSED
+        job.refuse(words, max(1, min(job.parallelism, job.completions) - 1), moment)
 
     def child_changed(self, job: SimJob) -> None:
         if job.jobset in self.jobsets:
@@ -201,7 +211,7 @@ class SimJobSets:
             if leader is None or leader.phase != PENDING:
                 continue
             causes = [self._kube.pool_cause(child, pool) for pool in child.allowed_pools]
-            upstream = "; ".join(c for c in causes if c)
+            upstream = "; ".join(dict.fromkeys(c for c in causes if c))  # each cause once
             if leader.node is None and leader.message:
                 symptom = (f"leader pod {leader.name} of Job {child.name} Unschedulable: "
                            f"{leader.message}")
