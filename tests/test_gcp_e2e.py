@@ -522,7 +522,8 @@ def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make
     assert gcp.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "Timeout")]
     words = ("until it is scheduled the JobSet webhook refuses its followers (expected, "
              'transient): child Job falcon-t1-slice-0: Error creating: admission webhook '
-             '"vpod.kb.io" denied the request: follower pod node selector not set')
+             '"vpod.kb.io" denied the request: follower pod node selector for topology '
+             'domain not found. missing selector: cloud.google.com/gke-nodepool')
     pending = [m for m in gcp.messages["t1"] if m.startswith("pods pending: ") and words in m]
     assert pending, gcp.messages["t1"]
     assert 0 < pending[0].index("Insufficient google.com/tpu") < pending[0].index(words)

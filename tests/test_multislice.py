@@ -277,7 +277,9 @@ def test_without_partial_create_the_same_task_waits_holding_nothing(
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
     """The seed's scenario: the leader pod cannot be scheduled for lack of TPUs; the
-    JobSet webhook refuses its followers with "follower pod node selector not set"."""
+    JobSet webhook refuses its followers, which carry the accelerator and topology
+    selectors but not the pool's: "follower pod node selector for topology domain not
+    found. missing selector: cloud.google.com/gke-nodepool"."""
     h = make(reserved_cluster(count=16))
     submit(h, sim={"outcome": "unschedulable"}, timeout_seconds=900)
     h.run(until=lambda: "follower" in (h.row("t1")["message"] or ""))
@@ -285,7 +287,8 @@ def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -
     assert h.statuses()["t1"] == ("Pending", "Dispatching")
     assert message.startswith("pods pending: leader pod falcon-t1-slice-0-0-"), message
     leader = message.index("Insufficient google.com/tpu")
-    follower = message.index("follower pod node selector not set")
+    follower = message.index("follower pod node selector for topology domain not found. "
+                             "missing selector: cloud.google.com/gke-nodepool")
     assert leader < follower and "expected, transient" in message
     h.run()
     assert h.statuses()["t1"] == ("Failed", "Timeout")  # never JobSubmitFailed: transient

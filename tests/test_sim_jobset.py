@@ -1,7 +1,8 @@
 """The simulated JobSet controller and pod webhooks (kubernetes-sigs/jobset): child
 Jobs and their names, the headless Service, exclusive placement per node pool, the
 leader-before-followers order and the validation order that masks a Pending leader
-behind "follower pod node selector not set", restarts and the final conditions."""
+behind the followers' refusal (in the words Falcon's pods get), restarts, failure-policy
+rules, node repairs and the final conditions."""
 
 from __future__ import annotations
 
@@ -71,9 +72,12 @@ def test_a_pending_leader_masks_itself_behind_the_followers_refusal() -> None:
         "falcon-t1-slice-0-0", "falcon-t1-slice-1-0"]  # only the leaders exist
     refusal = observation.refusal
     assert refusal is not None and refusal.transient
+    # Falcon's followers carry the accelerator and topology selectors: the webhook's
+    # second check refuses them (jobset pod_webhook.go)
     assert refusal.message == ('child Job falcon-t1-slice-0: Error creating: admission webhook '
                                '"vpod.kb.io" denied the request: follower pod node selector '
-                               'not set')
+                               'for topology domain not found. missing selector: '
+                               'cloud.google.com/gke-nodepool')
     diagnosis = sim.edge(sim.east).diagnose_pending("falcon-t1")
     assert diagnosis is not None and diagnosis.startswith("leader pod falcon-t1-slice-0-0-")
     assert "Insufficient google.com/tpu" in diagnosis
