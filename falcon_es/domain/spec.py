@@ -20,6 +20,9 @@ from falcon_es.domain.tpu import TPU_TYPES, TopologyError, slice_shape
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
+#: The longest a flex-start node lives (GKE "About flex-start": up to seven days;
+#: ``NodeConfig.max_run_duration``); GKE deletes it then, with the pods on it.
+FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600
 
 
 def autoscaled(supply_mode: str | None) -> bool:
@@ -320,6 +323,11 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
     if timeout > limits.max_timeout_seconds:
         raise SpecError("InvalidField", "timeout_seconds",
                         f"{timeout} exceeds the ceiling of {limits.max_timeout_seconds}")
+    if supply_mode == FLEX_START and timeout > FLEX_START_MAX_RUN_SECONDS:
+        raise SpecError("InvalidField", "timeout_seconds",
+                        f"{timeout} s cannot fit in a flex-start node's life of at most "
+                        f"{FLEX_START_MAX_RUN_SECONDS} s (7 days): GKE deletes the node then; "
+                        "ask for less, or another supply_mode")
     display_name = data.get("display_name")
     if display_name is not None:
         display_name = _string(data, "display_name", max_length=255)

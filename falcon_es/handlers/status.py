@@ -57,7 +57,7 @@ from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.ports import JOBSET_KIND, JobObservation, PodObservation, PortError
 from falcon_es.engine.runtime import Tick
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.spec import autoscaled
+from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS, autoscaled
 from falcon_es.domain.task import TaskState
 from falcon_es.domain.tpu import slice_shape
 
@@ -283,7 +283,7 @@ def _disruption(ctx: HandlerContext, state: TaskState,
     hit = [p for p in observation.pods if p.name in episode and p.disruption]
     nodes = sorted({p.node for p in hit if p.node}) or ["(unknown)"]
     node = nodes[0] + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else "")
-    cause = f"DisruptionTarget {hit[-1].disruption}"
+    cause = _node_end(ctx, state) + f"DisruptionTarget {hit[-1].disruption}"
     count = state.job.disruptions + (0 if ongoing else 1)
     budget = ctx.settings.lifecycle.disruption_budget
     if count > budget:
@@ -293,6 +293,19 @@ def _disruption(ctx: HandlerContext, state: TaskState,
         return [ev.JobFailed(words, None, observation.resource_version),
                 ev.JobDeleteRequested(observation.job_name, "disruption budget spent")]
     return [ev.WorkloadDisrupted(episode, node, cause, count, observation.resource_version)]
+
+
+def _node_end(ctx: HandlerContext, state: TaskState) -> str:
+    """A flex-start node lives at most 7 days: a disruption on a pool old enough for its
+    nodes to have reached that end is named as such (the pod's condition says only that
+    its node went)."""
+    born = state.pool.requested_at or state.submission.submitted_at
+    if state.pool.supply_mode != FLEX_START or born is None:
+        return ""
+    if (ctx.now - born).total_seconds() < FLEX_START_MAX_RUN_SECONDS:
+        return ""
+    return ("flex-start node at the end of its life (GKE deletes flex-start nodes after at "
+            "most 7 days, their max run duration): ")
 
 
 def _failure_cause(pod: PodObservation | None,

@@ -264,7 +264,9 @@ class KubeService:
             if job is None or pod is None:
                 continue
             pod.node = None
-            words = f"node {node.name} was deleted with node pool {pool.name}"
+            words = (f"node {node.name} reached the end of its flex-start max run duration "
+                     f"and was deleted" if node.expired else
+                     f"node {node.name} was deleted with node pool {pool.name}")
             self._pod_failed(job, pod, moment, POD_GC, None, words, (POD_GC, words))
         self._reschedule(moment, {pool.name})
 
