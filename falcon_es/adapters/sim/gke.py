@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from falcon_es.domain.ports import (
@@ -582,12 +582,12 @@ class NodePoolService:
             self._lose(pool, pool.nodes, moment)
             self._quota_freed(moment)
 
-    def _lose(self, pool: SimPool, lost: list[SimNode], moment: dt.datetime) -> None:
+    def _lose(self, pool: SimPool, lost: Sequence[SimNode], moment: dt.datetime) -> None:
         """The pool's ``lost`` nodes are gone; the Kubernetes side is told."""
         pool.nodes = [node for node in pool.nodes if node not in lost]
         pool.unneeded_since = None
         self.registered_nodes -= len(lost)
-        self._on_nodes_changed(pool, moment, lost)
+        self._on_nodes_changed(pool, moment, [*lost])
 
     def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:

@@ -127,7 +127,7 @@ def _failure_rules(policy: Any, pod_spec: Mapping[str, Any],
     rules = policy.get("rules") if isinstance(policy, Mapping) else None
     if not isinstance(rules, list):
         raise invalid(f"{field}.rules", "Required value")
-    out = []
+    out: list[SimFailureRule] = []
     for index, rule in enumerate(rules):
         where = f"{field}.rules[{index}]"
         action = rule.get("action") if isinstance(rule, Mapping) else None
