@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from falcon_es.cli import main
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections.explain import LiveLook, Node, explain, render
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from falcon_es.adapters.sim.config import StockoutConfig
+from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 
@@ -53,8 +54,12 @@ def test_the_seeds_chain_from_tpu_capacity_down_to_the_follower_refusal(make: Ma
     assert texts[0] == "too little TPU capacity for the pod (Insufficient google.com/tpu)"
     assert texts[1].startswith("leader pod falcon-t1-slice-0-0-")
     assert "mutating pod webhook" in texts[2] and "without a node selector" in texts[2]
-    assert texts[3] == "the follower pods have no node selector"
-    assert texts[4].endswith("follower pod node selector not set")
+    # Falcon's followers have node selectors (accelerator, topology), so the webhook's
+    # refusal is the "missing selector" one (jobset pod_webhook.go, PR 636)
+    assert texts[3] == ("the follower pods have no node selector on the leader's node pool "
+                        "(cloud.google.com/gke-nodepool)")
+    assert texts[4].endswith("follower pod node selector for topology domain not found. "
+                             "missing selector: cloud.google.com/gke-nodepool")
     assert texts[-1] == "task is Pending/Dispatching"
     assert all(n.source for n in links) and links[0].at is not None
     assert links[4].source == "edge: FailedCreate on the child Job"
@@ -62,6 +67,31 @@ def test_the_seeds_chain_from_tpu_capacity_down_to_the_follower_refusal(make: Ma
     assert as_cli["text"] == texts[0] and as_cli["children"][0]["text"] == texts[1]
     lines = render(tree_of(h, "t1"))
     assert lines[0].startswith("too little TPU capacity") and lines[1].startswith("└─ leader")
+
+
+def test_a_flex_start_stockout_shows_each_cause_once_and_the_jobset_trap(make: Make) -> None:
+    """Two slices on two flex-start pools in a stockout: the autoscaler's FailedScaleUp
+    leads (not the backoff note that follows it), once, and the followers' refusal is
+    the webhook trap it is."""
+    h = make(flex_cluster(stockout=StockoutConfig(probability=1.0, duration=None)))
+    h.submit("t1", topology="4x4", slices=2)
+    h.run(until=lambda: "follower" in (h.row("t1")["message"] or ""))
+    h.run_for(600)
+    assert h.statuses()["t1"] == ("Pending", "WaitingForNode")
+    message = h.row("t1")["message"]
+    assert message.startswith("cluster autoscaler FailedScaleUp: ") and "GCE out of resources" in message
+    assert "in backoff after failed scale-up" not in message
+    pools = h.world.cluster("v6e-flex").gke.pools.values()
+    # the autoscaler's newest word on the pods is its backoff note, not the cause
+    assert any(p.autoscaler_event == ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 "
+                                      "in backoff after failed scale-up") for p in pools)
+    texts = [n.text for n in chain(tree_of(h, "t1"))]
+    assert texts[0].startswith("cluster autoscaler FailedScaleUp: ")
+    assert sum(t.startswith("cluster autoscaler") for t in texts) == 1
+    trap = next(i for i, t in enumerate(texts) if "mutating pod webhook" in t)
+    assert texts[trap + 1].startswith("the follower pods have no node selector on the leader's")
+    assert "missing selector: cloud.google.com/gke-nodepool" in texts[trap + 2]
+    assert texts[-1] == "task is Pending/WaitingForNode"
 
 
 def test_a_waiting_task_is_told_its_position_and_who_holds_the_slot(make: Make) -> None:

@@ -150,7 +150,8 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
         "credentials: Application Default Credentials",
         "cluster v6e-res: GKE get_cluster", "cluster v6e-res: location",
         "cluster v6e-res: Workload Identity",
-        "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: Kubernetes API",
+        "cluster v6e-res: GCS FUSE CSI driver", "cluster v6e-res: TPU pool upgrades",
+        "cluster v6e-res: Kubernetes API",
         "cluster v6e-res: JobSet CRD", "cluster v6e-res: node pools list",
         "cluster v6e-res: reservation v6e-res-r",
         "project proj: falconEdgeOperator permissions",
@@ -260,6 +261,19 @@ def test_doctor_says_how_to_install_a_missing_jobset_crd(installation: Installat
     assert crd.startswith("FAIL") and "jobsets.jobset.x-k8s.io is not served" in crd
     assert ("fix: install JobSet: kubectl apply --server-side -f "
             "https://github.com/kubernetes-sigs/jobset/releases/download/") in crd
+def test_doctor_reports_tpu_pools_exposed_to_node_upgrades(installation: Installation) -> None:
+    """A release-channel cluster (node auto-upgrade cannot be off) without a cluster
+    maintenance exclusion, and Falcon told not to set the per-pool one."""
+    topics(installation)
+    result = installation.cli("doctor", FALCON_POOL_UPGRADE_EXCLUSION="false")
+    assert result.exit_code == 1
+    found = lines(result)["cluster v6e-res: TPU pool upgrades"]
+    assert found.startswith("FAIL") and "release channel REGULAR" in found
+    assert "--add-maintenance-exclusion-scope=no_minor_or_node_upgrades" in found
+    assert lines(installation.cli("doctor"))["cluster v6e-res: TPU pool upgrades"].startswith(
+        "ok")
+
+
 def test_doctor_names_an_edge_project_the_identity_cannot_see(
         installation: Installation) -> None:
     topics(installation)

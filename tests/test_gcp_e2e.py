@@ -204,8 +204,11 @@ def both(make: Make, clusters: tuple[SimClusterConfig, ...], scenario: Scenario,
 
 
 def _pools(h: Harness) -> list[tuple[Any, ...]]:
+    """The pools as each backend made them; the scale-down delay only where it acts
+    (an autoscaled pool: GKE's pool carries it only there)."""
     return [(p.name, p.status, p.supply_mode, p.reservation, p.hosts, p.machine_type,
-             p.scale_down_unneeded_seconds, p.created_at, p.deleted_at)
+             p.scale_down_unneeded_seconds if p.supply_mode == "flex-start" else None,
+             p.created_at, p.deleted_at)
             for p in h.world.pools(include_deleted=True)]
 
 
@@ -492,17 +495,51 @@ def test_a_multi_slice_task_runs_to_succeeded_as_a_jobset(make: Make) -> None:
 
 
 def test_a_failing_slice_restarts_the_jobset_then_fails_it(make: Make) -> None:
+    """An exit code the spec names worth a retry: the JobSet restarts (RestartJobSet,
+    no rule matches BackoffLimitExceeded) until max_restarts is spent."""
     def scenario(h: Harness) -> None:
-        h.submit("t1", topology="4x4", slices=2, max_restarts=1,
-                 sim={"outcome": "oom", "duration_seconds": 60})
+        h.submit("t1", topology="4x4", slices=2, max_restarts=1, retry_exit_codes=[42],
+                 sim={"outcome": "fail", "exit_code": 42, "duration_seconds": 60})
         h.run()
 
     _, gcp = both(make, (reserved_cluster(count=16),), scenario)
     assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
     assert any("JobSet restarted 1 time(s)" in m for m in gcp.messages["t1"])
     assert gcp.row("t1")["message"] == (
-        "OOMKilled (exit code 137) (JobSet failed: ReachedMaxRestarts after 1 restart(s)); "
+        "exit code 42 (JobSet failed: ReachedMaxRestarts after 1 restart(s)); "
         f"{SLICE_POOLS} deleted")
+
+
+def test_the_workloads_own_exit_code_fails_the_jobset_at_once(make: Make) -> None:
+    """An OOM kill is no exit code worth a retry: the child's FailJob rule and the
+    JobSet's FailJobSet rule end it without a restart, whatever max_restarts says."""
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", slices=2, max_restarts=3,
+                 sim={"outcome": "oom", "duration_seconds": 60})
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=16),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
+    assert not any("JobSet restarted" in m for m in gcp.messages["t1"])
+    assert gcp.row("t1")["message"] == (
+        "OOMKilled (exit code 137) (JobSet failed: FailJobSetFailurePolicyAction after 0 "
+        f"restart(s)); {SLICE_POOLS} deleted")
+
+
+def test_a_node_repair_under_a_running_slice_is_survived_on_both_backends(make: Make) -> None:
+    """The evicted pods' DisruptionTarget condition reaches the gcp informer through
+    the official client: the task completes, and the disruption was its Message."""
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", sim={"outcome": "node-repair", "duration_seconds": 600})
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(),), scenario)
+    assert gcp.history["t1"] == [*RESERVED_PATH, ("Succeeded", None)]
+    assert any(m.startswith("disrupted: 4 pod(s) killed on node gke-") and
+               "EvictionByEvictionAPI: Eviction API: evicting" in m for m in gcp.messages["t1"])
+    # the informer may show the slice's four evictions one at a time: one disruption
+    assert gcp.row("t1")["message"].startswith("succeeded (4 pod(s))")
+    assert not any("disruption 2" in m for m in gcp.messages["t1"])
 
 
 def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make) -> None:
@@ -518,7 +555,8 @@ def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make
     assert gcp.history["t1"] == [*RESERVED_PATH[:3], ("Failed", "Timeout")]
     words = ("until it is scheduled the JobSet webhook refuses its followers (expected, "
              'transient): child Job falcon-t1-slice-0: Error creating: admission webhook '
-             '"vpod.kb.io" denied the request: follower pod node selector not set')
+             '"vpod.kb.io" denied the request: follower pod node selector for topology '
+             'domain not found. missing selector: cloud.google.com/gke-nodepool')
     pending = [m for m in gcp.messages["t1"] if m.startswith("pods pending: ") and words in m]
     assert pending, gcp.messages["t1"]
     assert 0 < pending[0].index("Insufficient google.com/tpu") < pending[0].index(words)

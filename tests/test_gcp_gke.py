@@ -101,7 +101,9 @@ def test_single_host_reservation_pool_as_gke_receives_it(node_pools, fake):
     assert affinity.consume_reservation_type == Affinity.SPECIFIC_RESERVATION
     assert affinity.key == "compute.googleapis.com/reservation-name"
     assert list(affinity.values) == ["res-1"]
-    assert pool.config.consolidation_delay == dt.timedelta(seconds=600)
+    # a fixed-size pool does not autoscale: a consolidation delay could not act on it
+    assert "consolidation_delay" not in pool.config
+    assert "max_pods_constraint" not in pool  # single-host: GKE's default
     assert "flex_start" not in pool.config
     assert not pool.autoscaling.enabled
     assert dict(pool.config.labels) == {
@@ -206,9 +208,51 @@ def test_flex_start_pool_autoscales_from_zero_with_location_policy_any(node_pool
     assert pool.config.reservation_affinity.consume_reservation_type == Affinity.NO_RESERVATION
     assert list(pool.config.reservation_affinity.values) == []
     assert pool.management.auto_repair is False
+    # the fake cluster is on the REGULAR channel: upgrades stay on, held off per pool
     assert pool.management.auto_upgrade is True
+    assert pool.maintenance_policy.exclusion_until_end_of_support.enabled is True
     assert pool.config.consolidation_delay == dt.timedelta(hours=6)
     assert pool.config.labels["falcon-supply-mode"] == "flex-start"
+
+
+def test_multi_host_pools_hold_upgrades_off_and_cap_pods_per_node(node_pools, fake):
+    """Repairs stay on for a fixed-size pool; on a release channel auto-upgrade cannot
+    be off, so the pool carries GKE's per-pool maintenance exclusion; 15 pods per node
+    (xpk's setting) instead of the default 110, which takes a /24 per node."""
+    node_pools.create(spec("v6e", "4x4", "reservation"))
+
+    pool = sent_pool(fake)
+    assert (pool.management.auto_repair, pool.management.auto_upgrade) == (True, True)
+    assert pool.maintenance_policy.exclusion_until_end_of_support.enabled is True
+    assert pool.max_pods_constraint.max_pods_per_node == 15
+    assert len(fake.calls_of("GetCluster")) == 1
+
+
+def test_without_a_release_channel_auto_upgrade_is_off(transport):
+    fake = gke_server.FakeGke()
+    fake.add_cluster(PROJECT, ZONE, NAME, release_channel="")
+    serve = gke_server.serve_rest if transport == "rest" else gke_server.serve_grpc
+    with serve(fake) as address:
+        adapter = GkeNodePools(credentials=AnonymousCredentials(), api_endpoint=address,
+                               transport=transport)
+        try:
+            adapter.create(spec("v6e", "4x4", "flex-start", reservation=None))
+            fake.finish_operations()
+            adapter.create(spec("v6e", "4x4", "reservation", name="falcon-t2"))
+        finally:
+            adapter.close()
+    flex, reserved = (r.node_pool for r in fake.calls_of("CreateNodePool"))
+    assert (flex.management.auto_upgrade, flex.management.auto_repair) == (False, False)
+    assert (reserved.management.auto_upgrade, reserved.management.auto_repair) == (False, True)
+    assert "maintenance_policy" not in flex and "maintenance_policy" not in reserved
+    assert len(fake.calls_of("GetCluster")) == 1  # the channel is read once per cluster
+
+
+def test_the_fake_refuses_auto_upgrade_off_on_a_release_channel(node_pools, fake):
+    """Why the adapter reads the channel: GKE keeps auto-upgrade on there."""
+    pool = pools.node_pool(spec("v6e", "4x4"), release_channel=False)
+    with pytest.raises(gke_server.ApiError, match="Auto_upgrade cannot be false"):
+        gke_server.refuse_disabled_upgrades(fake.clusters[CLUSTER_PATH], pool)
 
 
 def test_on_demand_pool_consumes_no_reservation(node_pools, fake):
@@ -237,14 +281,17 @@ def test_rest_body_carries_enums_as_integers(fake):
         adapter = GkeNodePools(credentials=AnonymousCredentials(), api_endpoint=address,
                                transport="rest")
         try:
-            adapter.create(spec("v6e", "4x4", "reservation"))
+            adapter.create(spec("v6e", "4x4", "flex-start", reservation=None))
         finally:
             adapter.close()
 
     (body,) = fake.raw_bodies
-    assert body["nodePool"]["config"]["reservationAffinity"]["consumeReservationType"] == 3
+    assert body["nodePool"]["config"]["reservationAffinity"]["consumeReservationType"] == 1  # NO_RESERVATION
     assert body["nodePool"]["placementPolicy"] == {"type": 1, "tpuTopology": "4x4"}
     assert body["nodePool"]["config"]["consolidationDelay"] == "600s"
+    assert body["nodePool"]["maxPodsConstraint"] == {"maxPodsPerNode": "15"}
+    assert body["nodePool"]["maintenancePolicy"] == {
+        "exclusionUntilEndOfSupport": {"enabled": True}}
 
 
 @pytest.mark.parametrize(("bad", "words"), [

@@ -81,7 +81,9 @@ def test_the_diagnosis_leads_with_the_pending_leader_not_the_refused_followers(
     assert found is not None and found.startswith("Job falcon-task-2-slice-0: ")
     leader_cause = found.index("cannot be scheduled: 0/6 nodes are available: 4 Insufficient "
                                "google.com/tpu")
-    assert leader_cause < found.index("follower pod node selector not set")
+    # the words Falcon's followers get: they have selectors, only not the pool's
+    assert leader_cause < found.index("follower pod node selector for topology domain not "
+                                      "found. missing selector: cloud.google.com/gke-nodepool")
 
 
 def test_without_the_crd_doctor_is_told_and_a_submit_fails_clearly() -> None:

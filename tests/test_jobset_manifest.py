@@ -43,6 +43,11 @@ def pod(jobset: dict[str, Any]) -> dict[str, Any]:
     return child(jobset)["spec"]["template"]["spec"]
 
 
+#: The workload's own exit code (its child failed by the FailJob rule) fails the JobSet.
+RULES = [{"name": "workload-exit-code", "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"]}]
+
+
 def test_one_replicated_job_with_a_replica_per_slice_and_a_pod_per_vm() -> None:
     jobset = jobset_for(slices=3, max_restarts=2)
     assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
@@ -55,13 +60,15 @@ def test_one_replicated_job_with_a_replica_per_slice_and_a_pod_per_vm() -> None:
     job_spec = child(jobset)["spec"]
     assert (job_spec["completions"], job_spec["parallelism"]) == (4, 4)  # v6e 4x4: 4 VMs
     assert (job_spec["completionMode"], job_spec["backoffLimit"]) == ("Indexed", 0)
-    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 2}
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 2, "rules": RULES}
+    assert job_spec["podFailurePolicy"]["rules"][0] == {
+        "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert jobset["spec"]["ttlSecondsAfterFinished"] == 3600
     assert child_job_name("falcon-task-1", 2) == "falcon-task-1-slice-2"
 
 
 def test_restarts_default_to_none() -> None:
-    assert jobset_for()["spec"]["failurePolicy"] == {"maxRestarts": 0}
+    assert jobset_for()["spec"]["failurePolicy"] == {"maxRestarts": 0, "rules": RULES}
 
 
 def test_pods_land_only_on_the_tasks_own_pools_of_the_right_accelerator() -> None:
@@ -81,7 +88,8 @@ def test_pods_land_only_on_the_tasks_own_pools_of_the_right_accelerator() -> Non
 def test_logs_per_pod_through_gcs_fuse_as_for_jobs() -> None:
     template = child(jobset_for(command=["python", "train.py"]))["spec"]["template"]
     assert template["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
-    (volume,) = template["spec"]["volumes"]
+    volume, shm = template["spec"]["volumes"]
+    assert shm["emptyDir"] == {"medium": "Memory"}
     assert volume["csi"]["volumeAttributes"]["bucketName"] == "logs-bucket"
     command = template["spec"]["containers"][0]["command"]
     assert command[:2] == ["/bin/sh", "-c"] and command[-2:] == ["python", "train.py"]

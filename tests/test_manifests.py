@@ -55,6 +55,27 @@ def test_single_host_job_selects_the_pool_and_requests_chips_as_strings() -> Non
     assert job["spec"]["ttlSecondsAfterFinished"] == 3600
 
 
+def test_disruptions_are_ignored_and_the_workloads_own_exit_codes_fail_the_job() -> None:
+    """Ignore on DisruptionTarget first (a drained pod exits 143 and must not meet the
+    exit-code rule), then FailJob on every exit code not worth a retry."""
+    job = job_for()
+    assert pod(job)["restartPolicy"] == "Never"  # required by a pod failure policy
+    assert job["spec"]["podFailurePolicy"] == {"rules": [
+        {"action": "Ignore",
+         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": "task", "operator": "NotIn", "values": [0]}},
+    ]}
+    assert job["spec"]["backoffLimit"] == 0
+
+
+def test_retry_exit_codes_are_counted_against_max_restarts() -> None:
+    job = job_for(retry_exit_codes=[42, 3, 42], max_restarts=2)
+    fail_job = job["spec"]["podFailurePolicy"]["rules"][1]
+    assert fail_job["onExitCodes"]["values"] == [0, 3, 42]
+    assert job["spec"]["backoffLimit"] == 2
+
+
 @pytest.mark.parametrize("tpu_type,topology,hosts,chips", [
     ("v6e", "4x4", 4, "4"), ("v5p", "4x4x4", 16, "4"), ("v7x", "2x2x2", 2, "4"),
     ("v5e", "2x4", 1, "8"), ("v7x", "1x1x1", 1, "1"),
@@ -73,11 +94,13 @@ def test_logs_go_to_the_bucket_through_a_gcsfuse_volume() -> None:
     job = job_for(command=["python", "train.py"])
     template = job["spec"]["template"]
     assert template["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
-    (volume,) = pod(job)["volumes"]
+    volume, shm = pod(job)["volumes"]
+    assert shm == {"name": "dshm", "emptyDir": {"medium": "Memory"}}  # xpk's /dev/shm
     assert volume["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
     assert volume["csi"]["volumeAttributes"]["bucketName"] == "logs-bucket"
     container = pod(job)["containers"][0]
-    assert container["volumeMounts"] == [{"name": volume["name"], "mountPath": "/falcon-logs"}]
+    assert container["volumeMounts"] == [{"name": volume["name"], "mountPath": "/falcon-logs"},
+                                         {"name": "dshm", "mountPath": "/dev/shm"}]
     env = {e["name"]: e for e in container["env"]}
     assert env["FALCON_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["FALCON_LOG_DIR"]["value"] == "/falcon-logs/logs/task-1"

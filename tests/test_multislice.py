@@ -277,7 +277,9 @@ def test_without_partial_create_the_same_task_waits_holding_nothing(
 
 def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -> None:
     """The seed's scenario: the leader pod cannot be scheduled for lack of TPUs; the
-    JobSet webhook refuses its followers with "follower pod node selector not set"."""
+    JobSet webhook refuses its followers, which carry the accelerator and topology
+    selectors but not the pool's: "follower pod node selector for topology domain not
+    found. missing selector: cloud.google.com/gke-nodepool"."""
     h = make(reserved_cluster(count=16))
     submit(h, sim={"outcome": "unschedulable"}, timeout_seconds=900)
     h.run(until=lambda: "follower" in (h.row("t1")["message"] or ""))
@@ -285,7 +287,8 @@ def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -
     assert h.statuses()["t1"] == ("Pending", "Dispatching")
     assert message.startswith("pods pending: leader pod falcon-t1-slice-0-0-"), message
     leader = message.index("Insufficient google.com/tpu")
-    follower = message.index("follower pod node selector not set")
+    follower = message.index("follower pod node selector for topology domain not found. "
+                             "missing selector: cloud.google.com/gke-nodepool")
     assert leader < follower and "expected, transient" in message
     h.run()
     assert h.statuses()["t1"] == ("Failed", "Timeout")  # never JobSubmitFailed: transient
@@ -294,13 +297,22 @@ def test_the_leaders_cause_leads_and_the_followers_refusal_follows(make: Make) -
 
 def test_a_failing_slice_restarts_the_jobset_then_fails_it_with_the_root_cause(
         make: Make) -> None:
+    """An exit code the spec names worth a retry restarts the JobSet until
+    max_restarts; the workload's other exit codes (an OOM kill) fail it at once."""
     h = make(reserved_cluster(count=16))
-    submit(h, max_restarts=1, sim={"outcome": "oom", "duration_seconds": 60})
+    submit(h, max_restarts=1, retry_exit_codes=[42],
+           sim={"outcome": "fail", "exit_code": 42, "duration_seconds": 60})
+    submit(h, "t2", max_restarts=1, sim={"outcome": "oom", "duration_seconds": 60})
     h.run()
     assert h.statuses()["t1"] == ("Failed", "JobFailed")
     assert any("JobSet restarted 1 time(s)" in m for m in h.messages["t1"])
     assert h.row("t1")["message"].startswith(
-        "OOMKilled (exit code 137) (JobSet failed: ReachedMaxRestarts after 1 restart(s))")
+        "exit code 42 (JobSet failed: ReachedMaxRestarts after 1 restart(s))")
+    assert h.statuses()["t2"] == ("Failed", "JobFailed")
+    assert not any("JobSet restarted" in m for m in h.messages["t2"])
+    assert h.row("t2")["message"].startswith(
+        "OOMKilled (exit code 137) (JobSet failed: FailJobSetFailurePolicyAction after 0 "
+        "restart(s))")
     assert h.live_pools() == []
 
 

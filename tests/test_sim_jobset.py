@@ -1,7 +1,8 @@
 """The simulated JobSet controller and pod webhooks (kubernetes-sigs/jobset): child
 Jobs and their names, the headless Service, exclusive placement per node pool, the
 leader-before-followers order and the validation order that masks a Pending leader
-behind "follower pod node selector not set", restarts and the final conditions."""
+behind the followers' refusal (in the words Falcon's pods get), restarts, failure-policy
+rules, node repairs and the final conditions."""
 
 from __future__ import annotations
 
@@ -71,9 +72,12 @@ def test_a_pending_leader_masks_itself_behind_the_followers_refusal() -> None:
         "falcon-t1-slice-0-0", "falcon-t1-slice-1-0"]  # only the leaders exist
     refusal = observation.refusal
     assert refusal is not None and refusal.transient
+    # Falcon's followers carry the accelerator and topology selectors: the webhook's
+    # second check refuses them (jobset pod_webhook.go)
     assert refusal.message == ('child Job falcon-t1-slice-0: Error creating: admission webhook '
                                '"vpod.kb.io" denied the request: follower pod node selector '
-                               'not set')
+                               'for topology domain not found. missing selector: '
+                               'cloud.google.com/gke-nodepool')
     diagnosis = sim.edge(sim.east).diagnose_pending("falcon-t1")
     assert diagnosis is not None and diagnosis.startswith("leader pod falcon-t1-slice-0-0-")
     assert "Insufficient google.com/tpu" in diagnosis
@@ -88,17 +92,47 @@ def test_followers_are_created_once_their_leader_is_scheduled() -> None:
     assert latest.refusal is None and len(latest.pods) == 8 and latest.active == 8
 
 
-def test_a_failed_child_restarts_the_jobset_until_max_restarts() -> None:
+def test_a_retryable_exit_code_restarts_the_jobset_until_max_restarts() -> None:
     sim = Sim()
     ready_pools(sim)
-    ref = sim.edge(sim.east).submit_job(jobset(max_restarts=1,
-                                               sim={"outcome": "oom", "duration_seconds": 20}))
+    ref = sim.edge(sim.east).submit_job(jobset(
+        max_restarts=1, retry_exit_codes=[42],
+        sim={"outcome": "fail", "exit_code": 42, "duration_seconds": 20}))
     seen: list[JobObservation] = sim.run()
     assert max(o.restarts for o in seen) == 1
     last = seen[-1]
     assert (last.condition, last.condition_reason, last.job_uid) == (
         "Failed", "ReachedMaxRestarts", ref.uid)
+    assert any(p.exit_code == 42 for p in last.pods)
+
+
+def test_the_workloads_own_exit_code_fails_the_jobset_without_a_restart() -> None:
+    """An OOM kill (137) is not in retry_exit_codes: the child's FailJob rule fails it
+    with reason PodFailurePolicy, and the JobSet's FailJobSet rule fails the JobSet
+    instead of restarting it until max_restarts is spent (xpk's behaviour)."""
+    sim = Sim()
+    ready_pools(sim)
+    sim.edge(sim.east).submit_job(jobset(max_restarts=3,
+                                         sim={"outcome": "oom", "duration_seconds": 20}))
+    seen: list[JobObservation] = sim.run()
+    assert max(o.restarts for o in seen) == 0
+    last = seen[-1]
+    assert (last.condition, last.condition_reason) == ("Failed", "FailJobSetFailurePolicyAction")
     assert any(p.reason == "OOMKilled" and p.exit_code == 137 for p in last.pods)
+
+
+def test_a_node_repair_recreates_a_slices_pods_and_the_jobset_completes() -> None:
+    sim = Sim()
+    ready_pools(sim)
+    sim.edge(sim.east).submit_job(jobset(sim={"outcome": "node-repair", "duration_seconds": 200}))
+    seen: list[JobObservation] = sim.run()
+    last = seen[-1]
+    assert (last.condition, last.restarts) == ("Complete", 0)
+    disrupted = [p for p in last.pods if p.disruption]
+    assert len(disrupted) == 8  # both slices repaired once, every VM's pod evicted
+    assert {p.disruption for p in disrupted} == {"EvictionByEvictionAPI: Eviction API: evicting"}
+    assert all(p.node and p.exit_code == 143 for p in disrupted)
+    assert last.succeeded == 8
 
 
 def test_deleting_the_jobset_takes_its_children_and_service() -> None:

@@ -50,6 +50,24 @@ def test_restarts_need_a_jobset() -> None:
     assert error.value.field == "max_restarts" and "multi-slice" in error.value.detail
 
 
+def test_a_single_slice_may_retry_only_the_exit_codes_it_names() -> None:
+    spec = parse_spec({**BASE, "max_restarts": 2, "retry_exit_codes": [42, 3, 42]}, FOUR)
+    assert (spec.max_restarts, spec.retry_exit_codes) == (2, (3, 42))
+    assert spec.to_data()["retry_exit_codes"] == [3, 42]
+    assert parse_spec(BASE, FOUR).retry_exit_codes == ()
+
+
+@pytest.mark.parametrize(("value", "field"), [
+    (0, "retry_exit_codes"), ([0], "retry_exit_codes[0]"), ([256], "retry_exit_codes[0]"),
+    ([1, "2"], "retry_exit_codes[1]"), ([True], "retry_exit_codes[0]"),
+    (list(range(1, 257)), "retry_exit_codes"),
+])
+def test_retry_exit_codes_are_whole_numbers_1_to_255(value: Any, field: str) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec({**BASE, "retry_exit_codes": value}, FOUR)
+    assert error.value.field == field
+
+
 def test_the_maximum_is_a_setting() -> None:
     assert Settings.from_env({"FALCON_MAX_SLICES": "8"}).lifecycle.max_slices == 8
     for bad in ("0", "two", "-3"):

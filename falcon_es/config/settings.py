@@ -205,6 +205,10 @@ class LifecycleSettings(BaseModel):
     flex_start_provisioning_timeout_seconds: Seconds = setting(
         4 * 3600, "FALCON_FLEX_START_PROVISIONING_TIMEOUT",
         doc="How long a task may wait for its nodes on a flex-start pool")
+    disruption_budget: Count = setting(
+        5, "FALCON_DISRUPTION_BUDGET",
+        doc="How many disruptions (pods killed by a node repair, upgrade, drain or "
+            "preemption, which the Job recreates) a task may suffer; the next fails it")
     failed_create_grace_seconds: Seconds = setting(
         600, "FALCON_FAILED_CREATE_GRACE",
         doc="How long the Job controller may be refused creating a Job's pods before the "
@@ -281,6 +285,11 @@ class Features(BaseModel):
         False, "FALCON_JOB_PRIORITY_REQUESTS",
         doc="The job table has the priority columns, through which the upper layer asks "
             "for a waiting task's priority to change")
+    pool_upgrade_exclusion: Flag = setting(
+        True, "FALCON_POOL_UPGRADE_EXCLUSION",
+        doc="On a cluster enrolled in a release channel (where node auto-upgrade cannot be "
+            "off), each TPU pool is created with GKE's per-pool maintenance exclusion until "
+            "end of support, so node upgrades do not recreate running slices")
     in_process_informers: Flag = setting(
         False, "FALCON_IN_PROCESS_INFORMERS",
         doc="With the gcp backend, the controller also watches every active cluster itself "

@@ -90,6 +90,7 @@ class TaskChart(StateChart):
         NodeWaitExtended = waiting_for_node.to.itself()
         PodsPending = dispatching.to.itself() | waiting_for_node.to(dispatching)
         PodsRefused = dispatching.to.itself() | waiting_for_node.to(dispatching)
+        WorkloadDisrupted = dispatching.to.itself() | waiting_for_node.to.itself()
 
     running = State("Running")
     succeeded = State("Succeeded")
@@ -116,6 +117,8 @@ class TaskChart(StateChart):
     JobFailed = (pending.dispatching.to(failed) | pending.waiting_for_node.to(failed)
                  | running.to(failed))
     TaskTimedOut = pending.dispatching.to(failed) | running.to(failed)
+    # A disruption kills pods the Job recreates: the task keeps its state.
+    WorkloadDisrupted = running.to.itself()
     JobDeleteRequested = (
         running.to.itself() | failed.to.itself() | aborting.to.itself()
     )

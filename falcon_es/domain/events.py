@@ -186,7 +186,6 @@ class SlotYielded(Event):
 
 # Provisioning
 
-
 @dataclasses.dataclass(frozen=True)
 class ReservationInsufficient(Event):
     reservation: str
@@ -313,7 +312,6 @@ class NodePoolTimedOut(Event):
 
 # Dispatch and status
 
-
 @dataclasses.dataclass(frozen=True)
 class JobSubmitRequested(Event):
     job_name: str
@@ -376,6 +374,18 @@ class PodsRunning(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkloadDisrupted(Event):
+    """Pods killed by a disruption (``DisruptionTarget``), which the Job recreates:
+    not the workload's failure. ``disruptions``: the task's so far, budget-bounded."""
+
+    pods: tuple[str, ...]
+    node: str
+    cause: str
+    disruptions: int
+    resource_version: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class JobSucceeded(Event):
     succeeded: int
     resource_version: int = 0
@@ -411,7 +421,6 @@ class JobDeleted(Event):
 
 # Abort
 
-
 @dataclasses.dataclass(frozen=True)
 class AbortRequested(Event):
     folds_abort: ClassVar[bool] = True
@@ -433,7 +442,6 @@ class TaskAborted(Event):
 
 
 # Deprovisioning (after any terminal outcome, abort included)
-
 
 @dataclasses.dataclass(frozen=True)
 class NodePoolRetained(Event):
@@ -477,7 +485,6 @@ class NodePoolDeleteFailed(Event):
 
 
 # Transient API errors (see docs/explanation/retries.md)
-
 
 @dataclasses.dataclass(frozen=True)
 class ApiCallRetrying(Event):
@@ -608,7 +615,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
     NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused, NodesAwaited, NodeWaitExtended,
+    PodsRefused, NodesAwaited, NodeWaitExtended, WorkloadDisrupted,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound,
@@ -624,14 +631,9 @@ Upcaster = Callable[[JsonDict], JsonDict]
 UPCASTERS: Mapping[tuple[str, int], Upcaster] = MappingProxyType({})
 
 
-def decode(
-    type_name: str,
-    schema_version: int,
-    data: JsonDict,
-    *,
-    registry: Mapping[str, type[Event]] = REGISTRY,
-    upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
-) -> Event:
+def decode(type_name: str, schema_version: int, data: JsonDict, *,
+           registry: Mapping[str, type[Event]] = REGISTRY,
+           upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS) -> Event:
     """Build the typed event from a stored row, upcasting old versions in a chain."""
     try:
         cls = registry[type_name]
@@ -650,10 +652,8 @@ def decode(
 
 
 def _build(cls: type[Event], data: JsonDict) -> Event:
-    """``cls(**data)``, skipping the frozen ``__init__`` (one ``object.__setattr__`` per
-    field) when the data names exactly the class's fields, as stored data of the
-    current version does. Otherwise (a field left to its default, an unknown field)
-    ``__init__`` runs and fills in or refuses."""
+    """``cls(**data)``, skipping the frozen ``__init__`` when the data names exactly the
+    class's fields; otherwise ``__init__`` fills in defaults or refuses."""
     names = _FIELD_NAMES.get(cls)
     if names is not None and data.keys() == names:
         event = object.__new__(cls)

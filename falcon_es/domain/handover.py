@@ -19,6 +19,7 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from falcon_es.domain import chart
+from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS
 
 if TYPE_CHECKING:
     from falcon_es.domain.task import TaskState
@@ -64,6 +65,21 @@ def can_take_pool(state: TaskState | None, cluster_id: str, topology: str) -> bo
         and not (state.slices > 1 and state.reason == chart.PendingReason.CLUSTER_BUSY
                  and not state.held_pools)
     )
+
+
+def fits_pool_life(taker: TaskState, holder: TaskState, now: dt.datetime) -> bool:
+    """A flex-start pool's nodes live at most 7 days: a task takes the retained pool only
+    if its timeout ends before they do. Their birth is bounded by the holder's pool
+    request (or, for a pool the holder itself took over, its submission): conservative
+    for a pool created for the holder; a pool handed on several times may be older,
+    and then its node's end under the taker is a disruption the Job survives."""
+    if holder.pool.supply_mode != FLEX_START:
+        return True
+    born = holder.pool.requested_at or holder.submission.submitted_at
+    if born is None:
+        return False
+    left = (born - now).total_seconds() + FLEX_START_MAX_RUN_SECONDS
+    return taker.submission.spec.timeout_seconds <= left
 
 
 def taker_rank(state: TaskState) -> tuple[bool, dt.datetime, str]:

@@ -59,6 +59,15 @@ JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jo
 EXCLUSIVE_TOPOLOGY_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 #: The one replicatedJob of a multi-slice task: child Jobs ``<jobset>-slice-<i>``.
 REPLICATED_JOB = "slice"
+#: The pod condition Kubernetes sets on a pod killed by a disruption (a drain for a
+#: node repair or upgrade, an eviction, a preemption, a node gone).
+DISRUPTION_CONDITION = "DisruptionTarget"
+#: The reason the Job controller gives a Job a ``FailJob`` rule failed: the JobSet's
+#: failure-policy rule fails the whole JobSet on it instead of restarting.
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+#: A memory-backed /dev/shm for the workload (the container runtime's default is
+#: 64 MiB; xpk's TPU workloads mount one, as JAX and PyTorch data loaders need it).
+SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
 #: Environment variables the log wrapper reads; a spec cannot override them.
 POD_NAME_ENV = "FALCON_POD_NAME"
 LOG_DIR_ENV = "FALCON_LOG_DIR"
@@ -108,7 +117,9 @@ def render_job(
     name = naming.job_name(task_id)
     job_annotations = {TASK_ID_ANNOTATION: task_id, **dict(annotations or {})}
     pod_spec = _pod_spec(task_id, spec, shape, pool_name, placement)
-    job_spec = _one_slice_job_spec(labels, shape, pod_spec)
+    job_spec = _one_slice_job_spec(labels, shape, pod_spec, spec)
+    if spec.get("retry_exit_codes"):
+        job_spec["backoffLimit"] = int(spec.get("max_restarts") or 0)
     if shape.multi_host:
         job_spec["completionMode"] = "Indexed"
         pod_spec["subdomain"] = name
@@ -128,14 +139,16 @@ def render_job(
 
 
 def _one_slice_job_spec(labels: Mapping[str, str], shape: SliceShape,
-                        pod_spec: dict[str, Any]) -> dict[str, Any]:
+                        pod_spec: dict[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec of a Job of one pod per VM of a slice, shared by a task's Job and each
     child Job of its JobSet: one failed pod fails it (``backoffLimit: 0``), since a
-    slice's workers cannot go on without one of theirs."""
+    slice's workers cannot go on without one of theirs; a disrupted pod is recreated
+    and the workload's own exit codes fail it at once (``pod_failure_policy``)."""
     return {
         "backoffLimit": 0,
         "completions": shape.hosts,
         "parallelism": shape.hosts,
+        "podFailurePolicy": pod_failure_policy(spec.get("retry_exit_codes") or ()),
         "template": {
             "metadata": {
                 "labels": dict(labels),
@@ -144,6 +157,26 @@ def _one_slice_job_spec(labels: Mapping[str, str], shape: SliceShape,
             "spec": pod_spec,
         },
     }
+
+
+def pod_failure_policy(retry_exit_codes: Sequence[int]) -> dict[str, Any]:
+    """Disruptions are not the workload's failure; its own exit codes are.
+
+    Rules are evaluated in order and the first match wins, so ``Ignore`` on the
+    ``DisruptionTarget`` condition comes first: a pod drained for a node repair exits
+    on SIGTERM (143) and must not meet the exit-code rule. Then ``FailJob`` on every
+    exit code of the task's container not worth a retry (``NotIn``; a container that
+    exited 0 is never checked, and 0 keeps the list non-empty). An exit code in
+    ``retry_exit_codes`` matches no rule and counts against ``backoffLimit``.
+    Kubernetes requires ``restartPolicy: Never`` on the pod template for this.
+    """
+    return {"rules": [
+        {"action": "Ignore",
+         "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}]},
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
+                         "values": sorted({0, *(int(c) for c in retry_exit_codes)})}},
+    ]}
 
 
 def render_jobset(
@@ -164,7 +197,8 @@ def render_jobset(
     and sets the pods' subdomain, so the pods of a JobSet get neither here. The pods
     use the pod network, never the host's: see docs/design-notes/no-host-network.md.
     ``failurePolicy.maxRestarts`` is the spec's ``max_restarts``; a child Job gives up
-    on its first failed pod (``backoffLimit: 0``), so a restart is the JobSet's whole.
+    on its first failed pod (``backoffLimit: 0``), so a restart is the JobSet's whole,
+    and a child failed by its pod failure policy fails the JobSet (``FailJobSet``).
     """
     labels = task_labels(task_id)
     pod_spec = _pod_spec(task_id, spec, shape, None, placement)
@@ -174,14 +208,20 @@ def render_jobset(
         }]}],
     }}}
     jobset_spec: dict[str, Any] = {
-        "failurePolicy": {"maxRestarts": int(spec.get("max_restarts") or 0)},
+        "failurePolicy": {
+            "maxRestarts": int(spec.get("max_restarts") or 0),
+            # A child failed by its FailJob rule (the workload's own exit code) fails
+            # the JobSet: restarting would only repeat it until maxRestarts is spent.
+            "rules": [{"name": "workload-exit-code", "action": "FailJobSet",
+                       "onJobFailureReasons": [POD_FAILURE_POLICY_REASON]}],
+        },
         "network": {"enableDNSHostnames": True},
         "replicatedJobs": [{
             "name": REPLICATED_JOB,
             "replicas": len(pool_names),
             "template": {
                 "metadata": {"labels": dict(labels)},
-                "spec": {**_one_slice_job_spec(labels, shape, pod_spec),
+                "spec": {**_one_slice_job_spec(labels, shape, pod_spec, spec),
                          "completionMode": "Indexed"},
             },
         }],
@@ -282,7 +322,7 @@ def _pod_spec(
                     "mountOptions": "implicit-dirs",
                 },
             },
-        }],
+        }, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
     }
 
 
@@ -301,7 +341,8 @@ def _container(task_id: str, spec: Mapping[str, Any], chips: str) -> dict[str, A
             "privileged": False,
             "allowPrivilegeEscalation": False,
         },
-        "volumeMounts": [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT}],
+        "volumeMounts": [{"name": LOG_VOLUME, "mountPath": LOG_MOUNT},
+                         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT}],
     }
     if command:
         container["command"] = ["/bin/sh", "-c", LOG_WRAPPER, WRAPPER_NAME, *command, *args]

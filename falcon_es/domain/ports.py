@@ -148,6 +148,13 @@ class PodObservation:
     #: When its container terminated (``terminated.finishedAt``, ISO 8601), so the pod
     #: that failed first is told from siblings that crashed because it did.
     finished_at: str | None = None
+    #: The node it is (or was last) bound to (``spec.nodeName``).
+    node: str | None = None
+    #: Its ``DisruptionTarget`` condition, "<reason>: <message>" (e.g.
+    #: "EvictionByEvictionAPI: Eviction API: evicting"): a pod killed by a disruption
+    #: (drain, eviction, preemption, node gone), which the Job's pod failure policy
+    #: ignores; None for any other pod.
+    disruption: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,9 @@ from falcon_es.domain.tpu import (
 
 RESERVATION, ON_DEMAND, FLEX_START = "reservation", "on-demand", "flex-start"
 SUPPLY_MODES = (RESERVATION, ON_DEMAND, FLEX_START)
+#: The longest a flex-start node lives (GKE "About flex-start": up to seven days;
+#: ``NodeConfig.max_run_duration``); GKE deletes it then, with the pods on it.
+FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600
 
 
 def autoscaled(supply_mode: str | None) -> bool:
@@ -40,7 +43,10 @@ INVALID_ID = "InvalidId"
 DUPLICATE_ID = "DuplicateId"
 #: Reason of a row whose first append (and what it leads to) the database refused.
 UNSTORABLE_ROW = "UnstorableRow"
-SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied")
+#: ``node-repair``: GKE repairs the slice's nodes once, midway through the run (every
+#: pod evicted with the ``DisruptionTarget`` condition); the recreated pods then succeed.
+SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied",
+                "node-repair")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.
 FORBIDDEN_FIELDS = frozenset({
@@ -54,6 +60,7 @@ KNOWN_FIELDS = frozenset({
     "image", "command", "args", "env", "tpu_type", "topology", "supply_mode",
     "timeout_seconds", "display_name", "sim", "slices", "max_restarts", "priority",
     "machine_type",
+    "retry_exit_codes",
 })
 MAX_STRING = 4096
 MAX_LIST = 256
@@ -121,11 +128,15 @@ class TaskSpec:
     #: The machine type of the slice's VMs, for the one shape two make (v5e/v6e 2x4:
     #: one 8-chip or two 4-chip VMs); None: ``tpu.choose_machine`` decides.
     machine_type: str | None = None
+    #: The workload's exit codes worth another attempt (bounded by ``max_restarts``);
+    #: any other non-zero exit code fails the task at once (the pod failure policy).
+    retry_exit_codes: tuple[int, ...] = ()
 
     def to_data(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["command"] = list(self.command)
         data["args"] = list(self.args)
+        data["retry_exit_codes"] = list(self.retry_exit_codes)
         data["env"] = {k: v for k, v in self.env}
         return data
 
@@ -143,6 +154,8 @@ class TaskSpec:
             if value is not None and name in fields:
                 fields[name] = value
         command, args, env, sim = fields["command"], fields["args"], fields["env"], data.get("sim")
+        if type(fields["retry_exit_codes"]) is not tuple:
+            fields["retry_exit_codes"] = tuple(fields["retry_exit_codes"])
         if type(command) is not tuple:
             fields["command"] = tuple(command)
         if type(args) is not tuple:
@@ -316,10 +329,15 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
     if timeout > limits.max_timeout_seconds:
         raise SpecError("InvalidField", "timeout_seconds",
                         f"{timeout} exceeds the ceiling of {limits.max_timeout_seconds}")
+    if supply_mode == FLEX_START and timeout > FLEX_START_MAX_RUN_SECONDS:
+        raise SpecError("InvalidField", "timeout_seconds",
+                        f"{timeout} s cannot fit in a flex-start node's life of at most "
+                        f"{FLEX_START_MAX_RUN_SECONDS} s (7 days): GKE deletes the node then; "
+                        "ask for less, or another supply_mode")
     display_name = data.get("display_name")
     if display_name is not None:
         display_name = _string(data, "display_name", max_length=255)
-    slices, max_restarts = _slices(data, limits)
+    slices, max_restarts, retry_exit_codes = _slices(data, limits)
     machine_type = _machine_type(data, tpu_type, topology, slices)
     try:
         priority = limits.priorities.resolve(data.get("priority", 0))
@@ -330,7 +348,7 @@ def parse_spec(raw: Any, limits: SpecLimits = SpecLimits()) -> TaskSpec:
         command=_strings(data, "command"), args=_strings(data, "args"), env=_env(data),
         supply_mode=supply_mode, timeout_seconds=timeout, display_name=display_name,
         sim=_sim(data.get("sim")), slices=slices, max_restarts=max_restarts,
-        priority=priority, machine_type=machine_type,
+        priority=priority, machine_type=machine_type, retry_exit_codes=retry_exit_codes,
     )
 
 
@@ -360,9 +378,11 @@ def _machine_type(data: Mapping[str, Any], tpu_type: str, topology: str,
     return None
 
 
-def _slices(data: Mapping[str, Any], limits: SpecLimits) -> tuple[int, int]:
-    """``slices`` and ``max_restarts``: restarts are a JobSet's, so a single-slice task
-    (a Job, which fails on its first pod failure) cannot ask for any."""
+def _slices(data: Mapping[str, Any], limits: SpecLimits) -> tuple[int, int, tuple[int, ...]]:
+    """``slices``, ``max_restarts`` and ``retry_exit_codes``. A multi-slice task's
+    restarts are its JobSet's whole; a single-slice task (a Job) may be restarted only
+    for the exit codes it names as worth retrying, since any other exit code fails it
+    at once (docs/reference/task-spec.md, 'Failures and disruptions')."""
     slices = data.get("slices", 1)
     if not _is_int(slices) or not 1 <= slices <= limits.max_slices:
         raise SpecError("InvalidField", "slices",
@@ -372,10 +392,27 @@ def _slices(data: Mapping[str, Any], limits: SpecLimits) -> tuple[int, int]:
     if not _is_int(restarts) or not 0 <= restarts <= MAX_RESTARTS:
         raise SpecError("InvalidField", "max_restarts",
                         f"{_short(repr(restarts))}; expected a whole number from 0 to {MAX_RESTARTS}")
-    if restarts and slices == 1:
+    codes = _exit_codes(data.get("retry_exit_codes"))
+    if restarts and slices == 1 and not codes:
         raise SpecError("InvalidField", "max_restarts",
-                        "restarts apply to multi-slice tasks (slices of 2 or more) only")
-    return slices, restarts
+                        "restarts apply to multi-slice tasks (slices of 2 or more) or to the "
+                        "exit codes named in retry_exit_codes")
+    return slices, restarts, codes
+
+
+def _exit_codes(value: Any) -> tuple[int, ...]:
+    """The exit codes worth a retry: distinct whole numbers 1-255, at most 255 of them
+    (a pod failure policy's ``onExitCodes.values`` holds at most 255), sorted."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > 255:
+        raise SpecError("InvalidField", "retry_exit_codes",
+                        "expected a list of at most 255 exit codes")
+    for index, code in enumerate(value):
+        if not _is_int(code) or not 1 <= code <= 255:
+            raise SpecError("InvalidField", f"retry_exit_codes[{index}]",
+                            f"{_short(repr(code))}; expected a whole number 1-255")
+    return tuple(sorted(set(value)))
 
 
 def _string(data: Mapping[str, Any], field: str, *, required: bool = False,

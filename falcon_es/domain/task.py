@@ -437,6 +437,13 @@ def _on_pods_running(event: ev.PodsRunning, state: TaskState, at: dt.datetime) -
                     "last_resource_version": event.resource_version}}
 
 
+def _on_workload_disrupted(event: ev.WorkloadDisrupted, state: TaskState,
+                           at: dt.datetime) -> Changes:
+    return {"job": {"disruptions": event.disruptions, "pods_active": 0,
+                    "disrupted_pods": state.job.disrupted_pods | frozenset(event.pods),
+                    "last_resource_version": event.resource_version}}
+
+
 def _on_job_ended(event: ev.JobSucceeded | ev.JobFailed, state: TaskState,
                   at: dt.datetime) -> Changes:
     return {"job": {"intent": _FINISHED,
@@ -547,6 +554,7 @@ _CHANGES_OF: Mapping[type[ev.Event], Callable[[Any, TaskState, dt.datetime], Cha
         ev.NodeWaitExtended: _on_node_wait_extended,
         ev.PodsRefused: _on_pods_refused,
         ev.PodsRunning: _on_pods_running,
+        ev.WorkloadDisrupted: _on_workload_disrupted,
         ev.JobSucceeded: _on_job_ended,
         ev.JobFailed: _on_job_ended,
         ev.NodePoolReady: _on_node_pool_ready,

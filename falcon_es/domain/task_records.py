@@ -122,6 +122,10 @@ class JobRecord:
     #: (``NodeWaitExtended``): the node deadline counts from them.
     awaiting_nodes_since: dt.datetime | None = None
     wait_extended_at: dt.datetime | None = None
+    #: Disruptions folded so far (``WorkloadDisrupted``) and the pods they killed, so
+    #: a disrupted pod seen again in a later observation is not counted twice.
+    disruptions: int = 0
+    disrupted_pods: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

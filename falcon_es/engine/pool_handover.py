@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from falcon_es.domain import events as ev
-from falcon_es.domain.handover import can_take_pool, pools_wanted, taker_rank
+from falcon_es.domain.handover import can_take_pool, fits_pool_life, pools_wanted, taker_rank
 from falcon_es.domain.intents import JOB_GONE, PoolDisposition, PoolIntent
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.domain.task import TaskState
@@ -43,13 +43,17 @@ class PoolDecider:
             if taker_id:
                 self.promised[taker_id] += 1
 
-    def _free(self, state: TaskState | None, cluster_id: str, topology: str) -> bool:
+    def _free(self, state: TaskState | None, holder: TaskState) -> bool:
+        cluster_id, topology = holder.placement.cluster_id or "", holder.submission.topology
         return (can_take_pool(state, cluster_id, topology) and state is not None
-                and self.promised[state.task_id] < pools_wanted(state))
+                and self.promised[state.task_id] < pools_wanted(state)
+                and fits_pool_life(state, holder, self.tick.now))
 
-    def taker_for(self, cluster_id: str, topology: str) -> TaskState | None:
-        """The slot holder without a pool first (it is provisioning now), then the
-        waiting tasks in submit order."""
+    def taker_for(self, holder: TaskState) -> TaskState | None:
+        """Who takes a pool of ``holder``'s queue: the slot holder without a pool first
+        (it is provisioning now), then the waiting tasks in submit order; for a
+        flex-start pool, only a task whose timeout fits in its nodes' life."""
+        cluster_id, topology = holder.placement.cluster_id or "", holder.submission.topology
         key = (cluster_id, topology)
         self._load(key)
         touched = {s.task_id for s in self.tick.touched()}
@@ -58,12 +62,12 @@ class PoolDecider:
             # Untouched tasks are as the index ranked them: the first free one is best.
             if task_id not in touched:
                 state = self.tick.state(task_id)
-                if self._free(state, cluster_id, topology):
+                if self._free(state, holder):
                     best = state
                     break
         for task_id in touched:
             state = self.tick.state(task_id)
-            if (state is not None and self._free(state, cluster_id, topology)
+            if (state is not None and self._free(state, holder)
                     and (best is None or taker_rank(state) < taker_rank(best))):
                 best = state
         return best
@@ -79,7 +83,7 @@ class PoolDecider:
         for pool in state.held_pools:
             if state.pool.intent != PoolIntent.READY and pool not in taken:
                 continue  # its create failed or never finished: it goes
-            taker = self.taker_for(state.placement.cluster_id, state.submission.topology)
+            taker = self.taker_for(state)
             if taker is None:
                 break
             self.promised[taker.task_id] += 1
@@ -101,11 +105,12 @@ class PoolDecider:
         self._load((holder.placement.cluster_id, holder.submission.topology))
         taker_id = holder.pool.retained.get(pool)
         taker = self.tick.state(taker_id) if taker_id else None
-        if can_take_pool(taker, holder.placement.cluster_id, holder.submission.topology):
+        if (can_take_pool(taker, holder.placement.cluster_id, holder.submission.topology)
+                and taker is not None and fits_pool_life(taker, holder, self.tick.now)):
             return
         if taker_id:
             self.promised[taker_id] -= 1
-        other = self.taker_for(holder.placement.cluster_id, holder.submission.topology)
+        other = self.taker_for(holder)
         if other is not None:
             self.promised[other.task_id] += 1
             self.tick.emit(holder.task_id, ev.NodePoolRetained(pool, other.task_id))

@@ -12,7 +12,12 @@ Messages are acknowledged only after the tick that folded them has committed
 (``ack_folded``, an after-commit step); a tick that loses a race acknowledges nothing.
 
 What an observation means:
-- a failed pod, or the Job's Failed condition -> JobFailed with the pod's root cause
+- pods killed by a disruption (their ``DisruptionTarget`` condition: a node repair,
+  upgrade, drain, preemption) -> WorkloadDisrupted, led by the condition and the node:
+  the Job's pod failure policy ignores them and recreates the pods, so the task keeps
+  its state (past ``FALCON_DISRUPTION_BUDGET`` disruptions: JobFailed, Job deleted);
+- a failed pod no disruption killed, or the Job's Failed condition -> JobFailed with
+  the pod's root cause
   ("OOMKilled (exit code 137)", "exit code 3"); a JobSet (a multi-slice task) fails
   only by its Failed condition (ReachedMaxRestarts, FailedJobs), with the pod that
   failed first in any child Job, and its restarts show in the Message meanwhile;
@@ -52,7 +57,7 @@ from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.ports import JOBSET_KIND, JobObservation, PodObservation, PortError
 from falcon_es.engine.runtime import Tick
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.spec import autoscaled
+from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS, autoscaled
 from falcon_es.domain.task import TaskState
 
 log = logging.getLogger("falcon_es.handlers.status")
@@ -120,7 +125,7 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
             ctx.acks.append(message_id)
             ctx.edge_outcomes.append((cluster, "stale"))
             continue
-        if _torn_failure(ctx, observation):
+        if _torn_failure(ctx, state, observation):
             ctx.edge_outcomes.append((cluster, "held"))
             continue  # unacked: it comes back after the ack deadline, decided then
         ctx.acks.append(message_id)
@@ -129,10 +134,11 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
             tick.emit(task_id, event)
 
 
-def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
+def _torn_failure(ctx: HandlerContext, state: TaskState, observation: JobObservation) -> bool:
     """A Job failed with no failed pod in view yet, seen recently: wait for the pod's
     root cause instead of recording a failure without one."""
-    if not _failed(observation) or any(p.phase == "Failed" for p in observation.pods):
+    if not _failed(state, observation) or any(
+            p.phase == "Failed" and not p.disruption for p in observation.pods):
         return False
     return ctx.now - observation.observed_at < TORN_VIEW_GRACE
 
@@ -140,12 +146,16 @@ def _torn_failure(ctx: HandlerContext, observation: JobObservation) -> bool:
 def _events_for(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     version = observation.resource_version
-    if _failed(observation):
-        cause, exit_code = _failure_cause(_failed_first(observation.pods), observation)
+    if _failed(state, observation):
+        cause, exit_code = _failure_cause(
+        _failed_first([p for p in observation.pods if not p.disruption]), observation)
         if observation.kind == JOBSET_KIND:
             cause += (f" (JobSet failed: {observation.condition_reason or 'Failed'} after "
                       f"{observation.restarts} restart(s))")
         return [ev.JobFailed(cause, exit_code, version)]
+    disrupted = _disruption(ctx, state, observation)
+    if disrupted:
+        return disrupted
     stuck = _first(observation.pods, lambda p: p.phase == "Pending" and p.reason in IMAGE_FAILURES)
     if stuck is not None:
         cause = f"{stuck.reason}: {stuck.message}" if stuck.message else str(stuck.reason)
@@ -160,6 +170,8 @@ def _events_for(ctx: HandlerContext, state: TaskState,
     restarts = observation.restarts
     if state.status == chart.RUNNING:
         shown = state.message_event
+        if isinstance(shown, ev.WorkloadDisrupted) and running < total:
+            return []  # the disruption leads until the recreated pods all run
         shown_restarts = shown.restarts if isinstance(shown, ev.PodsRunning) else 0
         if active != state.job.pods_active or restarts != shown_restarts:
             return [ev.PodsRunning(active, total, version, restarts)]
@@ -227,19 +239,72 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
     expected = shape.hosts * state.slices
     if ready >= expected:
         return None
+    cause = _diagnose(ctx, state, observation)
+    refusal = observation.refusal
+    if observation.kind == JOBSET_KIND and refusal is not None and refusal.transient:
+        cause = f"{cause}; {refusal.message}"  # the JobSet trap, after the leader's cause
     return ev.NodesAwaited(state.pool.name or "", expected, registered, ready,
-                           "RUNNING", _diagnose(ctx, state, observation),
-                           observation.resource_version)
+                           "RUNNING", cause, observation.resource_version)
 
 
-def _failed(observation: JobObservation) -> bool:
+def _failed(state: TaskState, observation: JobObservation) -> bool:
     """The workload has failed. A JobSet fails only by its Failed condition: a child
-    Job's failed pod before that is one attempt, which the JobSet restarts."""
+    Job's failed pod before that is one attempt, which the JobSet restarts. A Job fails
+    by its condition, or at its first failed pod that no disruption killed (the pod
+    failure policy ignores those) unless the spec names exit codes to retry (then the
+    Job's ``backoffLimit`` decides, and its condition says so)."""
     if observation.condition == "Failed":
         return True
-    if observation.kind == JOBSET_KIND:
+    if observation.kind == JOBSET_KIND or state.submission.spec.retry_exit_codes:
         return False
-    return observation.failed > 0 or any(p.phase == "Failed" for p in observation.pods)
+    disrupted = {p.name for p in observation.pods if p.disruption} | state.job.disrupted_pods
+    return (observation.failed > len(disrupted)
+            or any(p.phase == "Failed" and not p.disruption for p in observation.pods))
+
+
+def _disruption(ctx: HandlerContext, state: TaskState,
+                observation: JobObservation) -> list[ev.Event]:
+    """Pods a disruption killed that no earlier observation showed: WorkloadDisrupted
+    (the Job recreates them), or past the task's disruption budget JobFailed and the
+    workload deleted, so a slice that cannot stay up does not hold its pool.
+
+    One disruption is one episode: a slice's repair evicts every pod of it, and an
+    informer may show them one observation at a time, so pods disrupted while the
+    Message still says the last disruption (its pods not all running again) belong to
+    that one, which the new event restates with every pod and node it took."""
+    fresh = [p.name for p in observation.pods if p.phase == "Failed" and p.disruption
+             and p.name not in state.job.disrupted_pods]
+    if not fresh:
+        return []
+    shown = state.message_event
+    ongoing = isinstance(shown, ev.WorkloadDisrupted)
+    episode = (*shown.pods, *fresh) if isinstance(shown, ev.WorkloadDisrupted) else tuple(fresh)
+    hit = [p for p in observation.pods if p.name in episode and p.disruption]
+    nodes = sorted({p.node for p in hit if p.node}) or ["(unknown)"]
+    node = nodes[0] + (f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else "")
+    cause = _node_end(ctx, state) + f"DisruptionTarget {hit[-1].disruption}"
+    count = state.job.disruptions + (0 if ongoing else 1)
+    budget = ctx.settings.lifecycle.disruption_budget
+    if count > budget:
+        words = (f"disrupted {count} times, more than the budget of {budget} "
+                 f"(FALCON_DISRUPTION_BUDGET); last: {len(episode)} pod(s) killed on node "
+                 f"{node} ({cause})")
+        return [ev.JobFailed(words, None, observation.resource_version),
+                ev.JobDeleteRequested(observation.job_name, "disruption budget spent")]
+    return [ev.WorkloadDisrupted(episode, node, cause, count, observation.resource_version)]
+
+
+def _node_end(ctx: HandlerContext, state: TaskState) -> str:
+    """A flex-start node lives at most 7 days: a disruption on a pool old enough for its
+    nodes to have reached that end is named as such (the pod's condition says only that
+    its node went)."""
+    born = state.pool.requested_at or state.submission.submitted_at
+    if state.pool.supply_mode != FLEX_START or born is None:
+        return ""
+    if (ctx.now - born).total_seconds() < FLEX_START_MAX_RUN_SECONDS:
+        return ""
+    return ("flex-start node at the end of its life (GKE deletes flex-start nodes after at "
+            "most 7 days, their max run duration): ")
 
 
 def _failure_cause(pod: PodObservation | None,

@@ -10,7 +10,10 @@ fix. Works for every Reason, and for tasks that are still waiting.
 The JobSet webhook trap is spelled out link by link: too little TPU capacity leaves
 the leader pod Pending, so JobSet's mutating pod webhook has no node to copy into the
 followers' node selector, and its validating webhook, which checks the selector before
-it checks the leader, refuses them with "follower pod node selector not set".
+it checks the leader, refuses them with "follower pod node selector not set" or, for
+pods with other selectors (Falcon's), "follower pod node selector for topology domain
+not found. missing selector: cloud.google.com/gke-nodepool". The trap is shown in the
+flex-start stockout too (WaitingForNode), where the pods wait for the autoscaler.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.task import TaskState, fold
 
 TPU_SHORTAGE = "Insufficient google.com/tpu"
-FOLLOWER_SYMPTOM = "follower pod node selector not set"
+#: The JobSet validating pod webhook's refusals of a follower created before its leader
+#: is scheduled: with no node selector at all, and with selectors but not the topology
+#: key's (Falcon's pods carry the accelerator and topology selectors).
+FOLLOWER_NOT_SET = "follower pod node selector not set"
+FOLLOWER_MISSING = "follower pod node selector for topology domain not found"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +111,22 @@ def _log(record: RecordedEvent) -> str:
     return f"log: {record.type_name} (version {record.version})"
 
 
+def _disruptions(records: Sequence[RecordedEvent]) -> list[Node]:
+    """Each disruption the task went through, oldest first: the condition and the node
+    lead (the cause), and what followed is said as such, never as the workload's
+    failure."""
+    nodes = []
+    for record in records:
+        event = record.event
+        if isinstance(event, ev.WorkloadDisrupted):
+            nodes.append(Node(
+                f"disruption {event.disruptions}: {len(event.pods)} pod(s) killed on node "
+                f"{event.node} ({event.cause}); not the workload's failure: the Job's pod "
+                "failure policy ignores it and recreates the pods", _log(record),
+                record.recorded_at))
+    return nodes
+
+
 def _outcome(state: TaskState) -> Node:
     reason = f"/{state.reason}" if state.reason else ""
     return Node(f"task is {state.status}{reason}", "job table", state.updated_at)
@@ -125,16 +148,18 @@ def _chain(state: TaskState, records: Sequence[RecordedEvent],
     if status == chart.SUCCEEDED:
         done = _last(records, ev.JobSucceeded)
         if done is None or not isinstance(done.event, ev.JobSucceeded):
-            return [_outcome(state)]
-        return [Node(f"every pod completed ({done.event.succeeded})", _log(done),
+            return [*_disruptions(records), _outcome(state)]
+        return [*_disruptions(records),
+                Node(f"every pod completed ({done.event.succeeded})", _log(done),
                      done.recorded_at), _outcome(state)]
     if status == chart.RUNNING:
-        record = _last(records, ev.PodsRunning)
+        record = _last(records, ev.PodsRunning, ev.WorkloadDisrupted)
         if record is None or not isinstance(record.event, ev.PodsRunning):
-            return [_outcome(state)]
+            return [*_disruptions(records), _outcome(state)]
         running = record.event
         restarted = f", JobSet restarted {running.restarts} time(s)" if running.restarts else ""
-        return [Node(f"{running.active}/{running.total} pods running{restarted}", _log(record),
+        return [*_disruptions(records),
+                Node(f"{running.active}/{running.total} pods running{restarted}", _log(record),
                      record.recorded_at), _outcome(state)]
     return [*_waiting(state, records, queue), _outcome(state)]
 
@@ -171,7 +196,9 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
                          source, at)]
         case ev.JobFailed():
             cause, _, jobset = event.cause.partition(" (JobSet failed: ")
-            nodes = [Node(f"pod failed: {cause}", source, at)]
+            if cause.startswith("disrupted "):  # the disruption budget spent
+                return [*_disruptions(records), Node(cause, source, at)]
+            nodes = [*_disruptions(records), Node(f"pod failed: {cause}", source, at)]
             if jobset:
                 nodes.append(Node(f"JobSet failed: {jobset.rstrip(')')}", source, at))
             return nodes
@@ -217,8 +244,12 @@ def _wait_nodes(state: TaskState, record: RecordedEvent | None) -> list[Node]:
             return [Node(f"{event.ready}/{event.total} nodes Ready in "
                          f"{', '.join(state.node_pools)}", source, at)]
         case ev.NodesAwaited():
-            causes = [Node(part.strip(), source, at)
-                      for part in event.cause.split("; ") if part.strip()]
+            # Each cause once (a multi-slice task's pools repeat the autoscaler's
+            # word); a JobSet's refused followers as the trap they are.
+            parts = dict.fromkeys(p.strip() for p in event.cause.split("; ") if p.strip())
+            causes = [Node(part, source, at) for part in parts if not _refuses_followers(part)]
+            for part in (p for p in parts if _refuses_followers(p)):
+                causes.extend(_trap_nodes(part, at))
             return [*causes, Node(
                 f"node pool {event.pool_name} control-plane {event.control_plane} but "
                 f"{event.registered}/{event.expected} expected node(s) registered "
@@ -237,21 +268,38 @@ def _pending_nodes(record: RecordedEvent) -> list[Node]:
     event = record.event
     assert isinstance(event, ev.PodsPending)
     source, at = _log(record), record.recorded_at
-    parts = [p.strip() for p in event.diagnosis.split("; ") if p.strip()]
+    parts = list(dict.fromkeys(p.strip() for p in event.diagnosis.split("; ") if p.strip()))
     nodes: list[Node] = []
     if TPU_SHORTAGE in event.diagnosis:
         nodes.append(Node(f"too little TPU capacity for the pod ({TPU_SHORTAGE})",
                           "edge: FailedScheduling (kube-scheduler)", at))
     nodes.extend(Node(part, source, at) for part in parts)
     if event.followers_refused:
-        nodes.append(Node("JobSet's mutating pod webhook (mpod.kb.io) finds no node for the "
-                          "leader, so it leaves the followers without a node selector",
-                          "JobSet pod webhook order (kubernetes-sigs/jobset#1187)", at))
-        nodes.append(Node("the follower pods have no node selector", "JobSet pod webhook", at))
-        symptom = ("its validating webhook (vpod.kb.io) refuses them: "
-                   f"{event.followers_refused}")
-        nodes.append(Node(symptom, "edge: FailedCreate on the child Job", at))
+        nodes.extend(_trap_nodes(event.followers_refused, at))
     return nodes
+
+
+def _followers_lack(refusal: str) -> str:
+    """What the followers lack, in the words of the refusal they got."""
+    if FOLLOWER_NOT_SET in refusal:
+        return "the follower pods have no node selector"
+    return ("the follower pods have no node selector on the leader's node pool "
+            "(cloud.google.com/gke-nodepool)")
+
+
+def _refuses_followers(text: str) -> bool:
+    """The JobSet webhook's refusal of a follower, in either of its wordings."""
+    return FOLLOWER_NOT_SET in text or FOLLOWER_MISSING in text
+
+
+def _trap_nodes(refusal: str, at: dt.datetime | None) -> list[Node]:
+    """The JobSet webhook trap, link by link, after the leader's own cause."""
+    return [Node("JobSet's mutating pod webhook (mpod.kb.io) finds no node for the leader, "
+                 "so it leaves the followers without a node selector on its pool",
+                 "JobSet pod webhook order (kubernetes-sigs/jobset#1187)", at),
+            Node(_followers_lack(refusal), "JobSet pod webhook", at),
+            Node(f"its validating webhook (vpod.kb.io) refuses them: {refusal}",
+                 "edge: FailedCreate on the child Job", at)]
 
 
 def _queue_nodes(state: TaskState, queue: Mapping[str, Any] | None) -> list[Node]:

@@ -92,6 +92,13 @@ def _restarted(words: str, restarts: str) -> Callable[[Args], str]:
     return render
 
 
+def _disrupted(words: str) -> Callable[[Args], str]:
+    """A disruption: how many pods, the node, the condition's words first."""
+    def render(args: Args) -> str:
+        return words.format(count=len(args.get("pods") or ()), **args)
+    return render
+
+
 def _refused(words: str, transient: str) -> Callable[[Args], str]:
     """Pods the Job controller cannot create; a transient refusal says it will wait."""
     def render(args: Args) -> str:
@@ -186,6 +193,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
                             " (expected to clear; waiting)"),
     "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
+    "WorkloadDisrupted": _disrupted(
+        "disrupted: {count} pod(s) killed on node {node} ({cause}); not the workload's "
+        "failure: the Job recreates them (disruption {disruptions} of this task)"),
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
     "JobFailed": _exit,
     "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
@@ -268,6 +278,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
                             "（预计会自行恢复，继续等待）"),
     "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
+    "WorkloadDisrupted": _disrupted(
+        "中断：节点 {node} 上的 {count} 个 Pod 被终止（{cause}）；不是工作负载自身的失败，"
+        "Job 会重建它们（本任务第 {disruptions} 次中断）"),
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
     "JobFailed": _exit,
     "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",

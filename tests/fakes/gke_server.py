@@ -118,6 +118,8 @@ class FakeGke:
     def add_cluster(self, project: str, location: str, name: str, *,
                     endpoint: str = "10.20.30.40", ca_pem: bytes = b"-----FAKE CA-----\n",
                     gcs_fuse: bool = True, locations: list[str] | None = None,
+                    release_channel: str = "REGULAR",
+                    exclusions: dict[str, container_v1.TimeWindow] | None = None,
                     ) -> container_v1.Cluster:
         """A zonal cluster (``location`` a zone) has its zone as ``locations``; a
         regional one (a region) the region's zones a, b and c unless told."""
@@ -134,6 +136,10 @@ class FakeGke:
                 workload_pool=f"{project}.svc.id.goog"),
             addons_config=container_v1.AddonsConfig(
                 gcs_fuse_csi_driver_config=container_v1.GcsFuseCsiDriverConfig(enabled=gcs_fuse)),
+            release_channel=container_v1.ReleaseChannel(
+                channel=container_v1.ReleaseChannel.Channel[release_channel or "UNSPECIFIED"]),
+            maintenance_policy=container_v1.MaintenancePolicy(window=container_v1.MaintenanceWindow(
+                maintenance_exclusions=exclusions or {})),
         )
         with self._lock:
             self.clusters[path] = cluster
@@ -210,6 +216,7 @@ class FakeGke:
                 pool.locations = list(cluster.locations)
             _validate(pool)
             _validate_zones(pool, cluster)
+            refuse_disabled_upgrades(self._cluster(parent), pool)
             self._busy(parent)
             pool.status = container_v1.NodePool.Status.PROVISIONING
             pool.self_link = f"https://fake/v1/{path}"
@@ -339,6 +346,18 @@ def _validate_zones(pool: container_v1.NodePool, cluster: container_v1.Cluster) 
     problem = zone_problem(cluster.location, tuple(pool.locations), placed)
     if problem:
         raise ApiError("INVALID_ARGUMENT", problem)
+
+
+def refuse_disabled_upgrades(cluster: container_v1.Cluster, pool: container_v1.NodePool) -> None:
+    """On a cluster enrolled in a release channel node auto-upgrade cannot be turned off
+    (GKE "Auto-upgrading nodes"); the refusal's exact words are not documented, these
+    are the product's model of them."""
+    unspecified = container_v1.ReleaseChannel.Channel.UNSPECIFIED
+    channel = cluster.release_channel.channel
+    if channel != unspecified and "management" in pool and not pool.management.auto_upgrade:
+        name = container_v1.ReleaseChannel.Channel(channel).name
+        raise ApiError("INVALID_ARGUMENT", f"Auto_upgrade cannot be false when release_channel "
+                                           f"{name} is set.")
 
 
 def _validate(pool: container_v1.NodePool) -> None:

@@ -102,8 +102,13 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "jobsets": ("JobSet", "jobset.x-k8s.io/v1alpha2"),
 }
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+#: The JobSet pod webhook's refusals of a follower: with no node selector at all, and
+#: with selectors but not the topology key's (Falcon's pods).
 FOLLOWER_REFUSAL = ('Error creating: admission webhook "vpod.kb.io" denied the request: '
                     "follower pod node selector not set")
+FOLLOWER_MISSING_SELECTOR = ('Error creating: admission webhook "vpod.kb.io" denied the '
+                             "request: follower pod node selector for topology domain not "
+                             "found. missing selector: cloud.google.com/gke-nodepool")
 
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^/version/?$"), "version"),
@@ -632,10 +637,13 @@ class FakeKubeServer:
             self._put("events", ns, event, "ADDED")
             return event_name
 
-    def refuse_followers(self, child_job: str, *, namespace: str | None = None) -> str:
+    def refuse_followers(self, child_job: str, *, namespace: str | None = None,
+                         selector_set: bool = True) -> str:
         """The JobSet pod webhook refused a child Job's followers (its leader has no
-        node): the Job controller's FailedCreate event, in its words."""
-        return self.add_event("Job", child_job, "FailedCreate", FOLLOWER_REFUSAL,
+        node): the Job controller's FailedCreate event, in its words; ``selector_set``:
+        the followers have other node selectors (Falcon's do)."""
+        words = FOLLOWER_MISSING_SELECTOR if selector_set else FOLLOWER_REFUSAL
+        return self.add_event("Job", child_job, "FailedCreate", words,
                               namespace=namespace, source="job-controller")
 
     def set_jobset_condition(self, name: str, condition: str, reason: str, *,

@@ -78,7 +78,7 @@ from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.tpu import TPU_TYPES, SliceShape, TopologyError, slice_shape
 from tests.fakes import compute_server, gke_server, resource_manager_server
 from tests.fakes.compute_server import FakeCompute, HttpError
-from tests.fakes.gke_server import RPC_CODE, ApiError
+from tests.fakes.gke_server import RPC_CODE, ApiError, refuse_disabled_upgrades
 from tests.fakes.kube_server import (
     JOBSET_NAME_LABEL, FakeKubeServer, KubeApiError, timestamp,
 )
@@ -331,11 +331,11 @@ class TracedBus:
 
 # ----------------------------------------------------------------------- Kubernetes
 
-PodState = tuple[str, str | None, int | None, str | None, str | None]
+PodState = tuple[str, str | None, int | None, str | None, str | None, object]
 
 
 def _pod_state(pod: SimPod) -> PodState:
-    return pod.phase, pod.reason, pod.exit_code, pod.message, pod.node
+    return pod.phase, pod.reason, pod.exit_code, pod.message, pod.node, pod.disruption
 
 
 def _pod_status(pod: SimPod, containers: Sequence[str], moment: dt.datetime) -> dict[str, Any]:
@@ -368,6 +368,11 @@ def _pod_status(pod: SimPod, containers: Sequence[str], moment: dt.datetime) -> 
         if pod.message:
             status["message"] = pod.message
     else:
+        if pod.disruption is not None:  # Kubernetes "Pod disruption conditions"
+            reason, message = pod.disruption
+            status["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                         "reason": reason, "message": message,
+                                         "lastTransitionTime": now})
         finished = (pod.finished_at.strftime("%Y-%m-%dT%H:%M:%SZ")
                     if pod.finished_at is not None else now)
         terminated: dict[str, Any] = {"exitCode": pod.exit_code, "finishedAt": finished,
@@ -585,8 +590,8 @@ class SimKubeServer(FakeKubeServer):
             self._pods[(sim_job.name, sim_pod.name)] = state
             existing = self._objects.get(("pods", ns, sim_pod.name))
             pod = copy.deepcopy(existing) if existing else self._new_pod(ns, job, sim_pod)
-            if sim_pod.node:
-                pod["spec"]["nodeName"] = sim_pod.node
+            if sim_pod.node or sim_pod.last_node:
+                pod["spec"]["nodeName"] = sim_pod.node or sim_pod.last_node
             pod["status"] = _pod_status(sim_pod, containers, moment)
             self._put("pods", ns, pod, "MODIFIED" if existing else "ADDED")
             if not existing:
@@ -747,9 +752,10 @@ class SimGke:
         self._lock = threading.Lock()
         self._operations: dict[str, _OperationRecord] = {}
         self._created: dict[tuple[str, str], container_v1.NodePool] = {}
-        #: What ``GetCluster`` reports (``falcon-es doctor`` checks both).
+        #: What ``GetCluster`` reports (``falcon-es doctor`` checks these).
         self.workload_identity = True
         self.gcs_fuse = True
+        self.release_channel = container_v1.ReleaseChannel.Channel.REGULAR
 
     def _cluster(self, path: str) -> tuple[ClusterSim, Cluster]:
         match = _CLUSTER_PATH.match(path)
@@ -779,6 +785,8 @@ class SimGke:
                          ) -> container_v1.Operation:
         sim, row = self._cluster(request.parent)
         pool = container_v1.NodePool(request.node_pool)
+        refuse_disabled_upgrades(self.get_cluster(container_v1.GetClusterRequest(
+            name=request.parent)), pool)
         spec = NodePoolSpec(cluster=row, name=pool.name, shape=_shape_of(pool),
                             supply_mode=_supply_mode_of(pool), reservation=_reservation_of(pool),
                             scale_down_unneeded_seconds=_delay_of(pool),
@@ -836,6 +844,7 @@ class SimGke:
             addons_config=container_v1.AddonsConfig(
                 gcs_fuse_csi_driver_config=container_v1.GcsFuseCsiDriverConfig(
                     enabled=self.gcs_fuse)),
+            release_channel=container_v1.ReleaseChannel(channel=self.release_channel),
         )
 
     def _operation(self, operation: Operation, record: _OperationRecord

@@ -144,3 +144,20 @@ def test_a_taken_pool_goes_on_and_a_create_that_failed_is_deleted(
     assert bench.run() == [("ms", ev.NodePoolRetained("falcon-first-4x4", "next")),
                            ("ms", ev.NodePoolDeleteRequested("falcon-ms-4x4-s1"))]
     assert bench.run() == []  # "first" answers for its pool no more
+
+
+def test_a_flex_start_pool_goes_only_to_a_task_that_fits_in_its_nodes_life(
+        make_bench: HandlerBenches) -> None:
+    """Flex-start nodes live at most 7 days: five days after its create, a pool has two
+    left, too few for a 3-day timeout and enough for a 1-day one."""
+    day = 24 * 3600
+    bench = make_bench(deprovision.deprovision, reserved_cluster())
+    bench.bring("done", "succeeded", supply_mode="flex-start")
+    bench.bring("long", "waiting", supply_mode="flex-start", timeout_seconds=3 * day)
+    bench.advance(5 * day)
+    assert bench.run() == [("done", ev.NodePoolDeleteRequested("falcon-done-2x2"))]
+
+    bench.bring("done-2", "succeeded", supply_mode="flex-start")
+    bench.bring("short", "waiting", supply_mode="flex-start", timeout_seconds=day)
+    bench.advance(5 * day)
+    assert bench.run() == [("done-2", ev.NodePoolRetained("falcon-done-2-2x2", "short"))]

@@ -258,3 +258,59 @@ def test_pods_waiting_for_an_autoscaled_pools_nodes_are_waiting_for_node_and_a_r
     state = bench.state("t1")
     assert (state.status, state.job.dispatched_at) == ("Running", bench.clock.now())
     assert bench.backlog() == 0
+
+
+EVICTED = "EvictionByEvictionAPI: Eviction API: evicting"
+
+
+def evicted(name: str, node: str) -> PodObservation:
+    """A pod a drain killed: the container stopped by SIGTERM, DisruptionTarget set."""
+    return PodObservation(name, "Failed", reason="Error", exit_code=143, node=node,
+                          disruption=EVICTED)
+
+
+def test_a_disrupted_pod_is_no_failure_and_leads_until_its_replacement_runs(
+        make_bench: HandlerBenches) -> None:
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+    gone = evicted("falcon-t1-0-a", "gke-node-1")
+
+    bench.observe("t1", resource_version=10, failed=1, pods=(gone,))
+    assert bench.run() == [("t1", ev.WorkloadDisrupted(
+        ("falcon-t1-0-a",), "gke-node-1", f"DisruptionTarget {EVICTED}", 1, 10))]
+    row = bench.row("t1")
+    assert row["status"] == "Running" and row["message"].startswith(
+        "disrupted: 1 pod(s) killed on node gke-node-1 (DisruptionTarget EvictionByEviction")
+
+    bench.observe("t1", resource_version=11, failed=1,
+                  pods=(gone, PodObservation("falcon-t1-0-b", "Pending")))
+    assert bench.run() == []  # the disruption still leads: no "0/1 active"
+    bench.observe("t1", resource_version=12, failed=1, active=1,
+                  pods=(gone, PodObservation("falcon-t1-0-b", "Running")))
+    assert bench.run() == [("t1", ev.PodsRunning(1, 1, 12))]
+
+
+def test_one_more_disruption_than_the_budget_fails_the_task_and_deletes_the_job(
+        make_bench: HandlerBenches) -> None:
+    """FALCON_DISRUPTION_BUDGET (5): each disruption over once the pods run again."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running")
+    seen: list[PodObservation] = []
+    version = 10
+    for episode in range(1, 7):
+        seen.append(evicted(f"falcon-t1-0-{episode}", f"gke-node-{episode}"))
+        bench.observe("t1", resource_version=version, failed=len(seen), pods=tuple(seen))
+        events = bench.run()
+        if episode <= 5:
+            assert [type(e).__name__ for _, e in events] == ["WorkloadDisrupted"]
+            assert events[0][1].disruptions == episode  # type: ignore[attr-defined]
+            bench.observe("t1", resource_version=version + 1, failed=len(seen), active=1,
+                          pods=(*seen, PodObservation(f"falcon-t1-0-r{episode}", "Running")))
+            assert [type(e).__name__ for _, e in bench.run()] == ["PodsRunning"]
+        version += 2
+    assert [type(e).__name__ for _, e in events] == ["JobFailed", "JobDeleteRequested"]
+    row = bench.row("t1")
+    assert (row["status"], row["reason"]) == ("Failed", "JobFailed")
+    assert row["message"].startswith("disrupted 6 times, more than the budget of 5 "
+                                     "(FALCON_DISRUPTION_BUDGET); last: 1 pod(s) killed on "
+                                     "node gke-node-6")

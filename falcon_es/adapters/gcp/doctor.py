@@ -8,7 +8,9 @@ Credentials; the token itself is never shown.
 
 Per registered cluster: GKE ``get_cluster`` (the endpoint and CA come from there), which
 kind it is (regional or zonal) and whether the zone its TPU pools go in lies in its
-region and among GKE's ``locations`` for it, the Workload Identity pool and the GCS FUSE CSI add-on (Jobs write their logs through it),
+region and among GKE's ``locations`` for it, the Workload Identity pool and the GCS FUSE
+CSI add-on (Jobs write their logs through it), whether node upgrades can recreate
+running TPU slices (``upgrades.py``),
 the Kubernetes API (``/version``, then listing Jobs in the Jobs' namespace with the
 Google token), listing node pools, and the cluster's reservation. Per edge project, the
 edge role's permissions (Resource Manager ``testIamPermissions``), each missing one by
@@ -18,6 +20,7 @@ name. Then the Pub/Sub topics and the controller's edge-events subscription.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -41,6 +44,7 @@ from falcon_es.adapters.gcp.iam import (
 )
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_auth import GkeEndpoints, GoogleAccessTokens
+from falcon_es.adapters.gcp.upgrades import upgrade_exposure
 from falcon_es.adapters.gcp.wiring import (
     ADC_HINT,
     CredentialsSource,
@@ -113,8 +117,11 @@ class Doctor:
                  credentials_source: CredentialsSource = application_default_credentials,
                  auth_request: Any = None,
                  publisher: Callable[[], Any] = pubsub_v1.PublisherClient,
-                 subscriber: Callable[[], Any] = pubsub_v1.SubscriberClient) -> None:
+                 subscriber: Callable[[], Any] = pubsub_v1.SubscriberClient,
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                 ) -> None:
         self.settings = settings
+        self._now = now
         self._credentials_source = credentials_source
         self._auth_request = auth_request
         self._publisher = publisher
@@ -209,6 +216,7 @@ class Doctor:
                                 f"endpoint {gke.endpoint or 'none'}"))
             checks.append(_location(subject, cluster, list(gke.locations)))
             checks += self._cluster_features(subject, cluster, gke)
+            checks.append(self._upgrades(subject, cluster, gke, cluster_manager))
             kubernetes = self._kubernetes(subject, cluster, edges)
             checks.append(kubernetes)
             checks.append(self._jobset_crd(subject, cluster, edges) if not kubernetes.failed
@@ -234,6 +242,22 @@ class Doctor:
                       "stay in ContainerCreating",
                       f"{update} --update-addons GcsFuseCsiDriver=ENABLED"))
         return [identity, fuse]
+
+    def _upgrades(self, subject: str, cluster: Cluster, gke: container_v1.Cluster,
+                  cluster_manager: container_v1.ClusterManagerClient) -> Check:
+        """Whether node upgrades can recreate a running slice (``upgrades.py``)."""
+        name = "TPU pool upgrades"
+        try:
+            listed = cluster_manager.list_node_pools(parent=cluster_path(cluster),
+                                                     timeout=CALL_TIMEOUT_SECONDS, retry=None)
+        except (gexc.GoogleAPIError, requests.RequestException) as error:
+            return Check(subject, name, SKIP, f"needs the node pools: {_words(error)}")
+        command = (f"gcloud container clusters update {cluster.name} --project "
+                   f"{cluster.project} --location {cluster.location}")
+        verdict = upgrade_exposure(gke, listed.node_pools, self._now(),
+                                   pool_exclusion=self.settings.features.pool_upgrade_exclusion,
+                                   command=command)
+        return Check(subject, name, FAIL if verdict.exposed else OK, verdict.found, verdict.fix)
 
     def _kubernetes(self, subject: str, cluster: Cluster, edges: KubeEdgeClusters) -> Check:
         namespace = self.settings.lifecycle.job_namespace

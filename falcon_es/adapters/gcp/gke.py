@@ -90,20 +90,27 @@ class GkeNodePools:
 
     ``workload_policies`` creates the Compute workload policy an Ironwood multi-host
     pool refers to, when missing; without it those policies must already exist
-    (named by ``pools.workload_policy_name``).
+    (named by ``pools.workload_policy_name``). Before its first create on a cluster it
+    reads the cluster once (``get_cluster``) for its release channel, which decides
+    whether the pool's auto-upgrade may be off or must be held off by the pool's
+    maintenance exclusion (``upgrade_exclusion``).
     """
 
     def __init__(
         self, client: container_v1.ClusterManagerClient | None = None, *,
         credentials: Credentials | None = None, api_endpoint: str | None = None,
         transport: str = "grpc", workload_policies: WorkloadPolicies | None = None,
-        timeout: float = 30.0,
+        timeout: float = 30.0, upgrade_exclusion: bool = True,
     ) -> None:
         self._client = client or cluster_manager_client(
             credentials=credentials, api_endpoint=api_endpoint, transport=transport
         )
         self._workload_policies = workload_policies
         self._timeout = timeout
+        self._upgrade_exclusion = upgrade_exclusion
+        #: Per cluster path: enrolled in a release channel (read once; enrolment is
+        #: an operator's change, and a pool created meanwhile is refused in words).
+        self._channels: dict[str, bool] = {}
 
     def close(self) -> None:
         self._client.transport.close()
@@ -120,13 +127,26 @@ class GkeNodePools:
                 )
         request = container_v1.CreateNodePoolRequest(
             parent=cluster_path(cluster),
-            node_pool=node_pool(spec, workload_policy=policy),
+            node_pool=node_pool(spec, workload_policy=policy,
+                                release_channel=self._on_release_channel(cluster),
+                                upgrade_exclusion=self._upgrade_exclusion),
         )
         try:
             operation = self._client.create_node_pool(request=request, timeout=self._timeout)
         except _CALL_ERRORS as error:
             raise port_error(error, f"create node pool {spec.name} in {_where(cluster)}") from error
         return to_operation(operation)
+
+    def _on_release_channel(self, cluster: Cluster) -> bool:
+        path = cluster_path(cluster)
+        known = self._channels.get(path)
+        if known is None:
+            try:
+                gke = self._client.get_cluster(name=path, timeout=self._timeout)
+            except _CALL_ERRORS as error:
+                raise port_error(error, f"get {_where(cluster)}") from error
+            known = self._channels[path] = on_release_channel(gke)
+        return known
 
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
         name = f"projects/{cluster.project}/locations/{cluster.location}/operations/{operation_id}"
@@ -167,6 +187,13 @@ class GkeNodePools:
         except _CALL_ERRORS as error:
             raise port_error(error, f"list node pools of {_where(cluster)}") from error
         return [to_info(cluster, pool) for pool in response.node_pools]
+
+
+def on_release_channel(gke: container_v1.Cluster) -> bool:
+    """The cluster is enrolled in a release channel (RAPID, REGULAR, STABLE, EXTENDED):
+    GKE then keeps node auto-upgrade on."""
+    channel = gke.release_channel.channel
+    return channel != container_v1.ReleaseChannel.Channel.UNSPECIFIED
 
 
 def to_operation(operation: container_v1.Operation) -> Operation:

@@ -19,8 +19,9 @@ same version, a harmless duplicate that reaches subscriptions that missed it.
 
 Versions. The consumer drops an observation whose ``resource_version`` is not larger
 than the last one it folded, so a Job's view must never change without its version
-growing. Kubernetes resourceVersions are one counter for all objects (etcd's
-revision), but the two watches deliver independently: the Job update the job
+growing. Kubernetes promises resourceVersions comparable only within one resource
+type (KEP-5504; today they are etcd's one revision counter), and the two watches
+deliver independently: the Job update the job
 controller made *because* a pod started (rv 111) can arrive before that pod's own
 event (rv 110), and the pod then changes the view without any larger object rv. What
 the view holds is fixed by how far each watch has read (its position: the last

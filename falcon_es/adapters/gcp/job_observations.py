@@ -5,6 +5,7 @@ refusal that keeps its pods from being created (``refusal_of``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -79,6 +80,19 @@ def _pod_order(pod: Mapping[str, Any]) -> tuple[int, str]:
 
 
 def pod_observation(pod: Mapping[str, Any]) -> PodObservation:
+    """A pod's phase and the most telling reason (``_pod_cause``), its node, and its
+    ``DisruptionTarget`` condition when a disruption killed it (Kubernetes "Pod
+    disruption conditions": the pod failure policy ignores such a pod)."""
+    status = pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName") or None
+    disruption = next((f"{c.get('reason') or 'DisruptionTarget'}: {c.get('message') or ''}"
+                       .rstrip(": ") for c in status.get("conditions") or ()
+                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"),
+                      None)
+    return dataclasses.replace(_pod_cause(pod), node=node, disruption=disruption)
+
+
+def _pod_cause(pod: Mapping[str, Any]) -> PodObservation:
     """A pod's phase and the most telling reason: a failed container's termination,
     a container that cannot start, the pod's own reason, the scheduler's refusal."""
     status = pod.get("status") or {}

@@ -36,6 +36,10 @@ CONTAINER_FAILURES = frozenset({
 })
 #: Cluster-autoscaler event reasons on a pending pod worth quoting next to the cause.
 AUTOSCALER_REASONS = frozenset({"NotTriggerScaleUp", "FailedScaleUp"})
+#: The cluster autoscaler's note while it backs off after a failed scale-up (a Normal
+#: NotTriggerScaleUp, kubernetes/autoscaler ``core/scaleup/orchestrator/skippedreasons.go``):
+#: newer than the FailedScaleUp that says why, and no cause of its own.
+BACKOFF_NOTE = "in backoff after failed scale-up"
 #: Findings quoted in a diagnosis at most (the first is the root cause).
 MAX_FINDINGS = 3
 #: Pending pods whose events are read, leader first (a 64-host slice has 64 pods).
@@ -80,10 +84,9 @@ def _findings(job: client.V1Job, pods: Sequence[client.V1Pod],
         if unschedulable is not None:
             # The autoscaler's word on why no node comes (a stockout, a quota) is the
             # root cause: it leads, ahead of the pool's counts and the pod's symptom.
-            scale = [e for e in pod_events if e.reason in AUTOSCALER_REASONS]
-            if scale:
-                findings.append((0, f"cluster autoscaler {scale[-1].reason}: "
-                                    f"{scale[-1].message}"))
+            word = autoscaler_cause(pod_events)
+            if word is not None:
+                findings.append((0, f"cluster autoscaler {word.reason}: {word.message}"))
             pool = (pod.spec.node_selector or {}).get(NODEPOOL_LABEL) if pod.spec else None
             if pool and pool not in pools_checked:
                 pools_checked.add(pool)
@@ -106,6 +109,21 @@ def _findings(job: client.V1Job, pods: Sequence[client.V1Pod],
             findings.append((6, (f"Job {job_name} failed: {condition.reason}: "
                                  f"{condition.message}")))
     return findings
+
+
+def autoscaler_cause(events: Sequence[client.CoreV1Event]) -> client.CoreV1Event | None:
+    """The cluster autoscaler's word on a pending pod (``events`` oldest first): its
+    newest event, unless that is the backoff note, which only says a scale-up failed
+    before: then the last ``FailedScaleUp``, which says why (a stockout, a quota)."""
+    scale = [e for e in events if e.reason in AUTOSCALER_REASONS]
+    if not scale:
+        return None
+    newest = scale[-1]
+    if newest.reason == "NotTriggerScaleUp" and BACKOFF_NOTE in (newest.message or ""):
+        failed = [e for e in scale if e.reason == "FailedScaleUp"]
+        if failed:
+            return failed[-1]
+    return newest
 
 
 def pod_order(pod: client.V1Pod) -> tuple[int, str]:

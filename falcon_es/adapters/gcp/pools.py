@@ -34,8 +34,24 @@ Supply mode
   on-demand: NO_RESERVATION, so an on-demand pool never silently eats capacity that a
     reservation-mode task was promised; all ``hosts`` nodes at once (needs TPU quota).
   flex-start: ``flex_start=True``, NO_RESERVATION, autoscaling 0..hosts with location
-    policy ANY, 0 initial nodes, auto-repair off (repairing one VM of a flex slice
-    would give the capacity back), auto-upgrade on.
+    policy ANY, 0 initial nodes.
+
+Repairs and upgrades (docs/design-notes/disruptions.md)
+  A repair or upgrade of one node of a multi-host slice recreates the whole slice and
+  evicts every pod on it; the Jobs' pod failure policy recreates the pods, but the run
+  starts again. Auto-repair stays on (GKE's default) for reservation and on-demand
+  pools, whose broken VM would otherwise hold the slice down, and is off for
+  flex-start pools (repairing a flex-start slice gives its capacity back to the queue).
+  Auto-upgrade is off, except on a cluster enrolled in a release channel, where GKE
+  does not allow it off ("Auto-upgrading nodes"): there the pool carries GKE's
+  per-node-pool maintenance exclusion until the end of support
+  (``maintenance_policy.exclusion_until_end_of_support``, FALCON_POOL_UPGRADE_EXCLUSION),
+  and ``doctor`` reports a cluster whose TPU pools are otherwise exposed.
+
+Pods per node
+  Multi-host TPU pools get ``max_pods_constraint`` 15 (xpk's ``--max-pods-per-node
+  15``): one workload pod per VM plus GKE's system pods, where the default of 110
+  takes a /24 of the cluster's pod range per node and a large slice can exhaust it.
 
 Scale-down-unneeded time (what GKE honours and what not)
   Falcon's ``scale_down_unneeded_seconds`` (reservation short, flex-start long) has no
@@ -43,11 +59,11 @@ Scale-down-unneeded time (what GKE honours and what not)
   ``ClusterAutoscaling`` has a scale-down-unneeded or scale-down-delay field, and the
   cluster autoscaler's ``--scale-down-unneeded-time`` flag is not exposed by GKE. The
   closest per-pool field is ``NodeConfig.consolidation_delay`` ("duration after which
-  the Cluster Autoscaler can scale down underutilized nodes"); Falcon sets it on every
-  pool it creates. GKE's autoscaler only scales pools that have autoscaling enabled,
-  so the delay takes effect on flex-start pools and is inert on the fixed-size
-  reservation and on-demand pools, whose capacity Falcon gives back by deleting the
-  pool when no task of the same topology waits. The only other scale-down knob is the
+  the Cluster Autoscaler can scale down underutilized nodes"). GKE's autoscaler only
+  scales pools that have autoscaling enabled, so Falcon sets it on flex-start pools
+  only (whether GKE accepts it on a pool without autoscaling is not documented); the
+  fixed-size reservation and on-demand pools give their capacity back by Falcon
+  deleting the pool when no task of the same topology waits. The only other scale-down knob is the
   cluster-wide autoscaling profile (BALANCED / OPTIMIZE_UTILIZATION), which Falcon
   leaves alone. Whether GKE honours ``consolidation_delay`` on TPU pools, and from
   which GKE version, is not verified (reference §1.6, §8).
@@ -86,6 +102,8 @@ TPU_TYPE_KEY = "falcon-tpu-type"
 TPU_TAINT_KEY = "google.com/tpu"
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
 IRONWOOD = "v7x"
+#: xpk's ``--max-pods-per-node`` for TPU pools (``src/xpk/core/nodepool.py``).
+MAX_PODS_PER_TPU_NODE = 15
 
 _RESOURCE_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 _RESERVATION = re.compile(
@@ -135,12 +153,16 @@ def gce_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return folded
 
 
-def node_pool(spec: NodePoolSpec, *, workload_policy: str | None = None) -> container_v1.NodePool:
+def node_pool(spec: NodePoolSpec, *, workload_policy: str | None = None,
+              release_channel: bool = False,
+              upgrade_exclusion: bool = True) -> container_v1.NodePool:
     """The NodePool message for ``create_node_pool``.
 
     ``workload_policy`` names the Compute workload policy of an Ironwood multi-host
     slice (default: ``workload_policy_name(spec.shape)``); it must exist in the
-    cluster's region before the pool is created.
+    cluster's region before the pool is created. ``release_channel``: the cluster is
+    enrolled in one (auto-upgrade cannot be off; ``upgrade_exclusion`` then holds
+    node upgrades off with the pool's own maintenance exclusion).
     """
     shape = spec.shape
     if spec.supply_mode not in SUPPLY_MODES:
@@ -160,7 +182,7 @@ def node_pool(spec: NodePoolSpec, *, workload_policy: str | None = None) -> cont
             mode=container_v1.WorkloadMetadataConfig.Mode.GKE_METADATA
         ),
     )
-    if spec.scale_down_unneeded_seconds:
+    if spec.scale_down_unneeded_seconds and flex:  # only an autoscaled pool scales down
         config.consolidation_delay = dt.timedelta(seconds=spec.scale_down_unneeded_seconds)
     if flex:
         config.flex_start = True
@@ -179,7 +201,15 @@ def node_pool(spec: NodePoolSpec, *, workload_policy: str | None = None) -> cont
             max_node_count=shape.hosts,
             location_policy=container_v1.NodePoolAutoscaling.LocationPolicy.ANY,
         )
-        pool.management = container_v1.NodeManagement(auto_upgrade=True, auto_repair=False)
+    pool.management = container_v1.NodeManagement(auto_upgrade=release_channel,
+                                                  auto_repair=not flex)
+    if release_channel and upgrade_exclusion:
+        pool.maintenance_policy = container_v1.NodePool.NodePoolMaintenancePolicy(
+            exclusion_until_end_of_support=container_v1.NodePool.ExclusionUntilEndOfSupport(
+                enabled=True))
+    if shape.multi_host:
+        pool.max_pods_constraint = container_v1.MaxPodsConstraint(
+            max_pods_per_node=MAX_PODS_PER_TPU_NODE)
     if needs_workload_policy(shape):
         pool.placement_policy = container_v1.NodePool.PlacementPolicy(
             policy_name=workload_policy or workload_policy_name(shape)

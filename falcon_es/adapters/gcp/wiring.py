@@ -169,7 +169,8 @@ def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
     compute_credentials = AnonymousCredentials() if is_local(compute_endpoint) else credentials
     cluster_manager = build_cluster_manager(settings, credentials)
     node_pools = GkeNodePools(cluster_manager, workload_policies=WorkloadPolicies(
-        credentials=compute_credentials, api_endpoint=compute_endpoint))
+        credentials=compute_credentials, api_endpoint=compute_endpoint),
+        upgrade_exclusion=settings.features.pool_upgrade_exclusion)
     reservations = ComputeReservations(credentials=compute_credentials,
                                        api_endpoint=compute_endpoint)
     edges = KubeEdgeClusters(GkeEndpoints(cluster_manager),

@@ -172,6 +172,9 @@ class ClusterBehaviour:
     node_register_delay: Mapping[str, Span] = dataclasses.field(default_factory=_by_mode(
         Span(20.0, 40.0), Span(30.0, 60.0), Span(60.0, 180.0)))
     node_ready_lag: Span = Span(5.0, 15.0)
+    #: How long a flex-start node lives: GKE deletes it at the end of its max run
+    #: duration (up to 7 days, "About flex-start"); the pods on it are killed.
+    flex_start_max_run_seconds: float = 7 * 24 * 3600.0
     stockout: StockoutConfig = StockoutConfig()
     quota: QuotaConfig = QuotaConfig()
     delete_failures: FaultRule = FaultRule()

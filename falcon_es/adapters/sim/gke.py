@@ -1,24 +1,23 @@
 """Simulated GKE node pools of one cluster: operations, latency, quota, stockouts.
 
 A create returns a long-running operation at once; the pool is PROVISIONING (and
-invisible to get/list for the create-visibility window), then RUNNING when the
-operation ends. A fixed-size pool (reservation, on-demand) brings its nodes then,
-after a delay -- or, in a stockout, not for a while or never. An autoscaled pool
-(flex-start: autoscaling 0..N, 0 initial nodes) gets nodes only as the cluster
-autoscaler does: for Pending pods that need them (``scale_up``, asked by the Kubernetes
-side), answering with the autoscaler's pod events (TriggeredScaleUp, or FailedScaleUp in
-the stockout's or the quota's words, and NotTriggerScaleUp while it backs off), and it
-removes the nodes again once they have been unneeded for the pool's scale-down-unneeded
-time. TPU quota bites when VMs are made: at a fixed-size pool's create (its operation
-fails), at an autoscaled pool's scale-up (its create succeeds with no VMs) unless the
-config says GKE checks it at create (``QuotaConfig.autoscaled_at``).
-Multi-host slices are atomic: all nodes arrive together. A pool's zones are the
-spec's ``locations``, or, when it names none, every zone of the cluster, as GKE does:
-a node group per zone, so a regional cluster's pool has three times the nodes, and
-COMPACT placement (which wants one zone) is refused. Reservations are zonal: a pool
-can consume one only in the reservation's zone. A failed
-create leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made
-from a SPECIFIC reservation hold their VMs of it from create until deleted.
+invisible to get/list for the create-visibility window), then RUNNING when the operation
+ends. A fixed-size pool (reservation, on-demand) brings its nodes then, after a delay --
+or, in a stockout, not for a while or never. An autoscaled pool (flex-start: autoscaling
+0..N, 0 initial nodes) gets nodes only as the cluster autoscaler does: for Pending pods
+that need them (``scale_up``, asked by the Kubernetes side), answering with its pod
+events (TriggeredScaleUp, or FailedScaleUp in the stockout's or the quota's words, then
+NotTriggerScaleUp while it backs off), and removes them once unneeded for the pool's
+scale-down-unneeded time; its nodes are deleted at their max run duration. TPU quota
+bites when VMs are made: at a fixed-size pool's create (its operation fails), at an
+autoscaled pool's scale-up unless the config says at create (``QuotaConfig.autoscaled_at``).
+Multi-host slices are atomic: all nodes arrive together, and a repair recreates them all.
+A pool's zones are the spec's ``locations``, or, when it names none, every zone of the
+cluster, as GKE does: a node group per zone, so a regional cluster's pool has three
+times the nodes, and COMPACT placement (which wants one zone) is refused. Reservations
+are zonal: a pool can consume one only in the reservation's zone. A failed create
+leaves the pool in ERROR, as GKE does, until someone deletes it. Pools made from a
+SPECIFIC reservation hold their VMs of it from create until deleted.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from falcon_es.domain.ports import (
@@ -50,6 +49,9 @@ PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
+#: The autoscaler's NotTriggerScaleUp while it backs off after a failed scale-up
+#: (kubernetes/autoscaler ``core/scaleup/orchestrator/skippedreasons.go``).
+BACKOFF_NOTE = "pod didn't trigger scale-up: 1 in backoff after failed scale-up"
 #: The autoscaler's GKE provider's failure words for a MIG resize refused for quota.
 GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
 
@@ -58,6 +60,8 @@ GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
 class SimNode:
     name: str
     ready: bool = False
+    #: GKE deleted it at the end of its flex-start max run duration.
+    expired: bool = False
     pod: str | None = None  # "<job>/<pod>" bound to it; a TPU pod takes the whole VM
     shared: bool = False  # a CPU system node: pods without TPUs share it
 
@@ -103,6 +107,9 @@ class SimPool:
     autoscaler_event: tuple[str, str] | None = None
     #: How many times in a row the autoscaler said it (a repeated event's count).
     autoscaler_event_count: int = 0
+    #: Its last FailedScaleUp (the cause) while it backs off after it: the newest
+    #: event is then the backoff note, which says no cause of its own.
+    failed_scale_up: tuple[str, str] | None = None
     #: The Job whose pending pods a scale-up in flight is for (exclusive per pool).
     scaling_for: str | None = None
     #: Since when no pod has used the pool's nodes (None: in use, or no nodes).
@@ -312,9 +319,8 @@ class NodePoolService:
         return _unused(reservation, shape, self.reservation_hosts_in_use(reservation.name))
 
     def reservation_unused_vms(self, reservation: ReservationConfig, shape: SliceShape) -> int:
-        """What Compute reports (``count - inUseCount``): inUseCount counts the VMs that
-        exist, so a pool still being created is not in it until its VMs are up. A reader
-        that trusts this alone overcommits the reservation."""
+        """What Compute reports (``count - inUseCount``): inUseCount counts the VMs that exist,
+        not a pool still being created; a reader trusting this alone overcommits it."""
         # A pool being deleted keeps its VMs until the delete is done.
         existing = sum(p.shape.hosts if p.status == STOPPING else p.registered
                        for p in self.pools.values()
@@ -322,18 +328,16 @@ class NodePoolService:
         return _unused(reservation, shape, existing)
 
     def quota_chips_in_use(self) -> int:
-        """TPU chips counted against the quota: a pool whose quota is checked at create
-        holds its chips from then until its delete starts; an autoscaled pool otherwise
-        holds them only while it has nodes or is adding them (its VMs exist)."""
+        """TPU chips counted against the quota: a pool checked at create holds them from then
+        until its delete starts; an autoscaled one only while it has or adds nodes."""
         modes = self.behaviour.quota.supply_modes
         return sum(p.shape.chips for p in self.pools.values()
                    if p.supply_mode in modes and p.status in (PROVISIONING, RUNNING)
                    and (self._quota_at_create(p) or p.nodes or p.scaling_for is not None))
 
     def _quota_at_create(self, pool: SimPool) -> bool:
-        """Whether GKE checks the pool's TPU quota at its create: a fixed-size pool makes
-        its VMs then; an autoscaled pool (0 nodes) makes none, unless the config plays
-        the reading where GKE checks it anyway."""
+        """Whether GKE checks the pool's TPU quota at its create: a fixed-size pool makes its
+        VMs then; an autoscaled one (0 nodes) none, unless the config plays that reading."""
         return not pool.autoscaled or self.behaviour.quota.autoscaled_at == QUOTA_AT_CREATE
 
     def _over_chip_limit(self, pool: SimPool) -> bool:
@@ -489,11 +493,10 @@ class NodePoolService:
     # ------------------------------------------------------ cluster autoscaler
 
     def scale_up(self, name: str, job: str, moment: dt.datetime, misfit: str | None) -> bool:
-        """The cluster autoscaler, for pending pods of ``job`` that need a node of pool
-        ``name``: True when the pool has nodes or a scale-up for this Job is under way,
-        False when it cannot help (not autoscaled, not RUNNING, scaling for another
-        Job, out of capacity: its FailedScaleUp event says so). ``misfit``: why the pod
-        would not fit a new node either (then no scale-up: NotTriggerScaleUp)."""
+        """The cluster autoscaler, for pending pods of ``job`` needing a node of pool ``name``:
+        True when the pool has nodes or a scale-up for this Job is under way, False when
+        it cannot help (not autoscaled or RUNNING, scaling for another Job, out of capacity:
+        FailedScaleUp). ``misfit``: why a new node would not fit either (NotTriggerScaleUp)."""
         pool = self.pools.get(name)
         if pool is None or not pool.autoscaled or pool.status != RUNNING:
             return False
@@ -513,12 +516,16 @@ class NodePoolService:
             return False
         stockout = (FAILED_SCALE_UP, self._stockout_words(pool))
         if pool.stocked_out and (pool.stockout_ends_at is None or moment < pool.stockout_ends_at):
-            if pool.autoscaler_event != stockout:
+            if pool.failed_scale_up != stockout:
                 self._autoscaler_says(pool, *stockout)
+                pool.failed_scale_up = stockout
                 if pool.stockout_ends_at is not None:
                     # The autoscaler tries again after its backoff; the first try
                     # after the stockout ends succeeds.
                     self._timeline.at(pool.stockout_ends_at, self._retry_scale_up, pool)
+            elif pool.autoscaler_event == stockout:
+                # Asked again while it backs off: the newest event is its note.
+                self._autoscaler_says(pool, NOT_TRIGGER_SCALE_UP, BACKOFF_NOTE)
             return False
         pool.scaling_for = job
         self._autoscaler_says(pool, TRIGGERED_SCALE_UP, (
@@ -584,21 +591,35 @@ class NodePoolService:
         self._timeline.at(seconds_after(moment, pool.scale_down_unneeded_seconds),
                           self._scale_down, pool, since)
 
+    def repair_nodes(self, name: str, moment: dt.datetime) -> None:
+        """GKE's repair of a node of a multi-host TPU slice recreates every VM of the
+        slice (Cloud TPU "TPUs in GKE"): the nodes go (the Kubernetes side evicted their
+        pods first), new ones come as after a create; no scale-up runs meanwhile."""
+        pool = self.pools.get(name)
+        if pool is not None and pool.status == RUNNING and pool.nodes:
+            pool.scaling_for = "node-repair"
+            self._lose(pool, pool.nodes, moment)
+            self._bring_nodes(pool, moment)
+
     def _scale_down(self, pool: SimPool, since: dt.datetime, moment: dt.datetime) -> None:
-        if (self.pools.get(pool.name) is not pool or pool.status != RUNNING
-                or pool.unneeded_since != since):
-            return
-        lost, pool.nodes = pool.nodes, []
-        pool.unneeded_since, pool.autoscaler_event, pool.autoscaler_event_count = None, None, 0
+        if (self.pools.get(pool.name) is pool and pool.status == RUNNING
+                and pool.unneeded_since == since):
+            pool.autoscaler_event, pool.autoscaler_event_count = None, 0
+            self._lose(pool, pool.nodes, moment)
+            self._quota_freed(moment)
+
+    def _lose(self, pool: SimPool, lost: Sequence[SimNode], moment: dt.datetime) -> None:
+        """The pool's ``lost`` nodes are gone; the Kubernetes side is told."""
+        pool.nodes = [node for node in pool.nodes if node not in lost]
+        pool.unneeded_since = None
         self.registered_nodes -= len(lost)
-        self._on_nodes_changed(pool, moment, lost)
-        self._quota_freed(moment)
+        self._on_nodes_changed(pool, moment, [*lost])
 
     def _register_nodes(self, pool: SimPool, ready_lag: float, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:
             return
         pool.stocked_out = False
-        pool.scaling_for = None
+        pool.scaling_for, pool.failed_scale_up = None, None
         group = suffix(self._rng, 8)
         pool.nodes = [
             SimNode(f"gke-{self.identity.name[:12]}-{pool.name[:24]}-{group}-{suffix(self._rng, 4)}")
@@ -607,6 +628,18 @@ class NodePoolService:
         self.registered_nodes += len(pool.nodes)
         self._on_nodes_changed(pool, moment, [])
         self._timeline.at(seconds_after(moment, ready_lag), self._nodes_ready, pool)
+        if pool.supply_mode == FLEX_START:
+            self._timeline.at(seconds_after(moment, self.behaviour.flex_start_max_run_seconds),
+                              self._end_of_run, pool, group)
+
+    def _end_of_run(self, pool: SimPool, group: str, moment: dt.datetime) -> None:
+        """Flex-start nodes reach their max run duration: GKE deletes them, killing their pods."""
+        lost = [node for node in pool.nodes if f"-{group}-" in node.name]
+        if self.pools.get(pool.name) is pool and lost:
+            for node in lost:
+                node.expired = True
+            self._lose(pool, lost, moment)
+            self._quota_freed(moment)
 
     def _nodes_ready(self, pool: SimPool, moment: dt.datetime) -> None:
         if self.pools.get(pool.name) is not pool or pool.status != RUNNING:

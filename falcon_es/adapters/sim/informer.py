@@ -88,7 +88,8 @@ def observation_data(observation: JobObservation) -> dict[str, Any]:
         "completions": observation.completions,
         "pods": [{"name": p.name, "phase": p.phase, "reason": p.reason,
                   "exit_code": p.exit_code, "message": p.message,
-                  "finished_at": p.finished_at} for p in observation.pods],
+                  "finished_at": p.finished_at, "node": p.node, "disruption": p.disruption}
+                 for p in observation.pods],
         "observed_at": observation.observed_at.isoformat(), "condition": observation.condition,
         "refusal": (None if observation.refusal is None
                     else dataclasses.asdict(observation.refusal)),

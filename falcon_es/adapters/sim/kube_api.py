@@ -46,14 +46,14 @@ from falcon_es.domain.ports import (
 
 from falcon_es.adapters.sim.common import ClusterIdentity, seconds_after, suffix
 from falcon_es.adapters.sim.gke import (
-    ERROR, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP, NodePoolService, SimNode,
-    SimPool,
+    ERROR, FAILED_SCALE_UP, PROVISIONING, RUNNING, STOPPING, TRIGGERED_SCALE_UP,
+    NodePoolService, SimNode, SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
 from falcon_es.adapters.sim.kube_objects import (
-    FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
+    FAIL_JOB, FAILED, IGNORE, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
 )
 from falcon_es.adapters.sim.timeline import Method, Timeline
 
@@ -69,6 +69,14 @@ _BACKOFF_START, _BACKOFF_CAP = 10.0, 360.0
 #: DefaultJobApiBackOff and MaxJobApiBackOff of pkg/controller/job.
 _SYNC_BACKOFF_START, _SYNC_BACKOFF_CAP = 1.0, 60.0
 CREATE_DENIED = "create-denied"
+NODE_REPAIR = "node-repair"
+#: The DisruptionTarget conditions the sim gives (Kubernetes "Pod disruption
+#: conditions"): a drain through the Eviction API (GKE's node repair and upgrade), and
+#: the pod garbage collector's for a pod whose node is gone.
+EVICTED = ("EvictionByEvictionAPI", "Eviction API: evicting")
+POD_GC = "DeletionByPodGC"
+#: Exit code of a container stopped by SIGTERM (a drained pod's).
+SIGTERM_EXIT = 143
 DENYING_WEBHOOK = "tpu-policy.falcon-es.example.com"
 #: What the API server answers a pod create the webhook denies (the Job controller
 #: prefixes "Error creating: "), in the apiserver's "admission webhook %q denied the
@@ -256,8 +264,10 @@ class KubeService:
             if job is None or pod is None:
                 continue
             pod.node = None
-            self._pod_failed(job, pod, moment, "DeletionByPodGC", None,
-                             f"node {node.name} was deleted with node pool {pool.name}")
+            words = (f"node {node.name} reached the end of its flex-start max run duration "
+                     f"and was deleted" if node.expired else
+                     f"node {node.name} was deleted with node pool {pool.name}")
+            self._pod_failed(job, pod, moment, POD_GC, None, words, (POD_GC, words))
         self._reschedule(moment, {pool.name})
 
     def flush(self, moment: dt.datetime) -> None:
@@ -325,6 +335,7 @@ class KubeService:
             if not node.shared:
                 node.pod = f"{job.name}/{pod.name}"
             pod.node, pod.pool = node.name, job.pool or self._pool_of(node)
+            pod.last_node = node.name
             if not node.shared:
                 self._pools.node_use_changed(pod.pool or "", moment)
             pod.reason, pod.message = "ContainerCreating", None
@@ -437,6 +448,8 @@ class KubeService:
         if pool.status == RUNNING and pool.ready < hosts and pool.autoscaled:
             counts = f"{pool.registered}/{hosts} nodes registered, {pool.ready} Ready"
             event = pool.autoscaler_event
+            if event is not None and event[0] != FAILED_SCALE_UP and pool.failed_scale_up:
+                event = pool.failed_scale_up  # the cause, not the backoff note after it
             if event is None:
                 return f"node pool {name} (autoscaled): {counts}"
             if event[0] == TRIGGERED_SCALE_UP and pool.registered:
@@ -485,6 +498,31 @@ class KubeService:
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
         self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
                           self._finish, job, pod)
+        if job.behaviour.outcome == NODE_REPAIR and not job.repaired:
+            job.repaired = True
+            self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds / 2),
+                              self._repair_slice, job, pod.pool)
+
+    def _repair_slice(self, job: SimJob, pool_name: str | None, moment: dt.datetime) -> None:
+        """GKE repairs a node of the Job's slice, which recreates the whole slice: every
+        node is drained (its pod evicted through the Eviction API, the container
+        stopped by SIGTERM, the pod marked DisruptionTarget) and then replaced; the
+        Job controller recreates the pods its pod failure policy ignores."""
+        pool = self._pools.pools.get(pool_name or "")
+        if self.jobs.get(job.name) is not job or job.finished or pool is None:
+            return
+        for node in pool.nodes:
+            node.ready = False  # cordoned: nothing new lands on the slice being repaired
+        for node in list(pool.nodes):
+            owner, _, pod_name = (node.pod or "").partition("/")
+            victim_job = self.jobs.get(owner)
+            victim = next((p for p in victim_job.pods if p.name == pod_name), None) \
+                if victim_job is not None else None
+            if victim_job is not None and victim is not None and victim.phase in (
+                    PENDING, RUNNING_PHASE):
+                self._pod_failed(victim_job, victim, moment, "Error", SIGTERM_EXIT,
+                                 f"node {node.name} drained for repair by GKE", EVICTED)
+        self._pools.repair_nodes(pool.name, moment)
 
     def _image_backoff(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if self._current(job, pod) and pod.reason == "ErrImagePull":
@@ -516,14 +554,25 @@ class KubeService:
         self._reschedule(moment, {freed})
 
     def _pod_failed(self, job: SimJob, pod: SimPod, moment: dt.datetime, reason: str,
-                    exit_code: int | None, message: str | None) -> None:
+                    exit_code: int | None, message: str | None,
+                    disruption: tuple[str, str] | None = None) -> None:
+        """A pod of the Job failed; its pod failure policy decides: Ignore (a
+        disruption: a replacement at once, nothing counted), FailJob (the Job Failed
+        with reason PodFailurePolicy), else counted against ``backoffLimit``."""
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
-        pod.finished_at = moment
+        pod.finished_at, pod.disruption = moment, disruption
         freed = {pod.pool}
         self._unbind(pod, moment)
-        job.failed += 1
         self._dirty[job.name] = job
-        if job.failed > job.backoff_limit:
+        action = job.failure_action(pod)
+        if action == IGNORE:
+            self._timeline.at(moment, self._replace, job, pod.index)
+            self._reschedule(moment, freed)
+            return
+        job.failed += 1
+        if action == FAIL_JOB or job.failed > job.backoff_limit:
+            job.condition_reason = ("PodFailurePolicy" if action == FAIL_JOB
+                                    else "BackoffLimitExceeded")
             self._conclude(job, FAILED_CONDITION, moment)
             for other in job.live_pods():
                 freed.add(other.pool)

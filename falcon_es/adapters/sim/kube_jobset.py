@@ -10,10 +10,16 @@ cluster runs them (kubernetes-sigs/jobset, ``jobset.x-k8s.io/v1alpha2``).
   mutating pod webhook gives each follower a node selector on the leader's pool. While
   the leader is not scheduled the webhook leaves followers unpatched, and the
   validating webhook, which checks the selector before it checks the leader, refuses
-  them with "follower pod node selector not set" -- the FailedCreate events on the
+  them with "follower pod node selector not set" (a follower with no node selector at
+  all) or, for pods that have other selectors (Falcon's: the accelerator and topology),
+  "follower pod node selector for topology domain not found. missing selector:
+  cloud.google.com/gke-nodepool" -- the FailedCreate events on the
   child Job that mask the leader's real cause (kubernetes-sigs/jobset#1187). Followers are
   created as soon as their leader is bound.
-- Failure policy: a failed child Job restarts the whole JobSet (Recreate: every child
+- Failure policy: a child Job failed for a reason a ``FailJobSet`` rule names
+  (``onJobFailureReasons``, e.g. ``PodFailurePolicy``) fails the JobSet at once
+  (reason FailJobSetFailurePolicyAction, ``pkg/controllers/failure_policy.go``); any
+  other failed child Job restarts the whole JobSet (Recreate: every child
   deleted and created again, ``status.restarts`` + 1) until ``maxRestarts`` is
   reached; then the JobSet is Failed with reason ReachedMaxRestarts (FailedJobs when it
   has no failure policy). Every child Complete makes it Completed (AllJobsCompleted).
@@ -73,10 +79,19 @@ EXCLUSIVE_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 COMPLETED, FAILED_CONDITION = "Completed", "Failed"
 ALL_JOBS_COMPLETED, FAILED_JOBS, REACHED_MAX_RESTARTS = (
     "AllJobsCompleted", "FailedJobs", "ReachedMaxRestarts")
+#: The Failed condition's reason when a FailJobSet rule acted (jobset
+#: ``pkg/constants/constants.go`` ``FailJobSetActionReason``).
+FAIL_JOBSET_ACTION = "FailJobSetFailurePolicyAction"
 #: The validating pod webhook's answer to a follower created before its leader is
 #: scheduled (the Job controller's FailedCreate prefixes "Error creating: ").
 FOLLOWER_REFUSED = ('admission webhook "vpod.kb.io" denied the request: '
                     "follower pod node selector not set")
+#: The same refusal of a follower whose pod has node selectors, only not the topology
+#: key's (Falcon's pods: the TPU accelerator and topology): the validating webhook's
+#: second check (``pod_webhook.go``, wording of jobset PR 636).
+FOLLOWER_MISSING_SELECTOR = ('admission webhook "vpod.kb.io" denied the request: follower '
+                             "pod node selector for topology domain not found. missing "
+                             "selector: cloud.google.com/gke-nodepool")
 
 
 class SimJobSets:
@@ -144,7 +159,8 @@ class SimJobSets:
 
     def refuse_followers(self, job: SimJob, moment: dt.datetime) -> None:
         """The Job controller tried the followers; the validating webhook refused them."""
-        job.refuse(FOLLOWER_REFUSED, max(1, min(job.parallelism, job.completions) - 1), moment)
+        words = FOLLOWER_MISSING_SELECTOR if job.selector else FOLLOWER_REFUSED
+        job.refuse(words, max(1, min(job.parallelism, job.completions) - 1), moment)
 
     def child_changed(self, job: SimJob) -> None:
         if job.jobset in self.jobsets:
@@ -156,6 +172,12 @@ class SimJobSets:
         if jobset is None or jobset.condition is not None or jobset.name in self._restarting:
             return
         self._dirty[jobset.name] = None
+        if condition == "Failed" and job.condition_reason in jobset.fail_on_reasons:
+            # A FailJobSet rule on the child's failure reason: no restart.
+            jobset.condition, jobset.condition_reason = FAILED_CONDITION, FAIL_JOBSET_ACTION
+            self._stop_children(jobset, moment)
+            self._expire_later(jobset, moment)
+            return
         if condition == "Failed":
             limit = jobset.max_restarts
             if limit is not None and jobset.restarts < limit:
@@ -188,7 +210,7 @@ class SimJobSets:
             if leader is None or leader.phase != PENDING:
                 continue
             causes = [self._kube.pool_cause(child, pool) for pool in child.allowed_pools]
-            upstream = "; ".join(c for c in causes if c)
+            upstream = "; ".join(dict.fromkeys(c for c in causes if c))  # each cause once
             if leader.node is None and leader.message:
                 symptom = (f"leader pod {leader.name} of Job {child.name} Unschedulable: "
                            f"{leader.message}")
@@ -341,6 +363,11 @@ def _parse(manifest: Mapping[str, Any], now: dt.datetime, rng: random.Random) ->
              "spec": child_spec}
     policy = spec.get("failurePolicy")
     max_restarts = int(policy.get("maxRestarts") or 0) if isinstance(policy, Mapping) else None
+    rules = (policy.get("rules") or []) if isinstance(policy, Mapping) else []
+    fail_on = frozenset(str(reason) for rule in rules if isinstance(rule, Mapping)
+                        and rule.get("action") == "FailJobSet"
+                        and not rule.get("targetReplicatedJobs")
+                        for reason in rule.get("onJobFailureReasons") or ())
     task_label = str(labels.get(TASK_LABEL, ""))
     ttl = spec.get("ttlSecondsAfterFinished")
     return SimJobSet(
@@ -348,7 +375,7 @@ def _parse(manifest: Mapping[str, Any], now: dt.datetime, rng: random.Random) ->
         task_id=str(annotations.get(TASK_ID_ANNOTATION) or task_label), task_label=task_label,
         owner_id=annotations.get(TASK_ID_ANNOTATION),
         replicated_job=str(entry.get("name") or "job"), replicas=replicas, template=child,
-        max_restarts=max_restarts, created_at=now,
+        max_restarts=max_restarts, created_at=now, fail_on_reasons=fail_on,
         exclusive=annotations.get(EXCLUSIVE_ANNOTATION) == POOL_SELECTOR,
         ttl_after_finished=ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
     )

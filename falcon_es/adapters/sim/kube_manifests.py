@@ -22,7 +22,7 @@ from falcon_es.domain.spec import SIM_OUTCOMES, SimBehaviour
 
 from falcon_es.adapters.sim.common import DNS_LABEL, label_problem
 from falcon_es.adapters.sim.config import JobDefaults
-from falcon_es.adapters.sim.kube_objects import SimJob, SimService
+from falcon_es.adapters.sim.kube_objects import SimFailureRule, SimJob, SimService
 
 #: A Job annotation carrying the task's ``spec.sim`` as JSON (optional; see SimWorld).
 SIM_ANNOTATION = "falcon-es/sim"
@@ -101,6 +101,7 @@ def parse_job(manifest: Mapping[str, Any], now: dt.datetime, defaults: JobDefaul
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
         raise invalid("spec.ttlSecondsAfterFinished", f"Invalid value: {ttl!r}: must be "
                                                       "greater than or equal to 0")
+    rules = _failure_rules(spec.get("podFailurePolicy"), pod_spec, invalid)
     uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     return SimJob(
         name=shown, uid=uid, task_id=task_id, task_label=task_label, completions=completions,
@@ -109,8 +110,46 @@ def parse_job(manifest: Mapping[str, Any], now: dt.datetime, defaults: JobDefaul
         tpu_per_pod=_tpu_request(containers, invalid), image=image,
         behaviour=_behaviour(annotations, task_id, invalid, defaults, behaviour_source),
         owner_id=annotations.get(TASK_ID_ANNOTATION),
-        created_at=now, ttl_after_finished=ttl,
+        created_at=now, ttl_after_finished=ttl, failure_rules=rules,
     )
+
+
+def _failure_rules(policy: Any, pod_spec: Mapping[str, Any],
+                   invalid: Callable[[str, str], PortError]) -> tuple[SimFailureRule, ...]:
+    """A ``podFailurePolicy``'s rules, refused as the API server refuses them: the pod
+    template must have ``restartPolicy: Never``; each rule one of ``onExitCodes`` and
+    ``onPodConditions``; exit codes ordered, and 0 never with ``In``."""
+    if policy is None:
+        return ()
+    field = "spec.podFailurePolicy"
+    if pod_spec.get("restartPolicy") != "Never":
+        raise invalid("spec.template.spec.restartPolicy", "Invalid value: only \"Never\" is "
+                      "supported when podFailurePolicy is specified")
+    rules = policy.get("rules") if isinstance(policy, Mapping) else None
+    if not isinstance(rules, list):
+        raise invalid(f"{field}.rules", "Required value")
+    out: list[SimFailureRule] = []
+    for index, rule in enumerate(rules):
+        where = f"{field}.rules[{index}]"
+        action = rule.get("action") if isinstance(rule, Mapping) else None
+        if action not in ("Ignore", "FailJob", "Count", "FailIndex"):
+            raise invalid(f"{where}.action", f"Unsupported value: {action!r}")
+        codes, conditions = rule.get("onExitCodes"), rule.get("onPodConditions")
+        if (codes is None) == (conditions is None):
+            raise invalid(where, "specifying one of onExitCodes and onPodConditions is required")
+        if conditions is not None:
+            out.extend(SimFailureRule(action, condition=str(c.get("type")))
+                       for c in conditions if isinstance(c, Mapping))
+            continue
+        values, operator = codes.get("values") or [], codes.get("operator")
+        if operator not in ("In", "NotIn") or values != sorted(set(values)) or not values:
+            raise invalid(f"{where}.onExitCodes", "Invalid value: an operator In or NotIn and "
+                          "ordered, distinct values are required")
+        if operator == "In" and 0 in values:
+            raise invalid(f"{where}.onExitCodes.values", "Invalid value: 0: must not be 0 "
+                          "for the In operator")
+        out.append(SimFailureRule(action, operator=operator, codes=frozenset(values)))
+    return tuple(out)
 
 
 def _count(spec: Mapping[str, Any], field: str, invalid: Callable[[str, str], PortError]) -> int | None:

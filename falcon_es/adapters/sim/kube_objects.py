@@ -36,12 +36,38 @@ class SimPod:
     pool: str | None = None
     #: When its container terminated (what Kubernetes reports as ``finishedAt``).
     finished_at: dt.datetime | None = None
+    #: The node it was last bound to (``spec.nodeName`` stays after it ends).
+    last_node: str | None = None
+    #: Its DisruptionTarget condition (reason, message), when a disruption killed it.
+    disruption: tuple[str, str] | None = None
 
     def observation(self) -> PodObservation:
         """What the informer publishes of the pod."""
         finished = self.finished_at.isoformat() if self.finished_at is not None else None
+        disruption = None if self.disruption is None else ": ".join(self.disruption)
         return PodObservation(self.name, self.phase, self.reason, self.exit_code, self.message,
-                              finished)
+                              finished, self.node or self.last_node, disruption)
+
+
+IGNORE, FAIL_JOB, COUNT = "Ignore", "FailJob", "Count"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimFailureRule:
+    """One rule of a Job's ``podFailurePolicy``: its action, and what it matches (a pod
+    condition type, or the container's exit code ``In`` / ``NotIn`` a set)."""
+
+    action: str
+    condition: str | None = None
+    operator: str | None = None
+    codes: frozenset[int] = frozenset()
+
+    def matches(self, pod: SimPod) -> bool:
+        if self.condition is not None:
+            return self.condition == "DisruptionTarget" and pod.disruption is not None
+        if pod.exit_code is None or pod.exit_code == 0:  # exit code 0 is never checked
+            return False
+        return (pod.exit_code in self.codes) == (self.operator == "In")
 
 
 @dataclasses.dataclass
@@ -108,6 +134,12 @@ class SimJob:
     def ref(self) -> JobRef:
         """What the API answers of it: name, uid and the marks of its task."""
         return JobRef(self.name, self.uid, self.owner_id, self.task_label or None)
+    #: Its ``podFailurePolicy`` rules, in order (none: every failed pod counts).
+    failure_rules: tuple[SimFailureRule, ...] = ()
+    #: Why it Failed (``BackoffLimitExceeded``, ``PodFailurePolicy``).
+    condition_reason: str | None = None
+    #: The ``node-repair`` outcome has repaired its slice (it happens once).
+    repaired: bool = False
 
     @property
     def pool(self) -> str | None:
@@ -131,6 +163,11 @@ class SimJob:
             refused.count += pods
         return refused
 
+    def failure_action(self, pod: SimPod) -> str:
+        """What the Job controller does with a failed pod: the first matching rule's
+        action, else Count (against ``backoffLimit``)."""
+        return next((rule.action for rule in self.failure_rules if rule.matches(pod)), COUNT)
+
     def live_pods(self) -> list[SimPod]:
         """The pods that still hold or wait for a node."""
         return [p for p in self.pods if p.phase in (PENDING, RUNNING_PHASE)]
@@ -151,6 +188,8 @@ class SimJobSet:
     template: Mapping[str, Any]
     max_restarts: int | None  # None: no failurePolicy (the first failed child fails it)
     created_at: dt.datetime
+    #: The child Job failure reasons a ``FailJobSet`` rule of its failure policy names.
+    fail_on_reasons: frozenset[str] = frozenset()
     #: Exclusive placement per node pool: leaders first, followers on their pool.
     exclusive: bool = False
     ttl_after_finished: int | None = None
