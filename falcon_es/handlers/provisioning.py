@@ -48,6 +48,7 @@ from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.create_operations import ask_create_operation
+from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.engine.lifecycle_index import Group
 from falcon_es.domain.ports import NOT_FOUND, PortError
@@ -106,7 +107,7 @@ class _Provisioner:
         if state.pool.intent is None:
             if state.slices > 1:
                 self.take(state, cluster)
-            elif not self.reuse(state, cluster):
+            elif not self.reuse(state, cluster) and not self._pool_coming(state, cluster):
                 self.acquire(state, cluster)
         elif state.pool.intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
@@ -125,6 +126,22 @@ class _Provisioner:
                     holder.pool.supply_mode or supply_mode_for(state, cluster)))
                 self._handed_over(holder, pool, state)
             return True
+        return False
+
+    def _pool_coming(self, state: TaskState, cluster: Cluster) -> bool:
+        """An aborting task of this queue still holds a pool (or its create still runs)
+        whose fate is not decided: it comes to this task, the queue's slot holder, once
+        the abort has followed it to its end, so the task waits for it rather than
+        create (or wait for reservation room for) a second pool."""
+        topology = state.submission.topology
+        for task_id in self.ctx.index.ids(Group.ABORTING):
+            other = self.tick.state(task_id)
+            if (other is not None and other.status == chart.ABORTING
+                    and other.placement.cluster_id == cluster.id
+                    and other.submission.topology == topology
+                    and needs_disposal(other)
+                    and other.pool.intent not in (PoolIntent.FAILED, PoolIntent.NOT_CREATED)):
+                return True
         return False
 
     def take(self, state: TaskState, cluster: Cluster) -> None:
