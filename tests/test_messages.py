@@ -71,12 +71,13 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "节点池 falcon-p1 暂不可见，稍后重试（第 2 次）"),
     ((*PROVISIONING, ev.ReservationInsufficient("res-a", 1, 2, 3)), "Pending", "ClusterBusy",
      "reservation res-a has 1 slice(s) free, 2 needed (reservation_remaining_slices=1 "
-     "reservation_needed_slices=2); retry 3",
+     "reservation_needed_slices=2); retry 3, waiting since 2026-11-01 09:03 UTC",
      "预留 res-a 剩余 1 个切片，需要 2 个（reservation_remaining_slices=1 "
-     "reservation_needed_slices=2）；第 3 次重试"),
+     "reservation_needed_slices=2）；第 3 次重试，自 2026-11-01 09:03 UTC 起等待"),
     ((*PROVISIONING, CREATE, STARTED, ev.NodesNotReady("falcon-p1", 1, 2, 4)), "Pending",
-     "WaitingForNode", "node pool falcon-p1: 1/2 nodes ready (attempt 4)",
-     "节点池 falcon-p1：1/2 个节点就绪（第 4 次）"),
+     "WaitingForNode",
+     "node pool falcon-p1: 1/2 nodes ready (attempt 4), waiting since 2026-11-01 09:05 UTC",
+     "节点池 falcon-p1：1/2 个节点就绪（第 4 次），自 2026-11-01 09:05 UTC 起等待"),
     (DISPATCHING, "Pending", "Dispatching",
      "node pool falcon-p1 ready (2 nodes)", "节点池 falcon-p1 已就绪（2 个节点）"),
     ((*PROVISIONING, ev.NodePoolReused("falcon-p0", "t-0", "reservation")), "Pending",

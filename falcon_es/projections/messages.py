@@ -98,10 +98,12 @@ def _refused(words: str, transient: str) -> Callable[[Args], str]:
     return render
 
 
-def _nodes_not_ready(counted: str, bare: str) -> Callable[[Args], str]:
-    """A fixed-size pool's nodes: registered and Ready counts where the event has them."""
+def _nodes_not_ready(counted: str, bare: str, since: str) -> Callable[[Args], str]:
+    """A fixed-size pool's nodes: registered and Ready counts where the event has them,
+    and since when the task waits for them (``_since``)."""
     def render(args: Args) -> str:
-        return (bare if args.get("registered") is None else counted).format(**args)
+        words = bare if args.get("registered") is None else counted
+        return _since(words, since)(args)
     return render
 
 
@@ -110,6 +112,15 @@ def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
     def render(args: Args) -> str:
         text = words.format(**args)
         return cause.format(**args) + text if args.get("cause") else text
+    return render
+
+
+def _since(words: str, since: str) -> Callable[[Args], str]:
+    """A wait's try: since when the task waits, where the row's renderer knows it (a
+    try that found nothing new appends no event, so the count is the last recorded
+    one and the moment says how long the wait has lasted)."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (since.format(**args) if args.get("since") else "")
     return render
 
 
@@ -145,11 +156,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "PriorityChanged": "priority changed from {old} to {new} by {requester}",
-    "ReservationInsufficient": (
+    "ReservationInsufficient": _since(
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
-        "retry {attempt}"
-    ),
+        "retry {attempt}", ", waiting since {since}"),
     "NodePoolReused": "reusing node pool {pool_name}",
     "NodePoolTaken": "took node pool {pool_name} of {from_task} for one slice",
     "NodePoolCreateRequested": (
@@ -160,7 +170,8 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodesNotReady": _nodes_not_ready(
         "node pool {pool_name} control-plane RUNNING but {registered}/{total} expected "
         "node(s) registered (Ready={ready}); attempt {attempt}",
-        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})"),
+        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})",
+        ", waiting since {since}"),
     "NodesAwaited": _cause_first(
         "node pool {pool_name} control-plane {control_plane} but {registered}/{expected} "
         "expected node(s) registered (Ready={ready}); the workload is submitted and waits "
@@ -229,11 +240,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
-    "ReservationInsufficient": (
+    "ReservationInsufficient": _since(
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
-        "第 {attempt} 次重试"
-    ),
+        "第 {attempt} 次重试", "，自 {since} 起等待"),
     "NodePoolReused": "复用节点池 {pool_name}",
     "NodePoolTaken": "已接管 {from_task} 的节点池 {pool_name} 作为一个切片",
     "NodePoolCreateRequested": (
@@ -244,7 +254,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodesNotReady": _nodes_not_ready(
         "节点池 {pool_name} 控制面 RUNNING，但预期 {total} 个节点中仅 {registered} 个已注册"
         "（Ready={ready}）；第 {attempt} 次",
-        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）"),
+        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
+        "，自 {since} 起等待"),
     "NodesAwaited": _cause_first(
         "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
         "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
@@ -329,13 +340,26 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
     pool note."""
     parts = []
     if state.message_key:
-        parts.append(render(state.message_key, state.message_args, lang))
+        parts.append(render(state.message_key, _with_wait(state), lang))
     for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained):
         parts.append(render(state.note_key, state.note_args, lang))
     return fit_message(SEPARATOR[lang].join(parts) or None)
+
+
+#: Tries of a wait on the world: their Message says since when the task waits.
+_WAIT_TRIES = frozenset({"ReservationInsufficient", "NodesNotReady"})
+
+
+def _with_wait(state: TaskState) -> Args:
+    """The message event's arguments, and for a wait's try the moment the wait began
+    (its phase: ClusterBusy, WaitingForNode), which the fold knows and the event not."""
+    args = state.message_args
+    if state.message_key in _WAIT_TRIES and state.phase_started_at is not None:
+        return {**args, "since": clock_time(state.phase_started_at)}
+    return args
 
 
 def position_message(
