@@ -46,6 +46,9 @@ class CountingReservations:
             raise PortError(RETRYABLE, "429 Too Many Requests: rate limit exceeded")
         return int(self._inner.remaining_slices(cluster, reservation, shape))
 
+    def capacity(self, cluster: Cluster, reservation: str) -> Any:
+        return self._inner.capacity(cluster, reservation)
+
 
 @pytest.fixture
 def harness(db_url: str, clock: VirtualClock) -> Iterator[Harness]:

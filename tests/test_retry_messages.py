@@ -242,6 +242,9 @@ class _FlakyReservations:
             raise PortError(RETRYABLE, "503 Service Unavailable: backend error")
         return self._inner.remaining_slices(*args)  # type: ignore[attr-defined]
 
+    def capacity(self, *args: object) -> object:
+        return self._inner.capacity(*args)  # type: ignore[attr-defined]
+
 
 def _flaky(h: Harness, failures: int) -> None:
     h.ports = dataclasses.replace(h.ports,

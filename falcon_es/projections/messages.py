@@ -25,6 +25,16 @@ def _clusters(args: Args) -> str:
     return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
 
 
+def _never_fit(args: Args, needs: str, holds: str, joiner: str, anything: str) -> str:
+    """A request no cluster's reservation can ever serve: what it needs, then what each
+    reservation holds (its machine type, and its VMs where known)."""
+    held = joiner.join(holds.format(
+        reservation=u["reservation"], cluster=u["cluster"],
+        machine_type=u["machine_type"] or anything,
+        vms="?" if u["vms"] is None else u["vms"]) for u in args["never_fit"])
+    return needs.format(tpu_type=args["tpu_type"], **args["needs"]) + held
+
+
 def _types(args: Args) -> str:
     return ", ".join(args["registered_tpu_types"]) or "-"
 
@@ -140,6 +150,11 @@ EN: Mapping[str, Template] = MappingProxyType({
                               "unreadable job row: column {field}: {detail}"),
     "RowRefused": "job row not taken in: {field}: {detail}",
     "NoMatchingCluster": lambda a: (
+        _never_fit(a, "no {tpu_type} cluster's reservation can ever serve {topology}, which "
+                      "needs {vms} VM(s) of {machine_type}: ",
+                   "reservation {reservation} of {cluster} holds {vms} VM(s) of {machine_type}",
+                   "; ", "any machine type")
+        if a.get("never_fit") else
         f"supply mode {a['supply_mode']} was asked for, but no {a['tpu_type']} cluster has "
         f"a reservation ({', '.join(a['without_reservation'])})"
         if a.get("supply_mode") else
@@ -228,6 +243,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
                               "无法读取的作业行：列 {field}：{detail}"),
     "RowRefused": "作业行未被接收：{field}：{detail}",
     "NoMatchingCluster": lambda a: (
+        _never_fit(a, "没有任何 {tpu_type} 集群的预留能满足 {topology}（需要 {vms} 台 {machine_type} "
+                      "虚拟机）：", "集群 {cluster} 的预留 {reservation} 共有 {vms} 台 {machine_type} 虚拟机",
+                   "；", "任意机型")
+        if a.get("never_fit") else
         f"要求的供给方式为 {a['supply_mode']}，但没有 {a['tpu_type']} 集群配置预留"
         f"（{'、'.join(a['without_reservation'])}）"
         if a.get("supply_mode") else

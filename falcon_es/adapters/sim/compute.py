@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from falcon_es.domain.ports import NOT_FOUND, PortError
+from falcon_es.domain.ports import NOT_FOUND, PortError, ReservationCapacity
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.tpu import SliceShape
 
@@ -56,5 +56,18 @@ class SimReservations:
                                            f"project {identity.project} zone "
                                            f"{identity.location})")
             return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
+
+        return self._call(answer)
+
+    def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+        """The configured reservation's machine type and VM count (as Compute's
+        ``specificReservation.instanceProperties.machineType`` and ``count``)."""
+        gke = self._pools_of(cluster)
+
+        def answer(now: object) -> ReservationCapacity:
+            config = gke.identity.config.reservation(reservation)
+            if config is None:
+                return ReservationCapacity()
+            return ReservationCapacity(config.machine_type, config.count)
 
         return self._call(answer)
