@@ -149,16 +149,19 @@ STUCK_REASONS = (chart.PendingReason.CLUSTER_BUSY, chart.PendingReason.WAITING_F
 
 
 def move_target(tpu_type: str, topology: str, from_cluster: str, clusters: Sequence[Cluster],
-                book: QueueOccupancy, supply_mode: str | None) -> Cluster | None:
+                book: QueueOccupancy, supply_mode: str | None,
+                room: Callable[[Cluster], bool] | None = None) -> Cluster | None:
     """Where a waiting task of a stuck queue would start at once: another active
     cluster of its TPU type (with a reservation when the task asks for one) whose queue
-    for its topology has nobody waiting and the slot free; the first by name."""
+    for its topology has nobody waiting and the slot free, and (``room``, for a slot
+    holder waiting for reservation room) whose capacity can take it; the first by name."""
     for cluster in sorted(clusters, key=lambda c: (c.name, c.id)):
         if (cluster.id == from_cluster or cluster.tpu_type != tpu_type
                 or cluster.status != ACTIVE
                 or (supply_mode == RESERVATION and not cluster.default_reservation)):
             continue
         key = (cluster.id, topology)
-        if not book.holders(key) and not book.waiting_count(key):
+        if (not book.holders(key) and not book.waiting_count(key)
+                and (room is None or room(cluster))):
             return cluster
     return None

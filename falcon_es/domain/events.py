@@ -155,9 +155,9 @@ class TaskPicked(Event):
 
 @dataclasses.dataclass(frozen=True)
 class TaskMoved(Event):
-    """Re-placement: the waiting task moved to another active cluster of its TPU type
-    where the slot was free, since its own queue's slot holder had been stuck (in
-    ``holder_reason`` for ``held_seconds``)."""
+    """Re-placement: the waiting task (or a ClusterBusy slot holder holding nothing)
+    moved to another active cluster of its TPU type where the slot was free, since its
+    queue's slot holder (itself) had been stuck (in ``holder_reason`` for ``held_seconds``)."""
 
     from_cluster_id: str
     from_cluster_name: str

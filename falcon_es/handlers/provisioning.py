@@ -56,7 +56,7 @@ from falcon_es.domain.ports import NOT_FOUND, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.config.retry import (
     call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, records_try,
-    retry_due_at, scheduled_try, wait_delay,
+    scheduled_try, wait_delay,
 )
 from falcon_es.engine.runtime import Tick
 from falcon_es.config.settings import Settings
@@ -283,7 +283,7 @@ class _Provisioner:
         """No backoff runs: neither the wait after a too-small reservation nor the one
         after a reservation read that failed."""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
-            due = wait_due_at(state, "ReservationInsufficient", self.ctx)
+            due = self.ctx.wait_due_at(state, "ReservationInsufficient")
             if due is not None and self.ctx.now < due:
                 return False
         due = call_retry_due_at(state, RESERVATION_CHECK)
@@ -369,7 +369,7 @@ class _Provisioner:
             # Looking again after a 404 or unready nodes: the create operation had
             # finished without error before either was recorded, and a finished
             # operation never changes, so only the retry's time matters.
-            due = wait_due_at(state, state.retries.kind, self.ctx)
+            due = self.ctx.wait_due_at(state, state.retries.kind)
             if due is not None and self.ctx.now < due:
                 return
             polled = self.ctx.polls.due(state)  # the last look failed: not before
@@ -448,15 +448,6 @@ class _Provisioner:
         self.tick.emit(state.task_id, ev.NodePoolFailed(
             pool, f"node pool {pool} still not found {waited:.0f}s after its create finished "
                   f"(create-visibility grace {grace}s)"))
-
-
-def wait_due_at(state: TaskState, kind: str, ctx: HandlerContext) -> dt.datetime | None:
-    """When the next try of the wait ``kind`` is due: after a silent try, the moment it
-    set; else the one after the last recorded try (None: now)."""
-    tried = ctx.polls.tried(state)
-    if tried is not None:
-        return tried.next_at
-    return retry_due_at(state, kind, ctx.settings.retry)
 
 
 def wait_tried(tick: Tick, ctx: HandlerContext, state: TaskState, kind: str, same: bool,

@@ -16,7 +16,9 @@ Five handlers, run in this order after intake in every tick:
    WaitingForNode for ``FALCON_REPLACE_AFTER_SECONDS``, its next waiting task moves to
    another active cluster of its TPU type (and supply mode) whose queue is empty with
    the slot free (TaskMoved, naming both clusters and why), at most
-   ``FALCON_MAX_MOVES`` times per task; a task holding a slot never moves.
+   ``FALCON_MAX_MOVES`` times per task. So does the slot holder itself when it waits in
+   ClusterBusy holding nothing, to such a cluster whose reservation has room for it
+   now; a task holding a pool, or in any other slot state, never moves.
 4. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
    reservation is full) gives the slot back when a waiting task of higher effective
    priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
@@ -191,6 +193,7 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
     settings = ctx.settings
     clusters = {c.id: c for c in ctx.clusters}
+    _move_stuck_holders(tick, ctx, book, clusters)
     for key in book.waiting_queues():
         holders = book.holders(key)
         holder = tick.state(holders[0]) if holders else None
@@ -214,6 +217,52 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
             if after is not None:
                 book.sync(after)
             break  # one per queue per tick: the target is no longer free
+
+
+def _move_stuck_holders(tick: Tick, ctx: HandlerContext, book: QueueBook,
+                        clusters: dict[str, Cluster]) -> None:
+    """A slot holder in ClusterBusy that holds nothing (no pool taken or created) for
+    ``FALCON_REPLACE_AFTER_SECONDS`` moves, as a waiting task of its queue would, to
+    another active cluster of its TPU type whose queue is empty with the slot free and
+    whose reservation has room for it now (TaskMoved, back to Waiting there)."""
+    settings = ctx.settings.scheduling
+    for key in list(book.queue_keys()):
+        holders = book.holders(key)
+        holder = tick.state(holders[0]) if holders else None
+        source = clusters.get(key[0])
+        if (holder is None or source is None
+                or holder.reason != chart.PendingReason.CLUSTER_BUSY
+                or holder.held_pools or holder.pool.intent is not None
+                or holder.placement.moves >= settings.max_moves):
+            continue
+        held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
+        due = ctx.wait_due_at(holder, "ReservationInsufficient")
+        if held < settings.replace_after_seconds or (due is not None and tick.now < due):
+            continue  # looked at when it tries again: each look reads reservations
+        target = move_target(holder.submission.tpu_type, key[1], key[0], ctx.clusters, book,
+                             RESERVATION, functools.partial(_has_room, ctx, holder))
+        if target is None:
+            continue
+        after = tick.emit(holder.task_id, ev.TaskMoved(
+            source.id, source.name, target.id, target.name, str(holder.reason), held,
+            holder.placement.moves + 1))
+        if after is not None:
+            book.sync(after)
+
+
+def _has_room(ctx: HandlerContext, state: TaskState, cluster: Cluster) -> bool:
+    """The cluster's reservation can give the task all its slices now (creates in
+    flight there counted, as provisioning counts them)."""
+    reservation = cluster.default_reservation
+    if not reservation:
+        return False
+    try:
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        remaining = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
+    except (PortError, TopologyError):
+        return False
+    in_flight = ctx.index.reserving(cluster.id, reservation)
+    return remaining - -(-in_flight // shape.hosts) >= state.slices
 
 
 def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:

@@ -1,7 +1,11 @@
-"""Never-fits is said, not retried (issue 22): a task whose request no registered
-reservation of its candidate clusters can ever serve (another machine type, or more
-VMs than the reservation holds in total) fails at cluster choice naming both sides,
-or goes to a cluster that can serve it."""
+"""What a cluster's reservation can serve decides where a task goes (issue 22).
+
+Never-fits is said, not retried: a task whose request no registered reservation of its
+candidate clusters can ever serve (another machine type, or more VMs than the
+reservation holds in total) fails at cluster choice naming both sides, or goes to a
+cluster that can serve it. A waiting holder moves: a ClusterBusy slot holder that holds
+nothing moves, like a waiting task of its queue, to another active cluster of its TPU
+type whose queue is free and whose reservation has room for it now."""
 
 from __future__ import annotations
 
@@ -67,3 +71,36 @@ def test_a_task_goes_to_the_cluster_that_can_serve_it(make: Make) -> None:
     chosen = [r.event for r in h.app.store.read_stream("t1") if r.type_name == "ClusterChosen"]
     assert [c.cluster_name for c in chosen] == ["b-res"]
     assert h.history["t1"][-1] == ("Succeeded", None)
+
+
+def _moves(h: Harness, task_id: str) -> list[tuple[str, str, str]]:
+    return [(r.event.from_cluster_name, r.event.to_cluster_name, r.event.holder_reason)
+            for r in h.app.store.read_stream(task_id) if r.type_name == "TaskMoved"]
+
+
+def test_a_cluster_busy_holder_moves_to_where_the_reservation_has_room(make: Make) -> None:
+    h = make(reserved_cluster("a-full", count=4, in_use=4), reserved_cluster("b-room", count=16))
+    h.submit("t1", sim={"duration_seconds": 60})
+    h.run(lambda: h.statuses()["t1"] == ("Pending", "ClusterBusy"))
+    busy_at = h.clock.now()
+    h.run()
+    assert h.history["t1"][:2] == [("Pending", "ClusterBusy"), ("Pending", "Provisioning")]
+    events = h.events("t1")
+    assert events[events.index("TaskMoved"):][:2] == ["TaskMoved", "TaskPicked"]
+    assert h.history["t1"][-1] == ("Succeeded", None)
+    assert _moves(h, "t1") == [("a-full", "b-room", "ClusterBusy")]
+    moved = next(r for r in h.app.store.read_stream("t1") if r.type_name == "TaskMoved")
+    waited = (moved.recorded_at - busy_at).total_seconds()
+    assert 900 <= waited <= 900 + 330  # FALCON_REPLACE_AFTER_SECONDS, then its next try
+    assert [p.name for p in h.world.pools(include_deleted=True)] == ["falcon-t1-2x2"]
+    assert h.live_pools("a-full") == []
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
+def test_a_holder_stays_where_no_other_reservation_has_room(make: Make) -> None:
+    h = make(reserved_cluster("a-full", count=4, in_use=4),
+             reserved_cluster("b-full", count=4, in_use=4))
+    h.submit("t1")
+    h.run_for(3600)
+    assert h.statuses()["t1"] == ("Pending", "ClusterBusy")
+    assert _moves(h, "t1") == []
