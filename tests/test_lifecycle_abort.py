@@ -65,7 +65,7 @@ def test_abort_while_waiting_leaves_the_queue(make: Make) -> None:
 
 
 def test_abort_while_cluster_busy_creates_nothing(make: Make) -> None:
-    h = make(reserved_cluster(count=0))
+    h = make(reserved_cluster(count=4, in_use=4))
     h.submit("t1")
     h.run(status_is(h, "t1", "Pending", "ClusterBusy"))
     h.abort("t1")

@@ -135,8 +135,17 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Failed", "Timeout",
      "timed out after 600s; Job deleted (pods were pending: Insufficient google.com/tpu)",
      "运行超过 600 秒超时，Job 已删除（Pod 一直等待：Insufficient google.com/tpu）"),
+    # Aborting says what it waits on: the Job's deletion and the pool's cleanup.
     ((*RUN, ev.AbortRequested(AT, "Running")), "Aborting", None,
-     "abort requested while Running", "在 Running 阶段请求中止"),
+     "abort requested while Running; waiting for Job falcon-j1 to be deleted and node pool "
+     "falcon-p1 to be handed over or deleted",
+     "在 Running 阶段请求中止；等待 Job falcon-j1 被删除，以及节点池 falcon-p1 被移交或删除"),
+    ((*PROVISIONING, CREATE, STARTED, ev.AbortRequested(AT, "Pending/Provisioning")),
+     "Aborting", None,
+     "abort requested while Pending/Provisioning; waiting for the create of node pool "
+     "falcon-p1 to end and node pool falcon-p1 to be handed over or deleted",
+     "在 Pending/Provisioning 阶段请求中止；等待节点池 falcon-p1 的创建结束，以及节点池 falcon-p1 "
+     "被移交或删除"),
     ((*RUN, ev.AbortRequested(AT, "Running"), ev.TaskAborted("Running")), "Aborted", None,
      "aborted while Running", "已在 Running 阶段中止"),
     ((ev.AbortRequested(AT, "New"), ev.TaskAborted("New")), "Aborted", None,
@@ -171,8 +180,11 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Kubernetes create Job 调用失败（503），第 1/10 次尝试，2 秒后重试"),
     ((*RUN, ev.AbortRequested(AT, "Running"), ev.JobDeleteRequested("falcon-j1", "abort"),
       ev.ApiCallRetrying("kubernetes", "job-delete", 2, None, "503", 4)), "Aborting", None,
-     "abort requested while Running; Kubernetes delete Job failed (503), attempt 2, next in 4s",
-     "在 Running 阶段请求中止；Kubernetes delete Job 调用失败（503），第 2 次尝试，4 秒后重试"),
+     "abort requested while Running; waiting for Job falcon-j1 to be deleted and node pool "
+     "falcon-p1 to be handed over or deleted; Kubernetes delete Job failed (503), attempt 2, "
+     "next in 4s",
+     "在 Running 阶段请求中止；等待 Job falcon-j1 被删除，以及节点池 falcon-p1 被移交或删除；"
+     "Kubernetes delete Job 调用失败（503），第 2 次尝试，4 秒后重试"),
 )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from falcon_es.domain import chart
+from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
 
@@ -28,11 +30,14 @@ def _clusters(args: Args) -> str:
 def _never_fit(args: Args, needs: str, holds: str, joiner: str, anything: str) -> str:
     """A request no cluster's reservation can ever serve: what it needs, then what each
     reservation holds (its machine type, and its VMs where known)."""
-    held = joiner.join(holds.format(
-        reservation=u["reservation"], cluster=u["cluster"],
-        machine_type=u["machine_type"] or anything,
-        vms="?" if u["vms"] is None else u["vms"]) for u in args["never_fit"])
-    return needs.format(tpu_type=args["tpu_type"], **args["needs"]) + held
+    def side(data: Args) -> dict[str, Any]:
+        """One side's words; what it does not say is shown as unknown."""
+        return {name: "?" if data.get(name) is None else data[name]
+                for name in ("reservation", "cluster", "topology", "vms", "machine_type")}
+
+    held = joiner.join(holds.format(**{**side(u), "machine_type": u.get("machine_type") or anything})
+                       for u in args["never_fit"])
+    return needs.format(**{**side(args.get("needs") or {}), "tpu_type": args["tpu_type"]}) + held
 
 
 def _types(args: Args) -> str:
@@ -235,6 +240,11 @@ EN: Mapping[str, Template] = MappingProxyType({
     "wait-holder": "slot held by {holder} ({reason} since {since})",
     "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
     "wait-expected": "expected start ~{at}",
+    "aborting-waits": "waiting for {waits}",
+    "aborting-and": " and ",
+    "aborting-job": "Job {job} to be deleted",
+    "aborting-create": "the create of node pool {pool} to end",
+    "aborting-pools": "node pool {pools} to be handed over or deleted",
 })
 
 ZH: Mapping[str, Template] = MappingProxyType({
@@ -320,6 +330,11 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
     "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
     "wait-expected": "预计开始时间约 {at}",
+    "aborting-waits": "等待{waits}",
+    "aborting-and": "，以及",
+    "aborting-job": " Job {job} 被删除",
+    "aborting-create": "节点池 {pool} 的创建结束",
+    "aborting-pools": "节点池 {pools} 被移交或删除",
 })
 
 CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
@@ -358,7 +373,12 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
     handed over (a multi-slice task's pools may go to several tasks), then the latest
     pool note."""
     parts = []
-    if state.message_key:
+    if state.status == chart.ABORTING:
+        parts.append(render("AbortRequested", {"phase": state.ending.abort_phase}, lang))
+        waits = aborting_waits(state, lang)
+        if waits:
+            parts.append(waits)
+    elif state.message_key:
         parts.append(render(state.message_key, _with_wait(state), lang))
     for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
@@ -367,6 +387,30 @@ def task_message(state: TaskState, lang: str = "en") -> str | None:
         parts.append(render(state.note_key, state.note_args, lang))
     return fit_message(SEPARATOR[lang].join(parts) or None)
 
+
+def aborting_waits(state: TaskState, lang: str = "en") -> str:
+    """What an aborting task waits on before it is Aborted (DESIGN: the Job's deletion
+    and the pool's cleanup): its Job's delete, a pool create it follows to its end, and
+    the fate of its pools (handed over to a waiting task, or deleted). Empty when it
+    waits on nothing."""
+    waits = []
+    if state.job.name and state.job.intent in _JOB_OPEN:
+        waits.append(render("aborting-job", {"job": state.job.name}, lang))
+    if state.pool.intent in _POOL_CREATING and state.pool.name:
+        waits.append(render("aborting-create", {"pool": state.pool.name}, lang))
+    if state.held_pools and state.pool.disposition in _POOL_UNSETTLED:
+        waits.append(render("aborting-pools", {"pools": ", ".join(state.held_pools)}, lang))
+    if not waits:
+        return ""
+    return render("aborting-waits", {"waits": render("aborting-and", {}, lang).join(waits)},
+                  lang)
+
+
+_JOB_OPEN = frozenset({JobIntent.SUBMIT_REQUESTED, JobIntent.SUBMITTED,
+                       JobIntent.DELETE_REQUESTED})
+_POOL_CREATING = frozenset({PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED})
+_POOL_UNSETTLED = frozenset({None, PoolDisposition.DELETE_REQUESTED,
+                             PoolDisposition.DELETE_FAILED})
 
 #: Tries of a wait on the world: their Message says since when the task waits.
 _WAIT_TRIES = frozenset({"ReservationInsufficient", "NodesNotReady"})
