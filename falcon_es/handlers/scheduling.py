@@ -42,6 +42,7 @@ from typing import TypeGuard
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
+from falcon_es.engine.lifecycle_index import Group
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.cluster_choice import (
@@ -226,15 +227,16 @@ def _move_stuck_holders(tick: Tick, ctx: HandlerContext, book: QueueBook,
     another active cluster of its TPU type whose queue is empty with the slot free and
     whose reservation has room for it now (TaskMoved, back to Waiting there)."""
     settings = ctx.settings.scheduling
-    for key in list(book.queue_keys()):
-        holders = book.holders(key)
-        holder = tick.state(holders[0]) if holders else None
-        source = clusters.get(key[0])
-        if (holder is None or source is None
+    # Slot holders are acquiring: looking at those, not at every queue, keeps the tick
+    # cheap where thousands of queues have no holder in ClusterBusy.
+    for holder in tick.candidates(ctx.index.ids(Group.ACQUIRING)):
+        source = clusters.get(holder.placement.cluster_id or "")
+        if (source is None or holder.status != chart.PENDING
                 or holder.reason != chart.PendingReason.CLUSTER_BUSY
                 or holder.held_pools or holder.pool.intent is not None
                 or holder.placement.moves >= settings.max_moves):
             continue
+        key = (source.id, holder.submission.topology)
         held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
         due = ctx.wait_due_at(holder, "ReservationInsufficient")
         if held < settings.replace_after_seconds or (due is not None and tick.now < due):
