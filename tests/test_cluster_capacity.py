@@ -1,4 +1,4 @@
-"""What a cluster's reservation can serve decides where a task goes (issue 22).
+"""What a cluster's reservation can serve decides where a task goes.
 
 Never-fits is said, not retried: a task whose request no registered reservation of its
 candidate clusters can ever serve (another machine type, or more VMs than the

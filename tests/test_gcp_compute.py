@@ -84,7 +84,7 @@ def test_specific_reservation_of_another_machine_type_is_refused(reservations, f
 
 
 def test_capacity_is_the_specific_reservations_machine_type_and_count(reservations, fake):
-    """What never-fits is decided from (issue 22): whatever is in use."""
+    """What never-fits is decided from: whatever is in use."""
     fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8, in_use=8)
     fake.add_aggregate(PROJECT, ZONE, "agg", vm_family=CT6E, reserved={"ct6e": 64}, in_use={})
 

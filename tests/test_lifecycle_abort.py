@@ -247,7 +247,7 @@ def _retained(h: Harness) -> list:
 @pytest.mark.parametrize("phase", ["Provisioning", "WaitingForNode"])
 def test_an_abort_while_the_pool_is_created_hands_it_to_the_task_waiting(
         make: Make, phase: str) -> None:
-    """Issue 22: the create is followed to its end and the pool goes through the same
+    """The create is followed to its end and the pool goes through the same
     reuse check as any ended task's: the task waiting in the queue gets it, and no
     second pool is created (a 1-VM reservation would make it wait for room first)."""
     h = make(reserved_cluster(count=1))

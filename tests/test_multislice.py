@@ -652,8 +652,8 @@ def test_a_task_waiting_for_room_looks_at_idle_pools_only_when_it_tries_again(
         return get(cluster, name)
 
     monkeypatch.setattr(pools, "get", counted)
-    # A try reads the reservation; those that find the same numbers record no event
-    # (issue 22), so the reads are the tries.
+    # A try reads the reservation; those that find the same numbers record no event,
+    # so the reads are the tries.
     reads: list[str] = []
     reservations = h.ports.reservations
     remaining = reservations.remaining_slices

@@ -1,4 +1,4 @@
-"""A wait costs the log nothing per unit of time (issue 22): a task kept waiting for a
+"""A wait costs the log nothing per unit of time: a task kept waiting for a
 virtual week appends when what it waits on changes (and at doubling checkpoints of its
 tries, so its Message's count stays within a factor of two), not at every try; a
 controller restarted midway goes on counting the tries on the retry schedule, and a

@@ -901,8 +901,8 @@ def test_behaviour_from_tasks_reads_the_accepted_spec_of_the_task() -> None:
 
 
 def test_the_config_job_defaults_apply_to_what_a_spec_does_not_say() -> None:
-    """Issue 22: intake wrote ``sim.duration_seconds=300`` into every spec, so a config
-    of other durations was ignored; now a spec without ``sim``, or one naming only the
+    """Intake used to write ``sim.duration_seconds=300`` into every spec, so a config
+    of other durations was ignored; a spec without ``sim``, or one naming only the
     outcome, runs for the config's 100 s."""
     tasks = TaskStates()
     for number, sim in enumerate((None, {"outcome": "fail", "exit_code": 4})):
