@@ -111,7 +111,9 @@ def test_a_waiting_task_is_told_its_position_and_who_holds_the_slot(make: Make) 
 
 
 def test_cluster_busy_names_both_slice_numbers(make: Make) -> None:
-    h = make(reserved_cluster(count=4))
+    # 8 VMs reserved, 4 in use: one slice free of the two needed (a reservation of 4 in
+    # all could never serve the task: it would fail at cluster choice).
+    h = make(reserved_cluster(count=8, in_use=4))
     h.submit("t1", topology="4x4", slices=2)
     h.run_for(30)
     (root, outcome) = chain(tree_of(h, "t1"))

@@ -15,7 +15,9 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 
 from falcon_es.adapters.gcp.compute import ComputeReservations, WorkloadPolicies
-from falcon_es.domain.ports import INVALID, NOT_FOUND, PERMISSION_DENIED, RETRYABLE, PortError
+from falcon_es.domain.ports import (
+    INVALID, NOT_FOUND, PERMISSION_DENIED, RETRYABLE, PortError, ReservationCapacity,
+)
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.tpu import slice_shape
 from tests.fakes.compute_server import FakeCompute, serve_rest
@@ -86,10 +88,19 @@ def test_the_machine_type_a_reservation_holds_is_read_for_the_2x4_choice(reserva
     fake.add_aggregate(PROJECT, ZONE, "agg", vm_family=CT6E, reserved={"ct6e": 64},
                        in_use={"ct6e": 0})
 
-    assert reservations.machine_type(CLUSTER, "res-1") == "ct6e-standard-4t"
-    assert reservations.machine_type(CLUSTER, "agg") is None  # chips of a family
+    assert reservations.capacity(CLUSTER, "res-1").machine_type == "ct6e-standard-4t"
+    assert reservations.capacity(CLUSTER, "agg").machine_type is None  # chips of a family
     shape = slice_shape("v6e", "2x4", "ct6e-standard-4t")
     assert reservations.remaining_slices(CLUSTER, "res-1", shape) == 4
+
+
+def test_capacity_is_the_specific_reservations_machine_type_and_count(reservations, fake):
+    """What never-fits is decided from: whatever is in use."""
+    fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8, in_use=8)
+    fake.add_aggregate(PROJECT, ZONE, "agg", vm_family=CT6E, reserved={"ct6e": 64}, in_use={})
+
+    assert reservations.capacity(CLUSTER, "res-1") == ReservationCapacity("ct6e-standard-4t", 8)
+    assert reservations.capacity(CLUSTER, "agg") == ReservationCapacity()  # counts chips
 
 
 def test_shared_reservation_is_read_in_the_owner_project(reservations, fake):

@@ -347,9 +347,9 @@ def test_reservation_too_small_then_capacity_frees(make: Make) -> None:
     assert gcp.history["small"] == [("Pending", "ClusterBusy"), *RESERVED_PATH,
                                     ("Succeeded", None)]
     assert "4/4 active" in gcp.messages["wide"]
-    assert gcp.messages["small"][0] == ("reservation v6e-res-r has 0 slice(s) free, "
-                                        "1 needed (reservation_remaining_slices=0 "
-                                        "reservation_needed_slices=1); retry 1")
+    assert gcp.messages["small"][0].startswith(
+        "reservation v6e-res-r has 0 slice(s) free, 1 needed (reservation_remaining_slices=0 "
+        "reservation_needed_slices=1); retry 1, waiting since ")
 
 
 def test_flex_start_stockout_that_resolves(make: Make) -> None:

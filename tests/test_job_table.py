@@ -170,7 +170,8 @@ def test_abort_times_come_from_the_abort_events(app: App, clock: VirtualClock) -
     assert row["status"] == "Aborting"
     assert row["aborting_at"] == requested, "aborting_at is the upper layer's own column"
     assert row["aborted_at"] is None and row["finished_at"] is None
-    assert row["message"] == "abort requested while Running"
+    assert row["message"] == ("abort requested while Running; waiting for Job falcon-job-1 to "
+                              "be deleted and node pool falcon-p1 to be handed over or deleted")
     row = drive(app, clock, "t", (ev.TaskAborted("Running"),))
     aborted = times_of(app, "t")["TaskAborted"]
     assert (row["status"], row["reason"]) == ("Aborted", None)

@@ -65,7 +65,7 @@ def test_abort_while_waiting_leaves_the_queue(make: Make) -> None:
 
 
 def test_abort_while_cluster_busy_creates_nothing(make: Make) -> None:
-    h = make(reserved_cluster(count=0))
+    h = make(reserved_cluster(count=4, in_use=4))
     h.submit("t1")
     h.run(status_is(h, "t1", "Pending", "ClusterBusy"))
     h.abort("t1")
@@ -242,3 +242,29 @@ def test_late_outcomes_while_aborting_are_recorded_not_fatal(make: Make) -> None
 
 def _retained(h: Harness) -> list:
     return [r.event for r in h.app.store.read_after(0) if r.type_name == "NodePoolRetained"]
+
+
+@pytest.mark.parametrize("phase", ["Provisioning", "WaitingForNode"])
+def test_an_abort_while_the_pool_is_created_hands_it_to_the_task_waiting(
+        make: Make, phase: str) -> None:
+    """The create is followed to its end and the pool goes through the same
+    reuse check as any ended task's: the task waiting in the queue gets it, and no
+    second pool is created (a 1-VM reservation would make it wait for room first)."""
+    h = make(reserved_cluster(count=1))
+    h.submit("p", sim={"duration_seconds": 60})
+    h.clock.advance(1)
+    h.submit("q", sim={"duration_seconds": 60})
+    if phase == "Provisioning":
+        h.run(has_event(h, "p", "NodePoolCreateStarted"))
+    else:
+        h.run(status_is(h, "p", "Pending", "WaitingForNode"))
+    h.abort("p")
+    h.run()
+    assert h.history["p"][-1] == ("Aborted", None)
+    assert h.row("p")["message"] == (f"aborted while Pending/{phase}; "
+                                     "node pool falcon-p-2x2 handed over to q")
+    assert h.history["q"][-1] == ("Succeeded", None)
+    assert "NodePoolReused" in h.events("q")
+    assert "ReservationInsufficient" not in h.events("q")
+    assert [p.name for p in h.world.pools(include_deleted=True)] == ["falcon-p-2x2"]
+    assert h.live_pools() == []

@@ -71,12 +71,13 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "节点池 falcon-p1 暂不可见，稍后重试（第 2 次）"),
     ((*PROVISIONING, ev.ReservationInsufficient("res-a", 1, 2, 3)), "Pending", "ClusterBusy",
      "reservation res-a has 1 slice(s) free, 2 needed (reservation_remaining_slices=1 "
-     "reservation_needed_slices=2); retry 3",
+     "reservation_needed_slices=2); retry 3, waiting since 2026-11-01 09:03 UTC",
      "预留 res-a 剩余 1 个切片，需要 2 个（reservation_remaining_slices=1 "
-     "reservation_needed_slices=2）；第 3 次重试"),
+     "reservation_needed_slices=2）；第 3 次重试，自 2026-11-01 09:03 UTC 起等待"),
     ((*PROVISIONING, CREATE, STARTED, ev.NodesNotReady("falcon-p1", 1, 2, 4)), "Pending",
-     "WaitingForNode", "node pool falcon-p1: 1/2 nodes ready (attempt 4)",
-     "节点池 falcon-p1：1/2 个节点就绪（第 4 次）"),
+     "WaitingForNode",
+     "node pool falcon-p1: 1/2 nodes ready (attempt 4), waiting since 2026-11-01 09:05 UTC",
+     "节点池 falcon-p1：1/2 个节点就绪（第 4 次），自 2026-11-01 09:05 UTC 起等待"),
     (DISPATCHING, "Pending", "Dispatching",
      "node pool falcon-p1 ready (2 nodes)", "节点池 falcon-p1 已就绪（2 个节点）"),
     ((*PROVISIONING, ev.NodePoolReused("falcon-p0", "t-0", "reservation")), "Pending",
@@ -134,8 +135,17 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Failed", "Timeout",
      "timed out after 600s; Job deleted (pods were pending: Insufficient google.com/tpu)",
      "运行超过 600 秒超时，Job 已删除（Pod 一直等待：Insufficient google.com/tpu）"),
+    # Aborting says what it waits on: the Job's deletion and the pool's cleanup.
     ((*RUN, ev.AbortRequested(AT, "Running")), "Aborting", None,
-     "abort requested while Running", "在 Running 阶段请求中止"),
+     "abort requested while Running; waiting for Job falcon-j1 to be deleted and node pool "
+     "falcon-p1 to be handed over or deleted",
+     "在 Running 阶段请求中止；等待 Job falcon-j1 被删除，以及节点池 falcon-p1 被移交或删除"),
+    ((*PROVISIONING, CREATE, STARTED, ev.AbortRequested(AT, "Pending/Provisioning")),
+     "Aborting", None,
+     "abort requested while Pending/Provisioning; waiting for the create of node pool "
+     "falcon-p1 to end and node pool falcon-p1 to be handed over or deleted",
+     "在 Pending/Provisioning 阶段请求中止；等待节点池 falcon-p1 的创建结束，以及节点池 falcon-p1 "
+     "被移交或删除"),
     ((*RUN, ev.AbortRequested(AT, "Running"), ev.TaskAborted("Running")), "Aborted", None,
      "aborted while Running", "已在 Running 阶段中止"),
     ((ev.AbortRequested(AT, "New"), ev.TaskAborted("New")), "Aborted", None,
@@ -170,8 +180,11 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Kubernetes create Job 调用失败（503），第 1/10 次尝试，2 秒后重试"),
     ((*RUN, ev.AbortRequested(AT, "Running"), ev.JobDeleteRequested("falcon-j1", "abort"),
       ev.ApiCallRetrying("kubernetes", "job-delete", 2, None, "503", 4)), "Aborting", None,
-     "abort requested while Running; Kubernetes delete Job failed (503), attempt 2, next in 4s",
-     "在 Running 阶段请求中止；Kubernetes delete Job 调用失败（503），第 2 次尝试，4 秒后重试"),
+     "abort requested while Running; waiting for Job falcon-j1 to be deleted and node pool "
+     "falcon-p1 to be handed over or deleted; Kubernetes delete Job failed (503), attempt 2, "
+     "next in 4s",
+     "在 Running 阶段请求中止；等待 Job falcon-j1 被删除，以及节点池 falcon-p1 被移交或删除；"
+     "Kubernetes delete Job 调用失败（503），第 2 次尝试，4 秒后重试"),
 )
 
 

@@ -46,8 +46,8 @@ class CountingReservations:
             raise PortError(RETRYABLE, "429 Too Many Requests: rate limit exceeded")
         return int(self._inner.remaining_slices(cluster, reservation, shape))
 
-    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
-        return self._inner.machine_type(cluster, reservation)  # type: ignore[no-any-return]
+    def capacity(self, cluster: Cluster, reservation: str) -> Any:
+        return self._inner.capacity(cluster, reservation)
 
 
 @pytest.fixture

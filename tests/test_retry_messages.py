@@ -242,8 +242,8 @@ class _FlakyReservations:
             raise PortError(RETRYABLE, "503 Service Unavailable: backend error")
         return self._inner.remaining_slices(*args)  # type: ignore[attr-defined]
 
-    def machine_type(self, *args: object) -> str | None:
-        return self._inner.machine_type(*args)  # type: ignore[attr-defined, no-any-return]
+    def capacity(self, *args: object) -> object:
+        return self._inner.capacity(*args)  # type: ignore[attr-defined]
 
 
 def _flaky(h: Harness, failures: int) -> None:

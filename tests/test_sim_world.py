@@ -900,6 +900,30 @@ def test_behaviour_from_tasks_reads_the_accepted_spec_of_the_task() -> None:
     assert finals["falcon-unknown"].observed_at == START + dt.timedelta(seconds=150 + 5 + 100)
 
 
+def test_the_config_job_defaults_apply_to_what_a_spec_does_not_say() -> None:
+    """Intake used to write ``sim.duration_seconds=300`` into every spec, so a config
+    of other durations was ignored; a spec without ``sim``, or one naming only the
+    outcome, runs for the config's 100 s."""
+    tasks = TaskStates()
+    for number, sim in enumerate((None, {"outcome": "fail", "exit_code": 4})):
+        body = {"image": "busybox", "tpu_type": "v6e", "topology": "2x2", "sim": sim}
+        spec = parse_spec({k: v for k, v in body.items() if v is not None})
+        tasks.fold([RecordedEvent(number + 1, f"t-{number}", 1, ev.TaskAccepted(
+            "n", "actor", spec.to_data(), "v6e", "2x2", START), {}, START)])
+    tasks.committed()
+    sim = Sim(behaviour_source=behaviour_from_tasks(tasks))
+    for number in range(2):
+        ready_pool(sim, f"falcon-{number}")
+    for number in range(2):
+        sim.edge(sim.east).submit_job(job(f"falcon-job{number}", f"falcon-{number}",
+                                          task=f"t-{number}"))
+    finals = {o.job_name: o for o in sim.run()}
+    assert finals["falcon-job0"].condition == "Complete"
+    assert finals["falcon-job1"].pods[0].exit_code == 4
+    for name in finals:
+        assert finals[name].observed_at == START + dt.timedelta(seconds=150 + 5 + 100)
+
+
 def test_observations_carry_the_task_id_and_job_refs_the_id_and_its_shortened_label() -> None:
     sim = Sim()
     manifest = job("falcon-t1", "falcon-a", task="upperlayerid1-4f2a9c1")

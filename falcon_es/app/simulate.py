@@ -176,9 +176,11 @@ def _report(records: Iterator[RecordedEvent], end: dt.datetime) -> dict[str, Any
     pool_start: dict[str, tuple[dt.datetime, str, int]] = {}
     pool_end: dict[str, dt.datetime] = {}
     created = reused = 0
+    events_of: Counter[str] = Counter()
     for record in records:
         event, task = record.event, record.stream_id
         kind = record.type_name
+        events_of[task] += 1
         if kind == "TaskAccepted":
             submitted[task] = event.submitted_at  # type: ignore[attr-defined]
             actor_of[task] = event.actor  # type: ignore[attr-defined]
@@ -222,7 +224,17 @@ def _report(records: Iterator[RecordedEvent], end: dt.datetime) -> dict[str, Any
         "node_pool_hours_by_supply_mode": {k: round(v, 2) for k, v in sorted(pool_hours.items())},
         "node_hours_by_supply_mode": {k: round(v, 2) for k, v in sorted(node_hours.items())},
         "final_status": dict(sorted(Counter(s for _, s in finished.values()).items())),
+        "events_per_task": _events_per_task(events_of, submitted),
     }
+
+
+def _events_per_task(events_of: Counter[str], tasks: Mapping[str, object]) -> dict[str, float]:
+    """How much the log grows per task (mean and most), counting the task streams only:
+    a wait must cost the log nothing per unit of time, so a long wait shows here."""
+    counts = [events_of[task] for task in tasks]
+    if not counts:
+        return {}
+    return {"mean": round(statistics.fmean(counts), 2), "max": max(counts)}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -234,6 +246,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['pools_created']} created)",
         "node-pool hours: " + ", ".join(f"{k} {v}" for k, v in report["node_pool_hours_by_supply_mode"].items()),
         "node hours: " + ", ".join(f"{k} {v}" for k, v in report["node_hours_by_supply_mode"].items()),
+        "events per task: " + ", ".join(
+            f"{k} {v}" for k, v in report.get("events_per_task", {}).items()),
         "final: " + ", ".join(f"{k} {v}" for k, v in report["final_status"].items())
         + (f"; unfinished {report['unfinished']} (stopped: {report['stopped_by']})"
            if report["unfinished"] else ""),

@@ -323,6 +323,40 @@ def gave_up(attempts: int, error: str) -> str:
     return f"gave up after {attempts} attempts: {error}"
 
 
+def scheduled_try(state: TaskState, kind: str, retry: RetrySettings, now: dt.datetime) -> int:
+    """The number of the wait's try due at ``now``: the last try the retry schedule
+    puts at or before ``now``, counted from the last recorded try (its number and
+    moment), and at least the one after it. A wait records a try only when what it
+    found changed (or at a checkpoint, ``records_try``), so a controller that starts
+    afresh counts the silent tries on the schedule, as its predecessor made them."""
+    recorded = state.retries.attempt if state.retries.kind == kind else 0
+    if recorded < 1 or state.retries.at is None:
+        return recorded + 1
+    backoff = retry_backoff(retry, kind)
+    attempt, at = recorded, state.retries.at
+    while True:
+        at += dt.timedelta(seconds=seeded_delay(
+            backoff, attempt, f"{state.task_id}:{kind}:{attempt}"))
+        if at > now:
+            return max(attempt, recorded + 1)
+        attempt += 1
+
+
+def wait_delay(state: TaskState, kind: str, attempt: int, retry: RetrySettings) -> dt.timedelta:
+    """How long after try ``attempt`` of the wait ``kind`` the next one comes (the
+    delay ``retry_due_at`` reads for a recorded try)."""
+    return dt.timedelta(seconds=seeded_delay(retry_backoff(retry, kind), attempt,
+                                             f"{state.task_id}:{kind}:{attempt}"))
+
+
+def records_try(attempt: int) -> bool:
+    """Whether a try that found what the log already says is recorded all the same: the
+    first, and each whose number is a power of two, so the Message's count of tries
+    stays within a factor of two of the truth while the log grows with the logarithm
+    of the wait (about a dozen events in a week of tries every five minutes)."""
+    return attempt & (attempt - 1) == 0
+
+
 def next_attempt(state: TaskState, kind: str) -> int:
     """The attempt number of the next log-driven retry of ``kind``."""
     return state.retries.attempt + 1 if state.retries.kind == kind else 1

@@ -253,7 +253,8 @@ class SchedulingSettings(BaseModel):
     replace_after_seconds: Seconds = setting(
         900, "FALCON_REPLACE_AFTER_SECONDS",
         doc="A waiting task moves to a free cluster of its TPU type once its queue's slot "
-            "holder has been stuck this long")
+            "holder has been stuck this long; so does a ClusterBusy holder holding nothing, "
+            "to one whose reservation has room")
     max_moves: Count = setting(3, "FALCON_MAX_MOVES",
                                doc="How many times one task may move to another cluster")
 

@@ -66,7 +66,9 @@ class TaskChart(StateChart):
         NoActiveCluster = waiting.to.itself()
         ClusterChosen = waiting.to.itself()
         TaskRequeued = waiting.to.itself()
-        TaskMoved = waiting.to.itself()
+        # A waiting task moves; so does a ClusterBusy slot holder that holds nothing
+        # (back to Waiting, on the cluster where its capacity is).
+        TaskMoved = waiting.to.itself() | cluster_busy.to(waiting)
         PriorityChanged = waiting.to.itself()
         TaskPicked = waiting.to(provisioning)
         SlotYielded = cluster_busy.to(waiting)

@@ -16,7 +16,9 @@ from typing import Any, Protocol
 from falcon_es.domain import chart
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.queue_places import QueueKey
+from falcon_es.domain.ports import ReservationCapacity
 from falcon_es.domain.spec import RESERVATION
+from falcon_es.domain.tpu import SliceShape
 
 ACTIVE = "active"
 
@@ -43,14 +45,41 @@ class ClusterChoice:
 
 
 @dataclasses.dataclass(frozen=True)
+class NeverFit:
+    """A cluster whose reservation can never serve a request, whatever is in use: it
+    holds VMs of another machine type, or fewer in total than the request needs."""
+
+    cluster: str
+    reservation: str
+    machine_type: str | None
+    vms: int | None
+
+    def as_data(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def never_fits(cluster: str, reservation: str, capacity: ReservationCapacity,
+               shape: SliceShape, slices: int) -> NeverFit | None:
+    """The reservation's side when it can never serve ``slices`` slices of ``shape``
+    (None: it can, or what it holds is not known)."""
+    other_machine = bool(capacity.machine_type) and capacity.machine_type != shape.machine_type
+    too_few = capacity.vms is not None and capacity.vms < shape.hosts * slices
+    if other_machine or too_few:
+        return NeverFit(cluster, reservation, capacity.machine_type, capacity.vms)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class NoMatch:
     """No cluster can take the task, which fails: none of the TPU type is registered,
     or the task asked for a reservation and no cluster of its type has one
-    (``without_reservation`` names the clusters of the type then)."""
+    (``without_reservation`` names the clusters of the type then), or the reservation
+    of every active cluster of its type can never serve its request (``never_fit``)."""
 
     registered_tpu_types: tuple[str, ...]
     supply_mode: str | None = None
     without_reservation: tuple[str, ...] = ()
+    never_fit: tuple[NeverFit, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +96,16 @@ def choose_cluster(
     depth: Callable[[QueueKey], int],
     idle_pools: Collection[QueueKey],
     supply_mode: str | None = None,
+    never_fit: Callable[[Cluster], NeverFit | None] | None = None,
 ) -> ClusterChoice | NoMatch | NoneActive:
     """Pick the cluster for a task; ``depth(key)`` is the number of tasks that would be
     ahead of it in a (cluster, topology) queue (``QueueBook.ahead``); ``idle_pools`` holds the queues where an
     idle, retained pool of that topology sits. A task that asks for the reservation
     supply mode goes only to clusters with a default reservation: elsewhere its pool
     could never be created. It waits while those are all inactive, and fails when its
-    TPU type has none."""
+    TPU type has none. ``never_fit`` says of a cluster whether the reservation the task
+    would use there can never serve it: such a cluster is no candidate; when every
+    active one is such, the task fails naming them (or waits for an inactive one)."""
     of_type = [c for c in clusters if c.tpu_type == tpu_type]
     if not of_type:
         return NoMatch(tuple(sorted({c.tpu_type for c in clusters})))
@@ -84,6 +116,12 @@ def choose_cluster(
                            tuple(sorted(c.name for c in of_type)))
         of_type = reserved
     active = [c for c in of_type if c.status == ACTIVE]
+    if active and never_fit is not None:
+        unfit = {c.id: verdict for c in active if (verdict := never_fit(c)) is not None}
+        if len(unfit) == len(active) == len(of_type):
+            return NoMatch(tuple(sorted({c.tpu_type for c in clusters})), supply_mode,
+                           never_fit=tuple(sorted(unfit.values(), key=lambda u: u.cluster)))
+        active = [c for c in active if c.id not in unfit]
     if not active:
         return NoneActive(tuple({"name": c.name, "status": c.status}
                                 for c in sorted(of_type, key=lambda c: (c.name, c.id))))
@@ -111,16 +149,19 @@ STUCK_REASONS = (chart.PendingReason.CLUSTER_BUSY, chart.PendingReason.WAITING_F
 
 
 def move_target(tpu_type: str, topology: str, from_cluster: str, clusters: Sequence[Cluster],
-                book: QueueOccupancy, supply_mode: str | None) -> Cluster | None:
+                book: QueueOccupancy, supply_mode: str | None,
+                room: Callable[[Cluster], bool] | None = None) -> Cluster | None:
     """Where a waiting task of a stuck queue would start at once: another active
     cluster of its TPU type (with a reservation when the task asks for one) whose queue
-    for its topology has nobody waiting and the slot free; the first by name."""
+    for its topology has nobody waiting and the slot free, and (``room``, for a slot
+    holder waiting for reservation room) whose capacity can take it; the first by name."""
     for cluster in sorted(clusters, key=lambda c: (c.name, c.id)):
         if (cluster.id == from_cluster or cluster.tpu_type != tpu_type
                 or cluster.status != ACTIVE
                 or (supply_mode == RESERVATION and not cluster.default_reservation)):
             continue
         key = (cluster.id, topology)
-        if not book.holders(key) and not book.waiting_count(key):
+        if (not book.holders(key) and not book.waiting_count(key)
+                and (room is None or room(cluster))):
             return cluster
     return None

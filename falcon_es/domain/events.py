@@ -90,15 +90,17 @@ class TaskRejected(Event):
 
 @dataclasses.dataclass(frozen=True)
 class NoMatchingCluster(Event):
-    """No cluster can take the task: none of its TPU type is registered, or it asked
-    for the reservation supply mode and no cluster of its type has a reservation
-    (``supply_mode`` and ``without_reservation``, the clusters of its type, say so)."""
+    """No cluster can take the task: none of its TPU type is registered, it asked for a
+    reservation and none of its type has one (``without_reservation``), or no cluster's
+    reservation can ever serve it (``needs``, and what each holds: ``never_fit``)."""
 
     failure_reason: ClassVar[str | None] = "NoMatchingCluster"
     tpu_type: str
     registered_tpu_types: tuple[str, ...]
     supply_mode: str | None = None
     without_reservation: tuple[str, ...] = ()
+    needs: dict[str, Any] | None = None
+    never_fit: tuple[dict[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +150,9 @@ class TaskPicked(Event):
 
 @dataclasses.dataclass(frozen=True)
 class TaskMoved(Event):
-    """Re-placement: the waiting task moved to another active cluster of its TPU type
-    where the slot was free, since its own queue's slot holder had been stuck (in
-    ``holder_reason`` for ``held_seconds``)."""
+    """Re-placement: the waiting task (or a ClusterBusy slot holder holding nothing)
+    moved to another active cluster of its TPU type where the slot was free, since its
+    queue's slot holder (itself) had been stuck (in ``holder_reason`` for ``held_seconds``)."""
 
     from_cluster_id: str
     from_cluster_name: str

@@ -83,11 +83,19 @@ class NodePools(Protocol):
     def list(self, cluster: Cluster) -> list[NodePoolInfo]: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class ReservationCapacity:
+    """What a reservation holds at most, whatever is in use: the machine type of its
+    VMs and how many (None: not known, e.g. an aggregate reservation counting chips, or
+    any machine of the cluster's TPU type). A request beyond it can never be served."""
+
+    machine_type: str | None = None
+    vms: int | None = None
+
+
 class Reservations(Protocol):
     def remaining_slices(self, cluster: Cluster, reservation: str, shape: SliceShape) -> int: ...
-    #: The machine type a specific reservation holds; None when it names none (an
-    #: aggregate reservation counts chips of a machine family).
-    def machine_type(self, cluster: Cluster, reservation: str) -> str | None: ...
+    def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity: ...
 
 
 @dataclasses.dataclass(frozen=True)

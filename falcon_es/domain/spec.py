@@ -99,9 +99,16 @@ class SpecLimits:
 
 @dataclasses.dataclass(frozen=True)
 class SimBehaviour:
-    duration_seconds: float = 300.0
-    outcome: str = "succeed"
+    """How a simulated workload behaves, as far as the spec says: a field left None is
+    not said, and the sim config's ``jobs`` defaults apply to it."""
+
+    duration_seconds: float | None = None
+    outcome: str | None = None
     exit_code: int | None = None
+
+    def said(self) -> dict[str, Any]:
+        """The fields the spec set (the sim fills in the rest from its defaults)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +122,9 @@ class TaskSpec:
     supply_mode: str | None = None
     timeout_seconds: int = 24 * 3600
     display_name: str | None = None
-    #: How a simulated workload behaves. None only in a spec read back from the log
-    #: that named none (``from_data``): the sim's configured Job defaults apply.
-    sim: SimBehaviour | None = SimBehaviour()
+    #: How a simulated workload behaves. None when the spec names none: the sim's
+    #: configured Job defaults apply (to any field it leaves out, too).
+    sim: SimBehaviour | None = None
     #: Slices of ``topology`` the task runs on: 1 is a Job on one pool, more a JobSet
     #: with one child Job per slice, each on a pool of its own.
     slices: int = 1
@@ -474,9 +481,9 @@ def _env(data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))
 
 
-def _sim(value: Any) -> SimBehaviour:
+def _sim(value: Any) -> SimBehaviour | None:
     if value is None:
-        return SimBehaviour()
+        return None
     if not isinstance(value, Mapping):
         raise SpecError("InvalidField", "sim", f"expected an object, found {_kind(value)}")
     allowed = {"duration_seconds", "outcome", "exit_code"}
@@ -484,17 +491,18 @@ def _sim(value: Any) -> SimBehaviour:
     if unknown:
         raise SpecError("UnknownField", f"sim.{_label(unknown[0], 40)}",
                         f"unknown field; expected one of {', '.join(sorted(allowed))}")
-    duration = value.get("duration_seconds", SimBehaviour.duration_seconds)
-    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration <= 10**7:
+    duration = value.get("duration_seconds")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not 0 <= duration <= 10**7):
         raise SpecError("InvalidField", "sim.duration_seconds", "expected seconds between 0 and 10000000")
-    outcome = value.get("outcome", "succeed")
-    if outcome not in SIM_OUTCOMES:
+    outcome = value.get("outcome")
+    if outcome is not None and outcome not in SIM_OUTCOMES:
         raise SpecError("InvalidField", "sim.outcome",
                         f"{_short(repr(outcome))}; expected one of {', '.join(SIM_OUTCOMES)}")
     exit_code = value.get("exit_code")
     if exit_code is not None and (not _is_int(exit_code) or not 0 <= exit_code <= 255):
         raise SpecError("InvalidField", "sim.exit_code", "expected a whole number 0-255")
-    return SimBehaviour(float(duration), outcome, exit_code)
+    return SimBehaviour(None if duration is None else float(duration), outcome, exit_code)
 
 
 def _is_int(value: Any) -> bool:

@@ -327,8 +327,13 @@ def _on_cluster_chosen(event: ev.ClusterChosen, state: TaskState,
 
 
 def _on_task_moved(event: ev.TaskMoved, state: TaskState, at: dt.datetime) -> Changes:
-    return {"placement": {"cluster_id": event.to_cluster_id,
-                          "cluster_name": event.to_cluster_name, "moves": event.moves}}
+    changes: Changes = {"placement": {"cluster_id": event.to_cluster_id,
+                                      "cluster_name": event.to_cluster_name,
+                                      "moves": event.moves}}
+    if state.retries.kind is not None or state.retries.api_calls:
+        # A slot holder that moved tries afresh where it goes (as after SlotYielded).
+        changes["retries"] = {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}
+    return changes
 
 
 def _on_priority_changed(event: ev.PriorityChanged, state: TaskState,

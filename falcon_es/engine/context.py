@@ -18,9 +18,10 @@ from falcon_es.domain.ports import Ports
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.reservation_reads import ReservationReads
 from falcon_es.domain.queue_book import QueueBook
+from falcon_es.config.retry import retry_due_at
 from falcon_es.config.settings import Settings
 from falcon_es.domain.spec import SpecLimits
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task import TaskState, TaskStates
 
 
 @dataclasses.dataclass
@@ -63,3 +64,12 @@ class HandlerContext:
         """When each task's create is next looked at: the ticks' own bookkeeping (no
         fact of the log, so not the index's to hold; the index only reads it)."""
         return self.index.polls
+
+    def wait_due_at(self, state: TaskState, kind: str) -> dt.datetime | None:
+        """When the next try of the task's wait ``kind`` (a reservation too full, nodes
+        not Ready) is due: after a try that recorded nothing, the moment it set; else
+        the one after the last recorded try (None: now)."""
+        tried = self.polls.tried(state)
+        if tried is not None:
+            return tried.next_at
+        return retry_due_at(state, kind, self.settings.retry)

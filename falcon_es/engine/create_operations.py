@@ -64,11 +64,20 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
 def pool_settled(state: TaskState, cluster: Cluster | None, ctx: HandlerContext) -> bool:
     """True once no create of the task's pool is in flight (a delete issued while GKE
     still runs the create operation is refused)."""
+    return create_outcome(state, cluster, ctx) is not None
+
+
+def create_outcome(state: TaskState, cluster: Cluster | None,
+                   ctx: HandlerContext) -> Operation | None:
+    """How the task's pool create ended: its finished operation (``error`` set when it
+    failed), or None while it is still in flight (or not looked at yet). A task whose
+    create was never started, or ended before (ready, failed), has a finished
+    operation without error: there is nothing left to wait for."""
     if state.pool.intent == PoolIntent.CREATE_REQUESTED:
-        return False
+        return None
     if state.pool.intent != PoolIntent.CREATE_STARTED or not state.pool.operation:
-        return True
+        return Operation(state.pool.operation or "", done=True)
     if cluster is None:
-        return False
+        return None
     operation = ask_create_operation(state, cluster, ctx)
-    return operation is not None and operation.done
+    return operation if operation is not None and operation.done else None

@@ -1,5 +1,8 @@
 """When each task's pool create is next looked at: the ticks' own bookkeeping of the
-calls they made to GKE, kept apart from the lifecycle index.
+calls they made to GKE, kept apart from the lifecycle index. Also the tries of a wait
+on the world (a reservation too full, nodes not Ready) that found what the log already
+says: those append nothing (the log grows with what changes, not with time), so the
+try's number and the next one's moment are kept here.
 
 A look at a create (its operation, or the pool itself) is a call against the project's
 GKE quota and records no event when nothing changed, so "not before" is no fact of
@@ -29,6 +32,9 @@ class Poll(NamedTuple):
     #: When it was decided: a wake moment already due then (a retry just tried) is
     #: spent, and the poll is the next moment.
     decided_at: dt.datetime
+    #: The number of the wait's try made then, when the poll is a wait's silent try
+    #: (0: a look at a create).
+    attempt: int = 0
 
 
 def _moment(entry: tuple[dt.datetime, str]) -> dt.datetime:
@@ -43,18 +49,24 @@ class OperationPolls:
         self._by_moment: SortedKeyList = SortedKeyList(key=_moment)  # (next_at, task id)
 
     def polled(self, state: TaskState, next_at: dt.datetime | None,
-               now: dt.datetime) -> None:
-        """The task's create was looked at: look again at ``next_at`` (None: the
-        operation is done, no more polls)."""
+               now: dt.datetime, attempt: int = 0) -> None:
+        """The task's create was looked at (or, ``attempt``, its wait tried for the
+        attempt-th time): look again at ``next_at`` (None: the operation is done, no
+        more polls)."""
         self.forget(state.task_id)
         if next_at is not None:
-            self._polls[state.task_id] = Poll(state.version, next_at, now)
+            self._polls[state.task_id] = Poll(state.version, next_at, now, attempt)
             self._by_moment.add((next_at, state.task_id))
 
     def due(self, state: TaskState) -> dt.datetime | None:
         """When the task's create is to be looked at again (None: now)."""
         poll = self._polls.get(state.task_id)
         return poll.next_at if poll is not None and poll.version == state.version else None
+
+    def tried(self, state: TaskState) -> Poll | None:
+        """The last silent try of the task's wait, as of this version of the task."""
+        poll = self._polls.get(state.task_id)
+        return poll if poll is not None and poll.attempt and poll.version == state.version else None
 
     def of(self, task_id: str) -> Poll | None:
         return self._polls.get(task_id)

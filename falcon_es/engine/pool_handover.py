@@ -72,16 +72,21 @@ class PoolDecider:
                 best = state
         return best
 
-    def dispose(self, state: TaskState) -> None:
+    def dispose(self, state: TaskState, *, created: bool = False) -> None:
         """Hand each of the ended task's pools over, or delete it: a pool that reached
         readiness goes to the best waiting task of its queue, one pool per slice that
-        task still needs, and the pools nobody takes are deleted together."""
+        task still needs, and the pools nobody takes are deleted together. ``created``:
+        the caller followed the task's running create to its end and it succeeded (an
+        abort during provisioning), so its pools are as good as ready ones: the taker
+        looks at the pool before it uses it, as at any idle pool."""
         if state.placement.cluster_id is None or not state.held_pools:
             return
         taken = set(state.pool.taken_pools)
+        usable = state.pool.intent == PoolIntent.READY or (
+            created and state.pool.intent == PoolIntent.CREATE_STARTED)
         handed: list[tuple[str, TaskState]] = []
         for pool in state.held_pools:
-            if state.pool.intent != PoolIntent.READY and pool not in taken:
+            if not usable and pool not in taken:
                 continue  # its create failed or never finished: it goes
             taker = self.taker_for(state)
             if taker is None:

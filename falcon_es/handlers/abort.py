@@ -6,7 +6,9 @@ The abort table, applied each tick until the task is Aborted:
 |--------------------------------------|------------------------------------------------------|
 | not yet accepted / Waiting           | leaves the queue: TaskAborted right away             |
 | ClusterBusy, Provisioning, no pool   | TaskAborted right away (nothing was created)         |
-| pool create requested / in progress  | wait for the create to settle, then deprovision      |
+| pool create requested / in progress  | follow the create to its end, then deprovision: a    |
+|                                      | pool created goes through the reuse check like any   |
+|                                      | ended task's (a failed create is recorded and goes)  |
 | Dispatching, submit requested        | the executor cancels the submit (JobSubmitCancelled) |
 |                                      | or adopts a Job an earlier controller submitted      |
 | Dispatching / Running, Job submitted | JobDeleteRequested, wait for JobDeleted              |
@@ -25,7 +27,7 @@ from __future__ import annotations
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.engine.create_operations import pool_settled
+from falcon_es.engine.create_operations import create_outcome
 from falcon_es.engine.pool_handover import PoolDecider
 from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import JOB_GONE, JobIntent
@@ -49,9 +51,13 @@ def advance_aborts(tick: Tick, ctx: HandlerContext) -> None:
         if state.job.intent not in JOB_GONE:
             continue
         if needs_disposal(state):
-            if not pool_settled(state, clusters.get(state.placement.cluster_id or ""), ctx):
+            created = create_outcome(state, clusters.get(state.placement.cluster_id or ""), ctx)
+            if created is None:
                 continue
-            decider.dispose(state)
+            if created.error:
+                state = tick.emit(state.task_id, ev.NodePoolFailed(
+                    state.pool.name or "", created.error)) or state
+            decider.dispose(state, created=True)
             state = tick.state(state.task_id) or state
             if needs_disposal(state):
                 continue

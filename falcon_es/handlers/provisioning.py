@@ -43,17 +43,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.create_operations import ask_create_operation
+from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.engine.lifecycle_index import Group
 from falcon_es.domain.ports import NOT_FOUND, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.config.retry import (
-    call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, retry_due_at,
+    call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, records_try,
+    scheduled_try, wait_delay,
 )
 from falcon_es.engine.runtime import Tick
 from falcon_es.config.settings import Settings
@@ -134,7 +137,7 @@ class _Provisioner:
         if state.pool.intent is None:
             if state.slices > 1:
                 self.take(state, cluster)
-            elif not self.reuse(state, cluster):
+            elif not self.reuse(state, cluster) and not self._pool_coming(state, cluster):
                 self.acquire(state, cluster)
         elif state.pool.intent == PoolIntent.CREATE_STARTED:
             self.follow(state, cluster)
@@ -154,6 +157,22 @@ class _Provisioner:
                     holder.machine_type))
                 self._handed_over(holder, pool, state)
             return True
+        return False
+
+    def _pool_coming(self, state: TaskState, cluster: Cluster) -> bool:
+        """An aborting task of this queue still holds a pool (or its create still runs)
+        whose fate is not decided: it comes to this task, the queue's slot holder, once
+        the abort has followed it to its end, so the task waits for it rather than
+        create (or wait for reservation room for) a second pool."""
+        topology = state.submission.topology
+        for task_id in self.ctx.index.ids(Group.ABORTING):
+            other = self.tick.state(task_id)
+            if (other is not None and other.status == chart.ABORTING
+                    and other.placement.cluster_id == cluster.id
+                    and other.submission.topology == topology
+                    and needs_disposal(other)
+                    and other.pool.intent not in (PoolIntent.FAILED, PoolIntent.NOT_CREATED)):
+                return True
         return False
 
     def take(self, state: TaskState, cluster: Cluster) -> None:
@@ -294,7 +313,7 @@ class _Provisioner:
         """No backoff runs: neither the wait after a too-small reservation nor the one
         after a reservation read that failed."""
         if state.reason == chart.PendingReason.CLUSTER_BUSY:
-            due = retry_due_at(state, "ReservationInsufficient", self.ctx.settings.retry)
+            due = self.ctx.wait_due_at(state, "ReservationInsufficient")
             if due is not None and self.ctx.now < due:
                 return False
         due = call_retry_due_at(state, RESERVATION_CHECK)
@@ -340,9 +359,12 @@ class _Provisioner:
         remaining -= -(-in_flight // shape.hosts)  # slices of this shape those hosts cover
         if remaining < needed:
             if not (self.ctx.settings.features.multislice_partial_create and remaining > 0):
-                self.tick.emit(state.task_id, ev.ReservationInsufficient(
-                    reservation, max(remaining, 0), needed,
-                    next_attempt(state, "ReservationInsufficient")))
+                found = (reservation, max(remaining, 0), needed)
+                shown = state.message_event
+                same = (isinstance(shown, ev.ReservationInsufficient)
+                        and (shown.reservation, shown.remaining, shown.needed) == found)
+                wait_tried(self.tick, self.ctx, state, "ReservationInsufficient", same,
+                           lambda attempt: ev.ReservationInsufficient(*found, attempt))
                 return 0
             needed = remaining  # a part now, the rest once it fits
         self.granted_hosts[key] = granted + needed * shape.hosts
@@ -356,8 +378,8 @@ class _Provisioner:
             return None
         key = (cluster.id, reservation)
         if key not in self.reserved_machines:
-            self.reserved_machines[key] = self.ports.reservations.machine_type(cluster,
-                                                                               reservation)
+            self.reserved_machines[key] = self.ports.reservations.capacity(
+                cluster, reservation).machine_type
         return self.reserved_machines[key]
 
     def _check_failed(self, state: TaskState, pool: str, words: str) -> None:
@@ -390,7 +412,7 @@ class _Provisioner:
             # Looking again after a 404 or unready nodes: the create operation had
             # finished without error before either was recorded, and a finished
             # operation never changes, so only the retry's time matters.
-            due = retry_due_at(state, state.retries.kind, self.ctx.settings.retry)
+            due = self.ctx.wait_due_at(state, state.retries.kind)
             if due is not None and self.ctx.now < due:
                 return
             polled = self.ctx.polls.due(state)  # the last look failed: not before
@@ -442,8 +464,12 @@ class _Provisioner:
         elif partial:
             self._look_again_later(state)  # no WaitingForNode before every slice is asked for
         else:
-            self.tick.emit(state.task_id, ev.NodesNotReady(
-                pool, ready, total, next_attempt(state, "NodesNotReady"), registered))
+            shown = state.message_event
+            same = (isinstance(shown, ev.NodesNotReady)
+                    and (shown.pool_name, shown.ready, shown.total, shown.registered)
+                    == (pool, ready, total, registered))
+            wait_tried(self.tick, self.ctx, state, "NodesNotReady", same,
+                       lambda attempt: ev.NodesNotReady(pool, ready, total, attempt, registered))
 
     def _look_again_later(self, state: TaskState) -> None:
         """Nothing to record yet (or a call failed): the next look waits a poll
@@ -465,6 +491,25 @@ class _Provisioner:
         self.tick.emit(state.task_id, ev.NodePoolFailed(
             pool, f"node pool {pool} still not found {waited:.0f}s after its create finished "
                   f"(create-visibility grace {grace}s)"))
+
+
+def wait_tried(tick: Tick, ctx: HandlerContext, state: TaskState, kind: str, same: bool,
+               event: Callable[[int], ev.Event]) -> None:
+    """A try of the wait ``kind`` found what it waits on not there yet. It is recorded
+    (``event`` of the try's number) when what it found changed, or at a checkpoint
+    (``records_try``); otherwise it appends nothing and the try's number and the next
+    one's moment are kept in memory, where a restarted controller reconstructs them
+    from the retry schedule (``scheduled_try``)."""
+    tried = ctx.polls.tried(state)
+    if tried is not None:
+        attempt = tried.attempt + 1
+    else:
+        attempt = scheduled_try(state, kind, ctx.settings.retry, ctx.now)
+    if not same or records_try(attempt):
+        tick.emit(state.task_id, event(attempt))
+        return
+    ctx.polls.polled(state, ctx.now + wait_delay(state, kind, attempt, ctx.settings.retry),
+                     ctx.now, attempt)
 
 
 def lacks_slices(state: TaskState) -> bool:

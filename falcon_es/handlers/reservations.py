@@ -34,7 +34,7 @@ def reserved_shape(reservations: Reservations, cluster: Cluster, reservation: st
     two machine types make (v5e/v6e 2x4), on the machine type the reservation holds."""
     machine = None
     if len(machine_types(cluster.tpu_type, topology)) > 1:
-        reserved = reservations.machine_type(cluster, reservation)
+        reserved = reservations.capacity(cluster, reservation).machine_type
         machine = choose_machine(cluster.tpu_type, topology, reserved=reserved)
     return slice_shape(cluster.tpu_type, topology, machine)
 

@@ -7,13 +7,18 @@ Five handlers, run in this order after intake in every tick:
    running there stay.
 2. ``choose_clusters`` -- every task without a cluster (just accepted, just re-queued,
    or waiting for an active cluster) gets one (ClusterChosen), fails when no cluster
-   serves its TPU type (NoMatchingCluster), or keeps waiting with a Message naming the
-   clusters and their status (NoActiveCluster, appended again only when that changes).
+   serves its TPU type or no cluster's reservation can ever serve its request (another
+   machine type, fewer VMs in total: NoMatchingCluster naming both sides), or keeps
+   waiting with a Message naming the clusters and their status (NoActiveCluster,
+   appended again only when that changes). A cluster whose reservation can never serve
+   the task is no candidate.
 3. ``move_from_stuck_queues`` -- when a queue's slot holder has been in ClusterBusy or
    WaitingForNode for ``FALCON_REPLACE_AFTER_SECONDS``, its next waiting task moves to
    another active cluster of its TPU type (and supply mode) whose queue is empty with
    the slot free (TaskMoved, naming both clusters and why), at most
-   ``FALCON_MAX_MOVES`` times per task; a task holding a slot never moves.
+   ``FALCON_MAX_MOVES`` times per task. So does the slot holder itself when it waits in
+   ClusterBusy holding nothing, to such a cluster whose reservation has room for it
+   now; a task holding a pool, or in any other slot state, never moves.
 4. ``yield_busy_slots`` -- a slot holder that has created no pool yet (ClusterBusy: its
    reservation is full) gives the slot back when a waiting task of higher effective
    priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
@@ -31,25 +36,33 @@ with the tick's append), so a decision sees the ones made before it in the same 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import TypeGuard
 
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
+from falcon_es.engine.lifecycle_index import Group
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.cluster_choice import (
     ACTIVE,
     ClusterChoice,
+    NeverFit,
     NoMatch,
     NoneActive,
     STUCK_REASONS,
     choose_cluster,
     move_target,
+    never_fits,
 )
+from falcon_es.domain.ports import PortError, ReservationCapacity
+from falcon_es.domain.spec import RESERVATION
+from falcon_es.domain.tpu import TopologyError, slice_shape
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.task import TaskState
 
+log = logging.getLogger("falcon_es.handlers.scheduling")
 
 def _book(tick: Tick, ctx: HandlerContext) -> QueueBook:
     """The book, brought up to date with what earlier handlers emitted this tick."""
@@ -90,6 +103,7 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
     if not unplaced:
         return
     idle_pools = book.idle_pool_queues()
+    capacities = _Capacities(ctx)
     for tpu_type, entries in unplaced.items():
         # Without an active cluster of the type the verdict is the same for every task
         # of the group asking for the same supply mode (it does not depend on queue
@@ -108,7 +122,8 @@ def choose_clusters(tick: Tick, ctx: HandlerContext) -> None:
                 shared[mode] = verdict if isinstance(verdict, (NoMatch, NoneActive)) else None
             choice = shared[mode] or choose_cluster(
                 tpu_type, entry.topology, ctx.clusters,
-                functools.partial(book.ahead, priority=state.submission.priority), idle_pools, mode)
+                functools.partial(book.ahead, priority=state.submission.priority), idle_pools, mode,
+                functools.partial(capacities.never_fit, state))
             event = _decision_event(choice, state)
             if event is None:
                 continue
@@ -122,11 +137,53 @@ def _decision_event(choice: ClusterChoice | NoMatch | NoneActive, state: TaskSta
         return ev.ClusterChosen(choice.cluster.id, choice.cluster.name, state.submission.topology,
                                 choice.why, choice.candidates)
     if isinstance(choice, NoMatch):
+        needs = None
+        if choice.never_fit:
+            shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+            needs = {"topology": shape.topology, "machine_type": shape.machine_type,
+                     "vms": shape.hosts * state.slices}
         return ev.NoMatchingCluster(state.submission.tpu_type, choice.registered_tpu_types,
-                                    choice.supply_mode, choice.without_reservation)
+                                    choice.supply_mode, choice.without_reservation, needs,
+                                    tuple(u.as_data() for u in choice.never_fit))
     unchanged = (state.message_key == "NoActiveCluster"
                  and list(state.message_args.get("clusters", ())) == list(choice.clusters))
     return None if unchanged else ev.NoActiveCluster(state.submission.tpu_type, choice.clusters)
+
+
+class _Capacities:
+    """What each cluster's default reservation holds at most, read once per tick in
+    which a task is placed (a reservation's machine type and size seldom change, and
+    tasks are placed when they arrive), for ``never_fit``."""
+
+    def __init__(self, ctx: HandlerContext) -> None:
+        self.ctx = ctx
+        self.read: dict[tuple[str, str], ReservationCapacity] = {}
+
+    def never_fit(self, state: TaskState, cluster: Cluster) -> NeverFit | None:
+        """The cluster's reservation, when the task would use it there and it can never
+        serve the task (None: it can, the task would not use it, or it is not known)."""
+        reservation = cluster.default_reservation
+        mode = _supply_mode(state)
+        if not reservation or mode not in (None, RESERVATION):
+            return None
+        capacity = self._capacity(cluster, reservation)
+        try:
+            shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        except TopologyError:
+            return None  # intake refuses such a task; nothing to say here
+        return never_fits(cluster.name, reservation, capacity, shape, state.slices)
+
+    def _capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+        key = (cluster.id, reservation)
+        if key not in self.read:
+            try:
+                self.read[key] = self.ctx.ports.reservations.capacity(cluster, reservation)
+            except PortError as error:
+                # Unknown: the task queues, and provisioning reads the reservation anyway.
+                log.warning("reading reservation %s of cluster %s: %s", reservation,
+                            cluster.name, error)
+                self.read[key] = ReservationCapacity()
+        return self.read[key]
 
 
 def _supply_mode(state: TaskState) -> str | None:
@@ -137,6 +194,7 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
     settings = ctx.settings
     clusters = {c.id: c for c in ctx.clusters}
+    _move_stuck_holders(tick, ctx, book, clusters)
     for key in book.waiting_queues():
         holders = book.holders(key)
         holder = tick.state(holders[0]) if holders else None
@@ -160,6 +218,53 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
             if after is not None:
                 book.sync(after)
             break  # one per queue per tick: the target is no longer free
+
+
+def _move_stuck_holders(tick: Tick, ctx: HandlerContext, book: QueueBook,
+                        clusters: dict[str, Cluster]) -> None:
+    """A slot holder in ClusterBusy that holds nothing (no pool taken or created) for
+    ``FALCON_REPLACE_AFTER_SECONDS`` moves, as a waiting task of its queue would, to
+    another active cluster of its TPU type whose queue is empty with the slot free and
+    whose reservation has room for it now (TaskMoved, back to Waiting there)."""
+    settings = ctx.settings.scheduling
+    # Slot holders are acquiring: looking at those, not at every queue, keeps the tick
+    # cheap where thousands of queues have no holder in ClusterBusy.
+    for holder in tick.candidates(ctx.index.ids(Group.ACQUIRING)):
+        source = clusters.get(holder.placement.cluster_id or "")
+        if (source is None or holder.status != chart.PENDING
+                or holder.reason != chart.PendingReason.CLUSTER_BUSY
+                or holder.held_pools or holder.pool.intent is not None
+                or holder.placement.moves >= settings.max_moves):
+            continue
+        key = (source.id, holder.submission.topology)
+        held = int((tick.now - (holder.phase_started_at or tick.now)).total_seconds())
+        due = ctx.wait_due_at(holder, "ReservationInsufficient")
+        if held < settings.replace_after_seconds or (due is not None and tick.now < due):
+            continue  # looked at when it tries again: each look reads reservations
+        target = move_target(holder.submission.tpu_type, key[1], key[0], ctx.clusters, book,
+                             RESERVATION, functools.partial(_has_room, ctx, holder))
+        if target is None:
+            continue
+        after = tick.emit(holder.task_id, ev.TaskMoved(
+            source.id, source.name, target.id, target.name, str(holder.reason), held,
+            holder.placement.moves + 1))
+        if after is not None:
+            book.sync(after)
+
+
+def _has_room(ctx: HandlerContext, state: TaskState, cluster: Cluster) -> bool:
+    """The cluster's reservation can give the task all its slices now (creates in
+    flight there counted, as provisioning counts them)."""
+    reservation = cluster.default_reservation
+    if not reservation:
+        return False
+    try:
+        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        remaining = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
+    except (PortError, TopologyError):
+        return False
+    in_flight = ctx.index.reserving(cluster.id, reservation)
+    return remaining - -(-in_flight // shape.hosts) >= state.slices
 
 
 def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:

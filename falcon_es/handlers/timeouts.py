@@ -15,8 +15,9 @@
   and the pool is deleted once its create has settled. Single-tenant retention
   (``retain_waiting_pool``, on by default): a task waiting for nodes
   (WaitingForNode) when no task of another topology waits on its cluster keeps the
-  pool instead (NodeWaitExtended), GKE keeping on trying until a node is Ready or the
-  task is aborted; it is looked at again every ``RETENTION_RECHECK``.
+  pool instead (NodeWaitExtended, recorded once), GKE keeping on trying until a node is
+  Ready or the task is aborted; it is looked at again every ``RETENTION_RECHECK``,
+  and a look that finds retention still holding appends nothing.
 
 ``next_due`` tells a loop running on virtual time when the next deadline or retry of
 any task falls, so it can jump there when nothing else is left to do.
@@ -140,12 +141,30 @@ def enforce_deadlines(tick: Tick, ctx: HandlerContext) -> None:
             waited = int((ctx.now - began).total_seconds())
             pool = state.pool.name or ""
             if _retains(state, ctx):
-                tick.emit(state.task_id, ev.NodeWaitExtended(pool, waited))
+                _extend(tick, ctx, state, pool, waited)
                 continue
             tick.emit(state.task_id, ev.NodePoolTimedOut(pool, waited, _wait_cause(state)))
             if state.job.name and state.job.uid:
                 tick.emit(state.task_id, ev.JobDeleteRequested(state.job.name,
                                                                "nodes not ready"))
+
+
+def _extend(tick: Tick, ctx: HandlerContext, state: TaskState, pool: str, waited: int) -> None:
+    """Keep the pool past its deadline (single-tenant retention). The first time it is
+    recorded (NodeWaitExtended: what the task waits on changed, from a deadline to GKE
+    trying on); each later look that finds retention still holding appends nothing,
+    and the next look is kept in memory (at the latest ``RETENTION_RECHECK`` on; a
+    sooner look already set for the task stands). A restarted controller looks at once."""
+    if state.job.wait_extended_at is None:
+        tick.emit(state.task_id, ev.NodeWaitExtended(pool, waited))
+        return
+    recheck = ctx.now + RETENTION_RECHECK
+    sooner = ctx.polls.due(state)
+    tried = ctx.polls.tried(state)
+    if sooner is not None and ctx.now < sooner < recheck:
+        ctx.polls.polled(state, sooner, ctx.now, tried.attempt if tried else 0)
+        return
+    ctx.polls.polled(state, recheck, ctx.now)
 
 
 def _wait_cause(state: TaskState) -> str:

@@ -23,7 +23,8 @@ NODE_POOL_METHODS = MappingProxyType({
     "create": "create_node_pool", "get_operation": "get_operation", "get": "get_node_pool",
     "delete": "delete_node_pool", "list": "list_node_pools",
 })
-RESERVATION_METHODS = MappingProxyType({"remaining_slices": "get_reservation"})
+RESERVATION_METHODS = MappingProxyType({"remaining_slices": "get_reservation",
+                                         "capacity": "get_reservation"})
 EDGE_METHODS = MappingProxyType({
     "submit_job": "create_job", "get_job": "read_job", "delete_job": "delete_job",
     "node_counts": "list_nodes", "diagnose_pending": "diagnose_pending",

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from falcon_es.domain import chart
+from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
 from falcon_es.storage.tables import MessageRoom
@@ -24,6 +26,19 @@ AHEAD_NAMED = 3
 
 def _clusters(args: Args) -> str:
     return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
+
+
+def _never_fit(args: Args, needs: str, holds: str, joiner: str, anything: str) -> str:
+    """A request no cluster's reservation can ever serve: what it needs, then what each
+    reservation holds (its machine type, and its VMs where known)."""
+    def side(data: Args) -> dict[str, Any]:
+        """One side's words; what it does not say is shown as unknown."""
+        return {name: "?" if data.get(name) is None else data[name]
+                for name in ("reservation", "cluster", "topology", "vms", "machine_type")}
+
+    held = joiner.join(holds.format(**{**side(u), "machine_type": u.get("machine_type") or anything})
+                       for u in args["never_fit"])
+    return needs.format(**{**side(args.get("needs") or {}), "tpu_type": args["tpu_type"]}) + held
 
 
 def _types(args: Args) -> str:
@@ -106,10 +121,12 @@ def _refused(words: str, transient: str) -> Callable[[Args], str]:
     return render
 
 
-def _nodes_not_ready(counted: str, bare: str) -> Callable[[Args], str]:
-    """A fixed-size pool's nodes: registered and Ready counts where the event has them."""
+def _nodes_not_ready(counted: str, bare: str, since: str) -> Callable[[Args], str]:
+    """A fixed-size pool's nodes: registered and Ready counts where the event has them,
+    and since when the task waits for them (``_since``)."""
     def render(args: Args) -> str:
-        return (bare if args.get("registered") is None else counted).format(**args)
+        words = bare if args.get("registered") is None else counted
+        return _since(words, since)(args)
     return render
 
 
@@ -118,6 +135,15 @@ def _cause_first(words: str, cause: str) -> Callable[[Args], str]:
     def render(args: Args) -> str:
         text = words.format(**args)
         return cause.format(**args) + text if args.get("cause") else text
+    return render
+
+
+def _since(words: str, since: str) -> Callable[[Args], str]:
+    """A wait's try: since when the task waits, where the row's renderer knows it (a
+    try that found nothing new appends no event, so the count is the last recorded
+    one and the moment says how long the wait has lasted)."""
+    def render(args: Args) -> str:
+        return words.format(**args) + (since.format(**args) if args.get("since") else "")
     return render
 
 
@@ -137,6 +163,11 @@ EN: Mapping[str, Template] = MappingProxyType({
                               "unreadable job row: column {field}: {detail}"),
     "RowRefused": "job row not taken in: {field}: {detail}",
     "NoMatchingCluster": lambda a: (
+        _never_fit(a, "no {tpu_type} cluster's reservation can ever serve {topology}, which "
+                      "needs {vms} VM(s) of {machine_type}: ",
+                   "reservation {reservation} of {cluster} holds {vms} VM(s) of {machine_type}",
+                   "; ", "any machine type")
+        if a.get("never_fit") else
         f"supply mode {a['supply_mode']} was asked for, but no {a['tpu_type']} cluster has "
         f"a reservation ({', '.join(a['without_reservation'])})"
         if a.get("supply_mode") else
@@ -153,11 +184,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "PriorityChanged": "priority changed from {old} to {new} by {requester}",
-    "ReservationInsufficient": (
+    "ReservationInsufficient": _since(
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
         "(reservation_remaining_slices={remaining} reservation_needed_slices={needed}); "
-        "retry {attempt}"
-    ),
+        "retry {attempt}", ", waiting since {since}"),
     "NodePoolReused": "reusing node pool {pool_name}",
     "NodePoolTaken": "took node pool {pool_name} of {from_task} for one slice",
     "NodePoolCreateRequested": (
@@ -168,7 +198,8 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodesNotReady": _nodes_not_ready(
         "node pool {pool_name} control-plane RUNNING but {registered}/{total} expected "
         "node(s) registered (Ready={ready}); attempt {attempt}",
-        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})"),
+        "node pool {pool_name}: {ready}/{total} nodes ready (attempt {attempt})",
+        ", waiting since {since}"),
     "NodesAwaited": _cause_first(
         "node pool {pool_name} control-plane {control_plane} but {registered}/{expected} "
         "expected node(s) registered (Ready={ready}); the workload is submitted and waits "
@@ -220,6 +251,11 @@ EN: Mapping[str, Template] = MappingProxyType({
     "wait-holder": "slot held by {holder} ({reason} since {since})",
     "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
     "wait-expected": "expected start ~{at} (likely {span})",
+    "aborting-waits": "waiting for {waits}",
+    "aborting-and": " and ",
+    "aborting-job": "Job {job} to be deleted",
+    "aborting-create": "the create of node pool {pool} to end",
+    "aborting-pools": "node pool {pools} to be handed over or deleted",
 })
 
 ZH: Mapping[str, Template] = MappingProxyType({
@@ -228,6 +264,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
                               "无法读取的作业行：列 {field}：{detail}"),
     "RowRefused": "作业行未被接收：{field}：{detail}",
     "NoMatchingCluster": lambda a: (
+        _never_fit(a, "没有任何 {tpu_type} 集群的预留能满足 {topology}（需要 {vms} 台 {machine_type} "
+                      "虚拟机）：", "集群 {cluster} 的预留 {reservation} 共有 {vms} 台 {machine_type} 虚拟机",
+                   "；", "任意机型")
+        if a.get("never_fit") else
         f"要求的供给方式为 {a['supply_mode']}，但没有 {a['tpu_type']} 集群配置预留"
         f"（{'、'.join(a['without_reservation'])}）"
         if a.get("supply_mode") else
@@ -240,11 +280,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
-    "ReservationInsufficient": (
+    "ReservationInsufficient": _since(
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
         "（reservation_remaining_slices={remaining} reservation_needed_slices={needed}）；"
-        "第 {attempt} 次重试"
-    ),
+        "第 {attempt} 次重试", "，自 {since} 起等待"),
     "NodePoolReused": "复用节点池 {pool_name}",
     "NodePoolTaken": "已接管 {from_task} 的节点池 {pool_name} 作为一个切片",
     "NodePoolCreateRequested": (
@@ -255,7 +294,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodesNotReady": _nodes_not_ready(
         "节点池 {pool_name} 控制面 RUNNING，但预期 {total} 个节点中仅 {registered} 个已注册"
         "（Ready={ready}）；第 {attempt} 次",
-        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）"),
+        "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
+        "，自 {since} 起等待"),
     "NodesAwaited": _cause_first(
         "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
         "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
@@ -304,6 +344,11 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
     "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
     "wait-expected": "预计开始时间约 {at}（可能在 {span} 之间）",
+    "aborting-waits": "等待{waits}",
+    "aborting-and": "，以及",
+    "aborting-job": " Job {job} 被删除",
+    "aborting-create": "节点池 {pool} 的创建结束",
+    "aborting-pools": "节点池 {pools} 被移交或删除",
 })
 
 CATALOGS: Mapping[str, Mapping[str, Template]] = MappingProxyType({"en": EN, "zh": ZH})
@@ -350,14 +395,56 @@ def task_message(state: TaskState, lang: str = "en",
     handed over (a multi-slice task's pools may go to several tasks), then the latest
     pool note."""
     parts = []
-    if state.message_key:
-        parts.append(render(state.message_key, state.message_args, lang))
+    if state.status == chart.ABORTING:
+        parts.append(render("AbortRequested", {"phase": state.ending.abort_phase}, lang))
+        waits = aborting_waits(state, lang)
+        if waits:
+            parts.append(waits)
+    elif state.message_key:
+        parts.append(render(state.message_key, _with_wait(state), lang))
     for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained):
         parts.append(render(state.note_key, state.note_args, lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
+
+
+def aborting_waits(state: TaskState, lang: str = "en") -> str:
+    """What an aborting task waits on before it is Aborted (DESIGN: the Job's deletion
+    and the pool's cleanup): its Job's delete, a pool create it follows to its end, and
+    the fate of its pools (handed over to a waiting task, or deleted). Empty when it
+    waits on nothing."""
+    waits = []
+    if state.job.name and state.job.intent in _JOB_OPEN:
+        waits.append(render("aborting-job", {"job": state.job.name}, lang))
+    if state.pool.intent in _POOL_CREATING and state.pool.name:
+        waits.append(render("aborting-create", {"pool": state.pool.name}, lang))
+    if state.held_pools and state.pool.disposition in _POOL_UNSETTLED:
+        waits.append(render("aborting-pools", {"pools": ", ".join(state.held_pools)}, lang))
+    if not waits:
+        return ""
+    return render("aborting-waits", {"waits": render("aborting-and", {}, lang).join(waits)},
+                  lang)
+
+
+_JOB_OPEN = frozenset({JobIntent.SUBMIT_REQUESTED, JobIntent.SUBMITTED,
+                       JobIntent.DELETE_REQUESTED})
+_POOL_CREATING = frozenset({PoolIntent.CREATE_REQUESTED, PoolIntent.CREATE_STARTED})
+_POOL_UNSETTLED = frozenset({None, PoolDisposition.DELETE_REQUESTED,
+                             PoolDisposition.DELETE_FAILED})
+
+#: Tries of a wait on the world: their Message says since when the task waits.
+_WAIT_TRIES = frozenset({"ReservationInsufficient", "NodesNotReady"})
+
+
+def _with_wait(state: TaskState) -> Args:
+    """The message event's arguments, and for a wait's try the moment the wait began
+    (its phase: ClusterBusy, WaitingForNode), which the fold knows and the event not."""
+    args = state.message_args
+    if state.message_key in _WAIT_TRIES and state.phase_started_at is not None:
+        return {**args, "since": clock_time(state.phase_started_at)}
+    return args
 
 
 def position_message(

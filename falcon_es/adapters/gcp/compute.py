@@ -34,7 +34,7 @@ from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
 from falcon_es.adapters.gcp.errors import capacity_code, port_error
-from falcon_es.domain.ports import FAILED, INVALID, NOT_FOUND, PortError
+from falcon_es.domain.ports import FAILED, INVALID, NOT_FOUND, PortError, ReservationCapacity
 from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.domain.tpu import SliceShape
 
@@ -149,11 +149,17 @@ class ComputeReservations:
         raise PortError(INVALID, f"{ref.label} has neither a specific nor an aggregate "
                                  "allocation; Falcon cannot count its TPU capacity")
 
-    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
-        found = self._get_reservation(reservation_ref(cluster, reservation))
-        if "specific_reservation" in found:
-            return found.specific_reservation.instance_properties.machine_type.rsplit("/", 1)[-1]
-        return None
+    def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+        """A specific reservation's machine type and VM count (of the block or
+        sub-block when the reference names one); an aggregate reservation counts chips
+        per accelerator type, which ``remaining_slices`` checks: nothing known here."""
+        ref = reservation_ref(cluster, reservation)
+        found = self._get_reservation(ref)
+        if "specific_reservation" not in found:
+            return ReservationCapacity()
+        specific = found.specific_reservation
+        machine_type = specific.instance_properties.machine_type.rsplit("/", 1)[-1] or None
+        return ReservationCapacity(machine_type, None if ref.block else specific.count)
 
     def _get_reservation(self, ref: ReservationRef) -> compute_v1.Reservation:
         try:

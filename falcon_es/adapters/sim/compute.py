@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from falcon_es.domain.ports import INVALID, NOT_FOUND, PortError
+from falcon_es.domain.ports import INVALID, NOT_FOUND, PortError, ReservationCapacity
 from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.domain.tpu import SliceShape
 
@@ -55,11 +55,18 @@ class SimReservations:
 
         return self._call(answer)
 
-    def machine_type(self, cluster: Cluster, reservation: str) -> str | None:
+    def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+        """The configured reservation's machine type and VM count (as Compute's
+        ``specificReservation.instanceProperties.machineType`` and ``count``), read in
+        the cluster's node zone; NOT_FOUND in Compute's words when it is not there."""
         gke = self._pools_of(cluster)
         zone = self._zone(cluster)
-        return self._call(lambda now: self._config(gke, reservation, zone).machine_type)
 
+        def answer(now: object) -> ReservationCapacity:
+            config = self._config(gke, reservation, zone)
+            return ReservationCapacity(config.machine_type, config.count)
+
+        return self._call(answer)
     @staticmethod
     def _zone(cluster: Cluster) -> str:
         """Where the cluster's reservations are read: its node zone."""

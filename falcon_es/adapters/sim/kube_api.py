@@ -496,7 +496,10 @@ class KubeService:
                               self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
-        self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
+        # ``parse_job`` filled in what the spec left unsaid from the config's defaults.
+        duration = job.behaviour.duration_seconds
+        self._timeline.at(seconds_after(moment, self.defaults.duration_seconds
+                                        if duration is None else duration),
                           self._finish, job, pod)
         if job.behaviour.outcome == NODE_REPAIR and not job.repaired:
             job.repaired = True

@@ -179,7 +179,7 @@ def _behaviour(annotations: Mapping[str, str], task_id: str,
         if source is not None and task_id:
             raw = source(task_id)
     if isinstance(raw, SimBehaviour):
-        return raw
+        raw = raw.said()
     return _behaviour_from(raw, invalid, defaults)
 
 
@@ -191,13 +191,14 @@ def _behaviour_from(raw: Any, invalid: Callable[[str, str], PortError],
     field = f"metadata.annotations[{SIM_ANNOTATION}]"
     if not isinstance(raw, Mapping):
         raise invalid(field, "expected an object with duration_seconds, outcome, exit_code")
-    duration = raw.get("duration_seconds", defaults.duration_seconds)
+    # A field missing or null is not said: the defaults apply.
+    duration = _or(raw.get("duration_seconds"), defaults.duration_seconds)
     if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration < 0:
         raise invalid(field, f"duration_seconds {duration!r}: expected seconds >= 0")
-    outcome = raw.get("outcome", defaults.outcome)
+    outcome = _or(raw.get("outcome"), defaults.outcome)
     if outcome not in SIM_OUTCOMES:
         raise invalid(field, f"outcome {outcome!r}: expected one of {', '.join(SIM_OUTCOMES)}")
-    exit_code = raw.get("exit_code", defaults.exit_code)
+    exit_code = _or(raw.get("exit_code"), defaults.exit_code)
     if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)
                                   or not 0 <= exit_code <= 255):
         raise invalid(field, f"exit_code {exit_code!r}: expected 0-255")
@@ -263,3 +264,7 @@ def _tpu_request(containers: list[Any], invalid: Callable[[str, str], PortError]
             total += value
             break
     return total
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

@@ -43,13 +43,13 @@ UNREGISTERED_PROJECT, UNREGISTERED_LOCATION = "falcon-sim", "us-central1-a"
 
 
 def behaviour_from_tasks(tasks: TaskStates) -> BehaviourSource:
-    """The ``behaviour_source`` the composition root wires: a task's ``spec.sim`` as
-    intake accepted it (so config ``jobs`` defaults apply only to Jobs of no known task)."""
+    """The ``behaviour_source`` the composition root wires: what a task's ``spec.sim``
+    says, as intake accepted it; the config's ``jobs`` defaults fill in the rest."""
 
     def lookup(task_id: str) -> Mapping[str, Any] | None:
         state = tasks.get(task_id)
         sim = state.submission.spec.sim if state is not None else None
-        return dataclasses.asdict(sim) if sim is not None else None
+        return sim.said() if sim is not None else None
 
     return lookup
 
