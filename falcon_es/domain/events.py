@@ -503,6 +503,17 @@ class ApiCallRetrying(Event):
     retry_in_seconds: int
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterApiUnanswered(Event):
+    """The ``api`` of the task's cluster has not answered since ``since`` (``error``:
+    its last call's words); ``since`` None: it answers again."""
+
+    cluster: str
+    api: str
+    since: dt.datetime | None
+    error: str = ""
+
+
 # ------------------------------------------------------------- streams of their own
 
 
@@ -594,38 +605,28 @@ class JobRowDiverged(Event):
 TASK_EVENTS: tuple[type[Event], ...] = (
     TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
     TaskRequeued, TaskPicked, SlotYielded, TaskMoved, PriorityChanged,
-    ReservationInsufficient, NodePoolReused, NodePoolTaken,
-    NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
-    NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
-    JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
-    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
-    NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
-    NodePoolDeleteFailed,
-    JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused, NodesAwaited, NodeWaitExtended,
+    ReservationInsufficient, NodePoolReused, NodePoolTaken, NodePoolCreateRequested,
+    NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady, NodePoolReady, NodePoolFailed,
+    NodePoolTimedOut, JobSubmitRequested, JobSubmitted, JobSubmitFailed, PodsPending,
+    PodsRunning, JobSucceeded, JobFailed, TaskTimedOut, JobDeleteRequested, JobDeleted,
+    AbortRequested, AbortIgnored, TaskAborted, NodePoolRetained, NodePoolHandedOver,
+    NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed, JobSubmitCancelled,
+    ApiCallRetrying, PodsRefused, NodesAwaited, NodeWaitExtended, ClusterApiUnanswered,
 )
-OTHER_EVENTS: tuple[type[Event], ...] = (
-    ClusterRegistered, ClusterStatusChanged, OrphanPoolFound, OrphanPoolDeleted, RowRefused,
-    ReservationRead, JobRowDiverged,
-)
+OTHER_EVENTS: tuple[type[Event], ...] = (ClusterRegistered, ClusterStatusChanged,
+    OrphanPoolFound, OrphanPoolDeleted, RowRefused, ReservationRead, JobRowDiverged)
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(
-    {cls.__name__: cls for cls in TASK_EVENTS + OTHER_EVENTS}
-)
+    {cls.__name__: cls for cls in TASK_EVENTS + OTHER_EVENTS})
 
 Upcaster = Callable[[JsonDict], JsonDict]
 #: (type name, stored version) -> function returning the data of version + 1.
 UPCASTERS: Mapping[tuple[str, int], Upcaster] = MappingProxyType({})
 
 
-def decode(
-    type_name: str,
-    schema_version: int,
-    data: JsonDict,
-    *,
-    registry: Mapping[str, type[Event]] = REGISTRY,
-    upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
-) -> Event:
+def decode(type_name: str, schema_version: int, data: JsonDict, *,
+           registry: Mapping[str, type[Event]] = REGISTRY,
+           upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS) -> Event:
     """Build the typed event from a stored row, upcasting old versions in a chain."""
     try:
         cls = registry[type_name]

@@ -34,6 +34,10 @@ class ReservationReads:
         self._next_round = now + self.interval
         return True
 
+    def unfinished(self) -> None:
+        """A read of this round awaits its answer: the round is due again next tick."""
+        self._next_round = None
+
     @property
     def next_round(self) -> dt.datetime | None:
         return self._next_round

@@ -18,7 +18,7 @@ import logging
 
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.ports import PortError
+from falcon_es.domain.ports import AWAITING, PortError
 from falcon_es.domain.clusters import cluster_stream
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.tpu import TopologyError, slice_shape
@@ -43,6 +43,9 @@ def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
                 shape = slice_shape(cluster.tpu_type, topology)
                 slices = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
             except (PortError, TopologyError) as error:
+                if isinstance(error, PortError) and error.code == AWAITING:
+                    reads.unfinished()  # read again next tick, answered by then
+                    continue
                 words = error.message if isinstance(error, PortError) else str(error)
                 if reads.failed(key, words):
                     log.warning("reading reservation %s of cluster %s for %s: %s; read again "

@@ -168,13 +168,18 @@ def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
     compute_endpoint = settings.gcp.compute_endpoint
     compute_credentials = AnonymousCredentials() if is_local(compute_endpoint) else credentials
     cluster_manager = build_cluster_manager(settings, credentials)
-    node_pools = GkeNodePools(cluster_manager, workload_policies=WorkloadPolicies(
-        credentials=compute_credentials, api_endpoint=compute_endpoint))
+    calls = settings.calls  # each call's deadline; the clients retry nothing themselves
+    deadline = calls.read_timeout_seconds
+    node_pools = GkeNodePools(cluster_manager, timeout=deadline,
+                              workload_policies=WorkloadPolicies(
+                                  credentials=compute_credentials,
+                                  api_endpoint=compute_endpoint))
     reservations = ComputeReservations(credentials=compute_credentials,
-                                       api_endpoint=compute_endpoint)
-    edges = KubeEdgeClusters(GkeEndpoints(cluster_manager),
+                                       api_endpoint=compute_endpoint, timeout=deadline)
+    edges = KubeEdgeClusters(GkeEndpoints(cluster_manager, timeout=deadline),
                              tokens=GoogleAccessTokens(credentials, clock=clock),
-                             namespace=settings.lifecycle.job_namespace)
+                             namespace=settings.lifecycle.job_namespace,
+                             request_timeout_seconds=(calls.connect_timeout_seconds, deadline))
     bus = PubSubBus(project, pull_timeout_seconds=PULL_TIMEOUT_SECONDS)
     return GcpBackend(settings, credentials, adc_project, cluster_manager, node_pools,
                       reservations, edges, bus, clock)
