@@ -100,6 +100,20 @@ class GkeEndpoints:
         return endpoint_from_gke(gke_cluster)
 
 
+class _DeadlineRequest(google.auth.transport.requests.Request):
+    """google-auth's requests transport with our deadline on each token request (its
+    own default is 120 s, which a token endpoint that does not answer would cost)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__()
+        self._deadline = timeout
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None,
+                 headers: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
+        return super().__call__(url, method=method, body=body, headers=headers,
+                                timeout=timeout or self._deadline, **kwargs)
+
+
 class GoogleAccessTokens:
     """Google OAuth2 access tokens for the Kubernetes API, refreshed before expiry.
 
@@ -115,8 +129,10 @@ class GoogleAccessTokens:
         refresh_margin_seconds: float = DEFAULT_REFRESH_MARGIN_SECONDS,
         clock: Clock | None = None,
         auth_request: google.auth.transport.Request | None = None,
+        timeout_seconds: float = 20.0,
     ) -> None:
         self._credentials = credentials
+        self._timeout = timeout_seconds
         self._scopes = tuple(scopes)
         self._margin = dt.timedelta(seconds=refresh_margin_seconds)
         self._clock = clock or WallClock()
@@ -165,14 +181,15 @@ class GoogleAccessTokens:
         return self._clock.now() + (expiry.replace(tzinfo=None) - utcnow())
 
     def _refresh(self, credentials: Credentials) -> None:
-        request = self._auth_request or google.auth.transport.requests.Request()
+        request = self._auth_request or _DeadlineRequest(self._timeout)
         try:
             credentials.refresh(request)
         except auth_exceptions.RefreshError as error:
             code = RETRYABLE if getattr(error, "retryable", False) else PERMISSION_DENIED
             raise PortError(code, f"refreshing the Google access token: {error}") from None
         except auth_exceptions.TransportError as error:
-            raise PortError(RETRYABLE, f"refreshing the Google access token: {error}") from None
+            raise PortError(RETRYABLE, f"refreshing the Google access token: {error}",
+                            unanswered=True) from None
         self.refreshes += 1
         expiry = credentials.expiry
         self._valid_until = self._on_our_clock(expiry) if expiry is not None else None

@@ -186,7 +186,8 @@ def build_cloud_clients(settings: Settings, credentials: Credentials,
     reservations = ComputeReservations(credentials=compute_credentials,
                                        api_endpoint=compute_endpoint, timeout=deadline)
     edges = KubeEdgeClusters(GkeEndpoints(cluster_manager, timeout=deadline),
-                             tokens=GoogleAccessTokens(credentials, clock=clock),
+                             tokens=GoogleAccessTokens(credentials, clock=clock,
+                                                       timeout_seconds=deadline),
                              namespace=settings.lifecycle.job_namespace,
                              request_timeout_seconds=(calls.connect_timeout_seconds, deadline))
     return CloudClients(cluster_manager, node_pools, reservations, edges)
