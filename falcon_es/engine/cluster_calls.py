@@ -116,12 +116,15 @@ class ClusterCalls:
         self._lock = threading.Lock()
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._running: dict[str, int] = {}
+        self._closed = False
 
     def submit(self, cluster: Cluster, call: Callable[[], None]) -> None:
         if self.inline:
             call()
             return
         with self._lock:
+            if self._closed:
+                return  # the service is closing: nothing new is started
             pool = self._pools.get(cluster.id)
             if pool is None:
                 pool = concurrent.futures.ThreadPoolExecutor(
@@ -148,6 +151,7 @@ class ClusterCalls:
     def close(self) -> None:
         """Stop taking calls; calls running go on to their deadlines, unwaited for."""
         with self._lock:
+            self._closed = True
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
