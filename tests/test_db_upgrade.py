@@ -113,7 +113,7 @@ def test_an_existing_job_table_is_left_exactly_as_it_was(bare_db_url: str) -> No
         result = upgrade(bare_db_url)
         assert result.exit_code == 0, result.output
         assert result.stdout.splitlines() == [
-            "database at revision 0005",
+            "database at revision 0006",
             "job table job: present, left as it is (falcon-es db check checks its columns "
             "and indexes)"]
     assert definition(bare_db_url) == before
@@ -128,7 +128,7 @@ def test_without_a_job_table_it_says_so_and_shows_the_ddl(bare_db_url: str) -> N
                            "migrated, but it never creates the upper layer's table unasked")
     assert line.endswith("or run: falcon-es db upgrade --create-job-table")
     stdout = result.stdout.splitlines()
-    assert stdout[0] == "database at revision 0005"
+    assert stdout[0] == "database at revision 0006"
     assert stdout[1] == "CREATE TABLE job ("
     assert tables(bare_db_url) == OWN_TABLES
     # The DDL shown is the dialect's and makes a table db check passes.
@@ -175,7 +175,7 @@ def test_a_migration_interrupted_after_some_tables_completes_when_run_again(
     assert db_revision(bare_db_url) is None
     result = upgrade(bare_db_url, "--create-job-table")
     assert result.exit_code == 0, result.output
-    assert db_revision(bare_db_url) == "0005"
+    assert db_revision(bare_db_url) == "0006"
     assert tables(bare_db_url) == OWN_TABLES | {"job"}
     assert rows(bare_db_url, "SELECT id, last_seq FROM log_head") == [(1, 0)]
 
@@ -201,7 +201,7 @@ def test_a_migration_that_fails_midway_on_mariadb_is_rerun_once_the_cause_is_gon
     execute(bare_db_url, "DROP TABLE clusters")
     result = upgrade(bare_db_url, "--create-job-table")
     assert result.exit_code == 0, result.output
-    assert db_revision(bare_db_url) == "0005"
+    assert db_revision(bare_db_url) == "0006"
     assert rows(bare_db_url, "SELECT id, last_seq FROM log_head") == [(1, 0)]
     assert tables(bare_db_url) == OWN_TABLES | {"job"}
 

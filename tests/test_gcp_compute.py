@@ -220,12 +220,18 @@ def test_call_errors_map_to_port_codes_with_compute_words(reservations, fake, st
         f"reading reservation res-1 in project {PROJECT} zone {ZONE}: {message}")
 
 
-def test_a_503_is_retried_by_the_client_itself(reservations, fake):
+def test_a_503_is_not_retried_by_the_client_but_by_the_controllers_own_backoff(
+        reservations, fake):
+    """The generated client would retry a 503 on its own (its method default); every
+    call passes retry=None, so a failed read is one attempt, paced by FALCON_RETRY_*."""
     fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8, in_use=0)
     fake.fail_next("reservation", 503, "Backend unavailable")
 
+    with pytest.raises(PortError) as refused:
+        reservations.remaining_slices(CLUSTER, "res-1", slice_shape("v6e", "4x4"))
+    assert refused.value.code == RETRYABLE
+    assert len(fake.calls_of("reservation")) == 1
     assert reservations.remaining_slices(CLUSTER, "res-1", slice_shape("v6e", "4x4")) == 2
-    assert len(fake.calls_of("reservation")) == 2
 
 
 def test_regional_cluster_without_a_node_zone_is_refused_naming_the_flag(reservations, fake):

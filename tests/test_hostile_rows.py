@@ -227,7 +227,7 @@ def test_the_migration_makes_an_existing_log_exact(bare_db_url: str) -> None:
                     "ORDER BY table_name").all()
                 assert collations == [("live_streams", "utf8mb4_nopad_bin"),
                                       ("task_events", "utf8mb4_nopad_bin")]
-        assert db.current_revision(engine) == "0005"
+        assert db.current_revision(engine) == "0006"
     finally:
         engine.dispose()
 

@@ -27,14 +27,17 @@ from falcon_es.config.settings import PUBSUB_BUS, SIM_BUS, Settings
 from falcon_es.domain.clock import Clock, VirtualClock, WallClock, utcnow
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import Ports
+from falcon_es.engine.cluster_calls import ApiHealth, ClusterCalls, health_recorded
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.engine.loop import Leadership, Loop, Script, leadership_fence
+from falcon_es.engine.observed import ObservedReads, observed_ports
 from falcon_es.engine.reservation_reads import ReservationReads
 from falcon_es.engine.runtime import AfterCommit, Controller, Handler, Tick, TickReport
 from falcon_es.handlers import HANDLERS
 from falcon_es.handlers.intake import INTAKE_BATCH
 from falcon_es.handlers.status import ack_folded
+from falcon_es.domain.ports import JobObservation
 from falcon_es.jobtable.inbox import JobInbox
 from falcon_es.storage.store import RecordedEvent
 
@@ -125,6 +128,15 @@ class RunOptions:
     #: The upper layer of a run that ends when its script does (demo, simulate, bench).
     script: Script | None = None
     resolution: float = 0.0
+    #: Run each cluster's calls on its own workers, off the tick's thread (None: on the
+    #: gcp backend on the wall clock; the sim's in-process calls need no isolating,
+    #: and a virtual clock's runs stay deterministic with calls made in the tick).
+    isolate_clusters: bool | None = None
+
+    def isolates(self, clock: Clock) -> bool:
+        if self.isolate_clusters is not None:
+            return self.isolate_clusters
+        return self.backend == "gcp" and not isinstance(clock, VirtualClock)
 
     def clock(self) -> Clock:
         """The clock an app for these options runs on: the wall's on the gcp backend
@@ -148,12 +160,18 @@ def build_service(app: App, ports: Ports | None = None,
 
         ports = metered_ports(ports, app.metrics)
     load_task_states(app)
+    calls = ClusterCalls(per_cluster=app.settings.calls.per_cluster,
+                         inline=not options.isolates(app.clock))
+    api_health = ApiHealth()
+    ports = health_recorded(ports, api_health)
+    reads = ObservedReads(ports, calls, app.settings.calls.answer_max_age_seconds)
     executor = EffectExecutor(app.store, app.tasks, app.settings, ports, app.index,
-                              orphans_from=app.live.orphan_start)
-    controller = _controller(app, ports, executor, options, backend.world_store)
-    loop = _loop(app, ports, executor, controller, backend, options)
+                              orphans_from=app.live.orphan_start, calls=calls, reads=reads)
+    controller = _controller(app, reads, executor, options, backend.world_store, api_health)
+    loop = _loop(app, ports, executor, controller, backend, options, calls)
     return Service(app=app, ports=ports, index=app.index, executor=executor,
-                   controller=controller, loop=loop, world=backend.world)
+                   controller=controller, loop=loop, world=backend.world,
+                   api_health=api_health, calls=calls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +219,18 @@ def _gcp_backend(app: App, ports: Ports | None) -> _Backend:
     return _Backend(ports or gcp_ports(app.settings, app.clock))
 
 
-def _controller(app: App, ports: Ports, executor: EffectExecutor, options: RunOptions,
-                world_store: WorldStore | None) -> Controller:
+def _controller(app: App, reads: ObservedReads, executor: EffectExecutor,
+                options: RunOptions, world_store: WorldStore | None,
+                api_health: ApiHealth) -> Controller:
     metrics, leadership = app.metrics, options.leadership
     inbox = JobInbox(app.engine, app.job, clock=app.clock,
                      ignored=metrics.job_row_ignored if metrics is not None else None,
                      diverged=metrics.job_row_diverged if metrics is not None else None)
     settings = app.settings
     reservation_reads = ReservationReads(settings.lifecycle.reservation_read_seconds)
+    # The handlers read the clusters through the answers the clusters' workers fetch.
+    ports = observed_ports(reads)
+    held: dict[str, JobObservation] = {}
 
     def make_context() -> HandlerContext:
         # One poll of the upper layer's inputs per tick, shared by the intake handlers.
@@ -216,7 +238,8 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor, options: RunOp
                               app.cluster_cache.clusters(), inbox.poll(INTAKE_BATCH), ports,
                               queues=app.queue_view.book, index=app.index, executor=executor,
                               outcomes=executor.take_outcomes(), retired=app.live,
-                              reservation_reads=reservation_reads)
+                              reservation_reads=reservation_reads, api_health=api_health,
+                              held_observations=held)
 
     def refresh_positions(ctx: HandlerContext, recorded: Sequence[RecordedEvent]) -> None:
         # Position Messages due when no append came to carry them (the interval of a
@@ -244,7 +267,7 @@ def _controller(app: App, ports: Ports, executor: EffectExecutor, options: RunOp
 
 
 def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controller,
-          backend: _Backend, options: RunOptions) -> Loop:
+          backend: _Backend, options: RunOptions, calls: ClusterCalls) -> Loop:
     index, world = app.index, backend.world
     on_tick = (_also(backend.after_tick, options.on_tick) if backend.after_tick is not None
                else options.on_tick)
@@ -263,4 +286,5 @@ def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controll
         leadership=options.leadership,
         follow_log=app.follower.catch_up if app.follower is not None else None,
         script=options.script, resolution=options.resolution,
+        wake=None if calls.inline else calls.landed,
     )

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from falcon_es.engine.cluster_calls import ApiHealth, ClusterCalls
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import PoolDisposition
@@ -41,6 +42,10 @@ class Service:
     loop: Loop
     #: The simulated world, on the sim backend.
     world: SimWorld | None = None
+    #: Which cluster APIs answer (for /healthz and the metrics).
+    api_health: ApiHealth = dataclasses.field(default_factory=ApiHealth)
+    #: Each cluster's workers (closed with the service).
+    calls: ClusterCalls | None = None
 
     def settled(self) -> bool:
         """Every task ended, every pool decided, no effect left open or queued."""
@@ -83,6 +88,8 @@ class Service:
                 f"{self.app.store.head()}, {reissued} open intent(s) re-issued")
 
     def close(self) -> None:
+        if self.calls is not None:
+            self.calls.close()
         self.app.close()
 
 
@@ -118,6 +125,8 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event,
             health.mark_tick()
         if metrics is not None:
             metrics.observe_tick(report.seconds, conflicts=report.conflicts)
+        report_cluster_apis(svc.api_health, svc.app.settings.job_table.language, health,
+                            metrics)
         publish(force=False)
 
     if health is not None:
@@ -142,6 +151,24 @@ def serve(svc: Service, *, until_idle: bool, stop: threading.Event,
         if metrics is not None:
             metrics.set_leader(False)
     return report
+
+
+def report_cluster_apis(api_health: ApiHealth, language: str, health: HealthServer | None,
+                        metrics: Metrics | None) -> None:
+    """The cluster APIs that do not answer, in /healthz's detail (the process stays
+    live: the other clusters are served) and in the metrics."""
+    if not api_health.ever_unanswered:
+        return
+    from falcon_es.projections.messages import render
+
+    spells = api_health.unanswered()
+    if health is not None:
+        health.set_unanswered([render("ClusterApiUnanswered", {
+            "cluster": s.cluster, "api": s.api, "since": s.since.isoformat(),
+            "error": s.error}, language) for s in spells])
+    if metrics is not None:
+        metrics.observe_cluster_apis(api_health.last_answers(),
+                                     [(s.cluster, s.api) for s in spells])
 
 
 class Election(Leadership, Protocol):

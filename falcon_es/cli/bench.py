@@ -179,3 +179,45 @@ def bench_cli(runs: int, tasks: int, sweep: int, server: str | None, as_json: bo
     except bench.BenchCommandError as error:
         raise Failure(str(error), EXIT_PROBLEM) from error
     click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+
+
+@bench_group.command("isolation")
+@click.option("--tasks", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Tasks submitted to each of the two clusters.")
+@click.option("--deadline", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds each call may take (the calls' connect and read timeouts).")
+@click.option("--limit", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Wall seconds a run may take before it is reported unfinished.")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def bench_isolation(tasks: int, deadline: float, limit: float, as_json: bool) -> None:
+    """One edge cluster's Kubernetes API hung: the healthy cluster's time to Running and
+    the tick p99, against the same run with every API answering (the gcp backend over
+    the test suite's fake servers: run it from a source checkout)."""
+    from falcon_es.bench import isolation as bench
+
+    report = bench.isolation_benchmark(_fake_cloud(), tasks=tasks, deadline_seconds=deadline,
+                                       limit_seconds=limit)
+    click.echo(json.dumps(report, indent=2) if as_json else bench.format_report(report))
+    if not bench.on_target(report):
+        raise Failure("the isolation targets were missed (time to Running ratio <= 1.5, "
+                      "tick p99 <= 1 s)", EXIT_PROBLEM)
+
+
+def _fake_cloud() -> Any:
+    """The fake GKE, Compute and Kubernetes servers of the test suite (tests/fakes),
+    found beside the package in a source checkout."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import falcon_es
+
+    root = Path(falcon_es.__file__).resolve().parent.parent
+    if not (root / "tests" / "fakes" / "sim_backed.py").exists():
+        raise Failure("bench isolation runs over the test suite's fake servers "
+                      "(tests/fakes): run it from a source checkout of Falcon-ES")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    fakes = importlib.import_module("tests.fakes.sim_backed")  # not the package's: untyped
+    return lambda world: fakes.SimBackedCloud(world).start()

@@ -163,7 +163,7 @@ def _live_cluster_views(settings: Settings, clusters: Sequence[Cluster],
     are reported per cluster, not fatal)."""
     from falcon_es.observability.metrics import queue_figures
     from falcon_es.domain.ports import PortError
-    from falcon_es.handlers.reservations import reserved_shape
+    from falcon_es.engine.reservation_reads import reserved_shape
 
     backend = gcp_backend(settings)
     queues = queue_figures(tasks)

@@ -410,6 +410,28 @@ class LeaseSettings(BaseModel):
         return self
 
 
+class CallSettings(BaseModel):
+    """Calls to the clouds and edge clusters: what one call may cost, and how many run
+    at once per cluster (see docs/design-notes/cluster-isolation.md). The clients make
+    no retries of their own: each call costs its deadline once, and the product's own
+    paced retries (``retry``) are the only ones."""
+
+    model_config = _FROZEN
+
+    connect_timeout_seconds: Number = setting(
+        5.0, "FALCON_CALL_CONNECT_TIMEOUT",
+        doc="Seconds a call to a Kubernetes API may take to connect")
+    read_timeout_seconds: Number = setting(
+        20.0, "FALCON_CALL_READ_TIMEOUT",
+        doc="Seconds a call may wait for its answer (a Google API call's whole deadline)")
+    per_cluster: Count = setting(
+        4, "FALCON_CALLS_PER_CLUSTER",
+        doc="Calls on behalf of one cluster that run at once (its own worker threads)")
+    answer_max_age_seconds: Number = setting(
+        2.0, "FALCON_CALL_ANSWER_MAX_AGE",
+        doc="Seconds a read's answer is used by the handlers before it is asked again")
+
+
 class ObservabilitySettings(BaseModel):
     """Where the health server listens, how stale a tick may be, how logs look."""
 
@@ -452,6 +474,7 @@ class Settings(BaseSettings):
     lease: LeaseSettings = LeaseSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     retry: RetrySettings = RetrySettings()
+    calls: CallSettings = CallSettings()
 
     @classmethod
     def settings_customise_sources(

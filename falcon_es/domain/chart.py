@@ -164,6 +164,13 @@ class TaskChart(StateChart):
         | aborting.to.itself() | succeeded.to.itself() | failed.to.itself()
         | aborted.to.itself()
     )
+    # The task's cluster's API does not answer (or answers again): the Message says so,
+    # the task stays where it is. Wherever the task holds something on its cluster.
+    ClusterApiUnanswered = (
+        pending.provisioning.to.itself() | pending.cluster_busy.to.itself()
+        | pending.waiting_for_node.to.itself() | pending.dispatching.to.itself()
+        | running.to.itself() | aborting.to.itself()
+    )
 
 
 def state_of(configuration: object) -> str:

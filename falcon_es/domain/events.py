@@ -507,6 +507,17 @@ class ApiCallRetrying(Event):
     retry_in_seconds: int
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterApiUnanswered(Event):
+    """The ``api`` of the task's cluster has not answered since ``since`` (``error``:
+    its last call's words); ``since`` None: it answers again."""
+
+    cluster: str
+    api: str
+    since: dt.datetime | None
+    error: str = ""
+
+
 # ------------------------------------------------------------- streams of their own
 
 
@@ -617,7 +628,7 @@ TASK_EVENTS: tuple[type[Event], ...] = (
     NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
     NodePoolDeleteFailed,
     JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused, NodesAwaited, NodeWaitExtended, WorkloadDisrupted,
+    PodsRefused, NodesAwaited, NodeWaitExtended, WorkloadDisrupted, ClusterApiUnanswered,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound,
@@ -625,8 +636,7 @@ OTHER_EVENTS: tuple[type[Event], ...] = (
 )
 
 REGISTRY: Mapping[str, type[Event]] = MappingProxyType(
-    {cls.__name__: cls for cls in TASK_EVENTS + OTHER_EVENTS}
-)
+    {cls.__name__: cls for cls in TASK_EVENTS + OTHER_EVENTS})
 
 Upcaster = Callable[[JsonDict], JsonDict]
 #: (type name, stored version) -> function returning the data of version + 1.

@@ -28,15 +28,21 @@ RETRYABLE = "RETRYABLE"  # 429, concurrent operation (FAILED_PRECONDITION), 5xx
 INVALID = "INVALID"  # the request itself was refused (400 other than the above)
 PERMISSION_DENIED = "PERMISSION_DENIED"
 FAILED = "FAILED"
+#: A read the executor was asked for and whose answer has not come yet (handlers wait
+#: for it quietly: it says nothing about the world).
+AWAITING = "AWAITING"
 #: The kinds of workload an edge cluster runs for a task.
 JOB_KIND, JOBSET_KIND = "Job", "JobSet"
 
 
 class PortError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, unanswered: bool = False) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        #: The API did not answer at all (no connection, nothing within the deadline),
+        #: as opposed to an answer that refused: its cluster is named as unanswering.
+        self.unanswered = unanswered
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,8 @@ class TaskState:
     note_event: ev.Event | None = None
     #: The note an ``ApiCallRetrying`` note replaced, shown again once the step ends.
     note_before_retry: ev.Event | None = None
+    #: The message a ``ClusterApiUnanswered`` replaced, shown again once the API answers.
+    before_unanswered: ev.Event | None = None
     submission: Submission = Submission()
     placement: Placement = Placement()
     pool: PoolRecord = PoolRecord()
@@ -215,6 +217,8 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
         fields["note_event"] = state.note_before_retry
     if type_name == "ApiCallRetrying":
         _show_retry(fields, state, event, status)
+    elif type_name == "ClusterApiUnanswered":
+        _show_unanswered(fields, state, event)
     elif isinstance(event, _NOTE_EVENTS):
         fields["note_event"] = event
     elif not isinstance(event, _SILENT_EVENTS):
@@ -269,6 +273,21 @@ def _show_retry(fields: dict[str, Any], state: TaskState, event: ev.Event,
     if type(state.note_event) is not ev.ApiCallRetrying:
         fields["note_before_retry"] = state.note_event
     fields["note_event"] = event
+
+
+def _show_unanswered(fields: dict[str, Any], state: TaskState, event: ev.Event) -> None:
+    """A cluster API that does not answer leads the Message (it is what the task waits
+    on, whatever its status); once it answers, the message it replaced comes back
+    (unless a later event has replaced it already)."""
+    shown = state.message_event
+    if getattr(event, "since", None) is None:
+        if type(shown) is ev.ClusterApiUnanswered:
+            fields["message_event"] = state.before_unanswered or event
+        fields["before_unanswered"] = None
+        return
+    if type(shown) is not ev.ClusterApiUnanswered:
+        fields["before_unanswered"] = shown
+    fields["message_event"] = event
 
 
 def new_state(task_id: str) -> TaskState:

@@ -8,13 +8,14 @@ import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 
+from falcon_es.engine.cluster_calls import ApiHealth
 from falcon_es.engine.effects import EffectExecutor
 from falcon_es.jobtable.inbox import Inbox
 from falcon_es.domain.intents import Outcome
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.live_set import NothingRetired, RetiredTasks
 from falcon_es.engine.operation_polls import OperationPolls
-from falcon_es.domain.ports import Ports
+from falcon_es.domain.ports import JobObservation, Ports
 from falcon_es.domain.clusters import Cluster
 from falcon_es.engine.reservation_reads import ReservationReads
 from falcon_es.domain.queue_book import QueueBook
@@ -54,6 +55,11 @@ class HandlerContext:
     unwritable: frozenset[str] = frozenset()
     #: The schedule of the reservation reads (None: this controller does not read them).
     reservation_reads: ReservationReads | None = None
+    #: Which cluster APIs answer and which do not (written by the clusters' workers).
+    api_health: ApiHealth = dataclasses.field(default_factory=ApiHealth)
+    #: Edge observations (by message id) whose folding waits for an answer of their
+    #: cluster: kept from tick to tick by the controller, unacknowledged meanwhile.
+    held_observations: dict[str, JobObservation] = dataclasses.field(default_factory=dict)
 
     @property
     def spec_limits(self) -> SpecLimits:

@@ -14,7 +14,7 @@ import logging
 
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.intents import PoolIntent
-from falcon_es.domain.ports import NOT_FOUND, Operation, PortError
+from falcon_es.domain.ports import AWAITING, NOT_FOUND, Operation, PortError
 from falcon_es.domain.task import TaskState
 from falcon_es.engine.context import HandlerContext
 
@@ -38,6 +38,8 @@ def ask_create_operation(state: TaskState, cluster: Cluster,
         try:
             operation = ctx.ports.node_pools.get_operation(cluster, operation_id)
         except PortError as error:
+            if error.code == AWAITING:
+                return None  # asked: looked at again once the answer is in
             if error.code != NOT_FOUND:
                 # Whatever the error, the next look waits a poll interval: an error
                 # must not turn the poll into a call per tick.

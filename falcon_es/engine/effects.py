@@ -20,12 +20,20 @@ words, the delay) so the task's Message says what it waits on. A create or submi
 uses up its attempts becomes the definite failure (``NodePoolFailed`` /
 ``JobSubmitFailed``, "gave up after N attempts: ..."); deletes are never given up.
 Definite failures become outcome events with the API's own words.
+
+With ``calls`` (``ClusterCalls``, the gcp backend) each effect runs on its cluster's
+own workers and the tick does not wait for it: its outcome is queued when it lands and
+is a later tick's input, as any outcome is. An effect in flight is not issued again
+until it lands; what the executor remembers is then shared with the workers, under
+one lock.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -49,12 +57,25 @@ from falcon_es.domain.task import TaskState, TaskStates
 from falcon_es.engine.task_manifests import (
     POOL_TASK_LABEL, pool_labels, pool_owner, render_task_job, workload_kind,
 )
+from falcon_es.engine.cluster_calls import ClusterCalls
+from falcon_es.engine.observed import ObservedReads
 
 
 log = logging.getLogger("falcon_es.engine.effects")
 
 #: Pause before an intent is tried again when its outcome was not recorded.
 UNRECORDED_RETRY_SECONDS = 5.0
+
+
+def _locked(method: Callable[..., None]) -> Callable[..., None]:
+    """Runs the bookkeeping method under the executor's lock (workers share it)."""
+
+    @functools.wraps(method)
+    def locked(self: EffectExecutor, *args: object, **kwargs: object) -> None:
+        with self._lock:
+            method(self, *args, **kwargs)
+
+    return locked
 
 
 class SeesClusters(Protocol):
@@ -73,7 +94,9 @@ class EffectExecutor:
 
     def __init__(self, store: EventStore, tasks: TaskStates, settings: Settings,
                  ports: Ports, index: LifecycleIndex, *,
-                 orphans_from: Callable[[str], int | None] | None = None) -> None:
+                 orphans_from: Callable[[str], int | None] | None = None,
+                 calls: ClusterCalls | None = None,
+                 reads: ObservedReads | None = None) -> None:
         self.store = store
         #: The first version of an orphan stream with an open orphan, None when none is
         #: open (the live set knows); without it every orphan stream is read whole.
@@ -90,13 +113,20 @@ class EffectExecutor:
         self._failures: dict[Intent, int] = {}
         self._deleting: dict[Intent, str] = {}  # delete in progress: operation id or ""
         self._next_sweep: dt.datetime | None = None
+        #: Each cluster's workers (None or inline: effects run on the tick's thread).
+        self.calls = calls
+        #: The handlers' reads, told when an effect on a cluster has landed.
+        self.reads = reads
+        self._lock = threading.RLock()
+        self._in_flight: set[Intent] = set()
 
     # ------------------------------------------------------------ tick interface
     def take_outcomes(self) -> tuple[Outcome, ...]:
         """Hand the queued outcomes to the tick about to run (they are its inputs)."""
-        taken = tuple(self._queued)
-        self._queued.clear()
-        self._queued_intents.clear()
+        with self._lock:
+            taken = tuple(self._queued)
+            self._queued.clear()
+            self._queued_intents.clear()
         return taken
 
     @property
@@ -126,8 +156,10 @@ class EffectExecutor:
     def next_due(self) -> dt.datetime | None:
         """The earliest moment an open intent will be tried again (for a loop that
         jumps virtual time to the next thing to do)."""
-        moments = [m for i, m in self._not_before.items()
-                   if self.is_open(i) and i not in self._queued_intents]
+        with self._lock:
+            moments = [m for i, m in self._not_before.items()
+                       if self.is_open(i) and i not in self._queued_intents
+                       and i not in self._in_flight]
         if self._next_sweep is not None:
             moments.append(self._next_sweep)
         return min(moments) if moments else None
@@ -147,7 +179,28 @@ class EffectExecutor:
                           intent.cluster_id)
                 self._later(intent, now)
                 continue
+            self._start(intent, cluster, now)
+
+    def _start(self, intent: Intent, cluster: Cluster, now: dt.datetime) -> None:
+        """Perform the intent: here, or on its cluster's workers."""
+        if self.calls is None or self.calls.inline:
             self._perform(intent, cluster, now)
+            return
+        with self._lock:
+            self._in_flight.add(intent)
+        self.calls.submit(cluster, lambda: self._perform_on_worker(intent, cluster, now))
+
+    def _perform_on_worker(self, intent: Intent, cluster: Cluster, now: dt.datetime) -> None:
+        try:
+            self._perform(intent, cluster, now)
+        except Exception:
+            self._later_unrecorded(intent, now, None)  # not again at once: a bug
+            raise
+        finally:
+            with self._lock:
+                self._in_flight.discard(intent)
+            if self.reads is not None:
+                self.reads.effect_done(cluster.id)
 
     # ------------------------------------------------------------- bookkeeping
     def _load_orphan_streams(self, clusters: Mapping[str, Cluster]) -> None:
@@ -170,6 +223,10 @@ class EffectExecutor:
                 self._orphans.pop((event.cluster_id, event.pool_name), None)
 
     def _due(self, now: dt.datetime) -> list[Intent]:
+        with self._lock:
+            return self._due_locked(now)
+
+    def _due_locked(self, now: dt.datetime) -> list[Intent]:
         intents = [*self.index.intents(), *self._orphans.values()]
         live = set(intents)
         for stale in [i for i in self._not_before if i not in live]:
@@ -182,7 +239,8 @@ class EffectExecutor:
                 self._resume_recorded_retry(intent)
         return sorted(
             i for i in intents
-            if i not in self._queued_intents and self._not_before.get(i, now) <= now
+            if i not in self._queued_intents and i not in self._in_flight
+            and self._not_before.get(i, now) <= now
         )
 
     def _resume_recorded_retry(self, intent: Intent) -> None:
@@ -193,6 +251,7 @@ class EffectExecutor:
         if due is not None:
             self._not_before[intent] = due
 
+    @_locked
     def _queue(self, intent: Intent, event: ev.Event, now: dt.datetime) -> None:
         self._queued.append(Outcome(intent, event))
         self._queued_intents.add(intent)
@@ -201,6 +260,7 @@ class EffectExecutor:
         # Should the outcome not make it into the log, try again a little later.
         self._not_before[intent] = now + dt.timedelta(seconds=UNRECORDED_RETRY_SECONDS)
 
+    @_locked
     def _later(self, intent: Intent, now: dt.datetime, error: PortError | None = None) -> None:
         """A transient failure: the intent stays open and is tried again after the
         backoff of the API it calls. A task's failed call is recorded (so its Message
@@ -223,6 +283,7 @@ class EffectExecutor:
         self._queued_intents.add(intent)
         self._not_before[intent] = now + dt.timedelta(seconds=retrying.retry_in_seconds)
 
+    @_locked
     def _later_unrecorded(self, intent: Intent, now: dt.datetime,
                           error: PortError | None) -> None:
         """A retry no task's log records (an orphan's delete, a cluster not registered):
@@ -414,7 +475,7 @@ class EffectExecutor:
 
     def _follow_delete(self, intent: Intent, cluster: Cluster, now: dt.datetime,
                        state: TaskState | None) -> None:
-        operation_id = self._deleting[intent]
+        operation_id = self._deleting.get(intent, "")
         if operation_id:
             try:
                 operation = self.ports.node_pools.get_operation(cluster, operation_id)
@@ -440,8 +501,9 @@ class EffectExecutor:
             self._in_progress(intent, "", now)
         else:
             # Not being deleted (the delete was lost, or the pool came back): ask again.
-            del self._deleting[intent]
-            self._not_before.pop(intent, None)
+            with self._lock:
+                self._deleting.pop(intent, None)
+                self._not_before.pop(intent, None)
 
     def _operation_progress(self, intent: Intent, operation: Operation | None,
                             now: dt.datetime, state: TaskState | None) -> None:
@@ -455,6 +517,7 @@ class EffectExecutor:
         else:
             self._deleted(intent, now)
 
+    @_locked
     def _in_progress(self, intent: Intent, operation_id: str, now: dt.datetime) -> None:
         """A delete GKE is carrying out: looked at again every ``operation_poll_seconds``
         (each look is a call against the project's GKE quota; GKE tells nobody when an

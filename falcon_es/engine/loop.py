@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -124,6 +125,9 @@ class Loop:
     #: looks at the world every ``resolution`` seconds would see it; what falls due in
     #: between is handled by one tick.
     resolution: float = 0.0
+    #: Set when a call on a cluster's workers has landed (its outcome or answer is a
+    #: next tick's input): a waiting loop ticks again at once (None: calls are inline).
+    wake: threading.Event | None = None
 
     def __post_init__(self) -> None:
         if self.script is not None:
@@ -152,6 +156,8 @@ class Loop:
             self.advance_world()
         if self.follow_log is not None:
             self.follow_log()
+        if self.wake is not None:
+            self.wake.clear()  # what lands from now on asks for another tick
         try:
             tick = self.controller.tick()
         except LeadershipLost:
@@ -223,9 +229,19 @@ class Loop:
         pause = self.tick_seconds
         if due is not None:
             pause = min(pause, max((due - now).total_seconds(), 0.0))
-        stop.wait(pause)
+        if self.wake is None:
+            stop.wait(pause)
+            return
+        until = time.monotonic() + pause
+        while not stop.is_set() and not self.wake.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.wake.wait(min(left, WAKE_POLL_SECONDS))
 
 
+#: How often a loop waiting for a landed call also looks at its stop request.
+WAKE_POLL_SECONDS = 0.05
 _EPOCH = dt.datetime(1970, 1, 1)
 
 

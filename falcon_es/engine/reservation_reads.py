@@ -15,6 +15,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.ports import Reservations
+from falcon_es.domain.tpu import SliceShape, choose_machine, machine_types, slice_shape
+
 #: (cluster id, reservation, topology)
 ReadKey = tuple[str, str, str]
 
@@ -33,6 +37,10 @@ class ReservationReads:
             return False
         self._next_round = now + self.interval
         return True
+
+    def unfinished(self) -> None:
+        """A read of this round awaits its answer: the round is due again next tick."""
+        self._next_round = None
 
     @property
     def next_round(self) -> dt.datetime | None:
@@ -56,3 +64,14 @@ class ReservationReads:
         changed = self.failing.get(key) != words
         self.failing[key] = words
         return changed
+
+
+def reserved_shape(reservations: Reservations, cluster: Cluster, reservation: str,
+                   topology: str) -> SliceShape:
+    """The slice a task of the topology would get on the reservation: for the one shape
+    two machine types make (v5e/v6e 2x4), on the machine type the reservation holds."""
+    machine = None
+    if len(machine_types(cluster.tpu_type, topology)) > 1:
+        reserved = reservations.capacity(cluster, reservation).machine_type
+        machine = choose_machine(cluster.tpu_type, topology, reserved=reserved)
+    return slice_shape(cluster.tpu_type, topology, machine)

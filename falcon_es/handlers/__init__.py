@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from falcon_es.handlers import (
     abort, deprovision, dispatch, intake, orphans, outcomes, provisioning, reservations,
-    scheduling, status, timeouts,
+    scheduling, status, timeouts, unanswered,
 )
 from falcon_es.engine.runtime import Handler
 
@@ -36,4 +36,6 @@ HANDLERS: tuple[Handler, ...] = (
     deprovision.deprovision,
     orphans.sweep_orphans,
     reservations.read_reservations,
+    # Last: a cluster API that does not answer leads the Messages of its tasks.
+    unanswered.name_unanswered_clusters,
 )

@@ -30,7 +30,7 @@ from falcon_es.domain import naming
 from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.intents import PoolDisposition, orphan_stream
 from falcon_es.domain.manifests import MANAGED_BY_VALUE
-from falcon_es.domain.ports import NodePoolInfo, PortError
+from falcon_es.domain.ports import AWAITING, NodePoolInfo, PortError
 from falcon_es.engine.runtime import Tick
 from falcon_es.engine.task_manifests import POOL_MANAGED_BY, POOL_TASK_LABEL
 
@@ -46,14 +46,16 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
     executor = ctx.executor
     if not executor.sweep_due(ctx.now):
         return
-    executor.swept(ctx.now)
     index = ctx.index
     already = executor.open_orphans()
+    awaiting = False  # a list is being fetched: the sweep goes on next tick
     for cluster in ctx.clusters:
         try:
             pools = ctx.ports.node_pools.list(cluster)
         except PortError as error:
-            log.warning("listing node pools of %s: %s", cluster.name, error)
+            awaiting = awaiting or error.code == AWAITING
+            if error.code != AWAITING:
+                log.warning("listing node pools of %s: %s", cluster.name, error)
             continue
         for pool in sorted(pools, key=lambda p: p.name):
             if (cluster.id, pool.name) in already or not _is_ours(pool):
@@ -66,6 +68,8 @@ def sweep_orphans(tick: Tick, ctx: HandlerContext) -> None:
                 continue
             owner = holder_id or pool.labels.get(POOL_TASK_LABEL)
             tick.emit(orphan_stream(cluster.id), ev.OrphanPoolFound(cluster.id, pool.name, owner))
+    if not awaiting:
+        executor.swept(ctx.now)
 
 
 def _holder(tick: Tick, ctx: HandlerContext, cluster_id: str, name: str) -> str | None:

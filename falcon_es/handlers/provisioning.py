@@ -52,7 +52,7 @@ from falcon_es.engine.create_operations import ask_create_operation
 from falcon_es.domain.handover import needs_disposal
 from falcon_es.domain.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.engine.lifecycle_index import Group
-from falcon_es.domain.ports import NOT_FOUND, PortError
+from falcon_es.domain.ports import AWAITING, NOT_FOUND, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.config.retry import (
     call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt, records_try,
@@ -260,7 +260,8 @@ class _Provisioner:
             info = self.ports.node_pools.get(cluster, pool)
         except PortError as error:
             if error.code != NOT_FOUND:
-                log.warning("idle pool %s on %s: %s", pool, cluster.name, error)
+                if error.code != AWAITING:
+                    log.warning("idle pool %s on %s: %s", pool, cluster.name, error)
                 return False  # look again next tick rather than create a second pool
             info = None
         self.taken.add((cluster.id, pool))
@@ -347,7 +348,7 @@ class _Provisioner:
         except PortError as error:
             if error.code == NOT_FOUND:
                 self.tick.emit(state.task_id, ev.NodePoolFailed(pool, error.message))
-            else:
+            elif error.code != AWAITING:  # awaited: decided once the answer is in
                 self._check_failed(state, pool, f"reservation {reservation}: {error.message}")
             return 0
         key = (cluster.id, reservation)
@@ -432,7 +433,7 @@ class _Provisioner:
             except PortError as error:
                 if error.code == NOT_FOUND:
                     self._not_visible(state, name)
-                else:
+                elif error.code != AWAITING:  # awaited: looked at again next tick
                     log.warning("pool %s on %s: %s", name, cluster.name, error)
                     self._look_again_later(state)
                 return
@@ -448,8 +449,9 @@ class _Provisioner:
             try:
                 counts = self.ports.edges.for_cluster(cluster).node_counts(name)
             except PortError as error:
-                log.warning("nodes of pool %s on %s: %s", name, cluster.name, error)
-                self._look_again_later(state)
+                if error.code != AWAITING:
+                    log.warning("nodes of pool %s on %s: %s", name, cluster.name, error)
+                    self._look_again_later(state)
                 return
             ready += counts.ready
             registered += counts.registered

@@ -18,25 +18,13 @@ import logging
 
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.ports import PortError, Reservations
-from falcon_es.domain.clusters import Cluster, cluster_stream
+from falcon_es.domain.ports import AWAITING, PortError
+from falcon_es.domain.clusters import cluster_stream
 from falcon_es.engine.runtime import Tick
-from falcon_es.domain.tpu import (
-    SliceShape, TopologyError, choose_machine, machine_types, slice_shape,
-)
+from falcon_es.domain.tpu import TopologyError
+from falcon_es.engine.reservation_reads import reserved_shape
 
 log = logging.getLogger("falcon_es.handlers.reservations")
-
-
-def reserved_shape(reservations: Reservations, cluster: Cluster, reservation: str,
-                   topology: str) -> SliceShape:
-    """The slice a task of the topology would get on the reservation: for the one shape
-    two machine types make (v5e/v6e 2x4), on the machine type the reservation holds."""
-    machine = None
-    if len(machine_types(cluster.tpu_type, topology)) > 1:
-        reserved = reservations.capacity(cluster, reservation).machine_type
-        machine = choose_machine(cluster.tpu_type, topology, reserved=reserved)
-    return slice_shape(cluster.tpu_type, topology, machine)
 
 
 def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
@@ -56,6 +44,9 @@ def read_reservations(tick: Tick, ctx: HandlerContext) -> None:
                 shape = reserved_shape(ctx.ports.reservations, cluster, reservation, topology)
                 slices = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
             except (PortError, TopologyError) as error:
+                if isinstance(error, PortError) and error.code == AWAITING:
+                    reads.unfinished()  # read again next tick, answered by then
+                    continue
                 words = error.message if isinstance(error, PortError) else str(error)
                 if reads.failed(key, words):
                     log.warning("reading reservation %s of cluster %s for %s: %s; read again "

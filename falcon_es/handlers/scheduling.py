@@ -56,9 +56,10 @@ from falcon_es.domain.cluster_choice import (
     move_target,
     never_fits,
 )
-from falcon_es.domain.ports import PortError, ReservationCapacity
+from falcon_es.domain.ports import AWAITING, PortError, ReservationCapacity
 from falcon_es.domain.spec import RESERVATION
-from falcon_es.domain.tpu import TopologyError, slice_shape
+from falcon_es.domain.tpu import TopologyError, choose_machine, slice_shape
+from falcon_es.engine.reservation_reads import reserved_shape
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.task import TaskState
 
@@ -167,8 +168,12 @@ class _Capacities:
         if not reservation or mode not in (None, RESERVATION):
             return None
         capacity = self._capacity(cluster, reservation)
+        submission = state.submission
+        machine = choose_machine(submission.tpu_type, submission.topology,
+                                 asked=submission.spec.machine_type,
+                                 reserved=capacity.machine_type, multislice=state.slices > 1)
         try:
-            shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+            shape = slice_shape(submission.tpu_type, submission.topology, machine)
         except TopologyError:
             return None  # intake refuses such a task; nothing to say here
         return never_fits(cluster.name, reservation, capacity, shape, state.slices)
@@ -179,6 +184,8 @@ class _Capacities:
             try:
                 self.read[key] = self.ctx.ports.reservations.capacity(cluster, reservation)
             except PortError as error:
+                if error.code == AWAITING:  # asked on the cluster's workers: a later tick
+                    return ReservationCapacity()
                 # Unknown: the task queues, and provisioning reads the reservation anyway.
                 log.warning("reading reservation %s of cluster %s: %s", reservation,
                             cluster.name, error)
@@ -259,7 +266,8 @@ def _has_room(ctx: HandlerContext, state: TaskState, cluster: Cluster) -> bool:
     if not reservation:
         return False
     try:
-        shape = slice_shape(state.submission.tpu_type, state.submission.topology)
+        shape = reserved_shape(ctx.ports.reservations, cluster, reservation,
+                               state.submission.topology)
         remaining = ctx.ports.reservations.remaining_slices(cluster, reservation, shape)
     except (PortError, TopologyError):
         return False

@@ -42,6 +42,11 @@ What an observation means:
   timeouts handler fails the task once a refusal that is not transient has lasted
   ``failed_create_grace_seconds``; pods created after all clear it (PodsPending,
   PodsRunning).
+
+The edge cluster's node counts and diagnosis are read through the cluster's workers
+(``engine/observed.py``): while an answer is awaited the observation is held in memory
+(``ctx.held_observations``, unacknowledged, so a restart loses nothing) and folded at a
+later tick, with the task's later observations behind it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ from collections.abc import Callable, Sequence
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.ports import JOBSET_KIND, JobObservation, PodObservation, PortError
+from falcon_es.domain.ports import (
+    AWAITING, JOBSET_KIND, JobObservation, PodObservation, PortError,
+)
 from falcon_es.engine.runtime import Tick
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS, autoscaled
@@ -82,6 +89,11 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
     """Pull the edge events and turn each new observation into task events."""
     subscription = ctx.settings.bus.edge_events_subscription
     by_task: dict[str, list[tuple[str, JobObservation]]] = {}
+    held = dict(ctx.held_observations)
+    ctx.held_observations.clear()
+    for message_id, observation in held.items():
+        task_id = ctx.index.task_for_label(observation.task_id)
+        by_task.setdefault(task_id, []).append((message_id, observation))
     for _ in range(MAX_PULLS):
         try:
             messages = ctx.ports.bus.pull(subscription, PULL_BATCH)
@@ -98,6 +110,8 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
                 ctx.edge_outcomes.append((str(message.attributes.get("cluster", "")),
                                           "malformed"))
                 continue
+            if message.id in held:
+                continue  # redelivered while held: the held one stands for it
             task_id = ctx.index.task_for_label(observation.task_id)
             by_task.setdefault(task_id, []).append((message.id, observation))
         if len(messages) < PULL_BATCH:
@@ -109,9 +123,13 @@ def fold_observations(tick: Tick, ctx: HandlerContext) -> None:
 
 def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
                received: Sequence[tuple[str, JobObservation]]) -> None:
+    awaiting = False
     for message_id, observation in received:
         state = tick.state(task_id)
         cluster = observation.cluster_name
+        if awaiting:
+            ctx.held_observations[message_id] = observation  # behind the one held
+            continue
         if (state is not None and state.state in OBSERVED and state.job.uid is None
                 and state.state != WAITING_FOR_NODE):
             ctx.edge_outcomes.append((cluster, "held"))
@@ -128,9 +146,18 @@ def _fold_task(tick: Tick, ctx: HandlerContext, task_id: str,
         if _torn_failure(ctx, state, observation):
             ctx.edge_outcomes.append((cluster, "held"))
             continue  # unacked: it comes back after the ack deadline, decided then
+        try:
+            events = _events_for(ctx, state, observation)
+        except PortError as error:
+            if error.code != AWAITING:
+                raise
+            awaiting = True
+            ctx.held_observations[message_id] = observation
+            ctx.edge_outcomes.append((cluster, "held"))
+            continue
         ctx.acks.append(message_id)
         ctx.edge_outcomes.append((cluster, "applied"))
-        for event in _events_for(ctx, state, observation):
+        for event in events:
             tick.emit(task_id, event)
 
 
@@ -233,6 +260,8 @@ def _nodes_awaited(ctx: HandlerContext, state: TaskState,
             registered += counts.registered
             ready += counts.ready
     except PortError as error:
+        if error.code == AWAITING:
+            raise  # decided once the counts are in
         log.warning("nodes of pool %s: %s", state.pool.name, error)
         return None
     shape = state.shape
@@ -333,6 +362,8 @@ def _diagnose(ctx: HandlerContext, state: TaskState, observation: JobObservation
         try:
             found = ctx.ports.edges.for_cluster(cluster).diagnose_pending(observation.job_name)
         except PortError as error:
+            if error.code == AWAITING:
+                raise  # decided once the diagnosis is in
             log.warning("diagnosing Job %s: %s", observation.job_name, error)
             found = None
         if found:

@@ -8,6 +8,8 @@ that also hangs.
 - ``/healthz`` (liveness): 200 while the loop ticked within ``max_tick_age`` seconds
   (counting from start until the first tick, so a long catch-up is not killed if it
   keeps calling ``mark_tick``); 503 otherwise: the kubelet restarts a stuck replica.
+  Its detail names every cluster API that does not answer (``set_unanswered``): the
+  controller stays live for the other clusters, and the probe says which one is sick.
 - ``/readyz`` (readiness): 200 when the database answers and the replica says it is
   caught up. A standby replica is ready too (it serves metrics and takes over from the
   log), and the JSON body says ``leader`` or ``standby``. While the database is
@@ -93,6 +95,7 @@ class HealthServer:
         self._leader = False
         self._caught_up = False
         self._ready_detail = "starting: catching up with the log"
+        self._unanswered: tuple[str, ...] = ()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -111,6 +114,11 @@ class HealthServer:
         with self._lock:
             self._caught_up = caught_up
             self._ready_detail = detail or ("caught up" if caught_up else "catching up")
+
+    def set_unanswered(self, sentences: list[str]) -> None:
+        """The cluster APIs that do not answer now, one sentence each (none: all do)."""
+        with self._lock:
+            self._unanswered = tuple(sentences)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> int:
@@ -166,11 +174,12 @@ class HealthServer:
     def healthz(self) -> Response:
         now = self._monotonic()
         with self._lock:
-            last, started = self._last_tick, self._started_at
+            last, started, unanswered = self._last_tick, self._started_at, self._unanswered
         since = now - (last if last is not None else started)
         what = "last tick" if last is not None else "started, no tick yet,"
         if since <= self.max_tick_age:
-            return Response.text(HTTPStatus.OK, f"ok: {what} {since:.1f}s ago")
+            sick = "".join(f"; {sentence}" for sentence in unanswered)
+            return Response.text(HTTPStatus.OK, f"ok: {what} {since:.1f}s ago{sick}")
         return Response.text(
             HTTPStatus.SERVICE_UNAVAILABLE,
             f"unhealthy: {what} {since:.1f}s ago (limit {self.max_tick_age:.0f}s)")

@@ -28,7 +28,7 @@ import operator
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -366,6 +366,13 @@ class Metrics:
         self.last_tick = Gauge(
             "falcon_last_tick_timestamp_seconds", "Unix time of the last completed tick.",
             registry=registry)
+        self.api_unanswered = Gauge(
+            "falcon_cluster_api_unanswered", "1 while a cluster's API (kubernetes, gke, "
+            "compute) has not answered its last call (no connection, nothing within the "
+            "deadline), else 0.", ("cluster", "api"), registry=registry)
+        self.api_last_answer = Gauge(
+            "falcon_cluster_api_last_answer_timestamp_seconds", "Unix time a cluster's "
+            "API last answered a call.", ("cluster", "api"), registry=registry)
 
     # ------------------------------------------------------------ external calls
     def observe_call(self, api: str, method: str, code: str, seconds: float) -> None:
@@ -420,6 +427,15 @@ class Metrics:
             self.edge_observation(cluster, outcome)
 
     # ------------------------------------------------------------ the loop
+    def observe_cluster_apis(self, last_answers: Mapping[tuple[str, str], dt.datetime],
+                             unanswered: Iterable[tuple[str, str]]) -> None:
+        """Each cluster API's last answer, and which of them answer nothing now."""
+        silent = set(unanswered)
+        for (cluster, api), at in last_answers.items():
+            self.api_last_answer.labels(cluster, api).set(at.replace(tzinfo=dt.UTC).timestamp())
+        for key in {*last_answers, *silent}:
+            self.api_unanswered.labels(*key).set(1 if key in silent else 0)
+
     def set_leader(self, is_leader: bool) -> None:
         self.leader.set(1 if is_leader else 0)
 

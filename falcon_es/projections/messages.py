@@ -85,6 +85,25 @@ def _retrying(limited: str, unlimited: str) -> Callable[[Args], str]:
     return render
 
 
+#: The APIs a cluster's calls go to, named as their owners name them.
+API_NAMES: Mapping[str, str] = MappingProxyType({
+    "kubernetes": "Kubernetes", "gke": "GKE", "compute": "Compute"})
+
+
+def _unanswered(edge: str, cloud: str, again: str) -> Callable[[Args], str]:
+    """A cluster's API that does not answer: the edge cluster's own Kubernetes API, or
+    a Google API on the cluster's behalf; ``since`` absent: it answers again."""
+    def render(args: Args) -> str:
+        api = API_NAMES.get(args["api"], args["api"])
+        if not args.get("since"):
+            return again.format(api=api, **{k: v for k, v in args.items() if k != "api"})
+        since = clock_time(dt.datetime.fromisoformat(args["since"]))
+        template = edge if args["api"] == "kubernetes" else cloud
+        return template.format(cluster=args["cluster"], api=api, since=since,
+                               error=args.get("error", ""))
+    return render
+
+
 def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
     """A Job the API refused, or one created whose pods were refused past the grace."""
     def render(args: Args) -> str:
@@ -245,6 +264,10 @@ EN: Mapping[str, Template] = MappingProxyType({
     "ApiCallRetrying": _retrying(
         "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
         "{call} failed ({error}), attempt {attempt}, next in {retry_in_seconds}s"),
+    "ClusterApiUnanswered": _unanswered(
+        "edge cluster {cluster}'s Kubernetes API has not answered since {since}: {error}",
+        "the {api} API has not answered for cluster {cluster} since {since}: {error}",
+        "cluster {cluster}'s {api} API answers again"),
     "position": "#{position}, {ahead} ahead{names}",
     "position-first": "#1, next in line",
     "more": "{count} more",
@@ -338,6 +361,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "ApiCallRetrying": _retrying(
         "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
         "{call} 调用失败（{error}），第 {attempt} 次尝试，{retry_in_seconds} 秒后重试"),
+    "ClusterApiUnanswered": _unanswered(
+        "边缘集群 {cluster} 的 Kubernetes API 自 {since} 起无应答：{error}",
+        "{api} API 自 {since} 起未就集群 {cluster} 应答：{error}",
+        "集群 {cluster} 的 {api} API 已恢复应答"),
     "position": "队列位置 #{position}，前面有 {ahead} 个任务{names}",
     "position-first": "队列位置 #1，下一个",
     "more": "另外 {count} 个",

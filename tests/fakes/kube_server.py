@@ -340,6 +340,10 @@ class FakeKubeServer:
         self._watches: dict[int, _Watch] = {}
         self._watch_ids = itertools.count(1)
         self._closing = False
+        #: While set, every request is read and never answered (``hang``).
+        self._hung = False
+        #: Requests that arrived while hung, in order (method, path): each attempt once.
+        self.unanswered: list[tuple[str, str]] = []
         self.requests: list[RequestRecord] = []
         #: Why each watch stream ended: gone, dropped, ended, timeout, token-expired, ...
         self.watch_endings: list[str] = []
@@ -438,6 +442,32 @@ class FakeKubeServer:
         with self._cond:
             self._faults.append(Fault(method.upper(), re.compile(path_pattern), error, times,
                                       watch))
+
+    def hang(self) -> None:
+        """From now on the API server reads each request and never answers it (held
+        until ``release`` or ``stop``): an API server that does not answer, as one
+        behind a dead control plane or a black-holed network path does. Open watches
+        are cut, so the informers' next requests hang too."""
+        with self._cond:
+            self._hung = True
+        self.drop_watches()
+
+    def release(self) -> None:
+        """Answer again (the requests held so far are answered now)."""
+        with self._cond:
+            self._hung = False
+            self._cond.notify_all()
+
+    def _hold_while_hung(self, method: str, path: str) -> bool:
+        """Hold a request while hung; True when it is never to be answered (the server
+        stops meanwhile)."""
+        with self._cond:
+            if not self._hung:
+                return False
+            self.unanswered.append((method, path))
+            while self._hung and not self._closing:
+                self._cond.wait()
+            return self._closing
 
     def drop_watches(self) -> int:
         """Cut every open watch connection without ending the HTTP response."""
@@ -1308,6 +1338,9 @@ def _handler(fake: FakeKubeServer) -> type[http.server.BaseHTTPRequestHandler]:
         def _dispatch(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
             path = parsed.path
+            if fake._hold_while_hung(self.command, path):
+                self.close_connection = True
+                return
             query = dict(urllib.parse.parse_qsl(parsed.query))
             body = self._body()
             watch = query.get("watch") in ("true", "1")

@@ -999,6 +999,8 @@ class SimBackedCloud:
     def stop(self) -> None:
         for stop, _ in self._informers:
             stop.set()
+        for server in self.kube.values():
+            server.end_watches()  # an informer sees its stop between two watch events
         for _, thread in self._informers:
             thread.join(timeout=10)
         self._stack.close()

@@ -164,7 +164,8 @@ class ComputeReservations:
     def _get_reservation(self, ref: ReservationRef) -> compute_v1.Reservation:
         try:
             return self._reservations.get(
-                project=ref.project, zone=ref.zone, reservation=ref.name, timeout=self._timeout
+                project=ref.project, zone=ref.zone, reservation=ref.name,
+                timeout=self._timeout, retry=None
             )
         except gexc.NotFound as error:
             raise PortError(NOT_FOUND, f"reservation {ref.name} not found in project "
@@ -179,12 +180,12 @@ class ComputeReservations:
                 sub_block = self._sub_blocks.get(
                     project=ref.project, zone=ref.zone,
                     parent_name=f"reservations/{ref.name}/reservationBlocks/{ref.block}",
-                    reservation_sub_block=ref.sub_block, timeout=self._timeout,
+                    reservation_sub_block=ref.sub_block, timeout=self._timeout, retry=None,
                 ).resource
                 return sub_block.count - sub_block.in_use_count
             block = self._blocks.get(
                 project=ref.project, zone=ref.zone, reservation=ref.name,
-                reservation_block=ref.block, timeout=self._timeout,
+                reservation_block=ref.block, timeout=self._timeout, retry=None,
             ).resource
             return block.count - block.in_use_count
         except gexc.NotFound as error:
@@ -240,7 +241,8 @@ class WorkloadPolicies:
         where = f"workload policy {name} in project {project} region {region}"
         try:
             existing = self._policies.get(
-                project=project, region=region, resource_policy=name, timeout=self._timeout
+                project=project, region=region, resource_policy=name,
+                timeout=self._timeout, retry=None
             )
         except gexc.NotFound:
             self._create(project, region, name, topology, where)
@@ -263,12 +265,12 @@ class WorkloadPolicies:
         try:
             operation = self._policies.insert_unary(
                 project=project, region=region, resource_policy_resource=policy,
-                timeout=self._timeout,
+                timeout=self._timeout, retry=None,
             )
             if operation.status != compute_v1.Operation.Status.DONE:
                 operation = self._operations.wait(
                     project=project, region=region, operation=operation.name,
-                    timeout=self._timeout,
+                    timeout=self._timeout, retry=None,
                 )
         except gexc.Conflict:
             return  # another controller created it first

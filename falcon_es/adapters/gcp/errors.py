@@ -151,7 +151,16 @@ def code_for_api_error(error: BaseException) -> str:
 def port_error(error: BaseException, context: str) -> PortError:
     """A PortError whose message names what was being done, then the API's words."""
     words = api_words(error) if isinstance(error, gexc.GoogleAPIError) else str(error)
-    return PortError(code_for_api_error(error), f"{context}: {words}")
+    return PortError(code_for_api_error(error), f"{context}: {words}",
+                     unanswered=is_unanswered(error))
+
+
+def is_unanswered(error: BaseException) -> bool:
+    """The API did not answer: no connection or no answer within the deadline (REST:
+    a requests error; gRPC: DEADLINE_EXCEEDED, or UNAVAILABLE with no HTTP response)."""
+    if isinstance(error, (requests.RequestException, gexc.DeadlineExceeded)):
+        return True
+    return isinstance(error, gexc.ServiceUnavailable) and getattr(error, "response", None) is None
 
 
 def code_for_operation_error(rpc_code: int, message: str,

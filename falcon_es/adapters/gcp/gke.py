@@ -132,7 +132,8 @@ class GkeNodePools:
                                 upgrade_exclusion=self._upgrade_exclusion),
         )
         try:
-            operation = self._client.create_node_pool(request=request, timeout=self._timeout)
+            operation = self._client.create_node_pool(request=request, timeout=self._timeout,
+                                                      retry=None)
         except _CALL_ERRORS as error:
             raise port_error(error, f"create node pool {spec.name} in {_where(cluster)}") from error
         return to_operation(operation)
@@ -151,7 +152,7 @@ class GkeNodePools:
     def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
         name = f"projects/{cluster.project}/locations/{cluster.location}/operations/{operation_id}"
         try:
-            operation = self._client.get_operation(name=name, timeout=self._timeout)
+            operation = self._client.get_operation(name=name, timeout=self._timeout, retry=None)
         except _CALL_ERRORS as error:
             raise port_error(error, f"operation {operation_id} of {_where(cluster)}") from error
         return to_operation(operation)
@@ -159,7 +160,8 @@ class GkeNodePools:
     def get(self, cluster: Cluster, name: str) -> NodePoolInfo:
         try:
             pool = self._client.get_node_pool(
-                name=f"{cluster_path(cluster)}/nodePools/{name}", timeout=self._timeout
+                name=f"{cluster_path(cluster)}/nodePools/{name}", timeout=self._timeout,
+                retry=None,
             )
         except gexc.NotFound as error:
             raise PortError(NOT_FOUND, f"node pool {name} not found in {_where(cluster)}") from error
@@ -170,7 +172,8 @@ class GkeNodePools:
     def delete(self, cluster: Cluster, name: str) -> Operation | None:
         try:
             operation = self._client.delete_node_pool(
-                name=f"{cluster_path(cluster)}/nodePools/{name}", timeout=self._timeout
+                name=f"{cluster_path(cluster)}/nodePools/{name}", timeout=self._timeout,
+                retry=None,
             )
         except gexc.NotFound:
             return None
@@ -182,7 +185,7 @@ class GkeNodePools:
         """Every pool of the cluster, Falcon's or not: callers select by label."""
         try:
             response = self._client.list_node_pools(
-                parent=cluster_path(cluster), timeout=self._timeout
+                parent=cluster_path(cluster), timeout=self._timeout, retry=None
             )
         except _CALL_ERRORS as error:
             raise port_error(error, f"list node pools of {_where(cluster)}") from error

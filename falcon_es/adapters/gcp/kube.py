@@ -84,6 +84,9 @@ from falcon_es.domain.clusters import Cluster
 log = logging.getLogger("falcon_es.adapters.gcp.kube")
 
 DEFAULT_NAMESPACE = "falcon-jobs"
+#: A call's deadline: seconds, or (connect, read) seconds (``CallSettings``).
+Timeout = float | tuple[float, float]
+DEFAULT_TIMEOUT: Timeout = (5.0, 20.0)
 #: The label the JobSet controller puts on its child Jobs and their pods.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 PROPAGATION_POLICIES = ("Background", "Foreground")
@@ -99,7 +102,7 @@ class KubeEdgeCluster:
         *,
         namespace: str = DEFAULT_NAMESPACE,
         propagation_policy: str = "Background",
-        request_timeout_seconds: float = 30.0,
+        request_timeout_seconds: Timeout = DEFAULT_TIMEOUT,
         tokens: GoogleAccessTokens | None = None,
     ) -> None:
         if propagation_policy not in PROPAGATION_POLICIES:
@@ -293,14 +296,15 @@ class KubeEdgeCluster:
         """A PortError naming the cluster, what was being done, and the API's words."""
         where = f"{doing} in namespace {self.namespace} on cluster {self.name}"
         if isinstance(error, PortError):
-            return PortError(error.code, f"{where}: {error.message}")
+            return PortError(error.code, f"{where}: {error.message}",
+                             unanswered=error.unanswered)
         if isinstance(error, ApiException):
             words = _status_message(error)
             return PortError(_code_for_status(error.status, words),
                              f"{where}: {error.status} {error.reason}: {words}")
         if isinstance(error, (urllib3.exceptions.HTTPError, OSError)):
             return PortError(RETRYABLE, f"{where}: cannot reach the Kubernetes API at "
-                                        f"{self.host}: {error}")
+                                        f"{self.host}: {error}", unanswered=True)
         return PortError(FAILED, f"{where}: {type(error).__name__}: {error}")
 
     def _checked_manifest(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -460,7 +464,7 @@ class KubeEdgeClusters:
         tokens: GoogleAccessTokens | None = None,
         namespace: str = DEFAULT_NAMESPACE,
         propagation_policy: str = "Background",
-        request_timeout_seconds: float = 30.0,
+        request_timeout_seconds: Timeout = DEFAULT_TIMEOUT,
     ) -> None:
         self._endpoints = endpoints
         self.tokens = tokens or GoogleAccessTokens()
@@ -473,15 +477,20 @@ class KubeEdgeClusters:
     def for_cluster(self, cluster: Cluster) -> KubeEdgeCluster:
         with self._lock:
             edge = self._edges.get(cluster.name)
-            if edge is None:
-                endpoint = self._endpoints(cluster)
-                api_client = client.ApiClient(kube_configuration(endpoint, self.tokens))
-                edge = KubeEdgeCluster(cluster.name, api_client, namespace=self._namespace,
-                                       propagation_policy=self._propagation,
-                                       request_timeout_seconds=self._timeout,
-                                       tokens=self.tokens)
-                self._edges[cluster.name] = edge
+        if edge is not None:
             return edge
+        # Asking GKE for the endpoint is a call on behalf of this cluster: made outside
+        # the lock, so it holds up no other cluster's client.
+        endpoint = self._endpoints(cluster)
+        api_client = client.ApiClient(kube_configuration(endpoint, self.tokens))
+        built = KubeEdgeCluster(cluster.name, api_client, namespace=self._namespace,
+                                propagation_policy=self._propagation,
+                                request_timeout_seconds=self._timeout, tokens=self.tokens)
+        with self._lock:
+            edge = self._edges.setdefault(cluster.name, built)
+        if edge is not built:
+            built.close()
+        return edge
 
     def forget(self, cluster_name: str) -> None:
         """Drop a cached client (the cluster was recreated, its CA rotated)."""

@@ -28,6 +28,7 @@ import google.auth.transport.requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import Credentials
+import urllib3
 from kubernetes import client
 
 from falcon_es.adapters.gcp.errors import port_error
@@ -39,6 +40,9 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 #: Refresh this long before the token expires (google-auth itself says 3 min 45 s).
 DEFAULT_REFRESH_MARGIN_SECONDS = 300
 _PLACEHOLDER_TOKEN = "token-not-fetched-yet"
+#: One attempt per call: no connect, read or status retries by urllib3
+#: (``Configuration.retries`` is handed to its PoolManager).
+NO_RETRIES = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0, other=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,16 +86,32 @@ class GkeEndpoints:
     """An ``EndpointProvider`` that asks GKE: ``get_cluster`` on the cluster's resource
     name (``projects/P/locations/L/clusters/N``) with a ClusterManagerClient."""
 
-    def __init__(self, cluster_manager: Any) -> None:
+    def __init__(self, cluster_manager: Any, *, timeout: float = 20.0) -> None:
         self._cluster_manager = cluster_manager
+        self._timeout = timeout
 
     def __call__(self, cluster: Cluster) -> KubeEndpoint:
         name = f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}"
         try:
-            gke_cluster = self._cluster_manager.get_cluster(name=name)
+            gke_cluster = self._cluster_manager.get_cluster(name=name, timeout=self._timeout,
+                                                            retry=None)
         except gexc.GoogleAPIError as error:
             raise port_error(error, f"reading GKE cluster {name} for its endpoint") from error
         return endpoint_from_gke(gke_cluster)
+
+
+class _DeadlineRequest(google.auth.transport.requests.Request):
+    """google-auth's requests transport with our deadline on each token request (its
+    own default is 120 s, which a token endpoint that does not answer would cost)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__()
+        self._deadline = timeout
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None,
+                 headers: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
+        return super().__call__(url, method=method, body=body, headers=headers,
+                                timeout=timeout or self._deadline, **kwargs)
 
 
 class GoogleAccessTokens:
@@ -109,8 +129,10 @@ class GoogleAccessTokens:
         refresh_margin_seconds: float = DEFAULT_REFRESH_MARGIN_SECONDS,
         clock: Clock | None = None,
         auth_request: google.auth.transport.Request | None = None,
+        timeout_seconds: float = 20.0,
     ) -> None:
         self._credentials = credentials
+        self._timeout = timeout_seconds
         self._scopes = tuple(scopes)
         self._margin = dt.timedelta(seconds=refresh_margin_seconds)
         self._clock = clock or WallClock()
@@ -159,14 +181,15 @@ class GoogleAccessTokens:
         return self._clock.now() + (expiry.replace(tzinfo=None) - utcnow())
 
     def _refresh(self, credentials: Credentials) -> None:
-        request = self._auth_request or google.auth.transport.requests.Request()
+        request = self._auth_request or _DeadlineRequest(self._timeout)
         try:
             credentials.refresh(request)
         except auth_exceptions.RefreshError as error:
             code = RETRYABLE if getattr(error, "retryable", False) else PERMISSION_DENIED
             raise PortError(code, f"refreshing the Google access token: {error}") from None
         except auth_exceptions.TransportError as error:
-            raise PortError(RETRYABLE, f"refreshing the Google access token: {error}") from None
+            raise PortError(RETRYABLE, f"refreshing the Google access token: {error}",
+                            unanswered=True) from None
         self.refreshes += 1
         expiry = credentials.expiry
         self._valid_until = self._on_our_clock(expiry) if expiry is not None else None
@@ -186,4 +209,7 @@ def kube_configuration(endpoint: KubeEndpoint, tokens: GoogleAccessTokens) -> cl
 
     # The client declares the hook None-only, yet calls it before every request.
     configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    # urllib3's default (Retry(3)) would make a call to an API that does not answer
+    # cost four deadlines; the controller's own paced retries are the only ones.
+    configuration.retries = NO_RETRIES
     return configuration

@@ -154,6 +154,45 @@ def build_cluster_manager(settings: Settings,
         api_endpoint=endpoint, transport=settings.gcp.gke_transport)
 
 
+@dataclasses.dataclass
+class CloudClients:
+    """The clients of the calls made on behalf of clusters: GKE, Compute and the edge
+    clusters' Kubernetes APIs (everything of the gcp backend but Pub/Sub)."""
+
+    cluster_manager: container_v1.ClusterManagerClient
+    node_pools: GkeNodePools
+    reservations: ComputeReservations
+    edges: KubeEdgeClusters
+
+    def close(self) -> None:
+        self.edges.close()
+        self.reservations.close()
+        self.node_pools.close()
+
+
+def build_cloud_clients(settings: Settings, credentials: Credentials,
+                        clock: Clock) -> CloudClients:
+    """GKE, Compute and Kubernetes clients, each call with the deadline of ``calls`` and
+    no retries of the client's own."""
+    compute_endpoint = settings.gcp.compute_endpoint
+    compute_credentials = AnonymousCredentials() if is_local(compute_endpoint) else credentials
+    cluster_manager = build_cluster_manager(settings, credentials)
+    calls = settings.calls
+    deadline = calls.read_timeout_seconds
+    node_pools = GkeNodePools(cluster_manager, timeout=deadline,
+                              workload_policies=WorkloadPolicies(
+                                  credentials=compute_credentials,
+                                  api_endpoint=compute_endpoint))
+    reservations = ComputeReservations(credentials=compute_credentials,
+                                       api_endpoint=compute_endpoint, timeout=deadline)
+    edges = KubeEdgeClusters(GkeEndpoints(cluster_manager, timeout=deadline),
+                             tokens=GoogleAccessTokens(credentials, clock=clock,
+                                                       timeout_seconds=deadline),
+                             namespace=settings.lifecycle.job_namespace,
+                             request_timeout_seconds=(calls.connect_timeout_seconds, deadline))
+    return CloudClients(cluster_manager, node_pools, reservations, edges)
+
+
 def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
                       credentials_source: CredentialsSource = application_default_credentials,
                       ) -> GcpBackend:
@@ -165,20 +204,10 @@ def build_gcp_backend(settings: Settings, *, clock: Clock | None = None,
     clock = clock or WallClock()
     credentials, adc_project = credentials_source()
     project = pubsub_project(settings, adc_project)
-    compute_endpoint = settings.gcp.compute_endpoint
-    compute_credentials = AnonymousCredentials() if is_local(compute_endpoint) else credentials
-    cluster_manager = build_cluster_manager(settings, credentials)
-    node_pools = GkeNodePools(cluster_manager, workload_policies=WorkloadPolicies(
-        credentials=compute_credentials, api_endpoint=compute_endpoint),
-        upgrade_exclusion=settings.features.pool_upgrade_exclusion)
-    reservations = ComputeReservations(credentials=compute_credentials,
-                                       api_endpoint=compute_endpoint)
-    edges = KubeEdgeClusters(GkeEndpoints(cluster_manager),
-                             tokens=GoogleAccessTokens(credentials, clock=clock),
-                             namespace=settings.lifecycle.job_namespace)
+    clients = build_cloud_clients(settings, credentials, clock)
     bus = PubSubBus(project, pull_timeout_seconds=PULL_TIMEOUT_SECONDS)
-    return GcpBackend(settings, credentials, adc_project, cluster_manager, node_pools,
-                      reservations, edges, bus, clock)
+    return GcpBackend(settings, credentials, adc_project, clients.cluster_manager,
+                      clients.node_pools, clients.reservations, clients.edges, bus, clock)
 
 
 def build_gcp_ports(settings: Settings, *, clock: Clock | None = None) -> Ports:

@@ -6,8 +6,8 @@ so a controller whose lease or lock has passed to another cannot append even if 
 does not know yet (``falcon_es.storage.fence``). Rerunnable: each column is added only
 when it is missing.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
