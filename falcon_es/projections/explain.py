@@ -171,7 +171,10 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
                          source, at)]
         case ev.JobFailed():
             cause, _, jobset = event.cause.partition(" (JobSet failed: ")
-            nodes = [Node(f"pod failed: {cause}", source, at)]
+            pod = f"pod {event.pod_name}" if event.pod_name else "pod"
+            nodes = [Node(f"{pod} failed: {cause}", source, at)]
+            if event.log_file:
+                nodes.append(Node(f"its output: {event.log_file} (falcon-es logs)", source, at))
             if jobset:
                 nodes.append(Node(f"JobSet failed: {jobset.rstrip(')')}", source, at))
             return nodes

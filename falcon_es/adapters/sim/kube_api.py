@@ -52,6 +52,7 @@ from falcon_es.adapters.sim.gke import (
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
+from falcon_es.adapters.sim.pod_logs import SimPodLogs
 from falcon_es.adapters.sim.kube_objects import (
     FAILED, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
 )
@@ -105,6 +106,8 @@ class KubeService:
         self._dirty: dict[str, SimJob] = {}
         self.resource_version = 0
         self.jobsets = SimJobSets(self, rng)
+        #: What this cluster's pods wrote to their log files (``pod_logs``).
+        self.pod_logs = SimPodLogs()
         self._submit_index = 0
         self._system_nodes = [
             SimNode(f"gke-{identity.name[:12]}-default-pool-{suffix(rng, 8)}-{suffix(rng, 4)}",
@@ -483,6 +486,9 @@ class KubeService:
                               self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
+        self.pod_logs.write(job.task_id, pod.name, moment,
+                            f"pod {pod.name} started on node {pod.node} (node pool {pod.pool}), "
+                            f"image {job.image}")
         self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
                           self._finish, job, pod)
 
@@ -505,6 +511,7 @@ class KubeService:
             return
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
         pod.finished_at = moment
+        self.pod_logs.write(job.task_id, pod.name, moment, "exited with code 0")
         freed = pod.pool
         self._unbind(pod, moment)
         job.done_indexes.add(pod.index)
@@ -519,6 +526,10 @@ class KubeService:
                     exit_code: int | None, message: str | None) -> None:
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
         pod.finished_at = moment
+        if pod.node is not None:  # a pod that ran: its container's last words
+            detail = f": {message}" if message else ""
+            code = f" (exit code {exit_code})" if exit_code is not None else ""
+            self.pod_logs.write(job.task_id, pod.name, moment, f"{reason}{detail}{code}")
         freed = {pod.pool}
         self._unbind(pod, moment)
         job.failed += 1
