@@ -108,6 +108,7 @@ COMMANDS: Mapping[str, tuple[Callable[[], ModuleType], str]] = MappingProxyType(
     "chart": (_audit, "chart_command"),
     "queues": (_queues, "queues_command"),
     "logs": (_observe, "logs_command"),
+    "timeline": (_observe, "timeline_command"),
     "run": (_controller, "run_command"),
     "informer": (_gcp, "informer_command"),
     "doctor": (_gcp, "doctor_command"),

@@ -3,8 +3,10 @@ and ``timeline`` (the clusters' node pools and tasks on one self-contained HTML 
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -77,3 +79,49 @@ def _records(ctx: click.Context, task_id: str) -> Sequence[RecordedEvent]:
         raise Failure(f"task {task_id} has no events in the log yet (status {row['status']}: "
                       "the controller has not taken it in), so no pod of it ran", EXIT_PROBLEM)
     return records
+
+
+@click.command("timeline")
+@click.option("--since", default=None, help="From this ISO time (default: the log's first pool "
+                                            "or task).")
+@click.option("--until", default=None, help="Up to this ISO time (default: the last event).")
+@click.option("--cluster", default=None, help="Only this cluster's pools and tasks.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="The HTML file to write (self-contained: opens with no network).")
+@click.pass_context
+@friendly
+def timeline_command(ctx: click.Context, since: str | None, until: str | None,
+                     cluster: str | None, output: str) -> None:
+    """One HTML page of what the clusters did: each node pool as a bar from create to
+    delete, coloured by supply mode, with the tasks that held it in turn, idle stretches
+    and hand-overs; below, each task's wait and run."""
+    from falcon_es.projections.timeline import Window, build
+    from falcon_es.projections.timeline_page import render
+
+    window = Window(_moment("--since", since), _moment("--until", until), cluster)
+    if window.since and window.until and window.since >= window.until:
+        raise Failure(f"--since {since} is not before --until {until}")
+    page = build(store_of(ctx).read_after(0), window)
+    if cluster is not None and not page.pools and not page.tasks:
+        raise Failure(f"--cluster {cluster}: no node pool or task of that cluster in the log"
+                      + (" in that window" if since or until else ""), EXIT_PROBLEM)
+    try:
+        Path(output).write_text(render(page), encoding="utf-8")
+    except OSError as error:
+        raise Failure(f"{output}: {error.strerror}") from error
+    click.echo(f"{output}: {len(page.pools)} node pool(s) on {len(page.clusters)} "
+               f"cluster(s), {len(page.tasks)} task(s)")
+
+
+def _moment(option: str, text: str | None) -> dt.datetime | None:
+    """An ISO time option as the log records times (naive UTC)."""
+    if text is None:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise Failure(f"{option} {text!r}: expected an ISO time such as 2026-11-29T12:00:00") \
+            from None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return moment
