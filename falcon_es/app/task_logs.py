@@ -2,7 +2,7 @@
 
 Where they are comes from the log: the cluster the task was placed on (its bucket, from
 the registry), the folder ``logs/<job_id>/`` and, when the task failed, the pod blamed
-(``JobFailed.pod_name``), shown first because that is the file its user wants. Each
+(``JobFailed.log_file``), shown first because that is the file its user wants. Each
 file gets a header; ``follow`` reads every file again from where it stopped (a ranged
 read from the last offset) until the task has ended, picking up the files of pods
 started since (a retried pod writes a new file). The clock and the sleeper are passed
@@ -26,6 +26,7 @@ from falcon_es.domain import events as ev
 from falcon_es.domain import naming
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import LogFiles, LogObject, PortError
+from falcon_es.domain.timestamps import as_timestamp
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -76,8 +77,8 @@ def target_of(task_id: str, records: Sequence[RecordedEvent],
         raise LogsError(f"task {task_id} ran on cluster {placed[-1].cluster_name}, which "
                         "is no longer registered: its log bucket is unknown")
     failed = [r.event for r in records if isinstance(r.event, ev.JobFailed)]
-    return LogTarget(task_id, cluster.gcs_bucket, f"logs/{naming.log_dir(task_id)}/",
-                     failed[-1].pod_name if failed else "")
+    blamed = pod_of(failed[-1].log_file) if failed and failed[-1].log_file else ""
+    return LogTarget(task_id, cluster.gcs_bucket, f"logs/{naming.log_dir(task_id)}/", blamed)
 
 
 def pod_of(name: str) -> str:
@@ -172,13 +173,10 @@ def parse_since(text: str, now: dt.datetime) -> dt.datetime:
     if match:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
         return now - dt.timedelta(**{unit: int(match.group(1))})
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
+    moment = as_timestamp(text)
+    if moment is None:
         raise LogsError(f"--since {text!r}: expected a duration (30s, 10m, 2h, 1d) or an ISO "
-                        "time such as 2026-11-29T12:00:00") from None
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+                        "time such as 2026-11-29T12:00:00")
     return moment
 
 

@@ -13,6 +13,7 @@ import click
 
 from falcon_es.cli.common import (
     EXIT_PROBLEM, Failure, engine_of, friendly, job_of, settings_of, store_of)
+from falcon_es.domain.timestamps import as_timestamp
 from falcon_es.jobtable import job_rows
 from falcon_es.storage import registry
 
@@ -117,11 +118,7 @@ def _moment(option: str, text: str | None) -> dt.datetime | None:
     """An ISO time option as the log records times (naive UTC)."""
     if text is None:
         return None
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise Failure(f"{option} {text!r}: expected an ISO time such as 2026-11-29T12:00:00") \
-            from None
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    moment = as_timestamp(text)
+    if moment is None:
+        raise Failure(f"{option} {text!r}: expected an ISO time such as 2026-11-29T12:00:00")
     return moment

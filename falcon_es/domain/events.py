@@ -392,11 +392,7 @@ class JobFailed(Event):
     cause: str
     exit_code: int | None
     resource_version: int = 0
-    #: The pod blamed (the one that failed first) and where its output went
-    #: (``gs://<bucket>/logs/<job_id>/<pod>.log``; "" when the task has no command, whose
-    #: output stays in the pod log, or no pod was seen).
-    pod_name: str = ""
-    log_file: str = ""
+    log_file: str = ""  # gs://<bucket>/logs/<job_id>/<pod>.log of the pod blamed, if known
 
 
 @dataclasses.dataclass(frozen=True)

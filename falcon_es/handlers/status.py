@@ -149,8 +149,7 @@ def _events_for(ctx: HandlerContext, state: TaskState,
             cause += (f" (JobSet failed: {observation.condition_reason or 'Failed'} after "
                       f"{observation.restarts} restart(s))")
         pod_name = pod.name if pod is not None else ""
-        return [ev.JobFailed(cause, exit_code, version, pod_name,
-                             _log_file(ctx, state, pod_name))]
+        return [ev.JobFailed(cause, exit_code, version, _log_file(ctx, state, pod_name))]
     stuck = _first(observation.pods, lambda p: p.phase == "Pending" and p.reason in IMAGE_FAILURES)
     if stuck is not None:
         cause = f"{stuck.reason}: {stuck.message}" if stuck.message else str(stuck.reason)

@@ -171,8 +171,7 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
                          source, at)]
         case ev.JobFailed():
             cause, _, jobset = event.cause.partition(" (JobSet failed: ")
-            pod = f"pod {event.pod_name}" if event.pod_name else "pod"
-            nodes = [Node(f"{pod} failed: {cause}", source, at)]
+            nodes = [Node(f"pod failed: {cause}", source, at)]
             if event.log_file:
                 nodes.append(Node(f"its output: {event.log_file} (falcon-es logs)", source, at))
             if jobset:

@@ -147,14 +147,14 @@ def _fold_pool_event(pools: dict[tuple[str, str], _Pool], cluster_of: dict[str, 
                         and naming.group_first(name) == event.pool_name):
                     pool.ready = at
         case ev.NodePoolReused() | ev.NodePoolTaken():
-            pool = pools.get((cluster_of.get(task, ""), event.pool_name))
-            if pool is not None:
-                pool.holders.append((task, at, event.from_task or ""))
+            taken = pools.get((cluster_of.get(task, ""), event.pool_name))
+            if taken is not None:
+                taken.holders.append((task, at, event.from_task or ""))
         case ev.NodePoolDeleted():
             for name in (event.pool_name, *event.slice_pools):
-                pool = pools.get((cluster_of.get(task, ""), name))
-                if pool is not None and pool.deleted is None:
-                    pool.deleted = at
+                gone = pools.get((cluster_of.get(task, ""), name))
+                if gone is not None and gone.deleted is None:
+                    gone.deleted = at
 
 
 def _bar(cluster: str, name: str, pool: _Pool, ended: Mapping[str, dt.datetime | None],

@@ -13,6 +13,7 @@ import datetime as dt
 import html
 import string
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from falcon_es.projections.timeline import (
     HELD, IDLE, PROVISIONING, Page, PoolBar, Segment, TaskRow, wait_distribution)
@@ -26,11 +27,11 @@ AXIS = 26
 #: with as much of its task's id as fits.
 CHAR_WIDTH = 6.5
 #: Fill per supply mode (the bar's colour), and for a mode the page does not know.
-MODE_COLOURS: Mapping[str, str] = {
-    "reservation": "#2b6cb0", "on-demand": "#2f855a", "flex-start": "#c05621"}
+MODE_COLOURS: Mapping[str, str] = MappingProxyType({
+    "reservation": "#2b6cb0", "on-demand": "#2f855a", "flex-start": "#c05621"})
 OTHER_MODE = "#6b46c1"
-OUTCOME_COLOURS: Mapping[str, str] = {
-    "Succeeded": "#38a169", "Failed": "#e53e3e", "Aborted": "#dd6b20"}
+OUTCOME_COLOURS: Mapping[str, str] = MappingProxyType({
+    "Succeeded": "#38a169", "Failed": "#e53e3e", "Aborted": "#dd6b20"})
 RUNNING_COLOUR = "#3182ce"
 #: Axis steps (seconds) to choose from, so an axis has at most about ten ticks.
 STEPS = (60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400)

@@ -12,7 +12,6 @@ missing bucket is told from a missing object (both are 404s).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -23,10 +22,11 @@ from google.auth.credentials import AnonymousCredentials
 
 from falcon_es.adapters.gcp.wiring import application_default_credentials
 from falcon_es.config.settings import Settings
+from falcon_es.domain.timestamps import as_timestamp
 from falcon_es.domain.ports import FAILED, NOT_FOUND, PERMISSION_DENIED, LogObject, PortError
 
 if TYPE_CHECKING:
-    from google.cloud import storage
+    from google.cloud.storage import Client
 
 #: Errors of the transport or the credentials, rather than of Cloud Storage's answer.
 _UNREACHABLE = (requests.RequestException, auth_exceptions.GoogleAuthError)
@@ -38,13 +38,13 @@ EMULATOR_PROJECT = "falcon-emulator"
 class GcsLogFiles:
     """``LogFiles`` over Cloud Storage through a ``storage.Client``."""
 
-    def __init__(self, client: storage.Client) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
 
     def list(self, bucket: str, prefix: str) -> Sequence[LogObject]:
         where = f"gs://{bucket}/{prefix}"
         try:
-            return [LogObject(blob.name, int(blob.size or 0), _naive_utc(blob.updated))
+            return [LogObject(blob.name, int(blob.size or 0), as_timestamp(blob.updated))
                     for blob in self._client.list_blobs(bucket, prefix=prefix)]
         except gexc.NotFound as error:
             raise PortError(NOT_FOUND, f"bucket {bucket} does not exist "
@@ -75,12 +75,6 @@ def _refused(where: str, permission: str, on: str, error: gexc.GoogleAPICallErro
     return PortError(PERMISSION_DENIED,
                      f"{where}: Cloud Storage refused ({_words(error)}); the caller needs "
                      f"{permission} on {on} (roles/storage.objectViewer)")
-
-
-def _naive_utc(moment: dt.datetime | None) -> dt.datetime | None:
-    if moment is None or moment.tzinfo is None:
-        return moment
-    return moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
 
 def _words(error: Exception) -> str:

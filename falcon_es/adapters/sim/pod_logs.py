@@ -65,8 +65,8 @@ class SimLogFiles:
                 return content[start:]
         raise PortError(NOT_FOUND, f"gs://{bucket}/{name}: no such object")
 
-    def _logs(self, bucket: str) -> list[SimPodLogs]:
+    def _logs(self, bucket: str) -> tuple[SimPodLogs, ...]:
         names = self._buckets.get(bucket)
         if names is None:
             raise PortError(NOT_FOUND, f"bucket {bucket} does not exist")
-        return [logs for name in names if (logs := self._cluster_logs(name)) is not None]
+        return tuple(logs for name in names if (logs := self._cluster_logs(name)) is not None)
