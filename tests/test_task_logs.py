@@ -6,7 +6,9 @@ pods' lines; and the failed task's Message and explain naming the blamed pod's f
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -17,7 +19,7 @@ from falcon_es.app.task_logs import Choice, Follower, LogsError, LogTarget, chos
 from falcon_es.cli import EXIT_PROBLEM, main
 from falcon_es.domain.ports import NOT_FOUND, PERMISSION_DENIED, LogObject, PortError
 from falcon_es.jobtable import job_rows
-from falcon_es.storage import db
+from falcon_es.storage import db, tables
 from falcon_es.storage.tables import JobTable
 from tests.fakes import storage_emulator
 from tests.test_cli import one_line_failure
@@ -210,6 +212,18 @@ def test_sim_backend_failures_are_one_line(demo_db: str, db_url: str) -> None:
                      f"gs://{DEMO_BUCKET}/logs/t07/: no log file written since 2030-01-01")
     one_line_failure(logs(demo_db, "t07", "--pod", "a", "--index", "1"), 2, "--pod and --index")
     one_line_failure(logs(db_url, "t404"), 2, "")  # an unknown task, in the job table's words
+
+
+def test_without_a_saved_world_the_sim_logs_are_gone(demo_db: str, tmp_path: Path) -> None:
+    copy = tmp_path / "no-world.db"
+    shutil.copyfile(demo_db.removeprefix("sqlite:///"), copy)
+    engine = db.make_engine(f"sqlite:///{copy}")
+    with engine.begin() as conn:
+        for table in (tables.sim_world_changes, tables.sim_world_objects, tables.sim_worlds):
+            conn.execute(table.delete())
+    engine.dispose()
+    one_line_failure(logs(f"sqlite:///{copy}", "t03"), EXIT_PROBLEM,
+                     "no simulated world is saved in this database")
 
 
 def test_message_and_explain_name_the_blamed_pods_log(demo_db: str) -> None:

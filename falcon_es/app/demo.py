@@ -206,6 +206,8 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"  falcon-es {db_flag} queues             # queue views",
         f"  falcon-es {db_flag} replay --verify    # rebuild the projections from the log",
         f"  falcon-es {db_flag} events --json      # the log itself",
+        f"  falcon-es {db_flag} logs t03           # what the OOM-killed task's pod wrote",
+        f"  falcon-es {db_flag} timeline -o timeline.html   # pools and tasks on one page",
     ]
     return "\n".join(lines)
 

@@ -191,23 +191,44 @@ def log_files_for(settings: Settings, engine: Engine, clusters: Sequence[Cluster
     from falcon_es.adapters.sim.persist import SavedWorldError, WorldStore
     from falcon_es.adapters.sim.pod_logs import SimLogFiles, SimPodLogs
 
-    try:
-        world = WorldStore(engine).load(clock)
-    except SavedWorldError as error:
-        raise LogsError(str(error)) from error
-    if world is None:
-        raise LogsError("no simulated world is saved in this database, so the simulated "
-                        "pods' logs are gone: run `falcon-es demo`, or `falcon-es run "
-                        "--backend sim` with --sim-snapshot-every, or set FALCON_BACKEND=gcp")
-    simulated = set(world.simulated())
-
-    def cluster_logs(name: str) -> SimPodLogs | None:
-        return world.cluster(name).kube.pod_logs if name in simulated else None
-
     buckets: dict[str, list[str]] = {}
     for cluster in clusters:
         buckets.setdefault(cluster.gcs_bucket, []).append(cluster.name)
-    return SimLogFiles(buckets, cluster_logs)
+
+    def saved_world() -> SimLogFiles:
+        try:
+            world = WorldStore(engine).load(clock)
+        except SavedWorldError as error:
+            raise LogsError(str(error)) from error
+        if world is None:
+            raise LogsError("no simulated world is saved in this database, so the simulated "
+                            "pods' logs are gone: run `falcon-es demo`, or `falcon-es run "
+                            "--backend sim` with --sim-snapshot-every, or set "
+                            "FALCON_BACKEND=gcp")
+        simulated = set(world.simulated())
+
+        def cluster_logs(name: str) -> SimPodLogs | None:
+            return world.cluster(name).kube.pod_logs if name in simulated else None
+
+        return SimLogFiles(buckets, cluster_logs)
+
+    return _Reloaded(saved_world)
+
+
+class _Reloaded:
+    """The sim's log files as the saved world holds them at each listing: a controller
+    running beside ``logs --follow`` saves its world with every commit."""
+
+    def __init__(self, load: Callable[[], LogFiles]) -> None:
+        self._load = load
+        self._files = load()
+
+    def list(self, bucket: str, prefix: str) -> Sequence[LogObject]:
+        self._files = self._load()
+        return self._files.list(bucket, prefix)
+
+    def read(self, bucket: str, name: str, start: int = 0) -> bytes:
+        return self._files.read(bucket, name, start)
 
 
 __all__ = ["Choice", "Follower", "LogTarget", "LogsError", "PortError", "chosen",
