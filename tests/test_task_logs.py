@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from falcon_es.adapters.gcp.log_files import GcsLogFiles
+from falcon_es.adapters.sim.pod_logs import SimLogFiles, SimPodLogs
 from falcon_es.app.demo import run_demo
 from falcon_es.app.task_logs import Choice, Follower, LogsError, LogTarget, chosen, parse_since
 from falcon_es.cli import EXIT_PROBLEM, main
@@ -131,6 +132,18 @@ def test_follow_reads_what_a_growing_file_gains_until_the_task_ends(gcs: str) ->
     first = "==> gs://logs-follow/logs/t9/job-0-zzzzz.log <=="
     second = "==> gs://logs-follow/logs/t9/job-0-yyyyy.log <=="
     assert printed == [first, "step 1", "step 2", second, "retry", first, "step 3", "step 4"]
+
+
+def test_follow_that_finds_no_file_until_the_end_says_so() -> None:
+    """A task that ends before any of its pods wrote a file (an image that never
+    pulled): --follow stops with the task and says there was nothing."""
+    files = SimLogFiles({"b": ["gke-a"]}, lambda _name: SimPodLogs())
+    polls: list[float] = []
+    follower = Follower(files, LogTarget("t", "b", "logs/t/"), Choice(), print,
+                        ended=lambda: len(polls) >= 2, sleep=polls.append)
+    with pytest.raises(LogsError, match="gs://b/logs/t/: no log files"):
+        follower.run(follow=True)
+    assert len(polls) == 2
 
 
 def test_the_failed_pod_comes_first_and_choices_narrow() -> None:

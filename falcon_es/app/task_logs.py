@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from falcon_es.domain import events as ev
 from falcon_es.domain import naming
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.ports import LogFiles, LogObject, PortError
+from falcon_es.domain.ports import LogFiles, LogObject
 from falcon_es.domain.timestamps import as_timestamp
 
 if TYPE_CHECKING:
@@ -127,6 +127,8 @@ class Follower:
             if finished:
                 break
             self.sleep(self.poll_seconds)
+        if not shown:
+            raise LogsError(self._none_message())
         return shown
 
     def read_all(self) -> int:
@@ -208,7 +210,10 @@ def log_files_for(settings: Settings, engine: Engine, clusters: Sequence[Cluster
         simulated = set(world.simulated())
 
         def cluster_logs(name: str) -> SimPodLogs | None:
-            return world.cluster(name).kube.pod_logs if name in simulated else None
+            if name not in simulated:
+                return None
+            logs: SimPodLogs | None = getattr(world.cluster(name).kube, "pod_logs", None)
+            return logs  # None: a world saved before its pods kept log files
 
         return SimLogFiles(buckets, cluster_logs)
 
@@ -231,5 +236,5 @@ class _Reloaded:
         return self._files.read(bucket, name, start)
 
 
-__all__ = ["Choice", "Follower", "LogTarget", "LogsError", "PortError", "chosen",
+__all__ = ["Choice", "Follower", "LogTarget", "LogsError", "chosen",
            "log_files_for", "parse_since", "target_of"]

@@ -486,11 +486,17 @@ class KubeService:
                               self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
-        self.pod_logs.write(job.task_id, pod.name, moment,
-                            f"pod {pod.name} started on node {pod.node} (node pool {pod.pool}), "
-                            f"image {job.image}")
+        self._log(job, pod, moment, f"pod {pod.name} started on node {pod.node} "
+                                    f"(node pool {pod.pool}), image {job.image}")
         self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds),
                           self._finish, job, pod)
+
+    def _log(self, job: SimJob, pod: SimPod, moment: dt.datetime, text: str) -> None:
+        """A line in the pod's log file. A world saved before pods kept log files (no
+        ``pod_logs``) gets its book at the first line."""
+        if "pod_logs" not in vars(self):
+            self.pod_logs = SimPodLogs()
+        self.pod_logs.write(job.task_id, pod.name, moment, text)
 
     def _image_backoff(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if self._current(job, pod) and pod.reason == "ErrImagePull":
@@ -511,7 +517,7 @@ class KubeService:
             return
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
         pod.finished_at = moment
-        self.pod_logs.write(job.task_id, pod.name, moment, "exited with code 0")
+        self._log(job, pod, moment, "exited with code 0")
         freed = pod.pool
         self._unbind(pod, moment)
         job.done_indexes.add(pod.index)
@@ -529,7 +535,7 @@ class KubeService:
         if pod.node is not None:  # a pod that ran: its container's last words
             detail = f": {message}" if message else ""
             code = f" (exit code {exit_code})" if exit_code is not None else ""
-            self.pod_logs.write(job.task_id, pod.name, moment, f"{reason}{detail}{code}")
+            self._log(job, pod, moment, f"{reason}{detail}{code}")
         freed = {pod.pool}
         self._unbind(pod, moment)
         job.failed += 1
