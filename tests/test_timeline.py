@@ -20,7 +20,9 @@ from falcon_es.projections.timeline import HELD, IDLE, PROVISIONING, Page, Windo
 from falcon_es.projections.timeline_page import render
 from falcon_es.storage import db
 from falcon_es.storage.store import EventStore, RecordedEvent
+from tests.support.harness import reserved_cluster
 from tests.test_cli import one_line_failure
+from tests.test_lifecycle import Make, make  # noqa: F401 (the fixture)
 
 T0 = dt.datetime(2026, 3, 1, 8, 0)
 
@@ -158,6 +160,26 @@ def test_the_page_says_who_held_it_on_hover(demo_db: str) -> None:
     assert "falcon-t07-4x4: held by t08 train-4x4-b (actor bob, Succeeded)" in text
     assert "t03 oom-v6e (actor carol, Failed/JobFailed) on v6e-reserved/2x2" in text
     assert "hand-over 2026-01-05 09:39:40: t07 to t08" in text
+
+
+def test_a_pool_passed_along_three_tasks_on_each_dialect(make: Make, db_url: str,
+                                                        tmp_path: Path) -> None:
+    """The log of a real run (SQLite and MariaDB), read back by ``falcon-es timeline``:
+    one pool held by a, b and c in turn, two hand-overs."""
+    h = make(reserved_cluster(count=1))
+    for name in ("a", "b", "c"):
+        h.submit(name, sim={"duration_seconds": 120})
+    h.run()
+    out = tmp_path / "three.html"
+    result = CliRunner().invoke(main, ["--db", db_url, "timeline", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = build(h.app.store.read_after(0))
+    (bar,) = page.pools
+    assert [s.task_id for s in bar.segments if s.kind == HELD] == ["a", "b", "c"]
+    assert [(h_[1], h_[2]) for h_ in bar.handovers] == [("a", "b"), ("b", "c")]
+    elements = parsed(out.read_text())
+    assert [p["data-pool"] for p in elements.with_class("pool")] == ["falcon-a-2x2"]
+    assert len(elements.with_class("handover")) == 2 and len(elements.with_class("task")) == 3
 
 
 def test_timeline_command_writes_the_page(demo_db: str, tmp_path: Path) -> None:
