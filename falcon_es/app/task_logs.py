@@ -68,14 +68,17 @@ def target_of(task_id: str, records: Sequence[RecordedEvent],
               clusters: Mapping[str, Cluster]) -> LogTarget:
     """The task's log folder, from its events and the registry; LogsError when the
     task was never placed on a cluster (no pod of it ever ran)."""
-    placed = [r.event for r in records if isinstance(r.event, ev.ClusterChosen)]
+    placed = [(r.event.cluster_id, r.event.cluster_name) if isinstance(r.event, ev.ClusterChosen)
+              else (r.event.to_cluster_id, r.event.to_cluster_name)
+              for r in records if isinstance(r.event, (ev.ClusterChosen, ev.TaskMoved))]
     if not placed:
         raise LogsError(f"task {task_id} was never placed on a cluster: no pod of it ran, "
                         "so it has no log files")
-    cluster = clusters.get(placed[-1].cluster_id)
+    cluster_id, cluster_name = placed[-1]
+    cluster = clusters.get(cluster_id)
     if cluster is None:
-        raise LogsError(f"task {task_id} ran on cluster {placed[-1].cluster_name}, which "
-                        "is no longer registered: its log bucket is unknown")
+        raise LogsError(f"task {task_id} ran on cluster {cluster_name}, which is no longer "
+                        "registered: its log bucket is unknown")
     failed = [r.event for r in records if isinstance(r.event, ev.JobFailed)]
     blamed = pod_of(failed[-1].log_file) if failed and failed[-1].log_file else ""
     return LogTarget(task_id, cluster.gcs_bucket, f"logs/{naming.log_dir(task_id)}/", blamed)
