@@ -19,6 +19,8 @@ acknowledged by the controller), which the driver waits for in wall time.
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 import datetime as dt
 import time
@@ -267,7 +269,9 @@ def test_oom(make: Make) -> None:
 
     _, gcp = both(make, (reserved_cluster(),), scenario)
     assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
-    assert gcp.row("t1")["message"] == "OOMKilled (exit code 137); node pool falcon-t1-2x2 deleted"
+    assert re.fullmatch(r"OOMKilled \(exit code 137\); log: gs://logs-bucket/logs/t1/"
+                        r"falcon-t1-0-[a-z0-9]{5}\.log; node pool falcon-t1-2x2 deleted",
+                        gcp.row("t1")["message"])
 
 
 def test_image_pull_failure(make: Make) -> None:
@@ -505,9 +509,10 @@ def test_a_failing_slice_restarts_the_jobset_then_fails_it(make: Make) -> None:
     _, gcp = both(make, (reserved_cluster(count=16),), scenario)
     assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
     assert any("JobSet restarted 1 time(s)" in m for m in gcp.messages["t1"])
-    assert gcp.row("t1")["message"] == (
-        "exit code 42 (JobSet failed: ReachedMaxRestarts after 1 restart(s)); "
-        f"{SLICE_POOLS} deleted")
+    assert re.fullmatch(
+        r"exit code 42 \(JobSet failed: ReachedMaxRestarts after 1 "
+        r"restart\(s\)\); log: gs://logs-bucket/logs/t1/falcon-t1-[a-z0-9-]+\.log; "
+        + re.escape(f"{SLICE_POOLS} deleted"), gcp.row("t1")["message"])
 
 
 def test_the_workloads_own_exit_code_fails_the_jobset_at_once(make: Make) -> None:

@@ -7,6 +7,8 @@ The abort table is in ``test_lifecycle_abort.py``; crash safety in ``test_crash_
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -401,7 +403,9 @@ def test_oom_fails_with_the_pods_root_cause(make: Make) -> None:
     h.submit("t1", sim={"outcome": "oom", "duration_seconds": 60})
     h.run()
     assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
-    assert h.row("t1")["message"] == "OOMKilled (exit code 137); node pool falcon-t1-2x2 deleted"
+    assert re.fullmatch(r"OOMKilled \(exit code 137\); log: gs://logs-bucket/logs/t1/"
+                        r"falcon-t1-0-[a-z0-9]{5}\.log; node pool falcon-t1-2x2 deleted",
+                        h.row("t1")["message"])
 
 
 def test_exit_code_fails_with_the_code(make: Make) -> None:
@@ -409,7 +413,8 @@ def test_exit_code_fails_with_the_code(make: Make) -> None:
     h.submit("t1", sim={"outcome": "fail", "exit_code": 3, "duration_seconds": 60})
     h.run()
     assert h.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
-    assert h.row("t1")["message"] == "exit code 3; node pool falcon-t1-2x2 deleted"
+    assert re.fullmatch(r"exit code 3; log: gs://logs-bucket/logs/t1/falcon-t1-0-[a-z0-9]{5}\.log; "
+                        r"node pool falcon-t1-2x2 deleted", h.row("t1")["message"])
 
 
 def test_image_pull_failure_fails_and_deletes_the_job(make: Make) -> None:

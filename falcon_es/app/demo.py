@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from falcon_es.app import service
 from falcon_es.adapters.sim import load_sim_config
+from falcon_es.adapters.sim.persist import WorldStore
 from falcon_es.app.application import open_app
 from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clusters
 from falcon_es.domain.clock import VirtualClock
@@ -108,11 +109,23 @@ def run_demo(db_path: Path, *, seed: int | None = None, lang: str = "en",
                         spec={"image": IMAGE, "command": ["python", "-m", "workload"], **spec},
                         now=DEMO_START + dt.timedelta(seconds=offset), job=svc.app.job)
     loop_report = svc.loop.run(until_idle=True, max_ticks=20_000)
+    _keep_world(svc)
     view.final()
     summary = _summary(svc, loop_report.ticks, time.perf_counter() - wall_start, db_path)
     echo(_format_summary(summary))
     svc.close()
     return summary
+
+
+def _keep_world(svc: service.Service) -> None:
+    """Save the world beside the log (once, at the end), so ``falcon-es logs`` reads
+    what the demo's simulated pods wrote."""
+    if svc.world is None:
+        return
+    store = WorldStore(svc.app.engine, compact_every=1)
+    store.attach(svc.world)
+    with svc.app.engine.begin() as conn:
+        store.save(conn)
 
 
 class _LiveView:
@@ -193,6 +206,8 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"  falcon-es {db_flag} queues             # queue views",
         f"  falcon-es {db_flag} replay --verify    # rebuild the projections from the log",
         f"  falcon-es {db_flag} events --json      # the log itself",
+        f"  falcon-es {db_flag} logs t03           # what the OOM-killed task's pod wrote",
+        f"  falcon-es {db_flag} timeline -o timeline.html   # pools and tasks on one page",
     ]
     return "\n".join(lines)
 

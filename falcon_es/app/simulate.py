@@ -35,6 +35,7 @@ from falcon_es.app.bootstrap import RunOptions, build_service, register_sim_clus
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.eta_error import EtaLog, eta_lines, first_picks
 from falcon_es.engine.runtime import TickReport
+from falcon_es.projections import timeline, timeline_page
 from falcon_es.config.settings import Settings
 from falcon_es.storage.tables import JobTable
 from falcon_es.storage.store import RecordedEvent
@@ -125,9 +126,10 @@ class _Arrivals:
 
 def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: int = 1,
                    db_url: str | None = None, mean_gap_seconds: float = 60.0,
-                   horizon_hours: float = 168.0) -> dict[str, Any]:
+                   horizon_hours: float = 168.0, html: Path | None = None) -> dict[str, Any]:
     """Run ``tasks`` arrivals to completion, or until ``horizon_hours`` of virtual time
-    after the last arrival (tasks still open then are reported as unfinished)."""
+    after the last arrival (tasks still open then are reported as unfinished); with
+    ``html``, write the run's timeline page there (with the waits per actor and queue)."""
     wall_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         url = db_url or f"sqlite:///{Path(tmp) / 'simulate.db'}"
@@ -152,6 +154,11 @@ def run_simulation(*, config: str | Path | None = None, tasks: int = 200, seed: 
         report = _report(svc.app.store.read_after(0), clock.now())
         report["eta_relative_error"] = etas.report(first_picks(svc.app.store.read_after(0)))
         report["unfinished"] = sum(1 for s in svc.app.tasks.all() if not s.is_terminal)
+        if html is not None:
+            page = timeline.build(svc.app.store.read_after(0), now=clock.now())
+            html.write_text(timeline_page.render(
+                page, title=f"Falcon-ES simulate: {tasks} tasks, seed {seed}", waits=True),
+                encoding="utf-8")
         report.update(ticks=loop_report.ticks, stopped_by=loop_report.stopped_by, wall_seconds=round(time.perf_counter() - wall_start, 2),
                       seed=seed, tasks=tasks)
         svc.close()

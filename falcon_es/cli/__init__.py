@@ -12,6 +12,7 @@ Each command lives in the module of its group:
 ``cli/tasks.py``          ``task submit|list|show|abort``
 ``cli/audit.py``          ``history``, ``events``, ``replay``, ``chart``
 ``cli/queues.py``         ``queues``
+``cli/observe.py``        ``logs``, ``timeline``
 ``cli/controller.py``     ``run``
 ``cli/gcp.py``            ``informer``, ``doctor``
 ``cli/sim.py``            ``demo``, ``simulate``
@@ -74,6 +75,11 @@ def _gcp() -> ModuleType:
     return gcp
 
 
+def _observe() -> ModuleType:
+    from falcon_es.cli import observe
+    return observe
+
+
 def _queues() -> ModuleType:
     from falcon_es.cli import queues
     return queues
@@ -101,6 +107,8 @@ COMMANDS: Mapping[str, tuple[Callable[[], ModuleType], str]] = MappingProxyType(
     "replay": (_audit, "replay"),
     "chart": (_audit, "chart_command"),
     "queues": (_queues, "queues_command"),
+    "logs": (_observe, "logs_command"),
+    "timeline": (_observe, "timeline_command"),
     "run": (_controller, "run_command"),
     "informer": (_gcp, "informer_command"),
     "doctor": (_gcp, "doctor_command"),

@@ -42,12 +42,17 @@ def demo_command(ctx: click.Context, db_file: str, seed: int | None, live: bool 
 @click.option("--tasks", type=int, default=200, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--html", "html", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the run's timeline page (pools, tasks, waits per actor and "
+                   "queue) to this HTML file.")
 @friendly
-def simulate_command(config: str | None, tasks: int, seed: int, as_json: bool) -> None:
+def simulate_command(config: str | None, tasks: int, seed: int, as_json: bool,
+                     html: str | None) -> None:
     """What-if at scale in virtual time: throughput, waits, pool reuse, pool hours."""
     from falcon_es.app import simulate
 
     if tasks <= 0:
         raise Failure(f"--tasks {tasks}: expected a positive number of tasks")
-    report = simulate.run_simulation(config=config, tasks=tasks, seed=seed)
+    report = simulate.run_simulation(config=config, tasks=tasks, seed=seed,
+                                     html=Path(html) if html else None)
     click.echo(json.dumps(report, indent=2) if as_json else simulate.format_report(report))

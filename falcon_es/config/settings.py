@@ -317,6 +317,10 @@ class GcpSettings(BaseModel):
     pubsub_emulator_host: OptionalText = setting(
         None, "PUBSUB_EMULATOR_HOST",
         doc="Google's Pub/Sub emulator, host:port (then no project is needed)")
+    storage_emulator_host: OptionalText = setting(
+        None, "STORAGE_EMULATOR_HOST",
+        doc="A Cloud Storage emulator, http://host:port, that falcon-es logs reads task "
+            "logs from with anonymous credentials (default: Cloud Storage itself)")
 
 
 class BusSettings(BaseModel):

@@ -399,6 +399,7 @@ class JobFailed(Event):
     cause: str
     exit_code: int | None
     resource_version: int = 0
+    log_file: str = ""  # gs://<bucket>/logs/<job_id>/<pod>.log of the pod blamed, if known
 
 
 @dataclasses.dataclass(frozen=True)

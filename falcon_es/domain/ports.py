@@ -262,3 +262,25 @@ class Ports:
     #: The next moment the backend's world changes by itself (the sim backend), so an
     #: idle controller on a virtual clock can jump there; None for real backends.
     next_due: Callable[[], dt.datetime | None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogObject:
+    """One pod's log file: its object name in the bucket, its size in bytes now and
+    when it was last written (UTC, naive as the log records; None when unknown)."""
+
+    name: str
+    size: int
+    updated: dt.datetime | None = None
+
+
+class LogFiles(Protocol):
+    """The pods' log files in a cluster's bucket (``gs://<bucket>/logs/<job_id>/``):
+    read by ``falcon-es logs``, never by the controller. Errors are ``PortError``s whose
+    message names the bucket or object and, when refused, the permission missing."""
+
+    def list(self, bucket: str, prefix: str) -> Sequence[LogObject]: ...
+
+    def read(self, bucket: str, name: str, start: int = 0) -> bytes:
+        """The object's bytes from offset ``start`` to its end now (b"" when none)."""
+        ...

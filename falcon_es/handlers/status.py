@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
+from falcon_es.domain.manifests import log_path
 from falcon_es.domain.ports import (
     AWAITING, JOBSET_KIND, JobObservation, PodObservation, PortError,
 )
@@ -174,12 +175,13 @@ def _events_for(ctx: HandlerContext, state: TaskState,
                 observation: JobObservation) -> list[ev.Event]:
     version = observation.resource_version
     if _failed(state, observation):
-        cause, exit_code = _failure_cause(
-        _failed_first([p for p in observation.pods if not p.disruption]), observation)
+        pod = _failed_first([p for p in observation.pods if not p.disruption])
+        cause, exit_code = _failure_cause(pod, observation)
         if observation.kind == JOBSET_KIND:
             cause += (f" (JobSet failed: {observation.condition_reason or 'Failed'} after "
                       f"{observation.restarts} restart(s))")
-        return [ev.JobFailed(cause, exit_code, version)]
+        pod_name = pod.name if pod is not None else ""
+        return [ev.JobFailed(cause, exit_code, version, _log_file(ctx, state, pod_name))]
     disrupted = _disruption(ctx, state, observation)
     if disrupted:
         return disrupted
@@ -373,6 +375,15 @@ def _diagnose(ctx: HandlerContext, state: TaskState, observation: JobObservation
         return f"{pod.reason}: {pod.message}" if pod.message else pod.reason
     pending = sum(1 for p in observation.pods if p.phase == "Pending")
     return f"{pending} pod(s) pending"
+
+
+def _log_file(ctx: HandlerContext, state: TaskState, pod_name: str) -> str:
+    """Where the blamed pod's output went: its file in the cluster's bucket, when the
+    task has a command (the log wrapper runs only then) and the pod is known."""
+    cluster = next((c for c in ctx.clusters if c.id == state.placement.cluster_id), None)
+    if not pod_name or cluster is None or not state.submission.spec.command:
+        return ""
+    return log_path(cluster.gcs_bucket, state.task_id, pod_name)
 
 
 def _failed_first(pods: Sequence[PodObservation]) -> PodObservation | None:

@@ -202,6 +202,8 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
             if cause.startswith("disrupted "):  # the disruption budget spent
                 return [*_disruptions(records), Node(cause, source, at)]
             nodes = [*_disruptions(records), Node(f"pod failed: {cause}", source, at)]
+            if event.log_file:
+                nodes.append(Node(f"its output: {event.log_file} (falcon-es logs)", source, at))
             if jobset:
                 nodes.append(Node(f"JobSet failed: {jobset.rstrip(')')}", source, at))
             return nodes

@@ -46,7 +46,9 @@ def _types(args: Args) -> str:
 
 
 def _exit(args: Args) -> str:
-    return args["cause"]
+    """The pod's root cause, then where its output is (when the task wrote there)."""
+    log_file = args.get("log_file")
+    return f"{args['cause']}; log: {log_file}" if log_file else args["cause"]
 
 
 def _timed_out(done: str, pending: str) -> Callable[[Args], str]:

@@ -35,6 +35,11 @@ def test_pending_pods_then_running_pods_move_the_task_to_running(
     assert bench.backlog() == 0
 
 
+def log_of(pod: str) -> str:
+    """The blamed pod's log file in the test cluster's bucket, as the Message names it."""
+    return f"gs://logs-bucket/logs/t1/{pod}.log"
+
+
 @pytest.mark.parametrize(("pod", "cause", "exit_code"), [
     (PodObservation("falcon-t1-0", "Failed", reason="OOMKilled", exit_code=137),
      "OOMKilled (exit code 137)", 137),
@@ -48,7 +53,7 @@ def test_a_failed_pod_fails_the_task_with_its_root_cause(
 
     bench.observe("t1", resource_version=9, failed=1, condition="Failed", pods=(pod,))
 
-    assert bench.run() == [("t1", ev.JobFailed(cause, exit_code, 9))]
+    assert bench.run() == [("t1", ev.JobFailed(cause, exit_code, 9, log_of("falcon-t1-0")))]
     row = bench.row("t1")
     assert (row["status"], row["reason"]) == ("Failed", "JobFailed")
     assert cause in row["message"]
@@ -98,7 +103,8 @@ def test_a_job_failed_without_its_failed_pod_waits_for_the_pods_root_cause(
 
     bench.observe("t1", resource_version=7, failed=1, condition="Failed",
                   pods=(PodObservation("falcon-t1-0", "Failed", reason="OOMKilled"),))
-    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 7))]
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 7,
+                                                log_of("falcon-t1-0")))]
 
     bench.advance(ACK_DEADLINE)  # the held message comes back: an old view now
     assert bench.run() == []
@@ -139,7 +145,22 @@ def test_the_pod_that_failed_first_is_blamed_not_the_leader_that_crashed_after_i
                        finished_at="2026-11-01T09:20:01Z"),
     ))
 
-    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6))]
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6,
+                                                log_of("falcon-t1-1")))]
+
+
+def test_a_task_without_a_command_names_no_log_file(make_bench: HandlerBenches) -> None:
+    """The log wrapper runs only around a spec's command: without one the image's
+    entrypoint writes to the pod log, and no file in the bucket is named."""
+    bench = make_bench(status.fold_observations, reserved_cluster())
+    bench.bring("t1", "running", command=[])
+
+    bench.observe("t1", resource_version=9, failed=1, condition="Failed",
+                  pods=(PodObservation("falcon-t1-0", "Failed", reason="Error", exit_code=2),))
+
+    assert bench.run() == [("t1", ev.JobFailed("exit code 2", 2, 9, ""))]
+    assert bench.row("t1")["message"].startswith("exit code 2")
+    assert "log:" not in bench.row("t1")["message"]
 
 
 def test_a_failed_pod_with_a_termination_time_is_blamed_before_one_without(
@@ -154,7 +175,8 @@ def test_a_failed_pod_with_a_termination_time_is_blamed_before_one_without(
     ))
 
     # A pod with a time comes before one without: its failure is known to be earliest.
-    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6))]
+    assert bench.run() == [("t1", ev.JobFailed("OOMKilled (exit code 137)", 137, 6,
+                                                log_of("falcon-t1-1")))]
 
 
 WEBHOOK = ('Error creating: admission webhook "tpu-policy.example.com" denied the request: '

@@ -52,6 +52,7 @@ from falcon_es.adapters.sim.gke import (
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube_jobset import SimJobSets
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
+from falcon_es.adapters.sim.pod_logs import SimPodLogs
 from falcon_es.adapters.sim.kube_objects import (
     FAIL_JOB, FAILED, IGNORE, PENDING, RUNNING_PHASE, SUCCEEDED, SimJob, SimPod, SimService,
 )
@@ -113,6 +114,8 @@ class KubeService:
         self._dirty: dict[str, SimJob] = {}
         self.resource_version = 0
         self.jobsets = SimJobSets(self, rng)
+        #: What this cluster's pods wrote to their log files (``pod_logs``).
+        self.pod_logs = SimPodLogs()
         self._submit_index = 0
         self._system_nodes = [
             SimNode(f"gke-{identity.name[:12]}-default-pool-{suffix(rng, 8)}-{suffix(rng, 4)}",
@@ -496,15 +499,16 @@ class KubeService:
                               self._image_backoff, job, pod)
             return
         pod.phase, pod.reason, pod.message = RUNNING_PHASE, None, None
+        self._log(job, pod, moment, f"pod {pod.name} started on node {pod.node} "
+                                    f"(node pool {pod.pool}), image {job.image}")
         # ``parse_job`` filled in what the spec left unsaid from the config's defaults.
         duration = job.behaviour.duration_seconds
-        self._timeline.at(seconds_after(moment, self.defaults.duration_seconds
-                                        if duration is None else duration),
-                          self._finish, job, pod)
+        runs = self.defaults.duration_seconds if duration is None else duration
+        self._timeline.at(seconds_after(moment, runs), self._finish, job, pod)
         if job.behaviour.outcome == NODE_REPAIR and not job.repaired:
             job.repaired = True
-            self._timeline.at(seconds_after(moment, job.behaviour.duration_seconds / 2),
-                              self._repair_slice, job, pod.pool)
+            self._timeline.at(seconds_after(moment, runs / 2), self._repair_slice, job,
+                              pod.pool)
 
     def _repair_slice(self, job: SimJob, pool_name: str | None, moment: dt.datetime) -> None:
         """GKE repairs a node of the Job's slice, which recreates the whole slice: every
@@ -527,6 +531,13 @@ class KubeService:
                                  f"node {node.name} drained for repair by GKE", EVICTED)
         self._pools.repair_nodes(pool.name, moment)
 
+    def _log(self, job: SimJob, pod: SimPod, moment: dt.datetime, text: str) -> None:
+        """A line in the pod's log file. A world saved before pods kept log files (no
+        ``pod_logs``) gets its book at the first line."""
+        if "pod_logs" not in vars(self):
+            self.pod_logs = SimPodLogs()
+        self.pod_logs.write(job.task_id, pod.name, moment, text)
+
     def _image_backoff(self, job: SimJob, pod: SimPod, moment: dt.datetime) -> None:
         if self._current(job, pod) and pod.reason == "ErrImagePull":
             pod.reason, pod.message = "ImagePullBackOff", f'Back-off pulling image "{job.image}"'
@@ -546,6 +557,7 @@ class KubeService:
             return
         pod.phase, pod.reason, pod.exit_code = SUCCEEDED, "Completed", 0
         pod.finished_at = moment
+        self._log(job, pod, moment, "exited with code 0")
         freed = pod.pool
         self._unbind(pod, moment)
         job.done_indexes.add(pod.index)
@@ -564,6 +576,10 @@ class KubeService:
         with reason PodFailurePolicy), else counted against ``backoffLimit``."""
         pod.phase, pod.reason, pod.exit_code, pod.message = FAILED, reason, exit_code, message
         pod.finished_at, pod.disruption = moment, disruption
+        if pod.node is not None:  # a pod that ran: its container's last words
+            detail = f": {message}" if message else ""
+            code = f" (exit code {exit_code})" if exit_code is not None else ""
+            self._log(job, pod, moment, f"{reason}{detail}{code}")
         freed = {pod.pool}
         self._unbind(pod, moment)
         self._dirty[job.name] = job

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from falcon_es.adapters.sim import (
     bus, common, compute, config, gke, informer, kube, kube_api, kube_jobset, kube_objects,
-    timeline, world,
+    pod_logs, timeline, world,
 )
 from falcon_es.domain import clusters, ports, spec, tpu
 
@@ -61,6 +61,7 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "SimJob": kube_objects.SimJob,
     "SimJobSet": kube_objects.SimJobSet,
     "SimService": kube_objects.SimService,
+    "SimPodLogs": pod_logs.SimPodLogs,
     "Informer": informer.Informer,
     # The bus.
     "SimBus": bus.SimBus,
