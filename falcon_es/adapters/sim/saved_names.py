@@ -18,7 +18,7 @@ from falcon_es.adapters.sim import (
     bus, common, compute, config, gke, informer, kube, kube_api, kube_jobset, kube_objects,
     pod_logs, timeline, world,
 )
-from falcon_es.domain import clusters, ports, spec, tpu
+from falcon_es.domain import clusters, naming, ports, spec, tpu
 
 #: Saved name -> class, for every class a saved world holds (rows and values).
 SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
@@ -74,6 +74,7 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "PodObservation": ports.PodObservation,
     "CreateRefusal": ports.CreateRefusal,
     "JobRef": ports.JobRef,
+    "OwnerMarks": naming.OwnerMarks,
     "NodeCounts": ports.NodeCounts,
     "NodePoolInfo": ports.NodePoolInfo,
     "NodePoolSpec": ports.NodePoolSpec,
