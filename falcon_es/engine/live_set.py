@@ -45,7 +45,8 @@ from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import last_served, live_streams
-from falcon_es.domain.task import TaskState, TaskStates, task_intents
+from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task_intents import task_intents
 
 #: Dispositions under which an ended task still answers for its pool.
 _POOL_OPEN = frozenset({PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED})

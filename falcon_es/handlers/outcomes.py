@@ -12,7 +12,7 @@ import logging
 from falcon_es.domain import chart
 from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.intents import IntentKind
-from falcon_es.domain.task import task_intents
+from falcon_es.domain.task_intents import task_intents
 from falcon_es.engine.runtime import Tick
 
 log = logging.getLogger("falcon_es.handlers.outcomes")

@@ -26,7 +26,7 @@ from falcon_es.app.application import App, open_app
 from falcon_es.app.bootstrap import RunOptions, build_service
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.engine.effects import EffectExecutor
-from falcon_es.domain.task import task_intents
+from falcon_es.domain.task_intents import task_intents
 from falcon_es.domain.ports import (
     JOB_KIND, BusMessage, JobRef, NodeCounts, NodePoolInfo, NodePoolSpec, Operation, Ports,
 )

@@ -17,7 +17,8 @@ from falcon_es.adapters.sim.config import (
     ReservationConfig, SimClusterConfig, SimConfig, SimConfigError, Span, StockoutConfig,
     load_sim_config,
 )
-from falcon_es.adapters.sim.gke import PoolSnapshot, SimNodePools
+from falcon_es.adapters.sim.gke import PoolSnapshot
+from falcon_es.adapters.sim.pool_port import SimNodePools
 from falcon_es.adapters.sim.kube import SimEdgeCluster, SimEdgeClusters
 from falcon_es.adapters.sim.kube_manifests import SIM_ANNOTATION
 from falcon_es.adapters.sim.world import ClusterSim, SimWorld, behaviour_from_tasks

@@ -32,12 +32,12 @@ from falcon_es.domain.ports import (
     ALREADY_EXISTS, INVALID, NOT_FOUND, QUOTA_EXCEEDED, RETRYABLE, STOCKOUT, NodePoolInfo,
     NodePoolSpec, Operation, PortError,
 )
-from falcon_es.domain.clusters import Cluster, region_of
+from falcon_es.domain.clusters import region_of
 from falcon_es.domain.spec import SUPPLY_MODES
 from falcon_es.domain.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, RecordCreate, WorldCall, label_problem, no_record, seconds_after,
+    POOL_NAME, ClusterIdentity, label_problem, seconds_after,
     suffix, zone_problem,
 )
 from falcon_es.adapters.sim.config import (
@@ -682,40 +682,6 @@ class NodePoolService:
     def _info(self, pool: SimPool) -> NodePoolInfo:
         return NodePoolInfo(self.identity.name, pool.name, pool.status, pool.labels,
                             pool.node_count, pool.status_message)
-
-
-class SimNodePools:
-    """The ``NodePools`` port over every cluster of the world. ``pools_of(cluster)`` is
-    the cluster's node-pool API (created on first use) and ``call`` runs a call at the
-    world's moment: all this port needs of the world that builds it."""
-
-    def __init__(self, call: WorldCall, pools_of: Callable[[Cluster], NodePoolService],
-                 record: RecordCreate = no_record) -> None:
-        self._call = call
-        self._pools_of = pools_of
-        self._record = record
-
-    def create(self, spec: NodePoolSpec) -> Operation:
-        gke = self._pools_of(spec.cluster)
-        operation = self._call(lambda now: gke.create(spec, now))
-        self._record(spec.cluster.name, "NodePool", spec.name)
-        return operation
-
-    def get_operation(self, cluster: Cluster, operation_id: str) -> Operation:
-        gke = self._pools_of(cluster)
-        return self._call(lambda now: gke.get_operation(operation_id))
-
-    def get(self, cluster: Cluster, name: str) -> NodePoolInfo:
-        gke = self._pools_of(cluster)
-        return self._call(lambda now: gke.get(name, now))
-
-    def delete(self, cluster: Cluster, name: str) -> Operation | None:
-        gke = self._pools_of(cluster)
-        return self._call(lambda now: gke.delete(name, now))
-
-    def list(self, cluster: Cluster) -> list[NodePoolInfo]:
-        gke = self._pools_of(cluster)
-        return self._call(lambda now: gke.list(now))
 
 
 def _unused(reservation: ReservationConfig, shape: SliceShape, taken: int) -> int:

@@ -27,7 +27,8 @@ from falcon_es.adapters.sim.bus import SimBus
 from falcon_es.adapters.sim.common import ClusterIdentity, random_streams
 from falcon_es.adapters.sim.compute import ReservationUsage, SimReservations
 from falcon_es.adapters.sim.config import SimClusterConfig, SimConfig
-from falcon_es.adapters.sim.gke import NodePoolService, PoolSnapshot, SimNode, SimNodePools, SimPool
+from falcon_es.adapters.sim.gke import NodePoolService, PoolSnapshot, SimNode, SimPool
+from falcon_es.adapters.sim.pool_port import SimNodePools
 from falcon_es.adapters.sim.informer import Informer
 from falcon_es.adapters.sim.kube import SimEdgeClusters
 from falcon_es.adapters.sim.kube_api import KubeService
