@@ -18,10 +18,10 @@ from falcon_es.adapters.sim.config import (
     load_sim_config,
 )
 from falcon_es.adapters.sim.gke import PoolSnapshot
-from falcon_es.adapters.sim.pool_port import SimNodePools
 from falcon_es.adapters.sim.kube import SimEdgeCluster, SimEdgeClusters
 from falcon_es.adapters.sim.kube_manifests import SIM_ANNOTATION
 from falcon_es.adapters.sim.world import ClusterSim, SimWorld, behaviour_from_tasks
+from falcon_es.adapters.sim.pool_port import SimNodePools
 
 
 def build_sim_ports(world: SimWorld) -> Ports:

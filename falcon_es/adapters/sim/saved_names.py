@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from falcon_es.adapters.sim import (
     bus, common, compute, config, gke, informer, kube, kube_api, kube_jobset, kube_objects,
-    pod_logs, timeline, world,
+    pod_logs, pool_port, timeline, world,
 )
 from falcon_es.domain import clusters, naming, ports, spec, tpu
 
@@ -44,7 +44,7 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "BusConfig": config.BusConfig,
     # GKE and Compute.
     "NodePoolService": gke.NodePoolService,
-    "SimNodePools": gke.SimNodePools,
+    "SimNodePools": pool_port.SimNodePools,
     "SimPool": gke.SimPool,
     "SimNode": gke.SimNode,
     "SimOperation": gke.SimOperation,
