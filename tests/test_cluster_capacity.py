@@ -104,3 +104,16 @@ def test_a_holder_stays_where_no_other_reservation_has_room(make: Make) -> None:
     h.run_for(3600)
     assert h.statuses()["t1"] == ("Pending", "ClusterBusy")
     assert _moves(h, "t1") == []
+
+
+def test_a_waiting_task_does_not_move_to_a_cluster_that_can_never_serve_it(make: Make) -> None:
+    """The queue's holder is stuck in ClusterBusy on a full reservation; the only other
+    cluster's reservation holds another machine type: the task behind it stays."""
+    h = make(reserved_cluster("a-full", count=4, in_use=4), _of_machine("b-8t", 8,
+                                                                         "ct6e-standard-8t"))
+    h.submit("holder")
+    h.clock.advance(1)
+    h.submit("behind")
+    h.run_for(3600)
+    assert h.statuses()["behind"] == ("Pending", "Waiting")
+    assert _moves(h, "behind") == [] and _moves(h, "holder") == []
