@@ -24,7 +24,7 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.task import TaskState, fold
-from falcon_es.projections.messages import render
+from falcon_es.projections.messages import render as render_message
 
 TPU_SHORTAGE = "Insufficient google.com/tpu"
 FOLLOWER_SYMPTOM = "follower pod node selector not set"
@@ -150,7 +150,7 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
         case ev.TaskRejected():
             return [Node(f"invalid task spec: {event.field}: {event.detail}", source, at)]
         case ev.NoMatchingCluster() if event.never_fit:
-            return [Node(render("NoMatchingCluster", event.to_data()), source, at)]
+            return [Node(render_message("NoMatchingCluster", event.to_data()), source, at)]
         case ev.NoMatchingCluster():
             return [Node(f"no active cluster offers {state.submission.tpu_type}", source, at)]
         case ev.NodePoolFailed():
