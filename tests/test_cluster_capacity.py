@@ -16,6 +16,7 @@ import pytest
 
 from falcon_es.adapters.sim.config import ReservationConfig
 from falcon_es.domain.clock import VirtualClock
+from falcon_es.projections.explain import explain
 from falcon_es.domain.tpu import slice_shape
 from falcon_es.projections import replay
 from tests.support.harness import Harness, Harnesses, reserved_cluster
@@ -104,3 +105,31 @@ def test_a_holder_stays_where_no_other_reservation_has_room(make: Make) -> None:
     h.run_for(3600)
     assert h.statuses()["t1"] == ("Pending", "ClusterBusy")
     assert _moves(h, "t1") == []
+
+
+def test_a_waiting_task_does_not_move_to_a_cluster_that_can_never_serve_it(make: Make) -> None:
+    """The queue's holder is stuck in ClusterBusy on a full reservation; the only other
+    cluster's reservation holds another machine type: the task behind it stays."""
+    h = make(reserved_cluster("a-full", count=4, in_use=4), _of_machine("b-8t", 8,
+                                                                         "ct6e-standard-8t"))
+    h.submit("holder")
+    h.clock.advance(1)
+    h.submit("behind")
+    h.run_for(3600)
+    assert h.statuses()["behind"] == ("Pending", "Waiting")
+    assert _moves(h, "behind") == [] and _moves(h, "holder") == []
+
+
+def test_explain_names_both_sides_of_a_never_fits(make: Make) -> None:
+    h = make(_of_machine("r4t", 8, "ct6e-standard-4t"))
+    h.submit("t1", topology="1x1")
+    h.run()
+    tree = explain("t1", h.app.store.read_stream("t1"))
+    texts = [node.text for node in _walk(tree)]
+    assert any("reservation r4t-r of r4t holds 8 VM(s) of ct6e-standard-4t" in t for t in texts)
+
+
+def _walk(node: object) -> Iterator[object]:
+    yield node
+    for child in getattr(node, "children", ()):
+        yield from _walk(child)

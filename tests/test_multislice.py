@@ -75,7 +75,9 @@ def test_a_flex_start_jobset_scales_one_pool_per_slice_from_zero(make: Make) -> 
 
 def test_too_few_slices_in_the_reservation_wait_with_both_numbers_and_hold_nothing(
         make: Make) -> None:
-    h = make(reserved_cluster(count=4))  # one 4x4 slice free, two needed
+    # 8 VMs reserved, 4 in use: one 4x4 slice free, two needed (4 in all could never
+    # serve the task, which would fail at cluster choice)
+    h = make(reserved_cluster(count=8, in_use=4))
     submit(h)
     h.run_for(30)
     assert h.statuses()["t1"] == ("Pending", "ClusterBusy")

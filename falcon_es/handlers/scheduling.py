@@ -178,6 +178,11 @@ class _Capacities:
             return None  # intake refuses such a task; nothing to say here
         return never_fits(cluster.name, reservation, capacity, shape, state.slices)
 
+    def can_serve(self, state: TaskState, cluster: Cluster) -> bool:
+        """A cluster a waiting task may move to: its reservation is not one that can
+        never serve the task."""
+        return self.never_fit(state, cluster) is None
+
     def _capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
         key = (cluster.id, reservation)
         if key not in self.read:
@@ -201,6 +206,7 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
     settings = ctx.settings
     clusters = {c.id: c for c in ctx.clusters}
+    capacities = _Capacities(ctx)
     _move_stuck_holders(tick, ctx, book, clusters)
     for key in book.waiting_queues():
         holders = book.holders(key)
@@ -216,7 +222,8 @@ def move_from_stuck_queues(tick: Tick, ctx: HandlerContext) -> None:
             if not _is_waiting(state) or state.placement.moves >= settings.scheduling.max_moves:
                 continue
             target = move_target(state.submission.tpu_type, state.submission.topology, key[0],
-                                 ctx.clusters, book, _supply_mode(state))
+                                 ctx.clusters, book, _supply_mode(state),
+                                 functools.partial(capacities.can_serve, state))
             if target is None:
                 break  # no free queue elsewhere: the others of this queue cannot move either
             after = tick.emit(entry.task_id, ev.TaskMoved(

@@ -79,6 +79,7 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "NodePoolInfo": ports.NodePoolInfo,
     "NodePoolSpec": ports.NodePoolSpec,
     "Operation": ports.Operation,
+    "ReservationCapacity": ports.ReservationCapacity,
     "BusMessage": ports.BusMessage,
     "SimBehaviour": spec.SimBehaviour,
     "SliceShape": tpu.SliceShape,
