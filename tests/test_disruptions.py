@@ -1,4 +1,4 @@
-"""Disruptions are not the workload's failure (issue 25, point 3), end to end on the
+"""Disruptions are not the workload's failure, end to end on the
 simulated world: GKE repairs the nodes of a running multi-host slice (the sim outcome
 ``node-repair``: every VM of the slice recreated once, midway through the run, its pods
 evicted with the ``DisruptionTarget`` condition), the Job's pod failure policy ignores

@@ -1,4 +1,4 @@
-"""Capacity ends (issue 25, point 4): a flex-start node lives at most 7 days. A task
+"""Capacity ends: a flex-start node lives at most 7 days. A task
 whose timeout cannot fit in that is told so at intake; a retained flex-start pool goes
 only to a task that fits in its nodes' remaining life; a node that reaches its end under
 a task is a disruption named as such, on the simulated world. (The hand-over rule:

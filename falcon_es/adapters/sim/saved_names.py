@@ -58,6 +58,7 @@ SAVED_CLASSES: Mapping[str, type] = MappingProxyType({
     "SimJobSets": kube_jobset.SimJobSets,
     "SimPod": kube_objects.SimPod,
     "SimCreateFailure": kube_objects.SimCreateFailure,
+    "SimFailureRule": kube_objects.SimFailureRule,
     "SimJob": kube_objects.SimJob,
     "SimJobSet": kube_objects.SimJobSet,
     "SimService": kube_objects.SimService,
