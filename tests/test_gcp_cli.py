@@ -170,7 +170,7 @@ def test_doctor_passes_every_check_of_a_working_installation(installation: Insta
     assert found["cluster v6e-res: location"] == (
         "ok   cluster v6e-res: location: zonal cluster (zone us-east5-b); TPU pools and "
         "reservations in zone us-east5-b")
-    assert result.output.rstrip().endswith("14 checks, all passed")
+    assert result.output.rstrip().endswith("15 checks, all passed")
 
 
 def found_key(found: dict[str, str], subject: str) -> str:
@@ -427,17 +427,18 @@ class SharedWorldHarness(Harness):
 
 
 def test_clusters_shows_pools_queues_and_live_state(installation: Installation) -> None:
-    """A controller on the sim backend leaves two tasks running on the reservation and a
-    4x4 one in ClusterBusy; ``clusters`` folds that from the log, and ``--live`` asks the
-    sim-backed GKE and Compute, which front the same world, what they hold now."""
+    """A controller on the sim backend leaves a 2x2 and a 2x4 task (one 8-chip VM)
+    running on the reservation of two VMs and a second 2x2 one in ClusterBusy;
+    ``clusters`` folds that from the log, and ``--live`` asks the sim-backed GKE and
+    Compute, which front the same world, what they hold now."""
     harness = SharedWorldHarness(installation.db_url, installation.cloud.world)
     try:
-        for name, topology in (("long", "2x2"), ("next", "2x2"), ("wide", "4x4")):
+        for name, topology in (("long", "2x2"), ("next", "2x2"), ("wide", "2x4")):
             harness.submit(name, topology=topology, sim={"duration_seconds": 50_000})
             harness.clock.advance(1)
         harness.run(lambda: harness.statuses() == {
-            "long": ("Running", None), "next": ("Running", None),
-            "wide": ("Pending", "ClusterBusy")})
+            "long": ("Running", None), "wide": ("Running", None),
+            "next": ("Pending", "ClusterBusy")})
     finally:
         harness.close()
 
@@ -445,11 +446,12 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     (entry,) = json.loads(result.output)
     assert entry["name"] == CLUSTER.name and entry["default_reservation"] == "v6e-res-r"
     assert entry["pools"] == [
-        {"name": f"falcon-{task}-2x2", "topology": "2x2", "supply_mode": "reservation",
-         "state": "active", "owner_task": task} for task in ("long", "next")]
+        {"name": f"falcon-{task}-{topology}", "topology": topology, "supply_mode": "reservation",
+         "state": "active", "owner_task": task} for task, topology in (("long", "2x2"),
+                                                                        ("wide", "2x4"))]
     assert entry["queues"] == [
-        {"topology": "2x2", "depth": 0, "running": 2, "acquiring_task": None},
-        {"topology": "4x4", "depth": 1, "running": 0, "acquiring_task": "wide"}]
+        {"topology": "2x2", "depth": 1, "running": 1, "acquiring_task": "next"},
+        {"topology": "2x4", "depth": 0, "running": 1, "acquiring_task": None}]
     # The controller's scheduled reads, as last recorded in the cluster's stream.
     app = open_app(Settings(db_url=installation.db_url))
     (cluster,) = app.cluster_cache.clusters()
@@ -457,7 +459,7 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
             for r in app.store.read_stream(cluster_stream(cluster.id))
             if r.type_name == "ReservationRead"}
     app.close()
-    assert set(last) == {"2x2", "4x4"}
+    assert set(last) == {"2x2", "2x4"}
     assert {r["topology"]: (r["slices"], r["observed_at"])
             for r in entry["reservation_remaining"]} == last
 
@@ -465,15 +467,16 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     assert live.exit_code == 0, live.output
     (seen,) = json.loads(live.output)
     assert seen["live_pools"] == [
-        {"name": f"falcon-{task}-2x2", "status": "RUNNING", "topology": "2x2",
-         "node_count": 1, "in_log": True} for task in ("long", "next")]
+        {"name": f"falcon-{task}-{topology}", "status": "RUNNING", "topology": topology,
+         "node_count": 1, "in_log": True} for task, topology in (("long", "2x2"),
+                                                                 ("wide", "2x4"))]
     assert {(r["topology"], r["slices"]) for r in seen["reservation_remaining"]} == {
-        ("2x2", 0), ("4x4", 0)}
+        ("2x2", 0), ("2x4", 0)}
     assert seen["errors"] == []
     table = installation.cli("clusters", "--live")
     assert "falcon-long-2x2 2x2 active (long)" in table.output
-    assert "2x2: 0 pending, 2 running" in table.output
-    assert "4x4: 0 slice(s) free" in table.output
+    assert "2x2: 1 pending, 1 running" in table.output
+    assert "2x4: 0 slice(s) free" in table.output
 
 
 # ----------------------------------------------------------------------- run

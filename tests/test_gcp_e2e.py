@@ -526,9 +526,10 @@ def test_the_workloads_own_exit_code_fails_the_jobset_at_once(make: Make) -> Non
     _, gcp = both(make, (reserved_cluster(count=16),), scenario)
     assert gcp.history["t1"] == [*RESERVED_PATH, ("Failed", "JobFailed")]
     assert not any("JobSet restarted" in m for m in gcp.messages["t1"])
-    assert gcp.row("t1")["message"] == (
-        "OOMKilled (exit code 137) (JobSet failed: FailJobSetFailurePolicyAction after 0 "
-        f"restart(s)); {SLICE_POOLS} deleted")
+    assert re.fullmatch(
+        r"OOMKilled \(exit code 137\) \(JobSet failed: FailJobSetFailurePolicyAction after 0 "
+        r"restart\(s\)\); log: gs://logs-bucket/logs/t1/falcon-t1-[a-z0-9-]+\.log; "
+        + re.escape(f"{SLICE_POOLS} deleted"), gcp.row("t1")["message"])
 
 
 def test_a_node_repair_under_a_running_slice_is_survived_on_both_backends(make: Make) -> None:

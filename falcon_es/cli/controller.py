@@ -102,6 +102,8 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
     if bus is not None:
         settings = settings.overridden(bus={"kind": bus})
     backend = backend or settings.run.backend
+    if backend == "sim" and sim_config is not None:
+        _check_sim_config(sim_config)  # one line now, not after the election's first term
     if in_process_informers is None:
         in_process_informers = settings.features.in_process_informers
     observability = configure_logs(settings, log_format)
@@ -175,6 +177,16 @@ def run_command(ctx: click.Context, backend: str | None, sim_config: str | None,
         probe_engine.dispose()
     click.echo(f"falcon-es: stopped ({report.stopped_by}) after {report.ticks} ticks, "
                f"{report.appended} events", err=True)
+
+
+def _check_sim_config(path: str) -> None:
+    """A sim config that cannot be read stops ``run`` with one line naming what is wrong."""
+    from falcon_es.adapters.sim import SimConfigError, load_sim_config
+
+    try:
+        load_sim_config(path)
+    except SimConfigError as error:
+        raise Failure(str(error)) from None
 
 
 def _ops_topic(settings: Settings, on_pubsub: bool) -> str | None:
