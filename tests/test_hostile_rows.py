@@ -417,7 +417,7 @@ def test_rows_of_ended_tasks_out_of_memory_are_put_right_within_a_pass(
         assert {t: status_of(upper, t) for t in ("e1", "e2")} == ended
         assert findings(running, "e1") == ["rewritten"] and findings(running, "e2") == ["rewritten"]
         assert running.app.tasks.get("e1") is None and running.app.tasks.get("e2") is None
-        for _ in range(2):  # a pass an hour: nothing more is found, nothing written
+        for _ in range(2):  # a pass a day: nothing more is found, nothing written
             clock.advance(ENDED_ROW_CHECK_SECONDS)
             running.tick()
         assert findings(running, "e1") == ["rewritten"]

@@ -211,7 +211,7 @@ def check_job_rows(tick: Tick, ctx: HandlerContext) -> None:
 
 def check_ended_rows(tick: Tick, ctx: HandlerContext) -> None:
     """The rows of tasks that left memory, a page a tick in a pass over the whole
-    table every hour (``falcon_es.jobtable.ended_rows``). Each such task is folded
+    table every day (``falcon_es.jobtable.ended_rows``). Each such task is folded
     apart from the log and compared; only one whose row differs is brought back
     (``recall``) for the tick that records the finding and writes its row again."""
     page = [row for row in ctx.inbox.ended_rows_to_check() if tick.state(row.id) is None]
