@@ -12,23 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-import pytest
 
 from falcon_es.adapters.sim.config import ReservationConfig
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections.explain import explain
 from falcon_es.domain.tpu import slice_shape
 from falcon_es.projections import replay
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from tests.support.harness import Harness, reserved_cluster
 
 Make = Callable[..., Harness]
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def _of_machine(name: str, count: int, machine_type: str) -> object:

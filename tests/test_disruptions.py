@@ -9,26 +9,17 @@ retry."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 
 from falcon_es.config.settings import Settings
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections.explain import explain, render
-from tests.support.harness import Harness, Harnesses, reserved_cluster
+from tests.support.harness import Harness, reserved_cluster
 
 Make = Callable[..., Harness]
 
 RESERVED_PATH = [("Pending", "Provisioning"), ("Pending", "WaitingForNode"),
                  ("Pending", "Dispatching"), ("Running", None)]
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def tree(h: Harness, task_id: str) -> str:

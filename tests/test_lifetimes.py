@@ -6,26 +6,18 @@ a task is a disruption named as such, on the simulated world. (The hand-over rul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from falcon_es.config.settings import Settings
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.domain.spec import SpecError, SpecLimits, parse_spec
-from tests.support.harness import Harness, Harnesses, flex_cluster
+from tests.support.harness import Harness, flex_cluster
 
 Make = Callable[..., Harness]
 DAY = 24 * 3600
 TEN_DAYS = SpecLimits(max_timeout_seconds=10 * DAY)
 BASE = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "2x2"}
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def test_a_flex_start_timeout_longer_than_a_nodes_life_is_refused_at_intake() -> None:

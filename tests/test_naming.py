@@ -10,13 +10,11 @@ the gcp adapter and the fake servers in ``test_gcp_e2e.py`` and ``test_gcp_kube.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from falcon_es.config.settings import Settings
 from falcon_es.domain import naming
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import NodePoolSpec
 from falcon_es.domain.tpu import TPU_TYPES, slice_shape
@@ -24,20 +22,13 @@ from falcon_es.engine.task_manifests import (
     POOL_OWNER_LABEL, POOL_TASK_LABEL, pool_labels, pool_owner,
 )
 from falcon_es.storage.registry import list_clusters
-from tests.support.harness import Crash, CrashPlan, Harness, Harnesses, reserved_cluster
+from tests.support.harness import Crash, CrashPlan, Harness, reserved_cluster
 
 Make = Callable[..., Harness]
 
 FIRST = "job-2026-07-01/user4883@example.com"
 SECOND = "job-2026-07-01/user8747@example.com"
 LONGEST_TOPOLOGY = max((t for kind in TPU_TYPES.values() for t in kind.topologies), key=len)
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 # ------------------------------------------------------------------ the names

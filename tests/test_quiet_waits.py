@@ -7,27 +7,18 @@ replay of the log rebuilds the job table exactly."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 
 from falcon_es.adapters.sim.config import StockoutConfig
 from falcon_es.config.settings import Settings
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections import replay
-from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
+from tests.support.harness import Harness, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 WEEK = 7 * 24 * 3600
 #: The issue's bound on the events of a task kept waiting for a week.
 MOST_EVENTS = 50
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def _half_a_week(h: Harness) -> None:

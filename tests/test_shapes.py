@@ -5,18 +5,17 @@ tables and xpk (sources in ``falcon_es/domain/tpu.py`` and ``docs/FIDELITY.md``)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from falcon_es.adapters.sim import SimClusterConfig
 from falcon_es.adapters.sim.config import ReservationConfig
-from falcon_es.domain.clock import VirtualClock
 from falcon_es.domain.spec import SpecError, SpecLimits, parse_spec
 from falcon_es.domain.tpu import (
     TPU_TYPES, TopologyError, choose_machine, machine_types, slice_shape,
 )
-from tests.support.harness import Harness, Harnesses, flex_cluster, reserved_cluster
+from tests.support.harness import Harness, flex_cluster, reserved_cluster
 
 Make = Callable[..., Harness]
 
@@ -25,13 +24,6 @@ CLOUD_TPU_V5P = ("2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", 
                  "8x16x16", "16x16x16", "16x16x24")
 #: A few of xpk's explicit tpu7x-standard-4t list (src/xpk/core/system_characteristics.py).
 XPK_TPU7X = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x244", "12x12x36", "16x16x32")
-
-
-@pytest.fixture
-def make(db_url: str, clock: VirtualClock) -> Iterator[Make]:
-    harnesses = Harnesses(db_url, clock)
-    yield harnesses
-    harnesses.close()
 
 
 def spec(**fields: object) -> dict[str, object]:

@@ -55,8 +55,10 @@ class World:
             {"managed-by": "falcon"}, locations=locations))
 
     def settle(self) -> None:
-        while self.world.advance_to_next_due() is not None:
-            pass
+        """Play the world until nothing is due (each call plays one due moment)."""
+        due = self.world.advance_to_next_due()
+        while due is not None:
+            due = self.world.advance_to_next_due()
 
 
 def test_a_pool_without_locations_spreads_over_the_regions_three_zones() -> None:

@@ -33,6 +33,7 @@ from falcon_es.adapters.gcp.gke import CLOUD_PLATFORM_SCOPE
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.adapters.gcp.wiring import build_cloud_clients
+from falcon_es.domain.spec import SUPPLY_MODES
 from falcon_es.adapters.sim import ClusterBehaviour, SimClusterConfig, SimConfig, SimWorld
 from falcon_es.adapters.sim.config import JobDefaults, ReservationConfig, Span
 from falcon_es.app.application import open_app
@@ -53,15 +54,10 @@ TPU_OF = MappingProxyType({HEALTHY: "v6e", SICK: "v5e"})
 PROJECT = "bench-isolation"
 #: A world whose pools and nodes come in fractions of a second, so a run is short.
 FAST = ClusterBehaviour(
-    create_latency=MappingProxyType({"reservation": Span(0.2, 0.2),
-                                     "on-demand": Span(0.2, 0.2),
-                                     "flex-start": Span(0.2, 0.2)}),
+    create_latency=MappingProxyType({mode: Span(0.2, 0.2) for mode in SUPPLY_MODES}),
     delete_latency=Span(0.1, 0.1),
-    visibility_delay=MappingProxyType({"reservation": Span(0, 0), "on-demand": Span(0, 0),
-                                       "flex-start": Span(0, 0)}),
-    node_register_delay=MappingProxyType({"reservation": Span(0.1, 0.1),
-                                          "on-demand": Span(0.1, 0.1),
-                                          "flex-start": Span(0.1, 0.1)}),
+    visibility_delay=MappingProxyType({mode: Span(0, 0) for mode in SUPPLY_MODES}),
+    node_register_delay=MappingProxyType({mode: Span(0.1, 0.1) for mode in SUPPLY_MODES}),
     node_ready_lag=Span(0.05, 0.05),
 )
 SPEC: Mapping[str, Any] = MappingProxyType({

@@ -9,6 +9,7 @@ asyncio: each connection is two pumps, few enough in a test.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -27,10 +28,8 @@ class _Link:
     def close(self) -> None:
         self.closed.set()
         for sock in (self.client, self.upstream):
-            try:
+            with contextlib.suppress(OSError):  # the other side may have closed it first
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
 
