@@ -49,13 +49,15 @@ def page_reads(engine: sa.Engine) -> list[int]:
     the log, the ids asked."""
     seen: list[int] = []
 
-    @sa.event.listens_for(engine, "before_cursor_execute")
     def count(conn: object, cursor: object, statement: str, params: Sized, *_: object) -> None:
         if "FROM job" in statement and "LIMIT" in statement and "coalesce" in statement:
             seen.append(1)
         elif "FROM task_events" in statement and "IN (" in statement:
             seen.append(len(params) - 1)  # the ids, and the version
 
+    reader = db.read_only(engine)  # reads have a pool of their own
+    for reading in (engine,) if reader.pool is engine.pool else (engine, reader):
+        sa.event.listen(reading, "before_cursor_execute", count)
     return seen
 
 

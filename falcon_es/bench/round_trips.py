@@ -52,17 +52,24 @@ class StatementCounter:
         self.under_way: list[str] = []
 
     def __enter__(self) -> StatementCounter:
-        sa.event.listen(self.engine, "before_cursor_execute", self._statement)
-        sa.event.listen(self.engine, "commit", self._commit)
-        sa.event.listen(self.engine, "rollback", self._rollback)
-        sa.event.listen(self.engine.pool, "checkout", self._checkout)
+        for engine in self._engines():
+            sa.event.listen(engine, "before_cursor_execute", self._statement)
+            sa.event.listen(engine, "commit", self._commit)
+            sa.event.listen(engine, "rollback", self._rollback)
+            sa.event.listen(engine.pool, "checkout", self._checkout)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        sa.event.remove(self.engine, "before_cursor_execute", self._statement)
-        sa.event.remove(self.engine, "commit", self._commit)
-        sa.event.remove(self.engine, "rollback", self._rollback)
-        sa.event.remove(self.engine.pool, "checkout", self._checkout)
+        for engine in self._engines():
+            sa.event.remove(engine, "before_cursor_execute", self._statement)
+            sa.event.remove(engine, "commit", self._commit)
+            sa.event.remove(engine, "rollback", self._rollback)
+            sa.event.remove(engine.pool, "checkout", self._checkout)
+
+    def _engines(self) -> tuple[Engine, ...]:
+        """The engine and, where it has a pool of its own, its reader."""
+        reader = db.read_only(self.engine)
+        return (self.engine,) if reader.pool is self.engine.pool else (self.engine, reader)
 
     @property
     def round_trips(self) -> int:
@@ -107,8 +114,8 @@ class StatementCounter:
             self.commits += 1
             self._count_site("commit")
 
-    def _rollback(self, _conn: Any) -> None:
-        if self.counting:
+    def _rollback(self, conn: Any) -> None:
+        if self.counting and not db.ends_nothing(conn):
             self.rollbacks += 1
             self._count_site("rollback")
 

@@ -530,11 +530,36 @@ class QueueView:
         the slices due (``every_queue``: every slice of every queue that changed within
         the interval), as of ``now`` (None: the clock's time); kept once it commits."""
         started = time.perf_counter()
-        now = self.now() if now is None else now
+        rows = self._stage(every_queue, self.now() if now is None else now)
+        write_positions(conn, rows, job=self.job)
+        self.last_refresh_seconds = time.perf_counter() - started
+        return len(rows)
+
+    def refresh_due(self, engine: Engine) -> int:
+        """Write what is due in a transaction of its own: after a tick that appended
+        nothing, once a slice's moment came or another writer moved a row. A refresh
+        whose rows all read as already written opens no transaction at all."""
+        now = self.now()
+        self.book.mark_aged(now)
+        if not self._unwritten and not self.book.changed and all(
+                slices is not None and not slices for slices in self.due_slices(now).values()):
+            return 0
+        try:
+            rows = self._stage(False, now)
+            if rows:
+                with engine.begin() as conn:
+                    write_positions(conn, rows, job=self.job)
+        except BaseException:
+            self._drop_staged()
+            raise
+        self._keep_staged()
+        return len(rows)
+
+    def _stage(self, every_queue: bool, now: dt.datetime) -> list[tuple[str, str]]:
+        """The rows to write as of ``now``, staged to be kept once they commit."""
         self.book.mark_aged(now)
         due = None if every_queue else self.due_slices(now)
         rows = self.pending_positions(due, now=now)
-        write_positions(conn, rows, job=self.job)
         self._staged.update(rows)
         self._staged_unwritten |= self._unwritten
         self._changed_now = set(self.book.changed)
@@ -545,24 +570,6 @@ class QueueView:
                              or part in slices}
         self._staged_at = now
         self.last_refresh_rows = len(rows)
-        self.last_refresh_seconds = time.perf_counter() - started
-        return len(rows)
-
-    def refresh_due(self, engine: Engine) -> int:
-        """Write what is due in a transaction of its own: after a tick that appended
-        nothing, once a slice's moment came or another writer moved a row."""
-        now = self.now()
-        self.book.mark_aged(now)
-        if not self._unwritten and not self.book.changed and all(
-                slices is not None and not slices for slices in self.due_slices(now).values()):
-            return 0
-        try:
-            with engine.begin() as conn:
-                rows = self.refresh(conn, now=now)
-        except BaseException:
-            self._drop_staged()
-            raise
-        self._keep_staged()
         return rows
 
     def _keep_staged(self) -> None:

@@ -14,7 +14,7 @@ import importlib.resources
 from collections.abc import Mapping
 from types import MappingProxyType
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -55,17 +55,26 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
     MySQL/MariaDB through PyMySQL in READ COMMITTED. ``limits`` (a controller's) bound
     every wait of every connection: connecting, each read and write, each lock wait,
     and how long the server keeps a write transaction that went quiet; without them
-    (migrations, one-off commands) only connecting is bounded, by the driver."""
+    (migrations, one-off commands) only connecting is bounded, by the driver.
+
+    Beside it, with a pool of its own, the engine ``read_only`` returns: see there."""
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError as error:
         raise DatabaseUrlError(f"database URL {url!r} is not a valid URL") from error
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        engine = sa.create_engine(parsed, **kwargs)
         busy = 30.0 if limits is None else float(limits.lock_wait_timeout)
+        if parsed.database in (None, "", ":memory:"):
+            # A second pool would open a second, empty database: reads share the pool.
+            engine = sa.create_engine(parsed, **kwargs)
+            _make_sqlite_transactions_immediate(engine, busy)
+            return engine
+        reader = sa.create_engine(parsed, **_reading(kwargs))
+        _set_sqlite_pragmas(reader, busy)
+        engine = sa.create_engine(parsed, **_writing(kwargs, reader))
         _make_sqlite_transactions_immediate(engine, busy)
-        return engine
+        return _disposed_together(engine, reader)
     if backend in ("mysql", "mariadb"):
         if parsed.get_driver_name() != "pymysql":
             raise DatabaseUrlError(
@@ -75,16 +84,63 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
             kwargs["connect_args"] = {
                 "connect_timeout": limits.connect_timeout, "read_timeout": limits.read_timeout,
                 "write_timeout": limits.write_timeout, **kwargs.get("connect_args", {})}
-        engine = sa.create_engine(
-            parsed, isolation_level="READ COMMITTED", pool_recycle=3600, **kwargs,
-        )
-        _ping_idle_connections(engine)
-        if limits is not None:
-            _bound_session_waits(engine, limits)
-        return engine
+        reader = sa.create_engine(parsed, pool_recycle=3600, **_reading(kwargs))
+        engine = sa.create_engine(parsed, isolation_level="READ COMMITTED", pool_recycle=3600,
+                                  **_writing(kwargs, reader))
+        for each in (engine, reader):
+            _ping_idle_connections(each)
+            if limits is not None:
+                _bound_session_waits(each, limits)
+        return _disposed_together(engine, reader)
     raise DatabaseUrlError(
         f"database URL {url!r}: unsupported dialect {backend!r} (use sqlite or mysql+pymysql)"
     )
+
+
+def read_only(engine: Engine) -> Engine:
+    """The engine for reads that need no transaction of their own: each statement sees
+    the latest commit, as under READ COMMITTED, and nothing is left to end.
+
+    An engine from ``make_engine`` has a second pool whose connections are in
+    autocommit and whose dialect skips the DBAPI rollback there
+    (``skip_autocommit_rollback``): a read ends without a ROLLBACK round trip, which
+    was one of every two the controller's polls cost. It must be a pool of its own:
+    switching a shared connection into autocommit and back costs two round trips a
+    checkout. Any other engine (a test's, an in-memory SQLite) gets its own pool
+    marked read-only, so SQLite begins its reads deferred: a reader that took the
+    write lock would queue behind a busy writer and stall it in turn."""
+    reader = engine.get_execution_options().get(READER_OPTION)
+    if reader is not None:
+        return cast(Engine, reader)
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
+
+
+def ends_nothing(conn: sa.Connection) -> bool:
+    """Whether ending this connection's transaction sends nothing to the database (an
+    autocommit reader of ``read_only``): what round-trip counts leave out."""
+    dialect = conn.dialect
+    return bool(dialect.skip_autocommit_rollback) and bool(
+        dialect.detect_autocommit_setting(conn.connection.dbapi_connection))
+
+
+#: Execution option carrying an engine's autocommit reader (see ``read_only``).
+READER_OPTION = "falcon_reader"
+
+
+def _reading(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {**kwargs, "isolation_level": "AUTOCOMMIT", "skip_autocommit_rollback": True,
+            "execution_options": {**kwargs.get("execution_options", {}),
+                                  READ_ONLY_OPTION: True}}
+
+
+def _writing(kwargs: Mapping[str, Any], reader: Engine) -> dict[str, Any]:
+    return {**kwargs, "execution_options": {**kwargs.get("execution_options", {}),
+                                            READER_OPTION: reader}}
+
+
+def _disposed_together(engine: Engine, reader: Engine) -> Engine:
+    sa.event.listen(engine, "engine_disposed", lambda _engine: reader.dispose())
+    return engine
 
 
 #: A pooled MySQL connection idle longer than this is pinged before use.
@@ -175,8 +231,9 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _make_sqlite_transactions_immediate(engine: Engine, busy_seconds: float) -> None:
-    """pysqlite defers BEGIN; take the write lock at BEGIN so appends serialize cleanly."""
+def _set_sqlite_pragmas(engine: Engine, busy_seconds: float) -> None:
+    """WAL, so reads and the one writer proceed side by side; BEGIN is ours to send
+    (the driver's own transaction handling is off)."""
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -188,23 +245,18 @@ def _make_sqlite_transactions_immediate(engine: Engine, busy_seconds: float) -> 
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
+
+def _make_sqlite_transactions_immediate(engine: Engine, busy_seconds: float) -> None:
+    """pysqlite defers BEGIN; take the write lock at BEGIN so appends serialize cleanly."""
+
+    _set_sqlite_pragmas(engine, busy_seconds)
+
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         reading = conn.get_execution_options().get(READ_ONLY_OPTION, False)
         # Straight to the driver: through SQLAlchemy's execute path a BEGIN cost
         # several times the statement (tens of microseconds, on every transaction).
         conn.connection.dbapi_connection.execute("BEGIN" if reading else "BEGIN IMMEDIATE")
-
-
-def read_only(engine: Engine) -> Engine:
-    """The same engine (same pool) for transactions that only read.
-
-    On SQLite every other transaction begins IMMEDIATE, taking the write lock; a reader
-    that did so would queue behind a busy writer and stall it in turn, although WAL
-    lets readers and the writer proceed side by side. Readers therefore begin deferred.
-    Other dialects ignore the option.
-    """
-    return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
 def alembic_config(engine: Engine) -> Any:

@@ -1,10 +1,16 @@
 """The event store: an append-only ``task_events`` log with optimistic concurrency.
 
 One ``append`` is one transaction (one controller tick): it locks the one-row log head,
-checks every stream's expected version, inserts the events with consecutive ``seq``
-values, runs the inline projections on the same connection, and commits. Holding the
-head lock until commit makes ``seq`` order equal commit order on MySQL too, so a reader
-following ``seq > checkpoint`` never skips a late commit.
+inserts the events with consecutive ``seq`` values, runs the inline projections on the
+same connection, and commits. Holding the head lock until commit makes ``seq`` order
+equal commit order on MySQL too, so a reader following ``seq > checkpoint`` never skips
+a late commit.
+
+Expected versions are checked by the log's unique ``(stream_id, version)``: a stream's
+versions are consecutive, so any writer that moved a stream past the version expected
+here took the next version too, and the insert collides with it. No read of the
+streams' versions goes before the insert (it was a round trip of every append); the
+error names the stream once the failed append has rolled back.
 """
 
 from __future__ import annotations
@@ -139,7 +145,7 @@ class EventStore:
                     write(conn)
         except sa.exc.IntegrityError as error:
             self._discard()
-            raise ConcurrencyError(f"concurrent append detected: {error.orig}") from error
+            raise self._concurrency_error(appends, error) from error
         except BaseException:
             self._discard()
             raise
@@ -160,10 +166,33 @@ class EventStore:
                 raise _Probed()
         except _Probed:
             return None
+        except sa.exc.IntegrityError as error:
+            moved = self._moved_streams(appends)
+            return ConcurrencyError(moved) if moved else error
         except Exception as error:  # noqa: BLE001 - the answer is the error itself
             return error
         finally:
             self._discard()
+
+    def _concurrency_error(self, appends: Sequence[StreamAppend],
+                           error: sa.exc.IntegrityError) -> ConcurrencyError:
+        return ConcurrencyError(self._moved_streams(appends)
+                                or f"concurrent append detected: {error.orig}")
+
+    def _moved_streams(self, appends: Sequence[StreamAppend]) -> str:
+        """The first stream whose version is not the one expected, as of now (empty:
+        every stream is where its append expected it)."""
+        expected = {a.stream_id: a.expected_version for a in appends
+                    if a.expected_version is not None}
+        if not expected:
+            return ""
+        with self.reader.connect() as conn:
+            found = _stream_versions(conn, sorted(expected))
+        for stream_id, version in expected.items():
+            if found.get(stream_id, 0) != version:
+                return (f"stream {stream_id}: expected version {version}, "
+                        f"found {found.get(stream_id, 0)}")
+        return ""
 
     def _discard(self) -> None:
         for projection in self.projections:
@@ -176,14 +205,8 @@ class EventStore:
             raise ValueError("each stream may appear once per append")
         count = sum(len(a.events) for a in appends)
         head = _move_head(conn, count, self.fence) - count
-        current = _stream_versions(conn, stream_ids)
-        for a in appends:
-            have = current.get(a.stream_id, 0)
-            if a.expected_version is not None and have != a.expected_version:
-                raise ConcurrencyError(
-                    f"stream {a.stream_id}: expected version {a.expected_version}, "
-                    f"found {have}"
-                )
+        unexpected = [a.stream_id for a in appends if a.expected_version is None]
+        current = _stream_versions(conn, unexpected) if unexpected else {}
         sqlite = conn.dialect.name == "sqlite"
         # The column values as the driver takes them (JSON text; on SQLite the
         # timestamp text SQLAlchemy's DateTime writes there): per-row bind processing
@@ -194,7 +217,8 @@ class EventStore:
         recorded: list[RecordedEvent] = []
         seq = head
         for a in appends:
-            version = current.get(a.stream_id, 0)
+            version = (a.expected_version if a.expected_version is not None
+                       else current.get(a.stream_id, 0))
             shared_meta = None if a.metas else a.meta.to_data()
             shared_meta_text = None if shared_meta is None else dumps(shared_meta)
             for index, event in enumerate(a.events):
