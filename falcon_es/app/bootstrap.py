@@ -167,8 +167,10 @@ def build_service(app: App, ports: Ports | None = None,
     reads = ObservedReads(ports, calls, app.settings.calls.answer_max_age_seconds)
     executor = EffectExecutor(app.store, app.tasks, app.settings, ports, app.index,
                               orphans_from=app.live.orphan_start, calls=calls, reads=reads)
-    controller = _controller(app, reads, executor, options, backend.world_store, api_health)
-    loop = _loop(app, ports, executor, controller, backend, options, calls)
+    inbox = _inbox(app)
+    controller = _controller(app, inbox, reads, executor, options, backend.world_store,
+                             api_health)
+    loop = _loop(app, ports, executor, controller, backend, options, calls, inbox)
     return Service(app=app, ports=ports, index=app.index, executor=executor,
                    controller=controller, loop=loop, world=backend.world,
                    api_health=api_health, calls=calls)
@@ -219,13 +221,18 @@ def _gcp_backend(app: App, ports: Ports | None) -> _Backend:
     return _Backend(ports or gcp_ports(app.settings, app.clock))
 
 
-def _controller(app: App, reads: ObservedReads, executor: EffectExecutor,
+def _inbox(app: App) -> JobInbox:
+    metrics = app.metrics
+    return JobInbox(app.engine, app.job, clock=app.clock,
+                    ignored=metrics.job_row_ignored if metrics is not None else None,
+                    diverged=metrics.job_row_diverged if metrics is not None else None,
+                    quiet_seconds=app.settings.job_table.quiet_poll_seconds)
+
+
+def _controller(app: App, inbox: JobInbox, reads: ObservedReads, executor: EffectExecutor,
                 options: RunOptions, world_store: WorldStore | None,
                 api_health: ApiHealth) -> Controller:
     metrics, leadership = app.metrics, options.leadership
-    inbox = JobInbox(app.engine, app.job, clock=app.clock,
-                     ignored=metrics.job_row_ignored if metrics is not None else None,
-                     diverged=metrics.job_row_diverged if metrics is not None else None)
     settings = app.settings
     reservation_reads = ReservationReads(settings.lifecycle.reservation_read_seconds)
     # The handlers read the clusters through the answers the clusters' workers fetch.
@@ -267,7 +274,8 @@ def _controller(app: App, reads: ObservedReads, executor: EffectExecutor,
 
 
 def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controller,
-          backend: _Backend, options: RunOptions, calls: ClusterCalls) -> Loop:
+          backend: _Backend, options: RunOptions, calls: ClusterCalls,
+          inbox: JobInbox) -> Loop:
     index, world = app.index, backend.world
     on_tick = (_also(backend.after_tick, options.on_tick) if backend.after_tick is not None
                else options.on_tick)
@@ -286,5 +294,5 @@ def _loop(app: App, ports: Ports, executor: EffectExecutor, controller: Controll
         leadership=options.leadership,
         follow_log=app.follower.catch_up if app.follower is not None else None,
         script=options.script, resolution=options.resolution,
-        wake=None if calls.inline else calls.landed,
+        wake=None if calls.inline else calls.landed, follow_up=inbox.following_up,
     )

@@ -171,6 +171,10 @@ class JobTableSettings(BaseModel):
         doc="Columns named otherwise, as falcon_name=table_name pairs separated by commas")
     language: Annotated[str, BeforeValidator(_language)] = setting(
         "en", "FALCON_LANG", doc="Language of the Messages written to the job table: en or zh")
+    quiet_poll_seconds: Number = setting(
+        1.0, "FALCON_JOB_QUIET_POLL",
+        doc="After a read of the job table that found no new row, seconds of the "
+            "controller's clock before it is read again (0: every tick reads it)")
 
 
 class LifecycleSettings(BaseModel):

@@ -128,6 +128,10 @@ class Loop:
     #: Set when a call on a cluster's workers has landed (its outcome or answer is a
     #: next tick's input): a waiting loop ticks again at once (None: calls are inline).
     wake: threading.Event | None = None
+    #: Told before each tick whether it follows the last at once (to carry what that
+    #: tick appended or set off) rather than after a wait: such ticks need not read
+    #: the upper layer's inputs again (``JobInbox.following_up``).
+    follow_up: Callable[[bool], None] | None = None
 
     def __post_init__(self) -> None:
         if self.script is not None:
@@ -177,6 +181,7 @@ class Loop:
         each tick besides the loop's own (the service's health marks and metrics)."""
         stop = stop or threading.Event()
         report = LoopReport()
+        following = False
         while True:
             if stop.is_set():
                 report.stopped_by = "signal"
@@ -184,6 +189,8 @@ class Loop:
             if max_ticks is not None and report.ticks >= max_ticks:
                 report.stopped_by = "max-ticks"
                 return report
+            if self.follow_up is not None:
+                self.follow_up(following)
             try:
                 tick = self.step(on_tick)
             except FencedOut as error:
@@ -200,7 +207,8 @@ class Loop:
             report.ticks += 1
             report.appended += tick.appended
             report.conflicts += tick.conflicts
-            if tick.appended or tick.conflicts or self.has_work():
+            following = bool(tick.appended or tick.conflicts or self.has_work())
+            if following:
                 continue
             due = self.next_due()
             settled = self.is_settled()

@@ -215,8 +215,14 @@ class JobInbox:
     no tick carries a whole window of recent rows."""
 
     def __init__(self, engine: Engine, job: JobTable, *, clock: Clock | None = None,
-                 ignored: Ignored | None = None, diverged: Diverged | None = None) -> None:
+                 ignored: Ignored | None = None, diverged: Diverged | None = None,
+                 quiet_seconds: float = 0.0) -> None:
         self.engine = engine
+        #: After a poll that found no new row, how long polls answer empty without a
+        #: read (with a clock): see ``poll``.
+        self._quiet = dt.timedelta(seconds=quiet_seconds)
+        self._quiet_until: dt.datetime | None = None
+        self._following_up = False
         self._diverged = diverged
         #: The row check: when the next pass starts, the ids its pass has still to
         #: read, and the (task, finding) already recorded (None: not read from the
@@ -254,6 +260,10 @@ class JobInbox:
         self._priority_rescan: dt.datetime | None = None
         self._priority_refused: dict[tuple[str, dt.datetime], None] = {}
         self._priority_query = _priority_requests(job) if job.mapping.priority_requests else None
+
+    def following_up(self, following: bool) -> None:
+        """Whether the next poll is a tick's that follows the last at once (``poll``)."""
+        self._following_up = following
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         sql, names, fixed = self._driver_sql("new_rows", self._statements.new_rows)
@@ -322,7 +332,17 @@ class JobInbox:
         """Both inputs as of now, in one statement: what a tick reads (each tick polls
         once instead of once per input). Sent as the driver's SQL, compiled once: every
         tick polls, and compiling, caching and result processing cost more than the
-        query when there is nothing new."""
+        query when there is nothing new.
+
+        A tick that follows the last at once (``following_up``), within
+        ``quiet_seconds`` of the clock after a poll that found no new row, answers
+        empty without reading: such ticks carry what the tick before set off, and what
+        the upper layer wrote meanwhile waits for the next tick, at most that long.
+        They were half the polls, and a poll was half the controller's round trips."""
+        now = self.clock.now() if self.clock is not None else None
+        if (self._following_up and now is not None and self._quiet_until is not None
+                and now < self._quiet_until):
+            return InboxPoll(self, limit, [], [], [])
         sql, names, fixed = self._driver_sql("poll", self._statements.poll)
         values = {**fixed, "limit": limit}
         params: Any = tuple(values[name] for name in names) if names else values
@@ -345,8 +365,10 @@ class JobInbox:
                 new.append(taken)
             else:
                 bad.append(taken)
-        if self.clock is not None:
-            self._scan_strays(self.clock.now())
+        if now is not None:
+            self._scan_strays(now)
+            quiet = self._quiet and not read
+            self._quiet_until = now + self._quiet if quiet else None
         return InboxPoll(self, limit, new, bad, aborts, self.priority_rows())
 
     # ------------------------------------------------------------ the row check
@@ -591,6 +613,10 @@ class InboxPoll:
         self._bad = bad
         self._aborts = aborts
         self._priorities = priorities or []
+
+    def following_up(self, following: bool) -> None:
+        """Whether the next poll is a tick's that follows the last at once (``poll``)."""
+        self._following_up = following
 
     def new_rows(self, limit: int = 1000) -> list[NewRow]:
         """Asked for the poll's limit or more, every new row it read: the oldest and
