@@ -24,8 +24,12 @@ Template = str | Callable[[Args], str]
 AHEAD_NAMED = 3
 
 
-def _clusters(args: Args) -> str:
-    return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
+def _clusters(args: Args, ending: str = "{name} (reservation {reservation} ends at {ends_at}, "
+              "before a run of up to {timeout_seconds}s would)") -> str:
+    """Each cluster and its status; one whose reservation ends too soon for the task
+    says when (``ending``, in the Message's language)."""
+    return ", ".join(ending.format(**c) if c.get("ends_at") else f"{c['name']} ({c['status']})"
+                       for c in args["clusters"])
 
 
 def _never_fit(args: Args, needs: str, holds: str, joiner: str, anything: str) -> str:
@@ -230,7 +234,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         "another topology waits on this cluster, so GKE keeps trying until a node is "
         "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
-    "NodePoolFailed": "node pool {pool_name} failed: {error}",
+    "NodePoolFailed": lambda a: (
+        f"reservation {a['reservation_gone']} of cluster {a['cluster_name']} is gone (Compute "
+        f"has no such reservation; it deletes a calendar-mode one at its end): {a['error']}"
+        if a.get("reservation_gone") else f"node pool {a['pool_name']} failed: {a['error']}"),
     "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
                                      "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
@@ -298,7 +305,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
         if a.get("supply_mode") else
         f"没有集群提供 TPU 类型 {a['tpu_type']}；已注册的 TPU 类型：{_types(a)}"
     ),
-    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：{_clusters(a)}",
+    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：" + _clusters(
+        a, "{name}（预留 {reservation} 于 {ends_at} 结束，早于最长 {timeout_seconds} 秒的运行）"),
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
     "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
     "TaskPicked": "正在 {topology} 上准备资源",
@@ -328,7 +336,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
         "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
-    "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
+    "NodePoolFailed": lambda a: (
+        f"集群 {a['cluster_name']} 的预留 {a['reservation_gone']} 已不存在（Compute 中没有该预留；"
+        f"日历模式的预留在结束时被它删除）：{a['error']}"
+        if a.get("reservation_gone") else f"节点池 {a['pool_name']} 创建失败：{a['error']}"),
     "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
                                      "{cause}；"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
