@@ -12,8 +12,16 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
+import pytest
+
+from falcon_es.adapters.sim import SimConfig, SimConfigError, SimWorld, build_sim_ports
 from falcon_es.adapters.sim.config import SimClusterConfig, Span
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.ports import INVALID, NOT_FOUND, NodePoolSpec, PortError, ReservationCapacity
+from falcon_es.domain.tpu import slice_shape
 from falcon_es.domain.spec import SUPPLY_MODES
+from falcon_es.projections import replay
+from falcon_es.projections.explain import explain, render
 from tests.support.harness import Harness, reserved_cluster
 from falcon_es.domain.clock import VirtualClock
 
@@ -30,8 +38,49 @@ def calendar_cluster(clock: VirtualClock, ends_in_seconds: float, name: str = "v
         dataclasses.replace(r, ends_at=ends_at) for r in config.reservations))
 
 
+def _replays_clean(h: Harness) -> bool:
+    """The job table rebuilt from the log is the live one (``replay --verify``)."""
+    return replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []
+
+
 def _ends(clock: VirtualClock, seconds: float) -> str:
     return (clock.now() + dt.timedelta(seconds=seconds)).isoformat(timespec="seconds") + "Z"
+
+
+# ----------------------------------------------------------- the sim's reservation
+
+
+def _world(ends_at: str) -> dict[str, Any]:
+    return {"clusters": {"cal": {"project": "proj", "location": "us-east5-b",
+                                 "tpu_types": ["v6e"], "default_reservation": "cal-r",
+                                 "reservations": [{"name": "cal-r", "count": 4,
+                                                   "ends_at": ends_at}]}}}
+
+
+def test_the_sim_reads_the_end_and_answers_404_after_it(clock: VirtualClock) -> None:
+    ends_at = clock.now() + dt.timedelta(hours=1)
+    world = SimWorld(clock, SimConfig.from_data(_world(ends_at.isoformat() + "Z")), seed=1)
+    ports = build_sim_ports(world)
+    cluster = Cluster("id-cal", "cal", "proj", "us-east5-b", "v6e", "bucket", "cal-r", "active",
+                      clock.now())
+    assert ports.reservations.capacity(cluster, "cal-r") == ReservationCapacity(None, 4, ends_at)
+    clock.advance(HOUR)
+    with pytest.raises(PortError) as gone:
+        ports.reservations.capacity(cluster, "cal-r")
+    assert gone.value.code == NOT_FOUND
+    with pytest.raises(PortError) as refused:
+        ports.node_pools.create(NodePoolSpec(cluster, "falcon-p", slice_shape("v6e", "2x2"),
+                                             "reservation", "cal-r", 600, {}))
+    assert refused.value.code == INVALID and "cal-r not found" in refused.value.message
+
+
+def test_the_sim_config_refuses_an_end_that_is_not_a_time() -> None:
+    with pytest.raises(SimConfigError, match=r"clusters.cal.reservations\[0\].ends_at: 'soon' "
+                                             r"is not an RFC 3339 time"):
+        SimConfig.from_data(_world("soon"))
+
+
+# ------------------------------------------------------------------ end to end
 
 
 def test_a_task_whose_timeout_fits_before_the_end_runs_on_the_reservation(
@@ -55,6 +104,7 @@ def test_a_task_that_cannot_finish_before_the_end_is_not_started_and_says_why(
         "before a run of up to 7200s would)")
     assert h.statuses()["t1"] == ("Pending", "Waiting")
     assert "TaskPicked" not in h.events("t1") and not h.live_pools()
+    assert _replays_clean(h)
 
 
 def test_a_task_goes_to_a_cluster_whose_reservation_outlasts_its_timeout(
@@ -81,6 +131,7 @@ def test_a_queued_task_whose_turn_comes_too_close_to_the_end_is_requeued(
           max_steps=20_000, max_seconds=HOUR)
     assert "TaskPicked" not in h.events("second")
     assert h.statuses()["second"] == ("Pending", "Waiting")
+    assert _replays_clean(h)
     assert h.messages["second"][-1].startswith(
         "waiting for an active v6e cluster: v6e-cal (reservation v6e-cal-r ends at ")
 
@@ -96,6 +147,9 @@ def test_a_reservation_that_is_gone_fails_the_task_with_a_clear_reason(
         "it deletes a calendar-mode one at its end): The resource "
         "'projects/proj/zones/us-east5-b/reservations/v6e-cal-r' was not found "
         "(reservation v6e-cal-r not found in project proj zone us-east5-b)")
+    said = "\n".join(render(explain("t1", h.app.store.read_stream("t1"))))
+    assert "reservation v6e-cal-r of cluster v6e-cal is gone" in said
+    assert _replays_clean(h)
 
 
 def test_the_end_under_a_running_task_is_a_disruption_named_as_such(
@@ -113,3 +167,5 @@ def test_the_end_under_a_running_task_is_a_disruption_named_as_such(
             "DisruptionTarget DeletionByPodGC: node gke-") in ended[0]
     assert "reached the end of calendar-mode reservation v6e-cal-r" in ended[0]
     assert "JobFailed" not in h.events("t1")
+    h.run()  # its recreated pods wait for nodes that do not come: it ends at its timeout
+    assert h.statuses()["t1"] == ("Failed", "Timeout") and _replays_clean(h)
