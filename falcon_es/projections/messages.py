@@ -13,6 +13,7 @@ from typing import Any
 
 from falcon_es.domain import chart
 from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
+from falcon_es.domain.reservation_end import RESERVATION_ENDING
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
 from falcon_es.storage.tables import MessageRoom
@@ -202,7 +203,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         f"waiting for an active {a['tpu_type']} cluster: {_clusters(a)}"
     ),
     "ClusterChosen": "queued on {cluster_name} ({topology})",
-    "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
+    "TaskRequeued": lambda a: (
+        f"the reservation of cluster {a['from_cluster_name']} ends before this task's timeout "
+        "could; re-queued" if a["cluster_status"] == RESERVATION_ENDING else
+        f"cluster {a['from_cluster_name']} is {a['cluster_status']}; re-queued"),
     "TaskPicked": "provisioning on {topology}",
     "TaskMoved": (
         "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
@@ -308,7 +312,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：" + _clusters(
         a, "{name}（预留 {reservation} 于 {ends_at} 结束，早于最长 {timeout_seconds} 秒的运行）"),
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
-    "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
+    "TaskRequeued": lambda a: (
+        f"集群 {a['from_cluster_name']} 的预留在本任务超时之前就会结束，已重新排队"
+        if a["cluster_status"] == RESERVATION_ENDING else
+        f"集群 {a['from_cluster_name']} 状态为 {a['cluster_status']}，已重新排队"),
     "TaskPicked": "正在 {topology} 上准备资源",
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
