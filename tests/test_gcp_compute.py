@@ -20,7 +20,7 @@ from falcon_es.domain.ports import (
 )
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.tpu import slice_shape
-from tests.fakes.compute_server import FakeCompute, serve_rest
+from tests.fakes.compute_server import FakeCompute, ending, serve_rest
 
 PROJECT, ZONE = "proj-a", "us-east5-b"
 CLUSTER = Cluster("c-1", "edge-a", PROJECT, ZONE, "v6e", "bucket-a", "res-1", "active",
@@ -101,6 +101,39 @@ def test_capacity_is_the_specific_reservations_machine_type_and_count(reservatio
 
     assert reservations.capacity(CLUSTER, "res-1") == ReservationCapacity("ct6e-standard-4t", 8)
     assert reservations.capacity(CLUSTER, "agg") == ReservationCapacity()  # counts chips
+
+
+# -- calendar-mode reservations: their end -----------------------------------------
+
+
+@pytest.mark.parametrize(("end", "ends_at"), [
+    (ending(delete_at_time="2026-12-09T08:00:00Z"), dt.datetime(2026, 12, 9, 8)),
+    (ending(delete_at_time="2026-12-09T00:00:00.000-08:00"), dt.datetime(2026, 12, 9, 8)),
+    (ending(delete_after_seconds=7 * 86400, created="2026-12-02T08:00:00.000-00:00"),
+     dt.datetime(2026, 12, 9, 8)),
+    (ending(delete_after_seconds=3600), None),  # a duration without its start: unknown
+    (None, None),
+])
+def test_capacity_reads_when_compute_deletes_the_reservation(reservations, fake, end, ends_at):
+    """``deleteAtTime`` or ``deleteAfterDuration`` after ``creationTimestamp``, as the
+    official client parses what Compute sends; naive UTC like the controller's clock."""
+    fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8,
+                      in_use=0, end=end)
+
+    assert reservations.capacity(CLUSTER, "res-1") == ReservationCapacity(
+        "ct6e-standard-4t", 8, ends_at)
+
+
+def test_a_reservation_deleted_at_its_end_reads_not_found(reservations, fake):
+    fake.add_specific(PROJECT, ZONE, "res-1", machine_type="ct6e-standard-4t", count=8,
+                      in_use=0, end=ending(delete_at_time="2026-12-09T08:00:00Z"))
+    fake.remove(PROJECT, ZONE, "res-1")
+
+    with pytest.raises(PortError) as gone:
+        reservations.capacity(CLUSTER, "res-1")
+
+    assert gone.value.code == NOT_FOUND
+    assert gone.value.message == f"reservation res-1 not found in project {PROJECT} zone {ZONE}"
 
 
 def test_shared_reservation_is_read_in_the_owner_project(reservations, fake):

@@ -57,9 +57,20 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "Pending", "Waiting",
      "waiting for an active v6e cluster: gke-a (maintenance), gke-b (offline)",
      "等待可用的 v6e 集群：gke-a (maintenance), gke-b (offline)"),
+    ((ACCEPTED, ev.NoActiveCluster("v6e", (
+        {"name": "gke-a", "status": "reservation-ending", "reservation": "cal-1",
+         "ends_at": "2026-12-09T08:00:00Z", "timeout_seconds": 7200},
+        {"name": "gke-b", "status": "offline"}))), "Pending", "Waiting",
+     "waiting for an active v6e cluster: gke-a (reservation cal-1 ends at 2026-12-09T08:00:00Z, "
+     "before a run of up to 7200s would), gke-b (offline)",
+     "等待可用的 v6e 集群：gke-a（预留 cal-1 于 2026-12-09T08:00:00Z 结束，早于最长 7200 秒的运行）, "
+     "gke-b (offline)"),
     (WAITING, "Pending", "Waiting", "queued on gke-a (2x2)", "已排队于 gke-a (2x2)"),
     ((*WAITING, ev.TaskRequeued("c-1", "gke-a", "maintenance")), "Pending", "Waiting",
      "cluster gke-a is maintenance; re-queued", "集群 gke-a 状态为 maintenance，已重新排队"),
+    ((*WAITING, ev.TaskRequeued("c-1", "gke-a", "reservation-ending")), "Pending", "Waiting",
+     "the reservation of cluster gke-a ends before this task's timeout could; re-queued",
+     "集群 gke-a 的预留在本任务超时之前就会结束，已重新排队"),
     (PROVISIONING, "Pending", "Provisioning", "provisioning on 2x2", "正在 2x2 上准备资源"),
     ((*PROVISIONING, CREATE), "Pending", "Provisioning",
      "creating node pool falcon-p1 (flex-start, 2 x ct6e-standard-4t)",
@@ -117,6 +128,12 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "没有集群提供 TPU 类型 v6e；已注册的 TPU 类型：-"),
     ((*PROVISIONING, CREATE, ev.NodePoolFailed("falcon-p1", "GCE_STOCKOUT")), "Failed",
      "NodePoolFailed", "node pool falcon-p1 failed: GCE_STOCKOUT", "节点池 falcon-p1 创建失败：GCE_STOCKOUT"),
+    ((*PROVISIONING, ev.NodePoolFailed("falcon-p1", "reservation cal-1 not found", "cal-1",
+                                       "gke-a")), "Failed", "ReservationGone",
+     "reservation cal-1 of cluster gke-a is gone (Compute has no such reservation; it deletes "
+     "a calendar-mode one at its end): reservation cal-1 not found",
+     "集群 gke-a 的预留 cal-1 已不存在（Compute 中没有该预留；日历模式的预留在结束时被它删除）："
+     "reservation cal-1 not found"),
     ((*PROVISIONING, CREATE, STARTED, ev.NodePoolTimedOut("falcon-p1", 1800)), "Failed",
      "NodePoolTimeout", "node pool falcon-p1 not ready after 1800s",
      "节点池 falcon-p1 在 1800 秒后仍未就绪"),

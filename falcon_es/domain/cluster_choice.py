@@ -17,6 +17,7 @@ from falcon_es.domain import chart
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.domain.ports import ReservationCapacity
+from falcon_es.domain.reservation_end import EndsTooSoon
 from falcon_es.domain.spec import RESERVATION
 from falcon_es.domain.tpu import SliceShape
 
@@ -84,7 +85,9 @@ class NoMatch:
 
 @dataclasses.dataclass(frozen=True)
 class NoneActive:
-    """Clusters of the TPU type exist but none is active: the task keeps waiting."""
+    """Clusters of the TPU type exist but none is active, or every active one's
+    reservation ends before the task could finish (its entry says when): the task
+    keeps waiting."""
 
     clusters: tuple[dict[str, Any], ...]
 
@@ -96,7 +99,7 @@ def choose_cluster(
     depth: Callable[[QueueKey], int],
     idle_pools: Collection[QueueKey],
     supply_mode: str | None = None,
-    never_fit: Callable[[Cluster], NeverFit | None] | None = None,
+    never_fit: Callable[[Cluster], NeverFit | EndsTooSoon | None] | None = None,
 ) -> ClusterChoice | NoMatch | NoneActive:
     """Pick the cluster for a task; ``depth(key)`` is the number of tasks that would be
     ahead of it in a (cluster, topology) queue (``QueueBook.ahead``); ``idle_pools`` holds the queues where an
@@ -105,7 +108,9 @@ def choose_cluster(
     could never be created. It waits while those are all inactive, and fails when its
     TPU type has none. ``never_fit`` says of a cluster whether the reservation the task
     would use there can never serve it: such a cluster is no candidate; when every
-    active one is such, the task fails naming them (or waits for an inactive one)."""
+    active one is such, the task fails naming them (or waits for an inactive one). Nor
+    is one whose reservation ends before the task could finish (``EndsTooSoon``); the
+    task waits while no other can take it, its Message naming that end."""
     of_type = [c for c in clusters if c.tpu_type == tpu_type]
     if not of_type:
         return NoMatch(tuple(sorted({c.tpu_type for c in clusters})))
@@ -116,14 +121,18 @@ def choose_cluster(
                            tuple(sorted(c.name for c in of_type)))
         of_type = reserved
     active = [c for c in of_type if c.status == ACTIVE]
+    ending: dict[str, EndsTooSoon] = {}
     if active and never_fit is not None:
         unfit = {c.id: verdict for c in active if (verdict := never_fit(c)) is not None}
-        if len(unfit) == len(active) == len(of_type):
+        ending = {key: v for key, v in unfit.items() if isinstance(v, EndsTooSoon)}
+        never = [v for v in unfit.values() if isinstance(v, NeverFit)]
+        if len(never) == len(active) == len(of_type):
             return NoMatch(tuple(sorted({c.tpu_type for c in clusters})), supply_mode,
-                           never_fit=tuple(sorted(unfit.values(), key=lambda u: u.cluster)))
+                           never_fit=tuple(sorted(never, key=lambda u: u.cluster)))
         active = [c for c in active if c.id not in unfit]
     if not active:
-        return NoneActive(tuple({"name": c.name, "status": c.status}
+        return NoneActive(tuple(ending[c.id].as_data() if c.id in ending
+                                else {"name": c.name, "status": c.status}
                                 for c in sorted(of_type, key=lambda c: (c.name, c.id))))
     rows = []
     for cluster in sorted(active, key=lambda c: (c.name, c.id)):

@@ -177,8 +177,7 @@ class PriorityChanged(Event):
 @dataclasses.dataclass(frozen=True)
 class SlotYielded(Event):
     """Preemption: the slot holder had created no pool yet (ClusterBusy, its reservation
-    full) and a waiting task of higher effective priority took its place; it waits in
-    its queue again."""
+    full) and a waiting task of higher effective priority took its place, and waits."""
 
     to_task: str
     to_name: str
@@ -301,6 +300,11 @@ class NodePoolFailed(Event):
     failure_reason: ClassVar[str | None] = "NodePoolFailed"
     pool_name: str
     error: str
+    reservation_gone: str | None = None  # the reservation Compute no longer has
+    cluster_name: str | None = None  # whose reservation that was
+
+    def failure(self) -> str | None:
+        return "ReservationGone" if self.reservation_gone else self.failure_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,8 +501,7 @@ class ApiCallRetrying(Event):
     One per failed attempt, so the task's Message can say which attempt it waits on.
     ``step`` is what was being done (``pool-create``, ``pool-delete``, ``job-submit``,
     ``job-delete``, ``reservation-check``); ``attempts`` is the limit, ``None`` for
-    steps never given up (deletes: a pool left behind costs money).
-    """
+    steps never given up (deletes: a pool left behind costs money)."""
 
     api: str
     step: str
@@ -587,8 +590,7 @@ REFUSED_ROWS_STREAM = "intake:refused"
 @dataclasses.dataclass(frozen=True)
 class RowRefused(Event):
     """A job row that cannot become a task stream (its id does not fit the log's
-    ``stream_id``), recorded in ``REFUSED_ROWS_STREAM``; the row is failed with
-    ``reason`` as its Reason."""
+    ``stream_id``), in ``REFUSED_ROWS_STREAM``; the row fails with ``reason`` as Reason."""
 
     row_id: str
     reason: str
@@ -619,17 +621,15 @@ class JobRowDiverged(Event):
 
 
 TASK_EVENTS: tuple[type[Event], ...] = (
-    TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
-    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, PriorityChanged,
-    ReservationInsufficient, NodePoolReused, NodePoolTaken,
-    NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
-    NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
-    JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
-    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
-    NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
-    NodePoolDeleteFailed,
-    JobSubmitCancelled, ApiCallRetrying,
-    PodsRefused, NodesAwaited, NodeWaitExtended, WorkloadDisrupted, ClusterApiUnanswered,
+    TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen, TaskRequeued,
+    TaskPicked, SlotYielded, TaskMoved, PriorityChanged, ReservationInsufficient, NodePoolReused,
+    NodePoolTaken, NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible,
+    NodesNotReady, NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested,
+    JobSubmitted, JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
+    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted, NodePoolRetained,
+    NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
+    JobSubmitCancelled, ApiCallRetrying, PodsRefused, NodesAwaited, NodeWaitExtended,
+    WorkloadDisrupted, ClusterApiUnanswered,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound,

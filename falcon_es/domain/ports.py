@@ -93,10 +93,13 @@ class NodePools(Protocol):
 class ReservationCapacity:
     """What a reservation holds at most, whatever is in use: the machine type of its
     VMs and how many (None: not known, e.g. an aggregate reservation counting chips, or
-    any machine of the cluster's TPU type). A request beyond it can never be served."""
+    any machine of the cluster's TPU type). A request beyond it can never be served.
+    ``ends_at``: when Compute deletes it and the VMs that consume it (a calendar-mode
+    reservation's end); None when it has no end."""
 
     machine_type: str | None = None
     vms: int | None = None
+    ends_at: dt.datetime | None = None
 
 
 class Reservations(Protocol):

@@ -346,8 +346,9 @@ class _Provisioner:
             shape = _shape(state, self._reserved_machine(state, cluster, reservation))
             remaining = self.ports.reservations.remaining_slices(cluster, reservation, shape)
         except PortError as error:
-            if error.code == NOT_FOUND:
-                self.tick.emit(state.task_id, ev.NodePoolFailed(pool, error.message))
+            if error.code == NOT_FOUND:  # Compute deleted it (a calendar-mode one ended)
+                self.tick.emit(state.task_id, ev.NodePoolFailed(
+                    pool, error.message, reservation_gone=reservation, cluster_name=cluster.name))
             elif error.code != AWAITING:  # awaited: decided once the answer is in
                 self._check_failed(state, pool, f"reservation {reservation}: {error.message}")
             return 0

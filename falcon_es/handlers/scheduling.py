@@ -57,6 +57,7 @@ from falcon_es.domain.cluster_choice import (
     never_fits,
 )
 from falcon_es.domain.ports import AWAITING, PortError, ReservationCapacity
+from falcon_es.domain.reservation_end import RESERVATION_ENDING, EndsTooSoon, ends_too_soon
 from falcon_es.domain.spec import RESERVATION
 from falcon_es.domain.tpu import TopologyError, choose_machine, slice_shape
 from falcon_es.engine.reservation_reads import reserved_shape
@@ -160,14 +161,33 @@ class _Capacities:
         self.ctx = ctx
         self.read: dict[tuple[str, str], ReservationCapacity] = {}
 
-    def never_fit(self, state: TaskState, cluster: Cluster) -> NeverFit | None:
+    def never_fit(self, state: TaskState, cluster: Cluster) -> NeverFit | EndsTooSoon | None:
         """The cluster's reservation, when the task would use it there and it can never
-        serve the task (None: it can, the task would not use it, or it is not known)."""
+        serve the task, or it ends before the task's timeout could (None: it can, the
+        task would not use it, or it is not known)."""
         reservation = cluster.default_reservation
         mode = _supply_mode(state)
         if not reservation or mode not in (None, RESERVATION):
             return None
         capacity = self._capacity(cluster, reservation)
+        return self._never_fits(state, cluster, reservation, capacity) or ends_too_soon(
+            cluster.name, reservation, capacity, self.ctx.now,
+            state.submission.spec.timeout_seconds)
+
+    def ends_too_soon(self, state: TaskState, cluster: Cluster) -> EndsTooSoon | None:
+        """The cluster's reservation ends before the task, picked now, could time out
+        (None: it does not, or the task would not use it). ``PortError(AWAITING)`` while
+        the read is asked on the cluster's workers: the pick waits for it."""
+        reservation = cluster.default_reservation
+        if not reservation or _supply_mode(state) not in (None, RESERVATION):
+            return None
+        capacity = self._capacity(cluster, reservation, awaited=True)
+        return ends_too_soon(cluster.name, reservation, capacity, self.ctx.now,
+                             state.submission.spec.timeout_seconds)
+
+    @staticmethod
+    def _never_fits(state: TaskState, cluster: Cluster, reservation: str,
+                    capacity: ReservationCapacity) -> NeverFit | None:
         submission = state.submission
         machine = choose_machine(submission.tpu_type, submission.topology,
                                  asked=submission.spec.machine_type,
@@ -180,16 +200,19 @@ class _Capacities:
 
     def can_serve(self, state: TaskState, cluster: Cluster) -> bool:
         """A cluster a waiting task may move to: its reservation is not one that can
-        never serve the task."""
+        never serve the task, nor one that ends before the task could finish."""
         return self.never_fit(state, cluster) is None
 
-    def _capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+    def _capacity(self, cluster: Cluster, reservation: str, *,
+                  awaited: bool = False) -> ReservationCapacity:
         key = (cluster.id, reservation)
         if key not in self.read:
             try:
                 self.read[key] = self.ctx.ports.reservations.capacity(cluster, reservation)
             except PortError as error:
                 if error.code == AWAITING:  # asked on the cluster's workers: a later tick
+                    if awaited:
+                        raise
                     return ReservationCapacity()
                 # Unknown: the task queues, and provisioning reads the reservation anyway.
                 log.warning("reading reservation %s of cluster %s: %s", reservation,
@@ -309,9 +332,21 @@ def yield_busy_slots(tick: Tick, ctx: HandlerContext) -> None:
             book.sync(after)
 
 
+def _ending(capacities: _Capacities, state: TaskState, cluster: Cluster) -> bool | None:
+    """Whether the cluster's reservation ends before the task, picked now, could time
+    out; None while that is being read."""
+    try:
+        return capacities.ends_too_soon(state, cluster) is not None
+    except PortError as error:
+        if error.code == AWAITING:
+            return None
+        raise
+
+
 def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
     book = _book(tick, ctx)
     clusters: dict[str, Cluster] = {c.id: c for c in ctx.clusters}
+    capacities = _Capacities(ctx)
     for key in book.free_queues():
         cluster = clusters.get(key[0])
         if cluster is None or cluster.status != ACTIVE:
@@ -322,6 +357,14 @@ def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:
                 if state is None:
                     break
                 book.sync(state)
+                continue
+            ending = _ending(capacities, state, cluster)
+            if ending is None:
+                break  # the reservation's end is being read: picked at a later tick
+            if ending:  # its reservation ends first: it waits for another one
+                requeued = tick.emit(state.task_id, ev.TaskRequeued(
+                    cluster.id, cluster.name, RESERVATION_ENDING))
+                book.sync(requeued or state)
                 continue
             after = tick.emit(decision.winner.task_id, ev.TaskPicked(
                 cluster_id=key[0], topology=key[1], why=decision.why,

@@ -61,11 +61,12 @@ from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.domain.manifests import log_path
 from falcon_es.domain.ports import (
-    AWAITING, JOBSET_KIND, JobObservation, PodObservation, PortError,
+    AWAITING, JOBSET_KIND, NOT_FOUND, JobObservation, PodObservation, PortError,
 )
 from falcon_es.engine.runtime import Tick
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS, autoscaled
+from falcon_es.domain.reservation_end import reservation_ended
+from falcon_es.domain.spec import FLEX_START, FLEX_START_MAX_RUN_SECONDS, RESERVATION, autoscaled
 from falcon_es.domain.task import TaskState
 
 log = logging.getLogger("falcon_es.handlers.status")
@@ -329,6 +330,8 @@ def _node_end(ctx: HandlerContext, state: TaskState) -> str:
     """A flex-start node lives at most 7 days: a disruption on a pool old enough for its
     nodes to have reached that end is named as such (the pod's condition says only that
     its node went)."""
+    if state.pool.supply_mode == RESERVATION:
+        return _reservation_end(ctx, state)
     born = state.pool.requested_at or state.submission.submitted_at
     if state.pool.supply_mode != FLEX_START or born is None:
         return ""
@@ -336,6 +339,26 @@ def _node_end(ctx: HandlerContext, state: TaskState) -> str:
         return ""
     return ("flex-start node at the end of its life (GKE deletes flex-start nodes after at "
             "most 7 days, their max run duration): ")
+
+
+def _reservation_end(ctx: HandlerContext, state: TaskState) -> str:
+    """A calendar-mode reservation's end deletes the VMs that consume it: a disruption
+    of a pool made from a reservation that has ended, or that Compute no longer has, is
+    named as such. Disruptions are rare: the reservation is read only then."""
+    request = state.pool.request
+    cluster = next((c for c in ctx.clusters if c.id == state.placement.cluster_id), None)
+    if request is None or not request.reservation or cluster is None:
+        return ""
+    try:
+        ends_at = ctx.ports.reservations.capacity(cluster, request.reservation).ends_at
+    except PortError as error:
+        if error.code == AWAITING:
+            raise  # decided once the answer is in
+        gone = error.code == NOT_FOUND
+        return reservation_ended(request.reservation, cluster.name) if gone else ""
+    if ends_at is None or ctx.now < ends_at:
+        return ""
+    return reservation_ended(request.reservation, cluster.name)
 
 
 def _failure_cause(pod: PodObservation | None,

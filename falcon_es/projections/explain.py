@@ -178,6 +178,9 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent]) -> list[Node]:
             return [Node(render_message("NoMatchingCluster", event.to_data()), source, at)]
         case ev.NoMatchingCluster():
             return [Node(f"no active cluster offers {state.submission.tpu_type}", source, at)]
+        case ev.NodePoolFailed() if event.reservation_gone:
+            return [Node(f"Compute: {event.error}", source, at),
+                    Node(render_message("NodePoolFailed", event.to_data()), source, at)]
         case ev.NodePoolFailed():
             return [Node(f"GKE: {event.error}", source, at),
                     Node(f"node pool {event.pool_name} cannot be used", source, at)]

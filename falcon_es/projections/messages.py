@@ -13,6 +13,7 @@ from typing import Any
 
 from falcon_es.domain import chart
 from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
+from falcon_es.domain.reservation_end import RESERVATION_ENDING
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
 from falcon_es.storage.tables import MessageRoom
@@ -24,8 +25,12 @@ Template = str | Callable[[Args], str]
 AHEAD_NAMED = 3
 
 
-def _clusters(args: Args) -> str:
-    return ", ".join(f"{c['name']} ({c['status']})" for c in args["clusters"])
+def _clusters(args: Args, ending: str = "{name} (reservation {reservation} ends at {ends_at}, "
+              "before a run of up to {timeout_seconds}s would)") -> str:
+    """Each cluster and its status; one whose reservation ends too soon for the task
+    says when (``ending``, in the Message's language)."""
+    return ", ".join(ending.format(**c) if c.get("ends_at") else f"{c['name']} ({c['status']})"
+                       for c in args["clusters"])
 
 
 def _never_fit(args: Args, needs: str, holds: str, joiner: str, anything: str) -> str:
@@ -198,7 +203,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         f"waiting for an active {a['tpu_type']} cluster: {_clusters(a)}"
     ),
     "ClusterChosen": "queued on {cluster_name} ({topology})",
-    "TaskRequeued": "cluster {from_cluster_name} is {cluster_status}; re-queued",
+    "TaskRequeued": lambda a: (
+        f"the reservation of cluster {a['from_cluster_name']} ends before this task's timeout "
+        "could; re-queued" if a["cluster_status"] == RESERVATION_ENDING else
+        f"cluster {a['from_cluster_name']} is {a['cluster_status']}; re-queued"),
     "TaskPicked": "provisioning on {topology}",
     "TaskMoved": (
         "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
@@ -230,7 +238,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         "another topology waits on this cluster, so GKE keeps trying until a node is "
         "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
-    "NodePoolFailed": "node pool {pool_name} failed: {error}",
+    "NodePoolFailed": lambda a: (
+        f"reservation {a['reservation_gone']} of cluster {a['cluster_name']} is gone (Compute "
+        f"has no such reservation; it deletes a calendar-mode one at its end): {a['error']}"
+        if a.get("reservation_gone") else f"node pool {a['pool_name']} failed: {a['error']}"),
     "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
                                      "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
@@ -298,9 +309,13 @@ ZH: Mapping[str, Template] = MappingProxyType({
         if a.get("supply_mode") else
         f"没有集群提供 TPU 类型 {a['tpu_type']}；已注册的 TPU 类型：{_types(a)}"
     ),
-    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：{_clusters(a)}",
+    "NoActiveCluster": lambda a: f"等待可用的 {a['tpu_type']} 集群：" + _clusters(
+        a, "{name}（预留 {reservation} 于 {ends_at} 结束，早于最长 {timeout_seconds} 秒的运行）"),
     "ClusterChosen": "已排队于 {cluster_name} ({topology})",
-    "TaskRequeued": "集群 {from_cluster_name} 状态为 {cluster_status}，已重新排队",
+    "TaskRequeued": lambda a: (
+        f"集群 {a['from_cluster_name']} 的预留在本任务超时之前就会结束，已重新排队"
+        if a["cluster_status"] == RESERVATION_ENDING else
+        f"集群 {a['from_cluster_name']} 状态为 {a['cluster_status']}，已重新排队"),
     "TaskPicked": "正在 {topology} 上准备资源",
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
@@ -328,7 +343,10 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
         "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
-    "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
+    "NodePoolFailed": lambda a: (
+        f"集群 {a['cluster_name']} 的预留 {a['reservation_gone']} 已不存在（Compute 中没有该预留；"
+        f"日历模式的预留在结束时被它删除）：{a['error']}"
+        if a.get("reservation_gone") else f"节点池 {a['pool_name']} 创建失败：{a['error']}"),
     "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
                                      "{cause}；"),
     "JobSubmitRequested": "正在提交 Job {job_name}",

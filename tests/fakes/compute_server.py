@@ -41,6 +41,20 @@ class HttpError(Exception):
         self.message = message
 
 
+def ending(*, delete_at_time: str | None = None, delete_after_seconds: int | None = None,
+           created: str | None = None) -> compute_v1.Reservation:
+    """The fields of a reservation that say when Compute deletes it: an absolute
+    ``deleteAtTime`` or a ``deleteAfterDuration`` after its ``creationTimestamp``."""
+    end = compute_v1.Reservation()
+    if delete_at_time is not None:
+        end.delete_at_time = delete_at_time
+    if delete_after_seconds is not None:
+        end.delete_after_duration = compute_v1.Duration(seconds=delete_after_seconds)
+    if created is not None:
+        end.creation_timestamp = created
+    return end
+
+
 class FakeCompute:
     """Reservations (specific, aggregate, dense blocks) and resource policies."""
 
@@ -60,9 +74,11 @@ class FakeCompute:
     # -- set-up and faults ----------------------------------------------------------
 
     def add_specific(self, project: str, zone: str, name: str, *, machine_type: str,
-                     count: int, in_use: int, status: str = "READY") -> None:
+                     count: int, in_use: int, status: str = "READY",
+                     end: compute_v1.Reservation | None = None) -> None:
+        """``end``: the fields saying when Compute deletes it (``ending``)."""
         with self._lock:
-            self.reservations[(project, zone, name)] = compute_v1.Reservation(
+            found = compute_v1.Reservation(
                 name=name,
                 zone=f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
                 status=status, specific_reservation_required=True,
@@ -71,6 +87,14 @@ class FakeCompute:
                     instance_properties=InstanceProperties(machine_type=machine_type),
                 ),
             )
+            if end is not None:
+                compute_v1.Reservation.pb(found).MergeFrom(compute_v1.Reservation.pb(end))
+            self.reservations[(project, zone, name)] = found
+
+    def remove(self, project: str, zone: str, name: str) -> None:
+        """Compute deleted the reservation (a calendar-mode one at its end): reads 404."""
+        with self._lock:
+            self.reservations.pop((project, zone, name), None)
 
     def add_aggregate(self, project: str, zone: str, name: str, *, vm_family: str,
                       reserved: Mapping[str, int], in_use: Mapping[str, int],

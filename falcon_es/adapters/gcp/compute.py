@@ -25,6 +25,7 @@ topology) that must exist in the cluster's region before GKE can create the pool
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 
 import google.auth
@@ -36,6 +37,7 @@ from google.cloud import compute_v1
 from falcon_es.adapters.gcp.errors import capacity_code, port_error
 from falcon_es.domain.ports import FAILED, INVALID, NOT_FOUND, PortError, ReservationCapacity
 from falcon_es.domain.clusters import Cluster, missing_node_zone
+from falcon_es.domain.timestamps import as_timestamp
 from falcon_es.domain.tpu import SliceShape
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -83,6 +85,21 @@ def reservation_ref(cluster: Cluster, reservation: str) -> ReservationRef:
         project=match["project"] or cluster.project, zone=zone,
         name=match["name"], block=match["block"], sub_block=match["sub_block"],
     )
+
+
+def reservation_end(found: compute_v1.Reservation) -> dt.datetime | None:
+    """When Compute deletes the reservation, and the VMs that consume it: its
+    ``deleteAtTime`` (RFC 3339), or its ``deleteAfterDuration`` after its
+    ``creationTimestamp``; None when it carries neither. The reservation a calendar-mode
+    future reservation creates is deleted at the request's end; which of the two fields
+    that reservation shows is not documented, so both are read (docs/FIDELITY.md)."""
+    if found.delete_at_time:
+        return as_timestamp(found.delete_at_time)
+    created = as_timestamp(found.creation_timestamp)
+    if "delete_after_duration" in found and created is not None:
+        after = found.delete_after_duration
+        return created + dt.timedelta(seconds=after.seconds, microseconds=after.nanos // 1000)
+    return None
 
 
 def accelerator_family(machine_type: str) -> str:
@@ -152,14 +169,16 @@ class ComputeReservations:
     def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
         """A specific reservation's machine type and VM count (of the block or
         sub-block when the reference names one); an aggregate reservation counts chips
-        per accelerator type, which ``remaining_slices`` checks: nothing known here."""
+        per accelerator type, which ``remaining_slices`` checks: nothing known here.
+        Either kind's end (``reservation_end``) is read."""
         ref = reservation_ref(cluster, reservation)
         found = self._get_reservation(ref)
+        ends_at = reservation_end(found)
         if "specific_reservation" not in found:
-            return ReservationCapacity()
+            return ReservationCapacity(ends_at=ends_at)
         specific = found.specific_reservation
         machine_type = specific.instance_properties.machine_type.rsplit("/", 1)[-1] or None
-        return ReservationCapacity(machine_type, None if ref.block else specific.count)
+        return ReservationCapacity(machine_type, None if ref.block else specific.count, ends_at)
 
     def _get_reservation(self, ref: ReservationRef) -> compute_v1.Reservation:
         try:

@@ -4,12 +4,14 @@ Counts are VMs, as in a specific-SKU reservation's ``count`` / ``inUseCount``;
 slices available = (count - in_use - VMs held by this world's reservation pools)
 // hosts per slice (xpk's formula). A reservation for another machine type offers
 no slices of this shape. Reservations are zonal: read in the cluster's node zone, one
-in another zone is not found, as Compute answers.
+in another zone is not found, as Compute answers; so is one after its end (``ends_at``:
+a calendar-mode reservation, which Compute deletes then).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Callable
 
 from falcon_es.domain.ports import INVALID, NOT_FOUND, PortError, ReservationCapacity
@@ -49,8 +51,8 @@ class SimReservations:
         gke = self._pools_of(cluster)
         zone = self._zone(cluster)
 
-        def answer(now: object) -> int:
-            config = self._config(gke, reservation, zone)
+        def answer(now: dt.datetime) -> int:
+            config = self._config(gke, reservation, zone, now)
             return gke.reservation_unused_vms(config, shape) // max(1, shape.hosts)
 
         return self._call(answer)
@@ -62,11 +64,12 @@ class SimReservations:
         gke = self._pools_of(cluster)
         zone = self._zone(cluster)
 
-        def answer(now: object) -> ReservationCapacity:
-            config = self._config(gke, reservation, zone)
-            return ReservationCapacity(config.machine_type, config.count)
+        def answer(now: dt.datetime) -> ReservationCapacity:
+            config = self._config(gke, reservation, zone, now)
+            return ReservationCapacity(config.machine_type, config.count, config.ends_at)
 
         return self._call(answer)
+
     @staticmethod
     def _zone(cluster: Cluster) -> str:
         """Where the cluster's reservations are read: its node zone."""
@@ -76,12 +79,13 @@ class SimReservations:
         return cluster.node_zone
 
     @staticmethod
-    def _config(gke: NodePoolService, reservation: str, zone: str) -> ReservationConfig:
+    def _config(gke: NodePoolService, reservation: str, zone: str,
+                now: dt.datetime) -> ReservationConfig:
         """The reservation as configured in ``zone``; NOT_FOUND in Compute's words when
-        there is none there."""
+        there is none there, or when it has ended (Compute deleted it)."""
         identity = gke.identity
         config = identity.config.reservation(reservation)
-        if config is None or identity.reservation_zone(config) != zone:
+        if config is None or identity.reservation_zone(config) != zone or config.gone(now):
             name = reservation.rsplit("/", 1)[-1]
             raise PortError(NOT_FOUND, f"The resource '{identity.reservation_path(name, zone)}"
                                        f"' was not found (reservation {name} not found in "

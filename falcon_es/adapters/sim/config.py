@@ -11,7 +11,8 @@ when its entry lists no reservation of that name. An entry's ``project``,
 ``default_reservation`` are what ``demo``, ``simulate`` and ``bench`` register; the
 world simulates the registry's values. A regional cluster (``location`` a region) has
 the zones ``zones`` lists (default: the region's a, b and c); a reservation lives in
-its ``zone``, by default the zone of the cluster's TPU pools.
+its ``zone``, by default the zone of the cluster's TPU pools; one with ``ends_at`` (an
+RFC 3339 time) is a calendar-mode reservation, deleted then with the VMs on it.
 
 Every knob has a default so an empty object is a valid world. Latencies are
 seconds, either a number or ``[low, high]`` (drawn uniformly from the world's seeded
@@ -25,6 +26,7 @@ A bad file fails with one line naming the file, the place in it and what was exp
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -35,6 +37,7 @@ from typing import Any
 
 from falcon_es.domain.clusters import is_zone
 from falcon_es.domain.ports import EDGE_EVENTS_TOPIC, TASK_EVENTS_TOPIC
+from falcon_es.domain.timestamps import as_timestamp
 from falcon_es.domain.spec import SIM_OUTCOMES, SUPPLY_MODES
 from falcon_es.domain.tpu import TPU_TYPES
 
@@ -140,6 +143,12 @@ class ReservationConfig:
     machine_type: str | None = None  # None: any machine of the cluster's TPU type
     #: Reservations are zonal; None: the zone of the cluster's TPU pools.
     zone: str | None = None
+    #: A calendar-mode reservation's end (naive UTC): Compute deletes it then, and the
+    #: VMs that consume it; reads after it answer 404. None: it has no end.
+    ends_at: dt.datetime | None = None
+
+    def gone(self, now: dt.datetime) -> bool:
+        return self.ends_at is not None and now >= self.ends_at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,13 +422,18 @@ class _Parser:
         )
 
     def reservation(self, data: Any, where: str) -> ReservationConfig:
-        data = self.obj(data, where, {"name", "count", "in_use", "machine_type", "zone"})
+        data = self.obj(data, where, {"name", "count", "in_use", "machine_type", "zone",
+                                      "ends_at"})
         name = self.text(data.get("name"), f"{where}.name")
         zone = self.optional_text(data, "zone", where)
         if zone is not None and not is_zone(zone):
             raise self.fail(f"{where}.zone", f"{zone!r} is not a zone (us-central1-a)")
+        ends = self.optional_text(data, "ends_at", where)
+        ends_at = as_timestamp(ends) if ends is not None else None
+        if ends is not None and ends_at is None:
+            raise self.fail(f"{where}.ends_at", f"{ends!r} is not an RFC 3339 time")
         return dataclasses.replace(self.size(data, where, count=data.get("count")).named(name),
-                                   zone=zone)
+                                   zone=zone, ends_at=ends_at)
 
     def zones(self, data: Any, where: str) -> tuple[str, ...]:
         if not isinstance(data, list):

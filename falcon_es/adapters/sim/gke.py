@@ -54,14 +54,16 @@ NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
 BACKOFF_NOTE = "pod didn't trigger scale-up: 1 in backoff after failed scale-up"
 #: The autoscaler's GKE provider's failure words for a MIG resize refused for quota.
 GCE_QUOTA_EXCEEDED = "GCE quota exceeded"
+FLEX_START_END = "reached the end of its flex-start max run duration"
+RESERVATION_END = "reached the end of calendar-mode reservation {reservation}"
 
 
 @dataclasses.dataclass
 class SimNode:
     name: str
     ready: bool = False
-    #: GKE deleted it at the end of its flex-start max run duration.
-    expired: bool = False
+    #: Why its VM was deleted under it: its flex-start run or its reservation ended.
+    end: str | None = None
     pod: str | None = None  # "<job>/<pod>" bound to it; a TPU pod takes the whole VM
     shared: bool = False  # a CPU system node: pods without TPUs share it
 
@@ -218,7 +220,7 @@ class NodePoolService:
 
     def create(self, spec: NodePoolSpec, now: dt.datetime) -> Operation:
         zones = spec.locations or self.identity.zones
-        self._validate(spec, zones)
+        self._validate(spec, zones, now)
         existing = self.pools.get(spec.name)
         if existing is not None:
             if existing.status == STOPPING:
@@ -363,7 +365,7 @@ class NodePoolService:
 
     # -------------------------------------------------------------- internals
 
-    def _validate(self, spec: NodePoolSpec, zones: tuple[str, ...]) -> None:
+    def _validate(self, spec: NodePoolSpec, zones: tuple[str, ...], now: dt.datetime) -> None:
         where = self.identity.pool_path(spec.name)
         if not isinstance(spec.name, str) or not POOL_NAME.match(spec.name):
             raise PortError(INVALID, f"Invalid value for field 'node_pool.name': {spec.name!r}. "
@@ -396,7 +398,7 @@ class NodePoolService:
             name = spec.reservation.rsplit("/", 1)[-1]
             found = self.identity.config.reservation(name)
             for zone in zones:
-                if found is None or self.identity.reservation_zone(found) != zone:
+                if found is None or self.identity.reservation_zone(found) != zone or found.gone(now):
                     raise PortError(INVALID, f"Reservation "
                                              f"{self.identity.reservation_path(name, zone)} was "
                                              f"not found (reservation {name} not found in "
@@ -630,14 +632,19 @@ class NodePoolService:
         self._timeline.at(seconds_after(moment, ready_lag), self._nodes_ready, pool)
         if pool.supply_mode == FLEX_START:
             self._timeline.at(seconds_after(moment, self.behaviour.flex_start_max_run_seconds),
-                              self._end_of_run, pool, group)
+                              self._end_of_run, pool, group, FLEX_START_END)
+        reserved = self.identity.config.reservation(pool.reservation or "")
+        if pool.reservation and reserved is not None and reserved.ends_at is not None:
+            self._timeline.at(max(reserved.ends_at, moment), self._end_of_run, pool, group,
+                              RESERVATION_END.format(reservation=reserved.name))
 
-    def _end_of_run(self, pool: SimPool, group: str, moment: dt.datetime) -> None:
-        """Flex-start nodes reach their max run duration: GKE deletes them, killing their pods."""
+    def _end_of_run(self, pool: SimPool, group: str, why: str, moment: dt.datetime) -> None:
+        """Flex-start nodes reach their max run duration, or the calendar-mode reservation
+        they consume ends: their VMs are deleted, killing their pods."""
         lost = [node for node in pool.nodes if f"-{group}-" in node.name]
         if self.pools.get(pool.name) is pool and lost:
             for node in lost:
-                node.expired = True
+                node.end = why
             self._lose(pool, lost, moment)
             self._quota_freed(moment)
 

@@ -267,8 +267,7 @@ class KubeService:
             if job is None or pod is None:
                 continue
             pod.node = None
-            words = (f"node {node.name} reached the end of its flex-start max run duration "
-                     f"and was deleted" if node.expired else
+            words = (f"node {node.name} {node.end} and was deleted" if node.end else
                      f"node {node.name} was deleted with node pool {pool.name}")
             self._pod_failed(job, pod, moment, POD_GC, None, words, (POD_GC, words))
         self._reschedule(moment, {pool.name})
