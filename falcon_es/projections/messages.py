@@ -204,6 +204,13 @@ EN: Mapping[str, Template] = MappingProxyType({
         "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
+    "SlotLent": (
+        "slot lent to {to_name} ({to_supply_mode}) while reservation {reservation} is full; "
+        "this task goes on first, the moment the reservation has room"),
+    "SlotBorrowed": (
+        "provisioning on {topology} on the slot lent by {from_name}, which waits for "
+        "reservation {reservation}; {supply_mode} does not use it "
+        "({passed_over_count} task(s) waiting for that reservation passed over)"),
     "PriorityChanged": "priority changed from {old} to {new} by {requester}",
     "ReservationInsufficient": _since(
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
@@ -304,6 +311,12 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskPicked": "正在 {topology} 上准备资源",
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
+    "SlotLent": (
+        "预留 {reservation} 已满，资源槽暂借给 {to_name}（{to_supply_mode}）；"
+        "预留一有空余，本任务立即优先继续"),
+    "SlotBorrowed": (
+        "正在 {topology} 上准备资源，使用 {from_name} 借出的资源槽（它在等待预留 "
+        "{reservation}；{supply_mode} 不使用该预留，越过了 {passed_over_count} 个等待该预留的任务）"),
     "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
     "ReservationInsufficient": _since(
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
@@ -434,9 +447,17 @@ def task_message(state: TaskState, lang: str = "en",
     for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
-                               and state.note_args.get("pool_name") in state.pool.retained):
+                               and state.note_args.get("pool_name") in state.pool.retained
+                               or _loan_over(state)):
         parts.append(render(state.note_key, state.note_args, lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
+
+
+def _loan_over(state: TaskState) -> bool:
+    """A slot lent while the task waited for its reservation is no news once it no
+    longer waits: the note is shown only in ClusterBusy."""
+    return (state.note_key == "SlotLent"
+            and state.reason != chart.PendingReason.CLUSTER_BUSY)
 
 
 def aborting_waits(state: TaskState, lang: str = "en") -> str:
