@@ -116,12 +116,19 @@ def test_strict_fifo_keeps_the_slot_for_the_holder() -> None:
     assert not any(isinstance(e, (SlotLent, SlotBorrowed)) for _, e in world.decided)
 
 
-def test_one_loan_at_a_time_and_the_holder_goes_on_beside_its_borrower() -> None:
+def _two_behind(second_mode: str) -> tuple[World, str, str, str]:
+    """The stuck holder, a flex-start task that borrowed its slot, and a task of
+    ``second_mode`` that came after the loan."""
     world, holder = _stuck()
     first = world.arrive("cid", "2x2", mode="flex-start")
     world.tick()
-    second = world.arrive("dee", "2x2", mode="on-demand")
+    second = world.arrive("dee", "2x2", mode=second_mode)
     world.tick()
+    return world, holder, first, second
+
+
+def test_one_loan_at_a_time_and_the_holder_goes_on_beside_its_borrower() -> None:
+    world, holder, first, second = _two_behind("on-demand")
     assert world.tasks.get(first).reason == "Provisioning"
     assert world.tasks.get(second).reason == "Waiting", "one borrower per queue"
     # The reservation has room: the holder goes on at once, its loan notwithstanding,
@@ -140,11 +147,7 @@ def test_one_loan_at_a_time_and_the_holder_goes_on_beside_its_borrower() -> None
 
 
 def test_a_loan_ends_when_the_borrower_runs_and_the_next_one_may_borrow() -> None:
-    world, holder = _stuck()
-    first = world.arrive("cid", "2x2", mode="flex-start")
-    world.tick()
-    second = world.arrive("dee", "2x2", mode="flex-start")
-    world.tick()
+    world, holder, first, second = _two_behind("flex-start")
     world.free(first, fail=False)
     world.tick()
     assert world.tasks.get(second).placement.borrowed_from == holder

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
 
 from falcon_es.domain.pick_rule import (
     CANDIDATES_RECORDED, WHY_FIFO, WHY_ONLY_WAITING, WHY_PRIORITY, WHY_ROUND_ROBIN,
@@ -241,13 +240,16 @@ class QueueBook:
         queue = self._queues.get(key)
         return tuple(sorted(queue.borrowers)) if queue else ()
 
-    def lending_queues(self, could_borrow: Callable[[QueueKey, str | None], bool]
-                       ) -> list[QueueKey]:
-        """Queues whose slot has a holder and no borrower, with a waiting task whose
-        supply mode (as its spec asks) ``could_borrow`` there: O(queues x modes asked)."""
+    def lending_queues(self) -> list[QueueKey]:
+        """Queues whose slot has a holder and no borrower, with tasks waiting."""
         return sorted(k for k, q in self._queues.items()
-                      if q.holders and not q.borrowers
-                      and any(could_borrow(k, mode) for mode in q.modes))
+                      if q.holders and not q.borrowers and q.waiting)
+
+    def asked_modes(self, key: QueueKey) -> frozenset[str | None]:
+        """The supply modes the queue's waiting tasks ask for (None: the cluster's
+        default), so that whether anyone could borrow is known without a look at each."""
+        queue = self._queues.get(key)
+        return frozenset(queue.modes) if queue else frozenset()
 
     def running(self, key: QueueKey) -> int:
         queue = self._queues.get(key)

@@ -79,10 +79,11 @@ def resolved_mode(asked: str | None, cluster_reservation: str | None) -> str:
     return RESERVATION if cluster_reservation else FLEX_START
 
 
-def competes(asked: str | None, cluster_reservation: str | None) -> bool:
-    """Whether a task of the queue would wait for the lender's reservation: every task
-    that uses the reservation mode there uses the cluster's one reservation."""
-    return resolved_mode(asked, cluster_reservation) == RESERVATION
+def competes(asked: str | None, cluster_reservation: str | None, lender_mode: str) -> bool:
+    """Whether a task of the queue would wait for the same capacity as the lender: the
+    same supply mode on the same cluster (every task of a queue that uses the
+    reservation mode there uses the cluster's one reservation)."""
+    return resolved_mode(asked, cluster_reservation) == lender_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +111,13 @@ class Loan:
                      for c in self.passed_over)
 
 
-def choose_borrower(order: Iterable[LoanCandidate],
-                    cluster_reservation: str | None) -> Loan | None:
-    """The first task in pick order that does not compete for the lender's reservation
+def choose_borrower(order: Iterable[LoanCandidate], cluster_reservation: str | None,
+                    lender_mode: str = RESERVATION) -> Loan | None:
+    """The first task in pick order that does not compete for the lender's capacity
     (None: every waiting task does, and the slot stays idle for the holder)."""
     passed: list[LoanCandidate] = []
     for candidate in order:
-        if competes(candidate.supply_mode, cluster_reservation):
+        if competes(candidate.supply_mode, cluster_reservation, lender_mode):
             passed.append(candidate)
             continue
         return Loan(candidate, resolved_mode(candidate.supply_mode, cluster_reservation),

@@ -63,7 +63,7 @@ from falcon_es.domain.cluster_choice import (
 )
 from falcon_es.domain.ports import AWAITING, PortError, ReservationCapacity
 from falcon_es.domain.slot_loans import (
-    LoanCandidate, SlotBorrowed, SlotLent, choose_borrower, competes,
+    LoanCandidate, SlotBorrowed, SlotLent, choose_borrower, competes, resolved_mode,
 )
 from falcon_es.domain.spec import RESERVATION
 from falcon_es.domain.tpu import TopologyError, choose_machine, slice_shape
@@ -322,19 +322,17 @@ def lend_stuck_slots(tick: Tick, ctx: HandlerContext) -> None:
         return
     book = _book(tick, ctx)
     clusters: dict[str, Cluster] = {c.id: c for c in ctx.clusters}
-
-    def could_borrow(key: tuple[str, str], mode: str | None) -> bool:
+    for key in book.lending_queues():
         cluster = clusters.get(key[0])
-        return (cluster is not None and cluster.status == ACTIVE
-                and not competes(mode, cluster.default_reservation))
-
-    for key in book.lending_queues(could_borrow):
         lender = tick.state(book.holders(key)[0])
-        if lender is None or not _can_lend(lender):
+        if cluster is None or cluster.status != ACTIVE or lender is None or not _can_lend(lender):
             continue
-        reservation = clusters[key[0]].default_reservation
+        reservation = cluster.default_reservation
+        mode = resolved_mode(_supply_mode(lender), reservation)
+        if all(competes(asked, reservation, mode) for asked in book.asked_modes(key)):
+            continue  # everyone behind it waits for the same capacity
         loan = choose_borrower((LoanCandidate(e.task_id, e.name, e.actor, e.supply_mode)
-                                for e in book.pick_order(key, tick.now)), reservation)
+                                for e in book.pick_order(key, tick.now)), reservation, mode)
         if loan is None:
             continue
         borrower = tick.state(loan.borrower.task_id)
@@ -348,6 +346,8 @@ def lend_stuck_slots(tick: Tick, ctx: HandlerContext) -> None:
         after = tick.emit(borrower.task_id, SlotBorrowed(
             key[0], key[1], lender.task_id, lender.submission.name, reservation or "",
             loan.supply_mode, loan.why, loan.passed_over_record(), loan.passed_over_count))
+        # The borrower's actor had its turn, as after a pick: round-robin stays fair.
+        book.served(key, borrower.submission.actor)
         for state in (lent, after):
             if state is not None:
                 book.sync(state)
