@@ -205,12 +205,13 @@ EN: Mapping[str, Template] = MappingProxyType({
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
     "SlotLent": (
-        "slot lent to {to_name} ({to_supply_mode}) while reservation {reservation} is full; "
-        "this task goes on first, the moment the reservation has room"),
-    "SlotBorrowed": (
-        "provisioning on {topology} on the slot lent by {from_name}, which waits for "
-        "reservation {reservation}; {supply_mode} does not use it "
-        "({passed_over_count} task(s) waiting for that reservation passed over)"),
+        "slot lent to {to_name} ({to_supply_mode}) while reservation {reservation} is full, "
+        "taken back the moment the reservation has room"),
+    "SlotBorrowed": lambda a: (
+        f"provisioning on {a['topology']} on the slot lent by {a['from_name']}, which waits "
+        f"for reservation {a['reservation']} ({a['supply_mode']} does not use it"
+        + (f"; {a['passed_over_count']} task(s) waiting for it passed over)"
+           if a["passed_over_count"] else ")")),
     "PriorityChanged": "priority changed from {old} to {new} by {requester}",
     "ReservationInsufficient": _since(
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
@@ -312,11 +313,13 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
     "SlotLent": (
-        "预留 {reservation} 已满，资源槽暂借给 {to_name}（{to_supply_mode}）；"
-        "预留一有空余，本任务立即优先继续"),
-    "SlotBorrowed": (
-        "正在 {topology} 上准备资源，使用 {from_name} 借出的资源槽（它在等待预留 "
-        "{reservation}；{supply_mode} 不使用该预留，越过了 {passed_over_count} 个等待该预留的任务）"),
+        "预留 {reservation} 已满，资源槽暂借给 {to_name}（{to_supply_mode}），"
+        "预留一有空余即收回"),
+    "SlotBorrowed": lambda a: (
+        f"正在 {a['topology']} 上准备资源，使用 {a['from_name']} 借出的资源槽（它在等待预留 "
+        f"{a['reservation']}，{a['supply_mode']} 不使用该预留"
+        + (f"；越过了 {a['passed_over_count']} 个等待该预留的任务）"
+           if a["passed_over_count"] else "）")),
     "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
     "ReservationInsufficient": _since(
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
