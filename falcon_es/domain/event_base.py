@@ -50,7 +50,8 @@ class Event:
         # An event's instance dict holds exactly its fields, in field order (ClassVars
         # live on the class); cheaper than dataclasses.fields() on the append/fold path.
         # Only fields whose JSON form differs (datetimes, tuples) need converting.
-        conversions = conversions_of(type(self))
+        # A class is hashable; mypy takes the frozen dataclass's __hash__ for the class's.
+        conversions = conversions_of(type(self))  # type: ignore[arg-type]
         if not conversions:
             return {name: to_json(value) for name, value in self.__dict__.items()}
         data = dict(self.__dict__)

@@ -640,7 +640,7 @@ def _build(cls: type[Event], data: JsonDict) -> Event:
 
 
 def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
-    conversions = conversions_of(cls)
+    conversions = conversions_of(cls)  # type: ignore[arg-type]  # a class is hashable
     if not conversions:
         return data
     out = dict(data)
