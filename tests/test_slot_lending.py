@@ -19,12 +19,13 @@ from falcon_es.domain.slot_loans import (
     WHY_OTHER_SUPPLY_MODE, LoanCandidate, SlotBorrowed, SlotLent, choose_borrower,
 )
 from falcon_es.projections import replay
-from falcon_es.projections.messages import task_message
+from falcon_es.projections.messages import task_message, wait_reason
 from tests.support.harness import Harness, reserved_cluster
 from tests.test_scheduling_properties import World
 
 Make = Callable[..., Harness]
 STRICT = Settings(best_effort_fifo=False)
+T0 = dt.datetime(2026, 11, 1, 9, 0, 0)
 
 
 def _candidate(name: str, mode: str | None) -> LoanCandidate:
@@ -132,6 +133,11 @@ def test_one_loan_at_a_time_and_the_holder_goes_on_beside_its_borrower() -> None
     world, holder, first, second = _two_behind("on-demand")
     assert world.tasks.get(first).reason == "Provisioning"
     assert world.tasks.get(second).reason == "Waiting", "one borrower per queue"
+    # What it waits for is the loan's end, and its Message says so after the holder's.
+    assert world.conn.messages[second].endswith(
+        "; slot lent to cid: cid-job-2 (another supply mode) until its pods run")
+    assert wait_reason("ann: a", "ClusterBusy", T0, None, "zh", "cid: c").endswith(
+        "；资源槽暂借给 cid: c（其他供给方式），直到其 Pod 运行")
     # The reservation has room: the holder goes on at once, its loan notwithstanding,
     # and the loan's note leaves its Message.
     world.emit(holder, ev.NodePoolReused("falcon-pool", None, "reservation"))

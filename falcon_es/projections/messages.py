@@ -283,6 +283,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "more": "{count} more",
     "wait-holder": "slot held by {holder} ({reason} since {since})",
     "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
+    "wait-lent": "slot lent to {borrower} (another supply mode) until its pods run",
     "wait-expected": "expected start ~{at} (likely {span})",
     "aborting-waits": "waiting for {waits}",
     "aborting-and": " and ",
@@ -388,6 +389,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "more": "另外 {count} 个",
     "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
     "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
+    "wait-lent": "资源槽暂借给 {borrower}（其他供给方式），直到其 Pod 运行",
     "wait-expected": "预计开始时间约 {at}（可能在 {span} 之间）",
     "aborting-waits": "等待{waits}",
     "aborting-and": "，以及",
@@ -533,11 +535,14 @@ def position_part(message: str, lang: str = "en") -> str:
 
 
 def wait_reason(holder: str, reason: str, since: dt.datetime, reservation: Args | None,
-                lang: str = "en") -> str:
+                lang: str = "en", borrower: str | None = None) -> str:
     """Why a waiting task waits: who holds its queue's slot, in which state since when,
-    and, when that holder waits for a full reservation, the reservation's numbers."""
+    and, when that holder waits for a full reservation, the reservation's numbers and
+    the task it lent the slot to."""
     text = render("wait-holder", {"holder": holder, "reason": reason,
                                   "since": clock_time(since)}, lang)
     if reservation is not None:
         text += SEPARATOR[lang] + render("wait-reservation", reservation, lang)
+    if borrower is not None:
+        text += SEPARATOR[lang] + render("wait-lent", {"borrower": borrower}, lang)
     return text
