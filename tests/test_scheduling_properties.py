@@ -28,7 +28,6 @@ from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.domain.priority import PriorityPolicy
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import Ports, ReservationCapacity
-from falcon_es.domain.slot_loans import SlotBorrowed
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.config.settings import Settings
@@ -147,10 +146,6 @@ class World:
         for stream_id, event in tick.emitted:
             if isinstance(event, ev.TaskPicked):
                 self._check_pick(tick, stream_id, event)
-            elif isinstance(event, SlotBorrowed):  # a turn of its actor, as a pick is
-                state = tick.state(stream_id)
-                assert state is not None
-                self.last_served[(event.cluster_id, event.topology)] = state.submission.actor
         self._commit(tick)
 
     def emit(self, task_id: str, event: ev.Event) -> None:

@@ -346,8 +346,8 @@ def lend_stuck_slots(tick: Tick, ctx: HandlerContext) -> None:
         after = tick.emit(borrower.task_id, SlotBorrowed(
             key[0], key[1], lender.task_id, lender.submission.name, reservation or "",
             loan.supply_mode, loan.why, loan.passed_over_record(), loan.passed_over_count))
-        # The borrower's actor had its turn, as after a pick: round-robin stays fair.
-        book.served(key, borrower.submission.actor)
+        # Not a turn of the borrower's actor (the queue's last served stays): the loan
+        # takes nothing any task passed over could use.
         for state in (lent, after):
             if state is not None:
                 book.sync(state)
