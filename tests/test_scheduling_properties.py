@@ -27,6 +27,7 @@ from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.domain.priority import PriorityPolicy
 from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.ports import Ports, ReservationCapacity
 from falcon_es.engine.runtime import Tick
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.config.settings import Settings
@@ -38,7 +39,7 @@ from falcon_es.projections.queues import QueueView
 START = dt.datetime(2026, 11, 1, 9, 0, 0)
 SCHEDULING = (scheduling.requeue_from_inactive_clusters, scheduling.choose_clusters,
               scheduling.move_from_stuck_queues, scheduling.yield_busy_slots,
-              scheduling.fill_free_slots)
+              scheduling.lend_stuck_slots, scheduling.fill_free_slots)
 TOPOLOGIES = ("2x2", "2x4")
 ACTORS = ("ann", "bob", "cid", "dee")
 
@@ -67,6 +68,17 @@ class RecordingConnection:
             self.messages[task_id] = message
 
 
+class FullReservations:
+    """The clusters' reservations as the scheduling handlers read them: of unknown
+    size (so none is one that can never serve a task), and full."""
+
+    def capacity(self, cluster: Cluster, reservation: str) -> ReservationCapacity:
+        return ReservationCapacity()
+
+    def remaining_slices(self, cluster: Cluster, reservation: str, shape: Any) -> int:
+        return 0
+
+
 @dataclasses.dataclass
 class Pick:
     queue: tuple[str, str]
@@ -78,7 +90,8 @@ class World:
     """The controller's scheduling half, committed in memory."""
 
     def __init__(self, cluster_count: int = 2, policy: PriorityPolicy = PriorityPolicy(),
-                 lang: str = "en", settings: Settings = Settings()) -> None:
+                 lang: str = "en", settings: Settings = Settings(),
+                 reservation: str | None = None) -> None:
         self.now = START
         self.settings = settings
         self.tasks = TaskStates()
@@ -87,37 +100,47 @@ class World:
         self.index = LifecycleIndex(self.tasks)
         self.conn = RecordingConnection()
         self.clusters = [
-            Cluster(f"c{i}", f"tpu-{i}", "p", "l", "v6e", "b", None, "active", START)
+            Cluster(f"c{i}", f"tpu-{i}", "p", "l", "v6e", "b", reservation, "active", START)
             for i in range(cluster_count)
         ]
+        # Only reservations are read, and only where a cluster has one.
+        self.ports = Ports(None, FullReservations(), None, None, None)  # type: ignore[arg-type]
         self.seq = 0
         self.serial = 0
-        self.arrivals: list[tuple[str, str, int]] = []  # (actor, topology, priority)
+        #: (actor, topology, priority, supply mode asked)
+        self.arrivals: list[tuple[str, str, int, str | None]] = []
         self.picks: list[Pick] = []
         self.decided: list[tuple[str, ev.Event]] = []  # what the handlers emitted
         self.last_served: dict[tuple[str, str], str] = {}
+        #: Each queue's pick order as the lending handler of the last tick found it.
+        self.orders_before_lending: dict[tuple[str, str], list[str]] = {}
 
     # ------------------------------------------------------------ driving
-    def arrive(self, actor: str, topology: str, priority: int = 0) -> str:
+    def arrive(self, actor: str, topology: str, priority: int = 0,
+               mode: str | None = None) -> str:
         """Queue an arrival for the next tick; returns the task id it will have."""
-        self.arrivals.append((actor, topology, priority))
+        self.arrivals.append((actor, topology, priority, mode))
         return hashlib.sha1(str(self.serial + len(self.arrivals)).encode()).hexdigest()[:10]
 
     def tick(self) -> None:
         tick = Tick(self.tasks, self.now, "test")
-        for actor, topology, priority in self.arrivals:
+        for actor, topology, priority, mode in self.arrivals:
             self.serial += 1
             task_id = hashlib.sha1(str(self.serial).encode()).hexdigest()[:10]
-            tick.emit(task_id, ev.TaskAccepted(f"{actor}-job-{self.serial}", actor,
-                                               {"priority": priority}, "v6e", topology,
-                                               self.now))
+            spec = {"priority": priority, **({"supply_mode": mode} if mode else {})}
+            tick.emit(task_id, ev.TaskAccepted(f"{actor}-job-{self.serial}", actor, spec,
+                                               "v6e", topology, self.now))
         self.arrivals.clear()
         # The scheduling handlers read the queue book, the clusters and the task states;
         # this model has no store, so there are no ports or executor to give them.
         ctx = HandlerContext(self.settings, self.now, self.tasks, list(self.clusters), inbox=None,
-                             ports=None, queues=self.view.book, index=self.index,
+                             ports=self.ports, queues=self.view.book, index=self.index,
                              executor=None)
         for handler in SCHEDULING:
+            if handler is scheduling.lend_stuck_slots:
+                self.orders_before_lending = {
+                    key: [e.task_id for e in self.view.book.pick_order(key, self.now)]
+                    for key in self.view.book.queue_keys()}
             handler(tick, ctx)
         self.decided.extend(tick.emitted)
         for stream_id, event in tick.emitted:
@@ -205,7 +228,7 @@ class World:
     def _check_invariants(self) -> None:
         holders: dict[tuple[str, str], list[str]] = defaultdict(list)
         for state in self.tasks.all():
-            if state.holds_slot:
+            if state.holds_slot and not state.placement.borrowed_from:
                 holders[(state.placement.cluster_id, state.submission.topology)].append(
                     state.task_id)
         for key, ids in holders.items():

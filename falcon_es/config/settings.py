@@ -282,6 +282,11 @@ class Features(BaseModel):
         True, "FALCON_PREEMPT_CLUSTER_BUSY",
         doc="A slot holder in ClusterBusy gives the slot up to a waiting task of higher "
             "effective priority")
+    best_effort_fifo: Flag = setting(
+        True, "FALCON_BEST_EFFORT_FIFO",
+        doc="A slot holder in ClusterBusy that holds nothing lends the slot to the first "
+            "waiting task of its queue that needs another supply mode, and goes on the "
+            "moment its reservation has room; false keeps strict FIFO (the slot idles)")
     multislice_partial_create: Flag = setting(
         False, "FALCON_MULTISLICE_PARTIAL_CREATE",
         doc="A multi-slice task creates the slices that fit and holds them while it waits "

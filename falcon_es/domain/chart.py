@@ -72,6 +72,9 @@ class TaskChart(StateChart):
         PriorityChanged = waiting.to.itself()
         TaskPicked = waiting.to(provisioning)
         SlotYielded = cluster_busy.to(waiting)
+        # Slot lending: the stuck holder stays in ClusterBusy, the borrower acquires.
+        SlotLent = cluster_busy.to.itself()
+        SlotBorrowed = waiting.to(provisioning)
         ReservationInsufficient = provisioning.to(cluster_busy) | cluster_busy.to.itself()
         NodePoolReused = provisioning.to(dispatching) | cluster_busy.to(dispatching)
         # A multi-slice task took a retained pool: it provisions the rest.

@@ -1,4 +1,5 @@
-"""Every event type Falcon-ES records, in one place.
+"""Every event type Falcon-ES records, registered in one place (most defined here too;
+those of one concern may live in its own module, on ``event_base``'s ``Event``).
 
 Events are immutable facts. Each is a frozen dataclass registered by its class name,
 carries a schema version, and is serialised to JSON-friendly ``data``. Older stored
@@ -16,47 +17,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from falcon_es.domain import event_json
-from falcon_es.domain.event_json import Conversions, to_json
-
-JsonDict = dict[str, Any]
-
-
-class UnknownEventType(LookupError):
-    """A stored row names an event type this code does not know."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    """Base of all events. ``schema_version`` is the class's current version."""
-
-    schema_version: ClassVar[int] = 1
-    #: True for events that fold an abort the upper layer wrote into the job row.
-    #: The job-table projection may overwrite a row in status ``Aborting`` only then.
-    folds_abort: ClassVar[bool] = False
-    #: Failure reason set when the event moves a task to ``Failed``.
-    failure_reason: ClassVar[str | None] = None
-
-    @property
-    def type_name(self) -> str:
-        return type(self).__name__
-
-    def failure(self) -> str | None:
-        """The Reason a task gets when this event moves it to ``Failed``."""
-        return self.failure_reason
-
-    def to_data(self) -> JsonDict:
-        # An event's instance dict holds exactly its fields, in field order (ClassVars
-        # live on the class); cheaper than dataclasses.fields() on the append/fold path.
-        # Only fields whose JSON form differs (datetimes, tuples) need converting.
-        conversions = _CONVERSIONS.get(type(self))
-        if conversions is None:
-            return {name: to_json(value) for name, value in self.__dict__.items()}
-        data = dict(self.__dict__)
-        for name, _ in conversions:
-            data[name] = to_json(data[name])
-        return data
-
+from falcon_es.domain.event_base import (  # noqa: F401 (Event and UnknownEventType re-exported)
+    Event, JsonDict, UnknownEventType, conversions_of,
+)
+from falcon_es.domain.slot_loans import SlotBorrowed, SlotLent
 
 # --------------------------------------------------------------------- task stream
 # Intake and scheduling (Pending/Waiting)
@@ -621,15 +585,17 @@ class JobRowDiverged(Event):
 
 
 TASK_EVENTS: tuple[type[Event], ...] = (
-    TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen, TaskRequeued,
-    TaskPicked, SlotYielded, TaskMoved, PriorityChanged, ReservationInsufficient, NodePoolReused,
-    NodePoolTaken, NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible,
-    NodesNotReady, NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested,
-    JobSubmitted, JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
-    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted, NodePoolRetained,
-    NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted, NodePoolDeleteFailed,
-    JobSubmitCancelled, ApiCallRetrying, PodsRefused, NodesAwaited, NodeWaitExtended,
-    WorkloadDisrupted, ClusterApiUnanswered,
+    TaskAccepted, TaskRejected, NoMatchingCluster, NoActiveCluster, ClusterChosen,
+    TaskRequeued, TaskPicked, SlotYielded, TaskMoved, PriorityChanged, SlotLent, SlotBorrowed,
+    ReservationInsufficient, NodePoolReused, NodePoolTaken,
+    NodePoolCreateRequested, NodePoolCreateStarted, NodePoolNotVisible, NodesNotReady,
+    NodePoolReady, NodePoolFailed, NodePoolTimedOut, JobSubmitRequested, JobSubmitted,
+    JobSubmitFailed, PodsPending, PodsRunning, JobSucceeded, JobFailed, TaskTimedOut,
+    JobDeleteRequested, JobDeleted, AbortRequested, AbortIgnored, TaskAborted,
+    NodePoolRetained, NodePoolHandedOver, NodePoolDeleteRequested, NodePoolDeleted,
+    NodePoolDeleteFailed,
+    JobSubmitCancelled, ApiCallRetrying,
+    PodsRefused, NodesAwaited, NodeWaitExtended, WorkloadDisrupted, ClusterApiUnanswered,
 )
 OTHER_EVENTS: tuple[type[Event], ...] = (
     ClusterRegistered, ClusterStatusChanged, ClusterNodeLocationSet, OrphanPoolFound,
@@ -676,9 +642,7 @@ def _build(cls: type[Event], data: JsonDict) -> Event:
 
 
 def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
-    conversions = _CONVERSIONS.get(cls)
-    if conversions is None:  # a class outside REGISTRY; () means "nothing to convert"
-        conversions = event_json.conversions(cls)
+    conversions = conversions_of(cls)  # type: ignore[arg-type]  # a class is hashable
     if not conversions:
         return data
     out = dict(data)
@@ -689,9 +653,6 @@ def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
     return out
 
 
-_CONVERSIONS: Mapping[type[Event], Conversions] = (
-    MappingProxyType({cls: event_json.conversions(cls) for cls in REGISTRY.values()})
-)
 #: Field names of each registered event class whose ``__init__`` only stores its
 #: arguments (no ``__post_init__``), for ``_build``.
 _FIELD_NAMES: Mapping[type[Event], frozenset[str]] = MappingProxyType({

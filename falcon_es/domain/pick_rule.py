@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -111,16 +112,21 @@ class Band:
 
 class QueueState:
     """One (cluster, topology) queue: its waiting tasks banded by base priority, the
-    slot, the running count."""
+    slot (and the task it is lent to), the running count."""
 
-    __slots__ = ("bands", "holders", "key", "last_actor", "order", "running", "waiting")
+    __slots__ = ("bands", "borrowers", "holders", "key", "last_actor", "modes", "order",
+                 "running", "waiting")
 
     def __init__(self, key: QueueKey) -> None:
         self.key = key
         self.bands: dict[int, Band] = {}  # base priority -> its tasks
         self.waiting: dict[str, Entry] = {}
         self.holders: set[str] = set()
+        self.borrowers: set[str] = set()
         self.running: set[str] = set()
+        #: How many waiting tasks ask for each supply mode (None: the cluster's default),
+        #: so that whether anyone could borrow the slot is known without a look at each.
+        self.modes: Counter[str | None] = Counter()
         self.last_actor: str | None = None
         #: The simulated pick order, cached: (entries, offset of the next one, the
         #: actor served last that the entries from the offset assume, the aging
@@ -134,6 +140,7 @@ class QueueState:
             band = self.bands[entry.priority] = Band()
         band.add(entry)
         self.waiting[entry.task_id] = entry
+        self.modes[entry.supply_mode] += 1
 
     def remove(self, entry: Entry) -> None:
         self._advance_order(entry)
@@ -142,6 +149,9 @@ class QueueState:
         if not band.fifo:
             del self.bands[entry.priority]
         del self.waiting[entry.task_id]
+        self.modes[entry.supply_mode] -= 1
+        if not self.modes[entry.supply_mode]:
+            del self.modes[entry.supply_mode]
 
     def _advance_order(self, entry: Entry) -> None:
         """Removing the task the simulation takes next leaves exactly the state after
@@ -177,10 +187,11 @@ class QueueState:
 
     @property
     def depth(self) -> int:
-        return len(self.waiting) + len(self.holders)
+        return len(self.waiting) + len(self.holders) + len(self.borrowers)
 
     def is_empty(self) -> bool:
-        return not (self.waiting or self.holders or self.running) and self.last_actor is None
+        return (not (self.waiting or self.holders or self.borrowers or self.running)
+                and self.last_actor is None)
 
 
 def _highest(levels: Iterable[tuple[int, int]]) -> tuple[int, list[int]]:

@@ -10,7 +10,10 @@ state belongs), ``priority_requests``.
 
 The book's own rule (the whole policy: docs/explanation/scheduling.md): one acquisition slot per queue. A task takes it when picked and
 keeps it until it is Running or terminal. A slot holder being aborted keeps the slot
-until the abort ends (its pool create or Job submit may still be in flight).
+until the abort ends (its pool create or Job submit may still be in flight). A holder
+stuck on its reservation may lend the slot (``slot_loans``): the borrower is kept
+apart from the holder, at most one per queue, and the slot is free again once the
+holder leaves it, whether or not its borrower still acquires.
 
 Handlers mutate the book speculatively while a tick decides (so later decisions in
 the same tick see earlier ones); every mutation is journaled, ``commit`` forgets the
@@ -154,6 +157,8 @@ class QueueBook:
                     self.changed.add(key)
                 elif kind == Placement.SLOT:
                     queue.holders.discard(task_id)
+                elif kind == Placement.BORROWED:
+                    queue.borrowers.discard(task_id)
                 else:
                     queue.running.discard(task_id)
                 if queue.is_empty():
@@ -171,6 +176,8 @@ class QueueBook:
             self.changed.add(key)
         elif kind == Placement.SLOT:
             queue.holders.add(task_id)
+        elif kind == Placement.BORROWED:
+            queue.borrowers.add(task_id)
         else:
             queue.running.add(task_id)
 
@@ -191,11 +198,11 @@ class QueueBook:
 
     def ahead(self, key: QueueKey, priority: int) -> int:
         """How many a newcomer of ``priority`` would find ahead of it in the queue: the
-        slot holder and the waiting tasks of its priority or higher. O(b)."""
+        slot holder (and its borrower) and the waiting tasks of its priority or higher. O(b)."""
         queue = self._queues.get(key)
         if queue is None:
             return 0
-        return len(queue.holders) + sum(band.count for base, band in queue.bands.items()
+        return len(queue.holders) + len(queue.borrowers) + sum(band.count for base, band in queue.bands.items()
                                         if base >= priority)
 
     def idle_pools(self, key: QueueKey) -> int:
@@ -227,6 +234,22 @@ class QueueBook:
     def holders(self, key: QueueKey) -> tuple[str, ...]:
         queue = self._queues.get(key)
         return tuple(sorted(queue.holders)) if queue else ()
+
+    def borrowers(self, key: QueueKey) -> tuple[str, ...]:
+        """The task acquiring on the slot its queue's holder lent it (one at most)."""
+        queue = self._queues.get(key)
+        return tuple(sorted(queue.borrowers)) if queue else ()
+
+    def lending_queues(self) -> list[QueueKey]:
+        """Queues whose slot has a holder and no borrower, with tasks waiting."""
+        return sorted(k for k, q in self._queues.items()
+                      if q.holders and not q.borrowers and q.waiting)
+
+    def asked_modes(self, key: QueueKey) -> frozenset[str | None]:
+        """The supply modes the queue's waiting tasks ask for (None: the cluster's
+        default), so that whether anyone could borrow is known without a look at each."""
+        queue = self._queues.get(key)
+        return frozenset(queue.modes) if queue else frozenset()
 
     def running(self, key: QueueKey) -> int:
         queue = self._queues.get(key)
@@ -299,6 +322,8 @@ class QueueBook:
         """Raise AssertionError if an internal invariant is broken (tests use it)."""
         for key, queue in self._queues.items():
             assert len(queue.holders) <= 1, f"queue {key} has holders {queue.holders}"
+            assert len(queue.borrowers) <= 1, f"queue {key} has borrowers {queue.borrowers}"
+            assert sum(queue.modes.values()) == len(queue.waiting), f"queue {key}: modes"
             count = 0
             for base, band in queue.bands.items():
                 assert band.fifo, f"queue {key}: band {base} is empty"

@@ -26,6 +26,7 @@ class Placement(enum.StrEnum):
     UNPLACED = "unplaced"  # Pending/Waiting, no cluster chosen yet (keyed by TPU type)
     WAITING = "waiting"  # Pending/Waiting in a queue
     SLOT = "slot"  # holds its queue's acquisition slot
+    BORROWED = "borrowed"  # acquires on the slot its stuck holder lent it
     RUNNING = "running"
 
 
@@ -44,12 +45,14 @@ class Entry:
     topology: str
     order: Order  # (submitted_at, task_id), kept so the hot paths build no tuples
     priority: int = 0  # the base priority (aging is worked out when picking)
+    supply_mode: str | None = None  # as the spec asks (None: the cluster's default)
 
     @classmethod
     def of(cls, state: TaskState) -> Entry:
         submitted = state.submission.submitted_at or _EPOCH
         return cls(state.task_id, state.submission.actor, state.submission.name, submitted, state.submission.tpu_type,
-                   state.submission.topology, (submitted, state.task_id), state.submission.priority)
+                   state.submission.topology, (submitted, state.task_id), state.submission.priority,
+                   state.submission.spec.supply_mode or None)
 
 
 Place = tuple[str, Any]  # (kind, QueueKey or TPU type)
@@ -65,18 +68,23 @@ def place_of(state: TaskState, current: Place | None) -> Place | None:
                 return (Placement.UNPLACED, state.submission.tpu_type)
             return (Placement.WAITING, (state.placement.cluster_id, state.submission.topology))
         if reason in chart.SLOT_REASONS and state.placement.cluster_id is not None:
-            return (Placement.SLOT, (state.placement.cluster_id, state.submission.topology))
+            return (_slot_kind(state), (state.placement.cluster_id, state.submission.topology))
         return None
     if status == chart.RUNNING and state.placement.cluster_id is not None:
         return (Placement.RUNNING, (state.placement.cluster_id, state.submission.topology))
     if status == chart.ABORTING:
-        if current is not None and current[0] == Placement.SLOT:
+        if current is not None and current[0] in (Placement.SLOT, Placement.BORROWED):
             return current
         if current is None and state.placement.cluster_id is not None and _aborted_in_slot(state):
             # Placed from its state alone (a controller starting from the live set): it
             # held the slot when the abort came, and keeps it until the abort ends.
-            return (Placement.SLOT, (state.placement.cluster_id, state.submission.topology))
+            return (_slot_kind(state), (state.placement.cluster_id, state.submission.topology))
     return None
+
+
+def _slot_kind(state: TaskState) -> Placement:
+    """A task acquiring holds its queue's slot, or the slot a stuck holder lent it."""
+    return Placement.BORROWED if state.placement.borrowed_from else Placement.SLOT
 
 
 def _aborted_in_slot(state: TaskState) -> bool:

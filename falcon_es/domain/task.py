@@ -22,21 +22,19 @@ from typing import Any, NamedTuple
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
-from falcon_es.domain.intents import (
-    RESERVATION_CHECK, IntentKind, JobIntent, PoolDisposition, PoolIntent,
-)
+from falcon_es.domain.intents import RESERVATION_CHECK, IntentKind, JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.spec import TaskSpec
 from falcon_es.domain.tpu import SliceShape, choose_machine, shape_of
+from falcon_es.domain.slot_loans import borrowed_changes
 from falcon_es.domain.task_records import (
-    NOTHING, Ending, JobRecord, Placement, PoolRecord, Retries, Submission,
-)
+    NOTHING, Ending, JobRecord, Placement, PoolRecord, Retries, Submission)
 
-#: Events that describe a pool after the task ended (or, NodeWaitExtended, that its
-#: wait for nodes goes on): they add a note to the Message and leave the main message
-#: (the task's result, the wait's cause) alone.
+#: Events that describe a pool after the task ended (or that its wait for nodes goes
+#: on, or that it lent its slot while it waits): they add a note to the Message and
+#: leave the main message (the task's result, the wait's cause) alone.
 _NOTE_EVENTS = (
     ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
-    ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended,
+    ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended, ev.SlotLent,
 )
 #: Events that change no field shown to users besides the log itself.
 _SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
@@ -348,7 +346,7 @@ def _on_cluster_chosen(event: ev.ClusterChosen, state: TaskState,
 def _on_task_moved(event: ev.TaskMoved, state: TaskState, at: dt.datetime) -> Changes:
     changes: Changes = {"placement": {"cluster_id": event.to_cluster_id,
                                       "cluster_name": event.to_cluster_name,
-                                      "moves": event.moves}}
+                                      "moves": event.moves, "borrowed_from": None}}
     if state.retries.kind is not None or state.retries.api_calls:
         # A slot holder that moved tries afresh where it goes (as after SlotYielded).
         changes["retries"] = {"kind": None, "attempt": 0, "at": None, "api_calls": NOTHING}
@@ -562,6 +560,7 @@ _CHANGES_OF: Mapping[type[ev.Event], Callable[[Any, TaskState, dt.datetime], Cha
         ev.TaskMoved: _on_task_moved,
         ev.PriorityChanged: _on_priority_changed,
         ev.SlotYielded: _on_slot_yielded,
+        ev.SlotBorrowed: borrowed_changes,
         ev.TaskRequeued: _on_task_requeued,
         ev.NodePoolReused: _on_node_pool_reused,
         ev.NodePoolTaken: _on_node_pool_taken,

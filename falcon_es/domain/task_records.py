@@ -55,6 +55,9 @@ class Placement:
     cluster_name: str | None = None
     #: Times the task moved to another cluster while it waited (``TaskMoved``).
     moves: int = 0
+    #: The slot holder that lent this task its queue's slot (``SlotBorrowed``); cleared
+    #: when it moves back to Waiting (``TaskMoved``), the one way back for a borrower.
+    borrowed_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ HANDLERS: tuple[Handler, ...] = (
     scheduling.choose_clusters,
     scheduling.move_from_stuck_queues,
     scheduling.yield_busy_slots,
+    scheduling.lend_stuck_slots,
     scheduling.fill_free_slots,
     abort.advance_aborts,
     timeouts.enforce_deadlines,

@@ -1,6 +1,6 @@
 """Scheduling: where each accepted task queues and when it takes its queue's slot.
 
-Five handlers, run in this order after intake in every tick:
+Six handlers, run in this order after intake in every tick:
 
 1. ``requeue_from_inactive_clusters`` -- waiting tasks queued on a cluster that is now
    in maintenance or offline leave that queue (TaskRequeued); tasks acquiring or
@@ -23,7 +23,12 @@ Five handlers, run in this order after intake in every tick:
    reservation is full) gives the slot back when a waiting task of higher effective
    priority waits (SlotYielded; ``FALCON_PREEMPT_CLUSTER_BUSY``). Nothing past that is
    preempted: a pool being created, a Job dispatched or running keeps its slot.
-5. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
+5. ``lend_stuck_slots`` -- a slot holder in ClusterBusy that holds nothing lends the
+   slot to the first waiting task (in pick order) that needs another supply mode than
+   its reservation (SlotLent on the holder, SlotBorrowed on the borrower, naming each
+   other, why, and the tasks passed over); the holder goes on the moment its
+   reservation has room. ``FALCON_BEST_EFFORT_FIFO=false`` keeps strict FIFO.
+6. ``fill_free_slots`` -- every queue with waiting tasks and a free slot on an active
    cluster picks one task (TaskPicked, with the priorities it compared), all queues
    in the same tick.
 
@@ -58,6 +63,9 @@ from falcon_es.domain.cluster_choice import (
 )
 from falcon_es.domain.ports import AWAITING, PortError, ReservationCapacity
 from falcon_es.domain.reservation_end import RESERVATION_ENDING, EndsTooSoon, ends_too_soon
+from falcon_es.domain.slot_loans import (
+    LoanCandidate, SlotBorrowed, SlotLent, choose_borrower, competes, resolved_mode,
+)
 from falcon_es.domain.spec import RESERVATION
 from falcon_es.domain.tpu import TopologyError, choose_machine, slice_shape
 from falcon_es.engine.reservation_reads import reserved_shape
@@ -341,6 +349,50 @@ def _ending(capacities: _Capacities, state: TaskState, cluster: Cluster) -> bool
         if error.code == AWAITING:
             return None
         raise
+
+
+def lend_stuck_slots(tick: Tick, ctx: HandlerContext) -> None:
+    if not ctx.settings.features.best_effort_fifo:
+        return
+    book = _book(tick, ctx)
+    clusters: dict[str, Cluster] = {c.id: c for c in ctx.clusters}
+    for key in book.lending_queues():
+        cluster = clusters.get(key[0])
+        lender = tick.state(book.holders(key)[0])
+        if cluster is None or cluster.status != ACTIVE or lender is None or not _can_lend(lender):
+            continue
+        reservation = cluster.default_reservation
+        mode = resolved_mode(_supply_mode(lender), reservation)
+        if all(competes(asked, reservation, mode) for asked in book.asked_modes(key)):
+            continue  # everyone behind it waits for the same capacity
+        loan = choose_borrower((LoanCandidate(e.task_id, e.name, e.actor, e.supply_mode)
+                                for e in book.pick_order(key, tick.now)), reservation, mode)
+        if loan is None:
+            continue
+        borrower = tick.state(loan.borrower.task_id)
+        if not _is_waiting(borrower) or borrower.placement.cluster_id != key[0]:
+            if borrower is not None:
+                book.sync(borrower)  # a stale place: lent at the next tick
+            continue
+        lent = tick.emit(lender.task_id, SlotLent(
+            borrower.task_id, borrower.submission.name, loan.supply_mode,
+            reservation or "", loan.why))
+        after = tick.emit(borrower.task_id, SlotBorrowed(
+            key[0], key[1], lender.task_id, lender.submission.name, reservation or "",
+            loan.supply_mode, loan.why, loan.passed_over_record(), loan.passed_over_count))
+        # Not a turn of the borrower's actor (the queue's last served stays): the loan
+        # takes nothing any task passed over could use.
+        for state in (lent, after):
+            if state is not None:
+                book.sync(state)
+
+
+def _can_lend(state: TaskState) -> bool:
+    """A slot holder waiting for room on its reservation and holding nothing: no pool
+    taken or created, none asked for (a loan would leave such capacity idle too, but
+    a holder with pools is past waiting for its reservation alone)."""
+    return (state.status == chart.PENDING and state.reason == chart.PendingReason.CLUSTER_BUSY
+            and not state.held_pools and state.pool.intent is None)
 
 
 def fill_free_slots(tick: Tick, ctx: HandlerContext) -> None:

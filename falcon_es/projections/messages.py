@@ -212,6 +212,14 @@ EN: Mapping[str, Template] = MappingProxyType({
         "moved from {from_cluster_name} (its slot {holder_reason} for {held_seconds}s) "
         "to {to_cluster_name}"),
     "SlotYielded": "slot yielded to {to_name} (priority {to_effective} over {effective})",
+    "SlotLent": (
+        "slot lent to {to_name} ({to_supply_mode}) while reservation {reservation} is full, "
+        "taken back the moment the reservation has room"),
+    "SlotBorrowed": lambda a: (
+        f"provisioning on {a['topology']} on the slot lent by {a['from_name']}, which waits "
+        f"for reservation {a['reservation']} ({a['supply_mode']} does not use it"
+        + (f"; {a['passed_over_count']} task(s) waiting for it passed over)"
+           if a["passed_over_count"] else ")")),
     "PriorityChanged": "priority changed from {old} to {new} by {requester}",
     "ReservationInsufficient": _since(
         "reservation {reservation} has {remaining} slice(s) free, {needed} needed "
@@ -286,6 +294,7 @@ EN: Mapping[str, Template] = MappingProxyType({
     "more": "{count} more",
     "wait-holder": "slot held by {holder} ({reason} since {since})",
     "wait-reservation": "reservation {reservation} full: {remaining} slice(s) free, {needed} needed",
+    "wait-lent": "slot lent to {borrower} (another supply mode) until its pods run",
     "wait-expected": "expected start ~{at} (likely {span})",
     "aborting-waits": "waiting for {waits}",
     "aborting-and": " and ",
@@ -319,6 +328,14 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "TaskPicked": "正在 {topology} 上准备资源",
     "TaskMoved": "已从 {from_cluster_name}（资源槽 {holder_reason} 已 {held_seconds} 秒）移至 {to_cluster_name}",
     "SlotYielded": "资源槽已让给 {to_name}（优先级 {to_effective} 高于 {effective}）",
+    "SlotLent": (
+        "预留 {reservation} 已满，资源槽暂借给 {to_name}（{to_supply_mode}），"
+        "预留一有空余即收回"),
+    "SlotBorrowed": lambda a: (
+        f"正在 {a['topology']} 上准备资源，使用 {a['from_name']} 借出的资源槽（它在等待预留 "
+        f"{a['reservation']}，{a['supply_mode']} 不使用该预留"
+        + (f"；越过了 {a['passed_over_count']} 个等待该预留的任务）"
+           if a["passed_over_count"] else "）")),
     "PriorityChanged": "优先级已由 {requester} 从 {old} 改为 {new}",
     "ReservationInsufficient": _since(
         "预留 {reservation} 剩余 {remaining} 个切片，需要 {needed} 个"
@@ -390,6 +407,7 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "more": "另外 {count} 个",
     "wait-holder": "资源槽被 {holder} 占用（自 {since} 起 {reason}）",
     "wait-reservation": "预留 {reservation} 已满：剩余 {remaining} 个切片，需要 {needed} 个",
+    "wait-lent": "资源槽暂借给 {borrower}（其他供给方式），直到其 Pod 运行",
     "wait-expected": "预计开始时间约 {at}（可能在 {span} 之间）",
     "aborting-waits": "等待{waits}",
     "aborting-and": "，以及",
@@ -452,9 +470,17 @@ def task_message(state: TaskState, lang: str = "en",
     for pool, taker in state.pool.retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
-                               and state.note_args.get("pool_name") in state.pool.retained):
+                               and state.note_args.get("pool_name") in state.pool.retained
+                               or _loan_over(state)):
         parts.append(render(state.note_key, state.note_args, lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
+
+
+def _loan_over(state: TaskState) -> bool:
+    """A slot lent while the task waited for its reservation is no news once it no
+    longer waits: the note is shown only in ClusterBusy."""
+    return (state.note_key == "SlotLent"
+            and state.reason != chart.PendingReason.CLUSTER_BUSY)
 
 
 def aborting_waits(state: TaskState, lang: str = "en") -> str:
@@ -527,11 +553,14 @@ def position_part(message: str, lang: str = "en") -> str:
 
 
 def wait_reason(holder: str, reason: str, since: dt.datetime, reservation: Args | None,
-                lang: str = "en") -> str:
+                lang: str = "en", borrower: str | None = None) -> str:
     """Why a waiting task waits: who holds its queue's slot, in which state since when,
-    and, when that holder waits for a full reservation, the reservation's numbers."""
+    and, when that holder waits for a full reservation, the reservation's numbers and
+    the task it lent the slot to."""
     text = render("wait-holder", {"holder": holder, "reason": reason,
                                   "since": clock_time(since)}, lang)
     if reservation is not None:
         text += SEPARATOR[lang] + render("wait-reservation", reservation, lang)
+    if borrower is not None:
+        text += SEPARATOR[lang] + render("wait-lent", {"borrower": borrower}, lang)
     return text

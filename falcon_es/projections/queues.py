@@ -272,8 +272,11 @@ class QueueView:
         since = state.phase_started_at or now
         reservation = (state.message_args if state.message_key == "ReservationInsufficient"
                        else None)
+        borrowers = self.book.borrowers(key)
+        lent = self.tasks.get(borrowers[0]) if borrowers else None
         reason = wait_reason(f"{state.submission.actor}: {state.submission.name}",
-                             state.reason or state.status, since, reservation, self.lang)
+                             state.reason or state.status, since, reservation, self.lang,
+                             f"{lent.submission.actor}: {lent.submission.name}" if lent else None)
         return Wait(reason, self._calibrated(key, self.slot_times.estimate(
             key, now, holding[1] if holding else since, phases[-1] if phases else None,
             self.book.running(key) + 1, self.book.idle_pools(key))))

@@ -118,9 +118,9 @@ def read_only(engine: Engine) -> Engine:
 def ends_nothing(conn: sa.Connection) -> bool:
     """Whether ending this connection's transaction sends nothing to the database (an
     autocommit reader of ``read_only``): what round-trip counts leave out."""
-    dialect = conn.dialect
-    return bool(dialect.skip_autocommit_rollback) and bool(
-        dialect.detect_autocommit_setting(conn.connection.dbapi_connection))
+    dialect, dbapi_connection = conn.dialect, conn.connection.dbapi_connection
+    return (bool(dialect.skip_autocommit_rollback) and dbapi_connection is not None
+            and bool(dialect.detect_autocommit_setting(dbapi_connection)))
 
 
 #: Execution option carrying an engine's autocommit reader (see ``read_only``).
