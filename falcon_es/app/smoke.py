@@ -12,9 +12,10 @@ deleted. It drives the calls itself rather than through the controller's tick, s
 each observation (how long the pool was missing, the operation's words, when nodes
 registered) is timed where it happens; ``smoke_model`` compares them with the model.
 
-Safe on a shared project: every name it creates starts with ``smoke-`` and carries
-``managed-by=falcon-smoke`` (so neither the controller's informer nor its orphan sweep
-takes it for a task's), it refuses a cluster whose queue for the shape is held by a
+Safe on a shared project: every name it creates starts with ``smoke-`` (the
+controller's orphan sweep takes only ``falcon-*`` pools); its pool carries
+``falcon-smoke-run`` and its Job ``managed-by=falcon-smoke`` (so the controller's
+informer never publishes it as a task's), it refuses a cluster whose queue for the shape is held by a
 task, and whatever it created is deleted when a step fails or the run is interrupted;
 what it could not delete is listed in the report.
 """
@@ -49,10 +50,11 @@ from falcon_es.handlers.provisioning import scale_down_seconds
 T = TypeVar("T")
 
 PREFIX = "smoke-"
-#: The owner mark of everything smoke creates: not ``falcon``, so the controller's
-#: informer does not publish the Job and its orphan sweep does not delete the pool.
+#: The owner mark of smoke's Job: not ``falcon``, so the controller's informer does not
+#: publish it as a task's.
 MANAGED_BY_SMOKE = "falcon-smoke"
 SELECTOR = f"{manifests.MANAGED_BY}={MANAGED_BY_SMOKE}"
+#: The mark of smoke's pools (the gcp adapter labels every pool ``managed-by=falcon``).
 RUN_LABEL = "falcon-smoke-run"
 DEFAULT_IMAGE = "busybox:1.36"
 MODE_TAGS = {RESERVATION: "res", "on-demand": "od", FLEX_START: "flex"}
@@ -335,7 +337,7 @@ class SmokeRun:
                          if self.options.supply_mode == RESERVATION else None),
             scale_down_unneeded_seconds=scale_down_seconds(self.options.supply_mode,
                                                            self.tools.settings),
-            labels={manifests.MANAGED_BY: MANAGED_BY_SMOKE, RUN_LABEL: self.run_id,
+            labels={RUN_LABEL: self.run_id,
                     POOL_TOPOLOGY_LABEL: self.options.topology,
                     POOL_SUPPLY_LABEL: self.options.supply_mode},
             locations=(self.cluster.node_zone,) if self.cluster.node_zone else ())
@@ -360,13 +362,15 @@ class SmokeRun:
                 f"operation {' -> '.join(dict.fromkeys(self.obs.operation_words))}")
 
     def _reuse(self, existing: NodePoolInfo) -> str:
-        if existing.labels.get(manifests.MANAGED_BY) != MANAGED_BY_SMOKE:
+        if RUN_LABEL not in existing.labels:
             raise Refused(f"a pool named {self.pool} exists and is not smoke's: choose "
                           "another topology or supply mode")
         if existing.status != "RUNNING":
             raise StepFailed(f"the kept pool {self.pool} is {existing.status}, not RUNNING")
         self._reused = True
         self.obs.free_slices_before = None
+        if not self.options.keep:  # this run deletes it, interrupted or not
+            self.created.append(("pool", self.pool))
         return f"reused {self.pool} (kept by an earlier --keep run)"
 
     def _operation_done(self) -> Operation | None:
@@ -521,7 +525,12 @@ class SmokeRun:
         return said
 
     def _delete_pool_and_wait(self) -> list[str]:
-        operation = self.tools.node_pools.delete(self.cluster, self.pool)
+        # GKE refuses a delete while the pool's create runs ("... is currently creating
+        # node pool ..."): a transient refusal, asked again at each look.
+        asked = self._until(f"GKE to accept the delete of {self.pool}",
+                            self.options.cleanup_deadline_seconds,
+                            lambda: [self.tools.node_pools.delete(self.cluster, self.pool)])
+        operation = asked[0]
         if operation is None:
             return ["(already gone)"]
         words = [operation.status]

@@ -1,0 +1,288 @@
+"""``falcon-es smoke`` against the sim-backed fakes: the real gcp adapters (GKE over
+gRPC, Compute over REST, the kubernetes client with Google tokens, the informer),
+Google's Pub/Sub emulator and the Cloud Storage emulator.
+
+The world behind the fakes plays the quiet configuration of the lifecycle tests,
+whose every value lies inside the packaged model's ranges, so a whole run agrees on
+every row it observes; a world configured otherwise is flagged in exactly the rows it
+changes. Time is the world's virtual clock: each of smoke's waits moves it and then
+waits, in wall time, until the informer has published what changed. GCS FUSE is
+played by the test: once the Job is Complete its log file is uploaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.cloud import container_v1
+
+from falcon_es.adapters.gcp.doctor import Doctor
+from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
+from falcon_es.adapters.gcp.informer import InformerSettings, run_informer
+from falcon_es.adapters.gcp.log_files import GcsLogFiles
+from falcon_es.adapters.gcp.wiring import GcpBackend, build_gcp_backend
+from falcon_es.adapters.sim import SimClusterConfig, SimWorld
+from falcon_es.adapters.sim.config import JobDefaults, Span
+from falcon_es.app.smoke import (
+    INTERRUPTED, PASSED, REFUSED, SmokeOptions, SmokeReport, SmokeRun, SmokeTools,
+)
+from falcon_es.app.smoke_model import ROWS, Model
+from falcon_es.config.retry import Backoff
+from falcon_es.config.settings import Settings
+from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.clusters import Cluster
+from falcon_es.domain.ports import PortError
+from tests.fakes import fixtures, storage_emulator
+from tests.fakes.fixtures import unique_name
+from tests.fakes.pubsub_emulator import PubSubEmulator
+from tests.fakes.sim_backed import SimBackedCloud, TracedPublisher
+from tests.support.harness import reserved_cluster, sim_config
+
+pubsub_emulator = fixtures.pubsub_emulator
+
+START = dt.datetime(2026, 11, 1, 9, 0, 0)
+RUN_ID = "t1"
+FAST_BACKOFF = Backoff(initial=0.05, maximum=0.5, multiplier=2.0, jitter=0.0, attempts=1)
+#: Wall seconds a wait gives the informer to publish what changed.
+PUBLISH_WAIT_SECONDS = 10.0
+STEPS = ("doctor", "queue", "node pool", "nodes", "informer", "job submitted", "job ended",
+         "log read back", "job deleted", "node pool deleted", "operation kept")
+
+
+@dataclasses.dataclass
+class Rig:
+    """A cloud of fakes around one world, and smoke's tools on it."""
+
+    cloud: SimBackedCloud
+    backend: GcpBackend
+    cluster: Cluster
+    settings: Settings
+    log_files: GcsLogFiles
+    bucket: Any
+    holders: list[str] = dataclasses.field(default_factory=list)
+    #: A step to interrupt: at its first wait, else as the next step starts.
+    interrupt_at: str | None = None
+    run_id: str = RUN_ID
+    _armed: bool = False
+
+    def on_step(self, name: str) -> None:
+        self._fire()
+        self._armed = name == self.interrupt_at
+        if self._armed and name == STEPS[-1]:  # no next step to be interrupted at
+            self._fire()
+
+    def _fire(self) -> None:
+        if self._armed:
+            self._armed = False  # the clean-up's own waits go on
+            raise KeyboardInterrupt
+
+    def wait(self, seconds: float) -> None:
+        self._fire()
+        clock = self.cloud.world.clock
+        assert isinstance(clock, VirtualClock)
+        clock.advance(seconds)
+        self.cloud.step()
+        self.cloud.trace.wait_until_published(PUBLISH_WAIT_SECONDS)
+        self._upload_finished_log()
+
+    def _upload_finished_log(self) -> None:
+        """GCS FUSE's part: the file is uploaded when the container has exited."""
+        job = f"smoke-{self.run_id}"
+        name = f"logs/{job}/{job}-0.log"
+        try:
+            ended = "Complete" in self.backend.edges.for_cluster(self.cluster).job_conditions(job)
+        except PortError:
+            return
+        if ended and self.bucket.get_blob(name) is None:
+            self.bucket.blob(name).upload_from_string(
+                f"falcon-es smoke {self.run_id}: hello from the TPU node\n")
+
+    def informer(self, cluster: Cluster, settings: InformerSettings, stop: Any) -> object:
+        publisher = TracedPublisher(self.backend.bus, self.cloud.trace, cluster.name)
+        return run_informer(cluster, self.backend.edges, publisher, stop,
+                            settings=dataclasses.replace(settings, backoff=FAST_BACKOFF),
+                            clock=self.cloud.world.clock)
+
+    def tools(self) -> SmokeTools:
+        return SmokeTools(
+            settings=self.settings, node_pools=self.backend.node_pools,
+            reservations=self.backend.reservations, edges=self.backend.edges,
+            bus=self.backend.bus, log_files=self.log_files, clock=self.cloud.world.clock,
+            wait=self.wait, doctor=lambda cluster: Doctor(self.settings).run([cluster]),
+            informer=self.informer, slot_holders=lambda cluster, topology: self.holders)
+
+    def smoke(self, **options: Any) -> SmokeReport:
+        chosen = {"supply_mode": "reservation", "topology": "2x2", "run_id": RUN_ID,
+                  "poll_seconds": 1.0, **options}
+        self.run_id = chosen["run_id"]
+        return SmokeRun(self.cluster, self.tools(), SmokeOptions(**chosen),
+                        model=Model.packaged(), on_step=self.on_step).run()
+
+    # -- what is left in the cloud --------------------------------------------------
+
+    def smoke_pools(self) -> list[str]:
+        return [p.name for p in self.backend.node_pools.list(self.cluster)
+                if p.name.startswith("smoke-") and p.status != "STOPPING"]
+
+    def smoke_jobs(self) -> list[str]:
+        edge = self.backend.edges.for_cluster(self.cluster)
+        return [j.metadata.name for j in edge.batch.list_namespaced_job(edge.namespace).items
+                if j.metadata.name.startswith("smoke-")]
+
+    def smoke_topics(self) -> list[str]:
+        from google.cloud import pubsub_v1
+
+        publisher = pubsub_v1.PublisherClient()
+        return [t.name for t in publisher.list_topics(
+            request={"project": f"projects/{self.backend.bus.project}"})
+            if "/topics/smoke-" in t.name]
+
+
+def _cluster_row(config: SimClusterConfig) -> Cluster:
+    return Cluster(id=f"sim-{config.name}", name=config.name, project="proj",
+                   location="us-east5-b", tpu_type="v6e", gcs_bucket="logs-bucket",
+                   status="active", default_reservation=config.default_reservation,
+                   created_at=START, node_location="us-east5-b")
+
+
+@pytest.fixture
+def rig_of(tmp_path: Path, pubsub_emulator: PubSubEmulator,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Rig]]:
+    made: list[tuple[SimBackedCloud, GcpBackend]] = []
+    storage = storage_emulator.storage_emulator()
+    storage_host = storage.__enter__()
+
+    def make(**behaviour: Any) -> Rig:
+        config = reserved_cluster(count=2, **behaviour)
+        world_config = dataclasses.replace(
+            sim_config(config), jobs=JobDefaults(duration_seconds=5.0, pod_start=Span(3, 3)))
+        world = SimWorld(VirtualClock(START), world_config)
+        cloud = SimBackedCloud(world).start()
+        key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
+        env = {**cloud.environment(key), "PUBSUB_EMULATOR_HOST": pubsub_emulator.host,
+               "FALCON_PUBSUB_PROJECT": pubsub_emulator.project,
+               "STORAGE_EMULATOR_HOST": storage_host,
+               "FALCON_EDGE_EVENTS_TOPIC": unique_name("edge"),
+               "FALCON_EDGE_EVENTS_SUBSCRIPTION": unique_name("edge-sub"),
+               "FALCON_TASK_EVENTS_TOPIC": unique_name("ops")}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        settings = Settings.from_env(env)
+        backend = build_gcp_backend(settings, clock=world.clock)
+        made.append((cloud, backend))
+        backend.bus.create_topic(env["FALCON_EDGE_EVENTS_TOPIC"])
+        backend.bus.create_topic(env["FALCON_TASK_EVENTS_TOPIC"])
+        backend.bus.create_subscription(env["FALCON_EDGE_EVENTS_SUBSCRIPTION"],
+                                        env["FALCON_EDGE_EVENTS_TOPIC"], message_ordering=False)
+        cloud.resource_manager.grant("proj", EDGE_PERMISSIONS)
+        client = storage_emulator.client(storage_host)
+        bucket = client.lookup_bucket("logs-bucket") or client.create_bucket("logs-bucket")
+        return Rig(cloud, backend, _cluster_row(config), settings,
+                   GcsLogFiles(client), bucket)
+
+    yield make
+    for cloud, backend in made:
+        backend.close()
+        cloud.stop()
+    storage.__exit__(None, None, None)
+
+
+def verdicts(report: SmokeReport) -> dict[str, bool | None]:
+    return {check.row: check.agrees for check in report.checks}
+
+
+def assert_nothing_left(rig: Rig, report: SmokeReport) -> None:
+    assert report.left == []
+    assert rig.smoke_pools() == []
+    assert rig.smoke_jobs() == []
+    assert rig.smoke_topics() == []
+
+
+def test_a_whole_run_on_the_fakes_agrees_with_the_model_on_every_row(
+        rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    report = rig.smoke()
+    assert report.outcome == PASSED, report.steps
+    assert [step.name for step in report.steps] == list(STEPS)
+    assert all(step.outcome == "ok" for step in report.steps)
+    assert set(verdicts(report)) == set(ROWS)
+    # A reservation pool brings its nodes at create: no autoscaler to hear from.
+    assert verdicts(report) == {**{row: True for row in ROWS}, "autoscaler-events": None}
+    steps = {step.name: step for step in report.steps}
+    assert "2 free slice(s)" in steps["queue"].observed
+    assert "1 free slice(s)" in steps["nodes"].observed
+    assert steps["node pool"].seconds == pytest.approx(60, abs=2)  # QUIET's create latency
+    assert "gs://logs-bucket/logs/smoke-t1/" in steps["log read back"].observed
+    assert_nothing_left(rig, report)
+
+
+def test_keep_leaves_the_pool_and_the_next_run_reuses_it(rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    first = rig.smoke(keep=True)
+    assert first.outcome == PASSED
+    assert first.kept == ["node pool smoke-2x2-res (--keep: a later run reuses it)"]
+    assert rig.smoke_pools() == ["smoke-2x2-res"]
+    second = rig.smoke(run_id="t2")
+    assert second.outcome == PASSED, [s for s in second.steps if s.outcome != "ok"]
+    assert "reused smoke-2x2-res" in second.steps[2].observed
+    assert verdicts(second)["gke-pool-visibility"] is None  # nothing was created to see
+    assert rig.smoke_pools() == []
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_an_interruption_at_any_step_leaves_nothing_behind(
+        rig_of: Callable[..., Rig], step: str) -> None:
+    rig = rig_of()
+    rig.interrupt_at = step
+    report = rig.smoke()
+    assert report.outcome == INTERRUPTED
+    assert report.steps[-1].outcome in ("interrupted", "ok")
+    assert_nothing_left(rig, report)
+
+
+def test_a_cluster_whose_queue_is_held_is_refused_before_anything_is_made(
+        rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    rig.holders = ["train-42"]
+    report = rig.smoke()
+    assert report.outcome == REFUSED
+    assert "held by task(s) train-42" in report.steps[-1].observed
+    assert [s.name for s in report.steps] == ["doctor", "queue"]
+    assert_nothing_left(rig, report)
+
+
+def test_a_longer_visibility_delay_is_flagged_in_that_row_only(
+        rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of(visibility_delay={"reservation": Span(45, 45), "on-demand": Span(0, 0),
+                                   "flex-start": Span(20, 20)})
+    report = rig.smoke()
+    assert report.outcome == PASSED
+    differs = [row for row, agrees in verdicts(report).items() if agrees is False]
+    assert differs == ["gke-pool-visibility"]
+    (check,) = [c for c in report.checks if c.row == "gke-pool-visibility"]
+    assert check.assumed == "missing for 0.0 s (reservation)"
+    assert check.observed.startswith("visible 4")
+
+
+def test_other_operation_words_are_flagged_in_that_row_only(
+        rig_of: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = rig_of()
+    answer = rig.cloud.gke._operation
+
+    def pending_first(operation: Any, record: Any) -> container_v1.Operation:
+        message = answer(operation, record)
+        if message.status == container_v1.Operation.Status.RUNNING:
+            message.status = container_v1.Operation.Status.PENDING
+        return message
+
+    monkeypatch.setattr(rig.cloud.gke, "_operation", pending_first)
+    report = rig.smoke()
+    assert report.outcome == PASSED
+    differs = [c for c in report.checks if c.agrees is False]
+    assert [c.row for c in differs] == ["gke-operation-words"]
+    assert differs[0].observed == "status words PENDING, DONE"
