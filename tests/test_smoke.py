@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from falcon_es.app.smoke import (
     INTERRUPTED, PASSED, REFUSED, SmokeOptions, SmokeReport, SmokeRun, SmokeTools,
 )
 from falcon_es.app.smoke_model import ROWS, Model
+from falcon_es.cli.smoke import report_data, report_text
 from falcon_es.config.retry import Backoff
 from falcon_es.config.settings import Settings
 from falcon_es.domain.clock import VirtualClock
@@ -157,10 +160,10 @@ def rig_of(tmp_path: Path, pubsub_emulator: PubSubEmulator,
     storage = storage_emulator.storage_emulator()
     storage_host = storage.__enter__()
 
-    def make(**behaviour: Any) -> Rig:
+    def make(outcome: str = "succeed", **behaviour: Any) -> Rig:
         config = reserved_cluster(count=2, **behaviour)
-        world_config = dataclasses.replace(
-            sim_config(config), jobs=JobDefaults(duration_seconds=5.0, pod_start=Span(3, 3)))
+        world_config = dataclasses.replace(sim_config(config), jobs=JobDefaults(
+            duration_seconds=5.0, pod_start=Span(3, 3), outcome=outcome, exit_code=3))
         world = SimWorld(VirtualClock(START), world_config)
         cloud = SimBackedCloud(world).start()
         key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
@@ -267,6 +270,16 @@ def test_a_longer_visibility_delay_is_flagged_in_that_row_only(
     (check,) = [c for c in report.checks if c.row == "gke-pool-visibility"]
     assert check.assumed == "missing for 0.0 s (reservation)"
     assert check.observed.startswith("visible 4")
+    command = "falcon-es smoke --cluster v6e-res --supply-mode reservation --topology 2x2"
+    text = report_text(report, command)
+    assert "  DIFFERS      gke-pool-visibility" in text
+    assert text.count("Finding: ") == 1
+    assert ("Ledger row: `gke-pool-visibility` in docs/FIDELITY.md (a just-created pool can "
+            "be missing from get for a while)") in text
+    data = json.loads(json.dumps(report_data(report, command)))
+    assert [f.splitlines()[0] for f in data["findings"]] == [
+        "Finding: the model's row `gke-pool-visibility` differs from what cluster v6e-res did"]
+    assert {c["row"]: c["agrees"] for c in data["checks"]} == verdicts(report)
 
 
 def test_other_operation_words_are_flagged_in_that_row_only(
@@ -286,3 +299,57 @@ def test_other_operation_words_are_flagged_in_that_row_only(
     differs = [c for c in report.checks if c.agrees is False]
     assert [c.row for c in differs] == ["gke-operation-words"]
     assert differs[0].observed == "status words PENDING, DONE"
+
+
+def test_a_flex_start_run_hears_the_autoscaler(rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    report = rig.smoke(supply_mode="flex-start")
+    assert report.outcome == PASSED, [s for s in report.steps if s.outcome != "ok"]
+    # The nodes come after the Job: the autoscaler scales the pool up for its pod.
+    assert [step.name for step in report.steps][4:7] == ["job submitted", "nodes", "job ended"]
+    assert verdicts(report) == {**{row: True for row in ROWS}, "reservation-in-use": None}
+    (heard,) = [c for c in report.checks if c.row == "autoscaler-events"]
+    assert heard.observed.startswith("TriggeredScaleUp: pod triggered scale-up: [{")
+    assert_nothing_left(rig, report)
+
+
+def test_every_row_smoke_names_carries_its_id_once_in_the_ledger() -> None:
+    ledger = (Path(__file__).parent.parent / "docs" / "FIDELITY.md").read_text("utf-8")
+    ids = re.findall(r"^\| \*\*`([a-z0-9-]+)`\*\* ", ledger, flags=re.MULTILINE)
+    assert len(ids) == len(set(ids))
+    assert set(ROWS) <= set(ids)
+
+
+def test_smoke_of_an_unregistered_cluster_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from falcon_es.cli import main
+    from tests.conftest import migrate
+
+    url = f"sqlite:///{tmp_path / 'falcon.db'}"
+    migrate(url)
+    result = CliRunner().invoke(main, ["--db", url, "smoke", "--cluster", "nowhere"])
+    assert result.exit_code == 2, result.output
+    assert "smoke: no registered cluster named nowhere" in result.output
+
+
+def test_a_failed_step_stops_the_run_and_cleans_up(rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of(outcome="fail")
+    report = rig.smoke()
+    assert report.outcome == "failed"
+    failed = report.steps[-1]
+    assert (failed.name, failed.outcome) == ("job ended", "failed")
+    assert failed.observed.startswith("Job smoke-t1 ended with conditions Failed")
+    # The model's failed Job ends with Failed at once too: the step fails, not the row.
+    assert verdicts(report)["job-conditions"] is True
+    assert_nothing_left(rig, report)
+
+
+def test_a_job_controller_that_marks_success_first_is_flagged() -> None:
+    """Kubernetes 1.31 adds SuccessCriteriaMet before Complete; the sim does not."""
+    from falcon_es.app.smoke_model import Observations, check_job_conditions
+
+    seen = Observations("reservation", job_conditions=["SuccessCriteriaMet", "Complete"])
+    check = check_job_conditions(seen)
+    assert (check.agrees, check.observed) == (False, "conditions SuccessCriteriaMet, Complete")
+    assert check_job_conditions(Observations("reservation")).agrees is None
