@@ -53,7 +53,7 @@ RUN_ID = "t1"
 FAST_BACKOFF = Backoff(initial=0.05, maximum=0.5, multiplier=2.0, jitter=0.0, attempts=1)
 #: Wall seconds a wait gives the informer to publish what changed.
 PUBLISH_WAIT_SECONDS = 10.0
-STEPS = ("doctor", "queue", "node pool", "nodes", "informer", "job submitted", "job ended",
+STEPS = ("doctor", "queue", "informer", "node pool", "nodes", "job submitted", "job ended",
          "log read back", "job deleted", "node pool deleted", "operation kept")
 
 
@@ -232,7 +232,7 @@ def test_keep_leaves_the_pool_and_the_next_run_reuses_it(rig_of: Callable[..., R
     assert rig.smoke_pools() == ["smoke-2x2-res"]
     second = rig.smoke(run_id="t2")
     assert second.outcome == PASSED, [s for s in second.steps if s.outcome != "ok"]
-    assert "reused smoke-2x2-res" in second.steps[2].observed
+    assert "reused smoke-2x2-res" in second.steps[3].observed
     assert verdicts(second)["gke-pool-visibility"] is None  # nothing was created to see
     assert rig.smoke_pools() == []
 

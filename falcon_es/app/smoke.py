@@ -224,10 +224,11 @@ class SmokeRun:
     def _steps(self) -> None:
         self._step("doctor", self._doctor)
         self._step("queue", self._queue)
+        # Pub/Sub first: a refused topic costs nothing, a pool made before it would.
+        self._step("informer", self._informer)
         self._step("node pool", self._node_pool)
         if self.options.supply_mode != FLEX_START:
             self._step("nodes", self._nodes)
-        self._step("informer", self._informer)
         self._step("job submitted", self._submit)
         if self.options.supply_mode == FLEX_START:
             self._step("nodes", self._nodes)
