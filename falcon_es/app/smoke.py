@@ -26,6 +26,7 @@ import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from falcon_es.adapters.gcp.doctor import Check
@@ -33,7 +34,7 @@ from falcon_es.adapters.gcp.gke import GkeNodePools
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.app.smoke_model import (
-    FLEX_START, RESERVATION, Model, Observations, RowCheck, compare,
+    FLEX_START, ON_DEMAND, RESERVATION, Model, Observations, RowCheck, compare,
 )
 from falcon_es.config.settings import Settings
 from falcon_es.domain import manifests, naming
@@ -57,8 +58,10 @@ SELECTOR = f"{manifests.MANAGED_BY}={MANAGED_BY_SMOKE}"
 #: The mark of smoke's pools (the gcp adapter labels every pool ``managed-by=falcon``).
 RUN_LABEL = "falcon-smoke-run"
 DEFAULT_IMAGE = "busybox:1.36"
-MODE_TAGS = {RESERVATION: "res", "on-demand": "od", FLEX_START: "flex"}
+MODE_TAGS = MappingProxyType({RESERVATION: "res", ON_DEMAND: "od", FLEX_START: "flex"})
 TERMINAL = ("Complete", "Failed")
+#: A short watch, so the informer sees the run's end (and stops) within seconds.
+INFORMER_WATCH_SECONDS = 15
 PASSED, FAILED, INTERRUPTED, REFUSED = "passed", "failed", "interrupted", "refused"
 
 
@@ -423,7 +426,8 @@ class SmokeRun:
         bus.create_subscription(self.subscription, self.topic, message_ordering=False)
         self.created.append(("subscription", self.subscription))
         settings = InformerSettings(topic=self.topic, job_selector=SELECTOR,
-                                    pod_selector=SELECTOR, jobsets=False)
+                                    pod_selector=SELECTOR, jobsets=False,
+                                    watch_timeout_seconds=INFORMER_WATCH_SECONDS)
         self._informer_thread = threading.Thread(
             target=self.tools.informer, args=(self.cluster, settings, self._stop_informer),
             name=f"smoke-informer-{self.cluster.name}", daemon=True)

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from falcon_es.adapters.sim.config import (
-    FLEX_START, RESERVATION, SimConfig, Span, load_sim_config,
+    FLEX_START, ON_DEMAND, RESERVATION, SimConfig, Span, load_sim_config,
 )
 from falcon_es.adapters.sim.gke import FAILED_SCALE_UP, NOT_TRIGGER_SCALE_UP, TRIGGERED_SCALE_UP
 
