@@ -16,6 +16,7 @@ import dataclasses
 import datetime as dt
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from falcon_es.adapters.gcp.doctor import Doctor
 from falcon_es.adapters.gcp.iam import EDGE_PERMISSIONS
 from falcon_es.adapters.gcp.informer import InformerSettings, run_informer
 from falcon_es.adapters.gcp.log_files import GcsLogFiles
+from falcon_es.adapters.gcp.pubsub import PubSubBus
 from falcon_es.adapters.gcp.wiring import GcpBackend, build_gcp_backend
 from falcon_es.adapters.sim import SimClusterConfig, SimWorld
 from falcon_es.adapters.sim.config import JobDefaults, Span
@@ -37,7 +39,7 @@ from falcon_es.app.smoke_model import ROWS, Model
 from falcon_es.cli.smoke import report_data, report_text
 from falcon_es.config.retry import Backoff
 from falcon_es.config.settings import Settings
-from falcon_es.domain.clock import VirtualClock
+from falcon_es.domain.clock import VirtualClock, WallClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.ports import PortError
 from tests.fakes import fixtures, storage_emulator
@@ -45,6 +47,7 @@ from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator
 from tests.fakes.sim_backed import SimBackedCloud, TracedPublisher
 from tests.support.harness import reserved_cluster, sim_config
+from tests.test_gcp_cli import QUICK
 
 pubsub_emulator = fixtures.pubsub_emulator
 
@@ -353,3 +356,90 @@ def test_a_job_controller_that_marks_success_first_is_flagged() -> None:
     check = check_job_conditions(seen)
     assert (check.agrees, check.observed) == (False, "conditions SuccessCriteriaMet, Complete")
     assert check_job_conditions(Observations("reservation")).agrees is None
+
+
+# ----------------------------------------------------------------------- the command
+
+def _follow_the_wall_clock(cloud: SimBackedCloud, bucket: Any, stop: threading.Event) -> None:
+    """The world moves with the wall clock (the command runs on it), and GCS FUSE
+    uploads a smoke Job's log file once the Job is Complete."""
+    server = cloud.kube["v6e-res"]
+    while not stop.is_set():
+        cloud.step()
+        for name in server.names("jobs", "falcon-jobs"):
+            job = server.get("jobs", name, "falcon-jobs") or {}
+            types = [c["type"] for c in (job.get("status") or {}).get("conditions") or ()]
+            blob = f"logs/{name}/{name}-0.log"
+            if "Complete" in types and bucket.get_blob(blob) is None:
+                run_id = name.removeprefix("smoke-")
+                bucket.blob(blob).upload_from_string(
+                    f"falcon-es smoke {run_id}: hello from the TPU node\n")
+        stop.wait(0.05)
+
+
+def test_the_command_reports_steps_rows_and_findings_as_json(
+        tmp_path: Path, pubsub_emulator: PubSubEmulator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from falcon_es.app.application import open_app
+    from falcon_es.cli import main
+    from falcon_es.storage import registry
+    from tests.conftest import migrate
+
+    # The world of the controller's own gcp run: much faster than the model.
+    config = dataclasses.replace(reserved_cluster(count=2), behaviour=QUICK)
+    world = SimWorld(WallClock(), dataclasses.replace(
+        sim_config(config), jobs=JobDefaults(duration_seconds=1.0, pod_start=Span(0.2, 0.2))))
+    cloud = SimBackedCloud(world).start()
+    cloud.resource_manager.grant("proj", EDGE_PERMISSIONS)
+    url = f"sqlite:///{tmp_path / 'falcon.db'}"
+    migrate(url)
+    app = open_app(Settings(db_url=url))
+    registry.add_cluster(app.store, name="v6e-res", project="proj", location="us-east5-b",
+                         tpu_type="v6e", gcs_bucket="logs-bucket",
+                         default_reservation=config.default_reservation)
+    app.close()
+    stop = threading.Event()
+    with storage_emulator.storage_emulator() as storage_host:
+        client = storage_emulator.client(storage_host)
+        bucket = client.create_bucket("logs-bucket")
+        key = cloud.authority.service_account_file(tmp_path, pubsub_emulator.project)
+        env = {**cloud.environment(key), "FALCON_DB_URL": url,
+               "PUBSUB_EMULATOR_HOST": pubsub_emulator.host,
+               "STORAGE_EMULATOR_HOST": storage_host,
+               "FALCON_PUBSUB_PROJECT": pubsub_emulator.project,
+               "FALCON_EDGE_EVENTS_TOPIC": unique_name("edge"),
+               "FALCON_EDGE_EVENTS_SUBSCRIPTION": unique_name("edge-sub"),
+               "FALCON_TASK_EVENTS_TOPIC": unique_name("ops")}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        bus = PubSubBus(pubsub_emulator.project, pull_timeout_seconds=0.5)
+        bus.create_topic(env["FALCON_EDGE_EVENTS_TOPIC"])
+        bus.create_topic(env["FALCON_TASK_EVENTS_TOPIC"])
+        bus.create_subscription(env["FALCON_EDGE_EVENTS_SUBSCRIPTION"],
+                                env["FALCON_EDGE_EVENTS_TOPIC"], message_ordering=False)
+        stepper = threading.Thread(target=_follow_the_wall_clock, args=(cloud, bucket, stop),
+                                   daemon=True)
+        stepper.start()
+        try:
+            result = CliRunner().invoke(main, ["smoke", "--cluster", "v6e-res",
+                                               "--poll-seconds", "0.2", "--json"])
+        finally:
+            stop.set()
+            stepper.join(timeout=10)
+            bus.close()
+            cloud.stop()
+    assert result.exit_code == 1, result.output  # rows differ
+    report = json.loads(result.output)
+    # The reservation holds 4-chip VMs: its smallest slice is 2x2, not v6e's 1x1.
+    assert (report["outcome"], report["supply_mode"], report["topology"]) == (
+        "passed", "reservation", "2x2")
+    assert [s["name"] for s in report["steps"]] == list(STEPS)
+    differs = {c["row"] for c in report["checks"] if c["agrees"] is False}
+    # Nodes at once where the model waits 20 s and more; everything else as modelled.
+    assert differs == {"gke-node-registration"}
+    assert [f.splitlines()[1] for f in report["findings"]] == [
+        f"Ledger row: `gke-node-registration` in docs/FIDELITY.md "
+        f"({ROWS['gke-node-registration']})"]
+    assert report["left"] == [] and world.pools() == []

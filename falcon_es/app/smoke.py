@@ -111,12 +111,12 @@ class SmokeTools:
 class SmokeOptions:
     supply_mode: str
     topology: str
+    #: Seconds between two looks at a pool, an operation, the nodes or the Job: the
+    #: resolution of every time measured (and the tolerance of every comparison).
+    poll_seconds: float
     keep: bool = False
     image: str = DEFAULT_IMAGE
     run_id: str = ""
-    #: Seconds between two looks at a pool, an operation, the nodes or the Job: the
-    #: resolution of every time measured (and the tolerance of every comparison).
-    poll_seconds: float = 2.0
     pool_deadline_seconds: float = 3600.0
     job_deadline_seconds: float = 1800.0
     cleanup_deadline_seconds: float = 900.0

@@ -34,12 +34,16 @@ EXIT_INTERRUPTED = 130
 @click.option("--keep", is_flag=True,
               help="Keep the node pool after a passing run; the next run reuses it.")
 @click.option("--image", default=None, help="The container image that prints the line.")
+@click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=2.0,
+              show_default=True,
+              help="Seconds between two looks (each an API call): the resolution of every "
+                   "time measured, and the tolerance of every comparison.")
 @click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
 @click.pass_context
 @friendly
 def smoke_command(ctx: click.Context, name: str, supply_mode: str | None,
                   topology: str | None, keep: bool, image: str | None,
-                  as_json: bool) -> None:
+                  poll_seconds: float, as_json: bool) -> None:
     """Run one tiny task on a real cluster through the gcp backend's own calls
     (doctor's checks, a smoke- node pool, a Job that prints a line, its log read back
     from GCS, then the Job and pool deleted) and check the model against what GCP did.
@@ -65,7 +69,7 @@ def smoke_command(ctx: click.Context, name: str, supply_mode: str | None,
                                                       cluster.default_reservation).machine_type
             topology = default_topology(cluster.tpu_type, machine)
         options = SmokeOptions(supply_mode=mode, topology=topology, keep=keep,
-                               image=image or DEFAULT_IMAGE)
+                               image=image or DEFAULT_IMAGE, poll_seconds=poll_seconds)
         run = SmokeRun(cluster, tools, options,
                        on_step=None if as_json else lambda step: click.echo(f"... {step}",
                                                                             err=True))
