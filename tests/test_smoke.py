@@ -74,6 +74,8 @@ class Rig:
     #: A step to interrupt: at its first wait, else as the next step starts.
     interrupt_at: str | None = None
     run_id: str = RUN_ID
+    #: How many Ctrl-C: a second one lands in the clean-up's first wait.
+    interrupts: int = 1
     _armed: bool = False
 
     def on_step(self, name: str) -> None:
@@ -84,7 +86,8 @@ class Rig:
 
     def _fire(self) -> None:
         if self._armed:
-            self._armed = False  # the clean-up's own waits go on
+            self.interrupts -= 1
+            self._armed = self.interrupts > 0  # else the clean-up's own waits go on
             raise KeyboardInterrupt
 
     def wait(self, seconds: float) -> None:
@@ -248,6 +251,34 @@ def test_an_interruption_at_any_step_leaves_nothing_behind(
     report = rig.smoke()
     assert report.outcome == INTERRUPTED
     assert report.steps[-1].outcome in ("interrupted", "ok")
+    assert_nothing_left(rig, report)
+
+
+def test_a_second_interruption_during_the_clean_up_lists_what_was_left(
+        rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    rig.interrupt_at, rig.interrupts = "job ended", 2
+    report = rig.smoke()
+    assert report.outcome == INTERRUPTED
+    # The Job went first (newest first, no wait); the pool's delete was asked, its end
+    # not waited for.
+    assert report.left == [
+        "pool smoke-2x2-res: not deleted (interrupted during clean-up)",
+        "subscription smoke-t1-edge-events: not deleted (interrupted during clean-up)",
+        "topic smoke-t1-edge-events: not deleted (interrupted during clean-up)"]
+    assert rig.smoke_jobs() == []
+    # What the how-to says to do by hand (the emulator outlives this test).
+    rig.backend.bus.delete_subscription("smoke-t1-edge-events")
+    rig.backend.bus.delete_topic("smoke-t1-edge-events")
+
+
+def test_a_failed_doctor_check_refuses_the_run(rig_of: Callable[..., Rig]) -> None:
+    rig = rig_of()
+    rig.cloud.gke.workload_identity = False
+    report = rig.smoke()
+    assert report.outcome == REFUSED
+    assert [s.name for s in report.steps] == ["doctor"]
+    assert "Workload Identity" in report.steps[0].observed
     assert_nothing_left(rig, report)
 
 

@@ -261,6 +261,9 @@ class SmokeRun:
         except StepFailed as failure:
             observed = str(failure)
             raise
+        except Exception as error:  # an unforeseen answer must still end in the clean-up
+            observed = f"{type(error).__name__}: {error}"
+            raise StepFailed(f"{name}: {observed}") from error
         finally:
             taken = (self.tools.clock.now() - start).total_seconds()
             self.report.steps.append(StepReport(name, taken, outcome, observed))
@@ -463,7 +466,10 @@ class SmokeRun:
                 if data.get("job_name") == self.job_name and data.get("condition"):
                     key = str(data.get("resource_version"))
                     seen[key] = seen.get(key, 0) + 1
-                    arrived.append(arrived[0] if arrived else self._now())
+                    if not arrived:
+                        arrived.append(self._now())
+            if self._informer_thread is not None and not self._informer_thread.is_alive():
+                raise StepFailed("the informer stopped (its log says why)")
             if self._ended is None:
                 conditions = edge.job_conditions(self.job_name)
                 if any(c in TERMINAL for c in conditions):
