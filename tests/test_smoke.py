@@ -302,7 +302,7 @@ def test_a_longer_visibility_delay_is_flagged_in_that_row_only(
     differs = [row for row, agrees in verdicts(report).items() if agrees is False]
     assert differs == ["gke-pool-visibility"]
     (check,) = [c for c in report.checks if c.row == "gke-pool-visibility"]
-    assert check.assumed == "missing for 0.0 s (reservation)"
+    assert check.assumed == "visible at once (reservation)"
     assert check.observed.startswith("visible 4")
     command = "falcon-es smoke --cluster v6e-res --supply-mode reservation --topology 2x2"
     text = report_text(report, command)
@@ -469,7 +469,7 @@ def test_the_command_reports_steps_rows_and_findings_as_json(
     assert [s["name"] for s in report["steps"]] == list(STEPS)
     differs = {c["row"] for c in report["checks"] if c["agrees"] is False}
     # Nodes at once where the model waits 20 s and more; everything else as modelled.
-    assert differs == {"gke-node-registration"}
+    assert differs == {"gke-node-registration"}, report["checks"]
     assert [f.splitlines()[1] for f in report["findings"]] == [
         f"Ledger row: `gke-node-registration` in docs/FIDELITY.md "
         f"({ROWS['gke-node-registration']})"]

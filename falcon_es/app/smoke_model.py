@@ -29,7 +29,7 @@ ROWS: Mapping[str, str] = MappingProxyType({
                              "the pool is RUNNING (a flex-start pool's after the scale-up)",
     "autoscaler-events": "the cluster autoscaler's event words on a flex-start pool's "
                          "pending pod",
-    "job-conditions": "a Job ends with a condition of status True (Complete)",
+    "job-conditions": "a Job ends with a condition of status True (Complete or Failed)",
     "pubsub-delivery": "the informer's observations reach the controller through Pub/Sub, "
                        "at least once",
     "reservation-in-use": "specificReservation.inUseCount counts the VMs that exist",
@@ -134,7 +134,7 @@ def _row(row: str, assumed: str, observed: str, agrees: bool | None) -> RowCheck
 
 
 def _not_observed(row: str, assumed: str, why: str) -> RowCheck:
-    return _row(row, assumed, f"not observed: {why}", None)
+    return _row(row, assumed, why, None)
 
 
 def check_operation_words(obs: Observations) -> RowCheck:
@@ -148,7 +148,8 @@ def check_operation_words(obs: Observations) -> RowCheck:
 
 def check_visibility(obs: Observations, model: Model, tolerance: float) -> RowCheck:
     span = model.visibility[obs.supply_mode]
-    assumed = f"missing for {span_words(span)} ({obs.supply_mode})"
+    assumed = (f"visible at once ({obs.supply_mode})" if span.high == 0 else
+               f"missing from get for {span_words(span)} ({obs.supply_mode})")
     if obs.visibility_seconds is None:
         return _not_observed("gke-pool-visibility", assumed, "no pool was created")
     return _row("gke-pool-visibility", assumed,
@@ -158,15 +159,16 @@ def check_visibility(obs: Observations, model: Model, tolerance: float) -> RowCh
 
 def check_registration(obs: Observations, model: Model, tolerance: float) -> RowCheck:
     span = model.node_register[obs.supply_mode]
-    assumed = (f"nodes registered after {span_words(span)} ({obs.supply_mode}), Ready "
-               f"{span_words(model.node_ready_lag)} later")
+    start = "the Job's submit" if obs.supply_mode == FLEX_START else "RUNNING"
+    assumed = (f"nodes registered {span_words(span)} after {start} ({obs.supply_mode}), "
+               f"Ready {span_words(model.node_ready_lag)} later")
     if obs.register_seconds is None or obs.ready_lag_seconds is None:
         return _not_observed("gke-node-registration", assumed,
                              "the nodes were not followed from the start")
     agrees = (within(obs.register_seconds, span, 2 * tolerance)
               and within(obs.ready_lag_seconds, model.node_ready_lag, 2 * tolerance))
     return _row("gke-node-registration", assumed,
-                f"registered after {seconds(obs.register_seconds)}, Ready "
+                f"registered {seconds(obs.register_seconds)} after {start}, Ready "
                 f"{seconds(obs.ready_lag_seconds)} later", agrees)
 
 
@@ -232,8 +234,9 @@ def check_log(obs: Observations, tolerance: float) -> RowCheck:
         return _not_observed("gcs-log-upload", assumed, "the Job did not end")
     if not obs.log_found or obs.log_seconds is None:
         return _row("gcs-log-upload", assumed, "the line never appeared", False)
-    return _row("gcs-log-upload", assumed,
-                f"the line was there {seconds(obs.log_seconds)} after the Job ended",
+    when = ("at the first look after the Job ended" if obs.log_seconds == 0 else
+            f"{seconds(obs.log_seconds)} after the Job ended")
+    return _row("gcs-log-upload", assumed, f"the line was there {when}",
                 obs.log_seconds <= tolerance)
 
 
@@ -244,7 +247,8 @@ def check_retention(obs: Observations) -> RowCheck:
                              "the create operation was not asked again")
     state = "still known" if obs.operation_kept else "unknown (NOT_FOUND)"
     return _row("gke-operation-retention", assumed,
-                f"the create operation {state} {seconds(obs.retention_seconds)} after DONE",
+                f"the create operation {state} {seconds(obs.retention_seconds)} after DONE"
+                + (" (kept at least that long)" if obs.operation_kept else ""),
                 obs.operation_kept)
 
 
@@ -265,8 +269,9 @@ def finding(check: RowCheck, where: str, command: str) -> str:
         f"The model assumes: {check.assumed}",
         f"Observed: {check.observed}",
         f"Seen by: {command}",
-        "Next: correct the row and the simulated world's value (adapters/sim), or say in "
-        "the row why the product works either way.",
+        "Next: correct the row and the simulated world's value (a timing: "
+        "falcon_es/adapters/sim/default_config.json), or say in the row why the product "
+        "works either way.",
     ])
 
 
