@@ -46,7 +46,7 @@ from tests.fakes import fixtures, storage_emulator
 from tests.fakes.fixtures import unique_name
 from tests.fakes.pubsub_emulator import PubSubEmulator
 from tests.fakes.sim_backed import SimBackedCloud, TracedPublisher
-from tests.support.harness import reserved_cluster, sim_config
+from tests.support.harness import Harnesses, reserved_cluster, sim_config
 from tests.test_gcp_cli import QUICK
 
 pubsub_emulator = fixtures.pubsub_emulator
@@ -474,3 +474,30 @@ def test_the_command_reports_steps_rows_and_findings_as_json(
         f"Ledger row: `gke-node-registration` in docs/FIDELITY.md "
         f"({ROWS['gke-node-registration']})"]
     assert report["left"] == [] and world.pools() == []
+
+
+def test_the_queue_guard_reads_the_slot_holder_from_the_log(
+        make: Harnesses, db_url: str, clock: VirtualClock) -> None:
+    """The guard folds the queue book as a starting controller does: a task being
+    provisioned holds its queue's slot, a running one no longer does."""
+    from falcon_es.app.application import open_app
+    from falcon_es.app.smoke import slot_holders_of
+    from falcon_es.storage import registry
+
+    h = make(reserved_cluster())
+    h.submit("t1")
+
+    def holders(topology: str) -> list[str]:
+        app = open_app(Settings(db_url=db_url), clock)
+        try:
+            with app.engine.connect() as conn:
+                cluster = registry.find_cluster(conn, "v6e-res")
+            assert cluster is not None
+            return slot_holders_of(app)(cluster, topology)
+        finally:
+            app.close()
+
+    h.run(lambda: h.row("t1")["reason"] == "Provisioning")
+    assert (holders("2x2"), holders("2x4")) == (["t1"], [])
+    h.run(lambda: h.row("t1")["status"] == "Running")
+    assert holders("2x2") == []
