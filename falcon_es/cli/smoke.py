@@ -15,7 +15,8 @@ from falcon_es.config.settings import Settings
 from falcon_es.storage import registry
 
 if TYPE_CHECKING:
-    from falcon_es.app.smoke import SmokeReport
+    from falcon_es.app.smoke import SmokeReport, SmokeTools
+    from falcon_es.domain.clusters import Cluster
 
 SUPPLY_MODES = ("reservation", "on-demand", "flex-start")
 #: Exit code of a run stopped by SIGINT, as a shell reports it.
@@ -49,8 +50,7 @@ def smoke_command(ctx: click.Context, name: str, supply_mode: str | None,
     from GCS, then the Job and pool deleted) and check the model against what GCP did.
     Exit 1 when a step failed, the run was refused or a ledger row differs."""
     from falcon_es.app.smoke import (
-        DEFAULT_IMAGE, SmokeOptions, SmokeRun, default_supply_mode, default_topology,
-        real_tools,
+        DEFAULT_IMAGE, SmokeOptions, SmokeRun, default_supply_mode, real_tools,
     )
 
     settings: Settings = ctx.obj["settings"]
@@ -62,12 +62,7 @@ def smoke_command(ctx: click.Context, name: str, supply_mode: str | None,
     tools, close = real_tools(settings, app)
     try:
         mode = supply_mode or default_supply_mode(cluster)
-        if topology is None:
-            machine = None
-            if mode == "reservation" and cluster.default_reservation:
-                machine = tools.reservations.capacity(cluster,
-                                                      cluster.default_reservation).machine_type
-            topology = default_topology(cluster.tpu_type, machine)
+        topology = topology or _smallest_topology(cluster, mode, tools)
         options = SmokeOptions(supply_mode=mode, topology=topology, keep=keep,
                                image=image or DEFAULT_IMAGE, poll_seconds=poll_seconds)
         run = SmokeRun(cluster, tools, options,
@@ -86,6 +81,24 @@ def smoke_command(ctx: click.Context, name: str, supply_mode: str | None,
         sys.exit(EXIT_INTERRUPTED)
     if report.outcome != "passed" or any(c.agrees is False for c in report.checks):
         sys.exit(EXIT_PROBLEM)
+
+
+def _smallest_topology(cluster: Cluster, mode: str, tools: SmokeTools) -> str:
+    """The smallest slice of the cluster's type that its reservation's VMs make."""
+    from falcon_es.app.smoke import StepFailed, default_topology
+    from falcon_es.domain.ports import PortError
+
+    try:
+        machine = None
+        if mode == "reservation" and cluster.default_reservation:
+            machine = tools.reservations.capacity(cluster,
+                                                  cluster.default_reservation).machine_type
+        return default_topology(cluster.tpu_type, machine)
+    except PortError as error:
+        raise Failure(f"smoke: reading reservation {cluster.default_reservation}: "
+                      f"{error.message} (or name --topology)", EXIT_PROBLEM) from error
+    except StepFailed as error:
+        raise Failure(f"smoke: {error} (name --topology)", EXIT_PROBLEM) from error
 
 
 def report_data(report: SmokeReport, command: str) -> dict[str, object]:
