@@ -34,7 +34,8 @@ from falcon_es.adapters.gcp.gke import GkeNodePools
 from falcon_es.adapters.gcp.informer import InformerSettings
 from falcon_es.adapters.gcp.kube import KubeEdgeClusters
 from falcon_es.app.smoke_model import (
-    FLEX_START, ON_DEMAND, RESERVATION, Model, Observations, RowCheck, compare,
+    COMPLETE_CONDITION, FLEX_START, JOB_CONDITIONS, ON_DEMAND, RESERVATION, Model,
+    Observations, RowCheck, compare,
 )
 from falcon_es.config.settings import Settings
 from falcon_es.domain import manifests, naming
@@ -59,7 +60,6 @@ SELECTOR = f"{manifests.MANAGED_BY}={MANAGED_BY_SMOKE}"
 RUN_LABEL = "falcon-smoke-run"
 DEFAULT_IMAGE = "busybox:1.36"
 MODE_TAGS = MappingProxyType({RESERVATION: "res", ON_DEMAND: "od", FLEX_START: "flex"})
-TERMINAL = ("Complete", "Failed")
 #: A short watch, so the informer sees the run's end (and stops) within seconds.
 INFORMER_WATCH_SECONDS = 15
 PASSED, FAILED, INTERRUPTED, REFUSED = "passed", "failed", "interrupted", "refused"
@@ -472,7 +472,7 @@ class SmokeRun:
                 raise StepFailed("the informer stopped (its log says why)")
             if self._ended is None:
                 conditions = edge.job_conditions(self.job_name)
-                if any(c in TERMINAL for c in conditions):
+                if any(c in JOB_CONDITIONS for c in conditions):
                     self._ended = self._now()
                     self.obs.job_conditions = conditions
             return True if self._ended is not None and arrived else None
@@ -485,7 +485,7 @@ class SmokeRun:
             if arrived and self._ended is not None:
                 self.obs.delivery_seconds = max(0.0, (arrived[0] - self._ended).total_seconds())
             self.obs.duplicates = sum(count - 1 for count in seen.values())
-        if "Complete" not in self.obs.job_conditions:
+        if COMPLETE_CONDITION not in self.obs.job_conditions:
             raise StepFailed(f"Job {self.job_name} ended with conditions "
                              f"{', '.join(self.obs.job_conditions)}: "
                              f"{edge.diagnose_pending(self.job_name) or 'no diagnosis'}")

@@ -19,7 +19,10 @@ from typing import Any
 from falcon_es.adapters.sim.config import (
     FLEX_START, ON_DEMAND, RESERVATION, SimConfig, Span, load_sim_config,
 )
-from falcon_es.adapters.sim.gke import FAILED_SCALE_UP, NOT_TRIGGER_SCALE_UP, TRIGGERED_SCALE_UP
+from falcon_es.adapters.sim.gke import (
+    FAILED_SCALE_UP, NOT_TRIGGER_SCALE_UP, OPERATION_DONE, OPERATION_RUNNING, TRIGGERED_SCALE_UP,
+)
+from falcon_es.adapters.sim.kube_api import COMPLETE_CONDITION, FAILED_CONDITION
 
 #: The ledger's ids of the rows a smoke run observes, with each row's behaviour in short.
 ROWS: Mapping[str, str] = MappingProxyType({
@@ -38,10 +41,10 @@ ROWS: Mapping[str, str] = MappingProxyType({
 })
 LEDGER = "docs/FIDELITY.md"
 #: The operation status words the simulated GKE answers (anything but DONE is running).
-OPERATION_WORDS = ("RUNNING", "DONE")
+OPERATION_WORDS = (OPERATION_RUNNING, OPERATION_DONE)
 #: The conditions the simulated Job controller ends a Job with: one of them, at once
 #: (no ``SuccessCriteriaMet`` / ``FailureTarget`` before it).
-JOB_CONDITIONS = ("Complete", "Failed")
+JOB_CONDITIONS = (COMPLETE_CONDITION, FAILED_CONDITION)
 #: The autoscaler's reasons the simulated world puts on a pending pod of a flex-start pool.
 AUTOSCALER_REASONS = (TRIGGERED_SCALE_UP, FAILED_SCALE_UP, NOT_TRIGGER_SCALE_UP)
 
@@ -142,7 +145,7 @@ def check_operation_words(obs: Observations) -> RowCheck:
     if not obs.operation_words:
         return _not_observed("gke-operation-words", assumed, "no operation was followed")
     words = list(dict.fromkeys(obs.operation_words))
-    agrees = set(words) <= set(OPERATION_WORDS) and words[-1] == "DONE"
+    agrees = set(words) <= set(OPERATION_WORDS) and words[-1] == OPERATION_DONE
     return _row("gke-operation-words", assumed, "status words " + ", ".join(words), agrees)
 
 

@@ -46,6 +46,9 @@ from falcon_es.adapters.sim.config import (
 from falcon_es.adapters.sim.timeline import Timeline
 
 PROVISIONING, RUNNING, STOPPING, ERROR = "PROVISIONING", "RUNNING", "STOPPING", "ERROR"
+#: The status words of the simulated operations: RUNNING until DONE (GKE's enum also
+#: has PENDING and ABORTING, which the sim never answers).
+OPERATION_RUNNING, OPERATION_DONE = "RUNNING", "DONE"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TRIGGERED_SCALE_UP, FAILED_SCALE_UP = "TriggeredScaleUp", "FailedScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
@@ -77,7 +80,8 @@ class SimOperation:
     error_code: str | None = None
 
     def view(self) -> Operation:
-        return Operation(self.id, self.done, self.error, self.error_code)
+        return Operation(self.id, self.done, self.error, self.error_code,
+                         status=OPERATION_DONE if self.done else OPERATION_RUNNING)
 
 
 @dataclasses.dataclass
