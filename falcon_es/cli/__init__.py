@@ -15,6 +15,7 @@ Each command lives in the module of its group:
 ``cli/observe.py``        ``logs``, ``timeline``
 ``cli/controller.py``     ``run``
 ``cli/gcp.py``            ``informer``, ``doctor``
+``cli/smoke.py``          ``smoke``
 ``cli/sim.py``            ``demo``, ``simulate``
 ``cli/bench.py``          ``bench store|scheduler|e2e``
 ========================  ===========================================================
@@ -90,6 +91,11 @@ def _sim() -> ModuleType:
     return sim
 
 
+def _smoke() -> ModuleType:
+    from falcon_es.cli import smoke
+    return smoke
+
+
 def _tasks() -> ModuleType:
     from falcon_es.cli import tasks
     return tasks
@@ -112,6 +118,7 @@ COMMANDS: Mapping[str, tuple[Callable[[], ModuleType], str]] = MappingProxyType(
     "run": (_controller, "run_command"),
     "informer": (_gcp, "informer_command"),
     "doctor": (_gcp, "doctor_command"),
+    "smoke": (_smoke, "smoke_command"),
     "demo": (_sim, "demo_command"),
     "simulate": (_sim, "simulate_command"),
     "bench": (_bench, "bench_group"),

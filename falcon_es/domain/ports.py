@@ -79,6 +79,9 @@ class Operation:
     done: bool
     error: str | None = None  # the API's words when the operation failed
     error_code: str | None = None  # a PortError code for the failure
+    #: The API's own status word (GKE: PENDING, RUNNING, DONE, ABORTING); only ``done``
+    #: decides anything, the word is kept for ``falcon-es smoke`` to compare.
+    status: str = ""
 
 
 class NodePools(Protocol):

@@ -282,6 +282,15 @@ class EdgeTrace:
         return not self._unacked and all(
             self._published.get(job) == key for job, key in self._expected.items())
 
+    def wait_until_published(self, timeout: float) -> bool:
+        """Wait (wall time, bounded) until the informers have published every Job's
+        current state, acknowledged or not: a reader that acks only when it next looks
+        (``falcon-es smoke``) then finds everything there."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: all(self._published.get(job) == key
+                            for job, key in self._expected.items()), timeout)
+
     def wait_for_news(self, timeout: float) -> None:
         """Wait (wall time, bounded) until something is published or acknowledged."""
         with self._changed:

@@ -202,11 +202,12 @@ def on_release_channel(gke: container_v1.Cluster) -> bool:
 def to_operation(operation: container_v1.Operation) -> Operation:
     """The port's view of a GKE operation: done, and if it failed, why."""
     done = operation.status == container_v1.Operation.Status.DONE
+    word = container_v1.Operation.Status(operation.status).name
     conditions = [*operation.nodepool_conditions, *operation.cluster_conditions]
     error = operation.error
     failed = bool(error.code or error.message)
     if not (done and failed):
-        return Operation(id=operation.name, done=done)
+        return Operation(id=operation.name, done=done, status=word)
     condition_words = [c.message for c in conditions if c.message and c.message not in error.message]
     words = "; ".join(
         part for part in (error.message or operation.status_message or operation.detail,
@@ -215,7 +216,7 @@ def to_operation(operation: container_v1.Operation) -> Operation:
     code = code_for_operation_error(
         error.code, words, [container_v1.StatusCondition.Code(c.code).name for c in conditions]
     )
-    return Operation(id=operation.name, done=True, error=words, error_code=code)
+    return Operation(id=operation.name, done=True, error=words, error_code=code, status=word)
 
 
 def to_info(cluster: Cluster, pool: container_v1.NodePool) -> NodePoolInfo:

@@ -196,6 +196,31 @@ class KubeEdgeCluster:
             raise self.error(error, doing) from error
         return diagnosis(job, pods, events, self.node_counts)
 
+    def job_conditions(self, name: str) -> list[str]:
+        """The Job's conditions of status True, in the order the API lists them
+        (``falcon-es smoke`` compares them with the model; the controller reads the
+        informer's observations instead)."""
+        try:
+            job = self.batch.read_namespaced_job(name, self.namespace,
+                                                 _request_timeout=self._timeout)
+        except Exception as error:
+            raise self.error(error, f"reading Job {name}") from error
+        conditions = (job.status.conditions if job.status else None) or ()
+        return [c.type for c in conditions if c.status == "True"]
+
+    def pod_events(self, job_name: str) -> list[tuple[str, str]]:
+        """(reason, message) of every event on the Job's pods, oldest first: what the
+        cluster autoscaler said about them, for ``falcon-es smoke``."""
+        doing = f"reading the events of Job {job_name}'s pods"
+        try:
+            job = self.batch.read_namespaced_job(job_name, self.namespace,
+                                                 _request_timeout=self._timeout)
+            events = [e for pod in self._pods_of(job)
+                      for e in self._events_of("Pod", name_of(pod, "a Pod"))]
+        except Exception as error:
+            raise self.error(error, doing) from error
+        return [(str(e.reason or ""), str(e.message or "")) for e in events]
+
     # ------------------------------------------------------------------ JobSets
 
     def _create_or_adopt_jobset(self, body: dict[str, Any]) -> JobRef:

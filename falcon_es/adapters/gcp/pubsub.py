@@ -218,6 +218,27 @@ class PubSubBus:
             raise _call_error(f"creating subscription {path} on {topic_path}", error) from error
         return path
 
+    def delete_subscription(self, subscription: str) -> None:
+        """Delete the subscription; one already gone is fine (``falcon-es smoke``'s
+        clean-up of its own)."""
+        path = self.subscription_path(subscription)
+        try:
+            self._subscriber.delete_subscription(request={"subscription": path})
+        except gexc.NotFound:
+            return
+        except Exception as error:
+            raise _call_error(f"deleting subscription {path}", error) from error
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete the topic; one already gone is fine."""
+        path = self.topic_path(topic)
+        try:
+            self._publisher.delete_topic(request={"topic": path})
+        except gexc.NotFound:
+            return
+        except Exception as error:
+            raise _call_error(f"deleting topic {path}", error) from error
+
     def _check_existing(self, path: str, topic_path: str, message_ordering: bool) -> str:
         """An existing subscription is used only if it delivers what a new one would."""
         try:

@@ -31,6 +31,9 @@ _LABEL_VALUE = re.compile(r"^(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])
 COMPACT_ZONES_WORDS = ("Compact placement is only available for node pools operating in a "
                        "single zone.")
 #: Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
+#: The status words of the simulated GKE operations: RUNNING until DONE (GKE's enum
+#: also has PENDING and ABORTING, which the sim never answers).
+OPERATION_RUNNING, OPERATION_DONE = "RUNNING", "DONE"
 SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 

@@ -37,8 +37,8 @@ from falcon_es.domain.spec import SUPPLY_MODES
 from falcon_es.domain.tpu import TPU_TYPES, SliceShape
 
 from falcon_es.adapters.sim.common import (
-    POOL_NAME, ClusterIdentity, label_problem, seconds_after,
-    suffix, zone_problem,
+    OPERATION_DONE, OPERATION_RUNNING, POOL_NAME, ClusterIdentity, label_problem,
+    seconds_after, suffix, zone_problem,
 )
 from falcon_es.adapters.sim.config import (
     FLEX_START, QUOTA_AT_CREATE, RESERVATION, ReservationConfig,
@@ -79,7 +79,8 @@ class SimOperation:
     error_code: str | None = None
 
     def view(self) -> Operation:
-        return Operation(self.id, self.done, self.error, self.error_code)
+        return Operation(self.id, self.done, self.error, self.error_code,
+                         status=OPERATION_DONE if self.done else OPERATION_RUNNING)
 
 
 @dataclasses.dataclass
