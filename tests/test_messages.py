@@ -25,9 +25,10 @@ from falcon_es.projections.job_table import row_values
 
 AT = dt.datetime(2026, 11, 1, 9)
 CJK = re.compile(r"[\u4e00-\u9fff]")
-#: Keys whose text is a diagnosis from the cluster itself (an exit reason), the same
-#: in every language.
-LANGUAGE_NEUTRAL = frozenset({"JobFailed"})
+#: Keys whose text is a diagnosis from the cluster itself, the same in every language
+#: (none now: a failed pod's exit reason is followed by where its log is, said in the
+#: reader's language).
+LANGUAGE_NEUTRAL: frozenset[str] = frozenset()
 
 ACCEPTED = ev.TaskAccepted("train", "user-a", {"image": "i"}, "v6e", "2x2", AT)
 CHOSEN = ev.ClusterChosen("c-1", "gke-a", "2x2", "only-candidate", ())

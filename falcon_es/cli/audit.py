@@ -189,7 +189,8 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
     look = _live_look(settings_of(ctx), state, clusters) if live else None
     from falcon_es.domain.events import ROW_CHECKS_STREAM
 
-    tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM))
+    tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM),
+                   lang=app.settings.job_table.language)
     if as_json:
         click.echo(json.dumps(tree.to_data(), indent=2, ensure_ascii=False))
     else:

@@ -15,6 +15,7 @@ from falcon_es.domain import chart
 from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
+from falcon_es.projections.recorded_phrases import in_language, why
 from falcon_es.storage.tables import MessageRoom
 
 Args = Mapping[str, Any]
@@ -45,10 +46,28 @@ def _types(args: Args) -> str:
     return ", ".join(args["registered_tpu_types"]) or "-"
 
 
-def _exit(args: Args) -> str:
-    """The pod's root cause, then where its output is (when the task wrote there)."""
-    log_file = args.get("log_file")
-    return f"{args['cause']}; log: {log_file}" if log_file else args["cause"]
+def _exit(log: str, lang: str) -> Callable[[Args], str]:
+    """The pod's root cause (the product's recorded phrases in it in ``lang``), then
+    where its output is (when the task wrote there)."""
+    def render(args: Args) -> str:
+        cause = in_language(args["cause"], lang)
+        return cause + log.format(**args) if args.get("log_file") else cause
+    return render
+
+
+def _recorded(template: Callable[[Args], str], lang: str,
+              *fields: str) -> Callable[[Args], str]:
+    """A template whose ``fields`` may hold a phrase of the product recorded in the
+    event (node counts, a node's end), said in ``lang``."""
+    def render(args: Args) -> str:
+        return template({**args, **{f: in_language(str(args.get(f) or ""), lang)
+                                    for f in fields}})
+    return render
+
+
+def _why(words: str, lang: str) -> Callable[[Args], str]:
+    """A Job's delete, with why in ``lang``."""
+    return lambda args: words.format(**{**args, "why": why(args["why"], lang)})
 
 
 def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
@@ -249,10 +268,10 @@ EN: Mapping[str, Template] = MappingProxyType({
         "disrupted: {count} pod(s) killed on node {node} ({cause}); not the workload's "
         "failure: the Job recreates them (disruption {disruptions} of this task)"),
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
-    "JobFailed": _exit,
+    "JobFailed": _exit("; log: {log_file}", "en"),
     "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
                                " (pods were pending: {pods_pending})"),
-    "JobDeleteRequested": "deleting Job {job_name} ({why})",
+    "JobDeleteRequested": _why("deleting Job {job_name} ({why})", "en"),
     "JobDeleted": "Job {job_name} deleted",
     "AbortRequested": "abort requested while {phase}",
     "AbortIgnored": "abort ignored: the task had already {status}",
@@ -329,8 +348,9 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
     "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
-    "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
-                                     "{cause}；"),
+    "NodePoolTimedOut": _recorded(
+        _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪", "{cause}；"),
+        "zh", "cause"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
     "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
@@ -343,14 +363,14 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
                             "（预计会自行恢复，继续等待）"),
     "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
-    "WorkloadDisrupted": _disrupted(
+    "WorkloadDisrupted": _recorded(_disrupted(
         "中断：节点 {node} 上的 {count} 个 Pod 被终止（{cause}）；不是工作负载自身的失败，"
-        "Job 会重建它们（本任务第 {disruptions} 次中断）"),
+        "Job 会重建它们（本任务第 {disruptions} 次中断）"), "zh", "node", "cause"),
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
-    "JobFailed": _exit,
+    "JobFailed": _exit("；日志：{log_file}", "zh"),
     "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
                                "（Pod 一直等待：{pods_pending}）"),
-    "JobDeleteRequested": "正在删除 Job {job_name}（{why}）",
+    "JobDeleteRequested": _why("正在删除 Job {job_name}（{why}）", "zh"),
     "JobDeleted": "Job {job_name} 已删除",
     "AbortRequested": "在 {phase} 阶段请求中止",
     "AbortIgnored": "忽略中止：任务已 {status}",
