@@ -155,8 +155,9 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "succeeded (2 pod(s)); deleting node pool falcon-p1",
      "已成功（2 个 Pod）；正在删除节点池 falcon-p1"),
     ((*RUN, ev.JobSucceeded(2), ev.NodePoolDeleteFailed("falcon-p1", "503", 2)), "Succeeded",
-     None, "succeeded (2 pod(s)); deleting node pool falcon-p1 failed (attempt 2): 503",
-     "已成功（2 个 Pod）；删除节点池 falcon-p1 失败（第 2 次）：503"),
+     None, "succeeded (2 pod(s)); deleting node pool falcon-p1 failed (attempt 2): 503, "
+           "failing since 2026-11-01 09:10 UTC",
+     "已成功（2 个 Pod）；删除节点池 falcon-p1 失败（第 2 次）：503，自 2026-11-01 09:10 UTC 起失败"),
     ((*RUN, ev.JobSucceeded(2), ev.NodePoolDeleted("falcon-p1")), "Succeeded", None,
      "succeeded (2 pod(s)); node pool falcon-p1 deleted",
      "已成功（2 个 Pod）；节点池 falcon-p1 已删除"),

@@ -281,7 +281,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
                                       "deleting node pools {pools}"),
     "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
-    "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+    "NodePoolDeleteFailed": _since(
+        "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+        ", failing since {since}"),
     "ApiCallRetrying": _retrying(
         "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
         "{call} failed ({error}), attempt {attempt}, next in {retry_in_seconds}s"),
@@ -379,7 +381,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodePoolHandedOver": "节点池 {pool_name} 已移交给 {to_task}",
     "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
     "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
-    "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+    "NodePoolDeleteFailed": _since("删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+                                   "，自 {since} 起失败"),
     "ApiCallRetrying": _retrying(
         "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
         "{call} 调用失败（{error}），第 {attempt} 次尝试，{retry_in_seconds} 秒后重试"),
@@ -455,7 +458,7 @@ def task_message(state: TaskState, lang: str = "en",
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained):
-        parts.append(render(state.note_key, state.note_args, lang))
+        parts.append(render(state.note_key, _with_failing(state), lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
 
 
@@ -493,6 +496,16 @@ def _with_wait(state: TaskState) -> Args:
     args = state.message_args
     if state.message_key in _WAIT_TRIES and state.phase_started_at is not None:
         return {**args, "since": clock_time(state.phase_started_at)}
+    return args
+
+
+def _with_failing(state: TaskState) -> Args:
+    """The note's arguments, and for a failed pool delete since when its deletes fail
+    (the fold knows it; the tries between recorded ones append nothing)."""
+    args = state.note_args
+    since = state.retries.failing_since
+    if state.note_key == "NodePoolDeleteFailed" and since is not None:
+        return {**args, "since": clock_time(since)}
     return args
 
 
