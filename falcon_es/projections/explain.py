@@ -25,6 +25,7 @@ from typing import Any
 
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
+from falcon_es.domain.ports import JOBSET_CONTROLLER, is_jobset_cause
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.task import TaskState, fold
 from falcon_es.projections.explain_words import COLON, say
@@ -191,6 +192,10 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent], lang: str) -> l
                     Node(say("pool-not-ready", lang, pool_name=event.pool_name,
                              waited_seconds=event.waited_seconds), source, at)]
         case ev.JobSubmitFailed():
+            if event.refused_seconds and is_jobset_cause(event.error):
+                return [_jobset_node(event.error, event.job_name, at, lang),
+                        Node(say("jobset-jobs-long", lang, job_name=event.job_name,
+                                 refused_seconds=event.refused_seconds), source, at)]
             if event.refused_seconds:
                 first = next((r for r in records if isinstance(r.event, ev.PodsRefused)), None)
                 return [Node(say("pods-refused", lang, error=event.error),
@@ -230,6 +235,12 @@ def _waiting(state: TaskState, records: Sequence[RecordedEvent],
                      ev.JobSubmitRequested)
         if last is not None and isinstance(last.event, ev.PodsPending):
             return _pending_nodes(last, lang)
+        if (last is not None and isinstance(last.event, ev.PodsRefused)
+                and is_jobset_cause(last.event.message)):
+            return [_jobset_node(last.event.message, last.event.job_name, last.recorded_at,
+                                 lang),
+                    Node(say("jobset-jobs", lang, job_name=last.event.job_name),
+                         _log(last, lang), last.recorded_at)]
         if last is not None and isinstance(last.event, ev.PodsRefused):
             return [Node(say("job-pods-refused", lang, job_name=last.event.job_name,
                              message=last.event.message), _log(last, lang), last.recorded_at)]
@@ -270,6 +281,13 @@ def _wait_nodes(state: TaskState, record: RecordedEvent | None, lang: str) -> li
         case ev.NodePoolCreateRequested() | ev.NodePoolCreateStarted():
             return [Node(say("creating", lang, pools=", ".join(state.node_pools)), source, at)]
     return []
+
+
+def _jobset_node(cause: str, jobset: str, at: dt.datetime | None, lang: str) -> Node:
+    """The JobSet controller's own refusal (an event on the JobSet): its words, the
+    event's reason and the JobSet named as the source."""
+    reason = cause[len(JOBSET_CONTROLLER):].strip().split(":", 1)[0]
+    return Node(cause, say("source-jobset", lang, reason=reason, name=jobset), at)
 
 
 def _pending_nodes(record: RecordedEvent, lang: str) -> list[Node]:

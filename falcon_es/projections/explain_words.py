@@ -66,7 +66,9 @@ EN: Mapping[str, str] = MappingProxyType({
     "trap-mutating": "JobSet's mutating pod webhook (mpod.kb.io) finds no node for the "
                      "leader, so it leaves the followers without a node selector on its pool",
     "trap-refusal": "its validating webhook (vpod.kb.io) refuses them: {refusal}",
-    "jobset-event": "JobSet controller {reason}: {message}",
+    "jobset-jobs": "JobSet {job_name} cannot create its Jobs",
+    "jobset-jobs-long": "JobSet {job_name} could not create its Jobs for {refused_seconds}s "
+                        "(past the grace)",
     "cluster-wait": "waiting for a cluster of {tpu_type}",
     "queue": "queue {cluster}/{topology}",
     "slot-held": "the slot of {where} is held by {actor}: {name} ({status})",
@@ -126,7 +128,8 @@ ZH: Mapping[str, str] = MappingProxyType({
     "trap-mutating": "JobSet 的变更型 Pod webhook（mpod.kb.io）找不到 leader 所在的节点，"
                      "因此没有为 follower 设置指向其节点池的节点选择器",
     "trap-refusal": "其校验型 webhook（vpod.kb.io）拒绝创建它们：{refusal}",
-    "jobset-event": "JobSet 控制器 {reason}：{message}",
+    "jobset-jobs": "JobSet {job_name} 无法创建其 Job",
+    "jobset-jobs-long": "JobSet {job_name} 已 {refused_seconds} 秒无法创建其 Job（超过宽限期）",
     "cluster-wait": "等待提供 {tpu_type} 的集群",
     "queue": "队列 {cluster}/{topology}",
     "slot-held": "{where} 的资源槽被 {actor} 的 {name} 占用（{status}）",

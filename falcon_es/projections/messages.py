@@ -13,6 +13,7 @@ from typing import Any
 
 from falcon_es.domain import chart
 from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
+from falcon_es.domain.ports import is_jobset_cause
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
 from falcon_es.projections.recorded_phrases import in_language, why
@@ -125,10 +126,13 @@ def _unanswered(edge: str, cloud: str, again: str) -> Callable[[Args], str]:
     return render
 
 
-def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
-    """A Job the API refused, or one created whose pods were refused past the grace."""
+def _submit_failed(created: str, refused: str, jobset: str) -> Callable[[Args], str]:
+    """A Job the API refused, or one created whose pods were refused past the grace
+    (a JobSet whose controller could not create its Jobs: its words lead)."""
     def render(args: Args) -> str:
-        return (refused if args.get("refused_seconds") else created).format(**args)
+        if not args.get("refused_seconds"):
+            return created.format(**args)
+        return (jobset if is_jobset_cause(args["error"]) else refused).format(**args)
     return render
 
 
@@ -154,9 +158,13 @@ def _disrupted(words: str) -> Callable[[Args], str]:
     return render
 
 
-def _refused(words: str, transient: str) -> Callable[[Args], str]:
-    """Pods the Job controller cannot create; a transient refusal says it will wait."""
+def _refused(words: str, transient: str, jobset: str) -> Callable[[Args], str]:
+    """Pods the Job controller cannot create; a transient refusal says it will wait. A
+    JobSet whose own controller cannot create its Jobs leads with that controller's
+    words."""
     def render(args: Args) -> str:
+        if is_jobset_cause(args["message"]):
+            return jobset.format(**args)
         return words.format(**args) + (transient if args.get("transient") else "")
     return render
 
@@ -256,13 +264,16 @@ EN: Mapping[str, Template] = MappingProxyType({
     "JobSubmitted": "Job {job_name} submitted; waiting for pods",
     "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
                                       "pods of Job {job_name} refused for "
-                                      "{refused_seconds}s: {error}; Job deleted"),
+                                      "{refused_seconds}s: {error}; Job deleted",
+                                      "{error}; JobSet {job_name} could not create its Jobs "
+                                      "for {refused_seconds}s; JobSet deleted"),
     "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
     "PodsPending": _with_followers("pods pending: {diagnosis}",
                                    "; until it is scheduled the JobSet webhook refuses its "
                                    "followers (expected, transient): {followers_refused}"),
     "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
-                            " (expected to clear; waiting)"),
+                            " (expected to clear; waiting)",
+                            "{message}; JobSet {job_name} cannot create its Jobs"),
     "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
     "WorkloadDisrupted": _disrupted(
         "disrupted: {count} pod(s) killed on node {node} ({cause}); not the workload's "
@@ -357,13 +368,16 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
     "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
                                       "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
-                                      "{error}；Job 已删除"),
+                                      "{error}；Job 已删除",
+                                      "{error}；JobSet {job_name} 已 {refused_seconds} 秒无法创建"
+                                      "其 Job；JobSet 已删除"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
     "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
                                    "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
                                    "（预期的暂时错误）：{followers_refused}"),
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
-                            "（预计会自行恢复，继续等待）"),
+                            "（预计会自行恢复，继续等待）",
+                            "{message}；JobSet {job_name} 无法创建其 Job"),
     "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
     "WorkloadDisrupted": _recorded(_disrupted(
         "中断：节点 {node} 上的 {count} 个 Pod 被终止（{cause}）；不是工作负载自身的失败，"
