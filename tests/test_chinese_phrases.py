@@ -37,6 +37,8 @@ API_WORDS = frozenset(word.lower() for word in (
     "reservation", "UTC", "x", "DisruptionTarget", "FailedScaleUp", "NotTriggerScaleUp",
     "JobCreationFailed",
 ))
+#: Components named as their owners name them, ahead of their own words.
+COMPONENTS = ("cluster autoscaler", "JobSet controller", "API server")
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*[A-Za-z0-9]|[A-Za-z]")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -59,7 +61,10 @@ def quoted_words(values: Iterable[Any]) -> set[str]:
 
 
 def untranslated(text: str, quoted: Iterable[Any] = ()) -> set[str]:
-    """English words in ``text`` that neither an API writes nor the event quotes."""
+    """English words in ``text`` that neither an API writes nor the event quotes (a
+    component's name counts as the API's)."""
+    for name in COMPONENTS:
+        text = text.replace(name, "")
     return words(text) - API_WORDS - quoted_words(quoted)
 
 
@@ -247,3 +252,71 @@ def test_explain_says_a_queue_wait_in_chinese(make: Harnesses) -> None:
         "队列 v6e-res/2x2 的资源槽被 user-a 的 first 占用（Pending/Provisioning）",
         "在 队列 v6e-res/2x2 中排第 1 位，共 1 个：队列位置 #1，下一个",
         "任务状态为 Pending/Waiting"]
+
+
+# ----------------------------------------- the frames of the edge cluster's diagnosis
+
+
+def _diagnosis_of_every_finding() -> tuple[list[str], list[str]]:
+    """The gcp adapter's diagnoses of a Job whose pods show every kind of finding (the
+    official client's objects; a diagnosis quotes at most three, so one a pod), and the
+    words the API gave them (quoted as they are)."""
+    from kubernetes import client
+
+    from falcon_es.adapters.gcp.kube_diagnosis import diagnosis
+    from falcon_es.domain.ports import NodeCounts
+
+    def pod(name: str, index: str, status: client.V1PodStatus) -> client.V1Pod:
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={
+                "batch.kubernetes.io/job-completion-index": index}),
+            spec=client.V1PodSpec(containers=[], node_selector={
+                "cloud.google.com/gke-nodepool": "falcon-t1-2x2"}),
+            status=status)
+
+    scheduler = "0/4 nodes are available: 4 Insufficient google.com/tpu."
+    scale_up = "Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources"
+    pending = pod("falcon-t1-0-aaaaa", "0", client.V1PodStatus(phase="Pending", conditions=[
+        client.V1PodCondition(type="PodScheduled", status="False", message=scheduler)]))
+    pulling = pod("falcon-t1-1-bbbbb", "1", client.V1PodStatus(
+        phase="Pending", container_statuses=[client.V1ContainerStatus(
+            name="main", image="i", image_id="", ready=False, restart_count=3,
+            state=client.V1ContainerState(waiting=client.V1ContainerStateWaiting(
+                reason="CrashLoopBackOff", message="back-off restarting")),
+            last_state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
+                exit_code=2, reason="Error")))]))
+    failed = pod("falcon-t1-2-ccccc", "2", client.V1PodStatus(
+        phase="Failed", reason="Evicted", message="The node was low on resource: memory."))
+    job = client.V1Job(metadata=client.V1ObjectMeta(name="falcon-t1"),
+                       status=client.V1JobStatus(conditions=[client.V1JobCondition(
+                           type="Failed", status="True", reason="BackoffLimitExceeded",
+                           message="Job has reached the specified backoff limit")]))
+    event = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name="e"), reason="FailedScaleUp", message=scale_up,
+        involved_object=client.V1ObjectReference(kind="Pod", name="falcon-t1-0-aaaaa"))
+    found = [diagnosis(job, [one], [event], lambda _: NodeCounts(0, 0))
+             for one in (pending, pulling, failed)]
+    assert all(found)
+    return [text for text in found if text], [scheduler, scale_up, "back-off restarting",
+                   "The node was low on resource: memory.",
+                   "Job has reached the specified backoff limit"]
+
+
+def test_the_frames_of_a_diagnosis_are_said_in_chinese() -> None:
+    """Each finding the gcp adapter writes (the pool's counts, the scheduler's refusal,
+    a container that cannot start, a pod that failed) comes in the product's frame;
+    ``--lang zh`` says the frames in Chinese and the API's words as they came."""
+    from falcon_es.projections.recorded_phrases import in_language
+
+    found, quoted = _diagnosis_of_every_finding()
+    parts = [part for text in found for part in text.split("; ")]
+    assert len(parts) == 8  # the autoscaler, the pool, the scheduler, the container's
+    # wait and its last end, the failed pod, and the Job's Failed condition (twice)
+    for part in parts:
+        said = in_language(part, "zh")
+        assert not untranslated(said, [*quoted, "falcon-t1-2x2", "falcon-t1-0-aaaaa",
+                                       "falcon-t1-1-bbbbb", "falcon-t1-2-ccccc", "falcon-t1",
+                                       "main", "CrashLoopBackOff", "Error", "Evicted",
+                                       "BackoffLimitExceeded"]), said
+    message = messages.render("PodsPending", {"diagnosis": found[0]}, "zh")
+    assert message.startswith("Pod 等待中：cluster autoscaler FailedScaleUp: ")

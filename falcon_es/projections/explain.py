@@ -30,6 +30,7 @@ from falcon_es.storage.store import RecordedEvent
 from falcon_es.domain.task import TaskState, fold
 from falcon_es.projections.explain_words import COLON, say
 from falcon_es.projections.messages import render as render_message
+from falcon_es.projections.recorded_phrases import in_language
 
 TPU_SHORTAGE = "Insufficient google.com/tpu"
 #: The JobSet validating pod webhook's refusals of a follower created before its leader
@@ -125,7 +126,8 @@ def _disruptions(records: Sequence[RecordedEvent], lang: str) -> list[Node]:
         if isinstance(event, ev.WorkloadDisrupted):
             nodes.append(Node(
                 say("disruption", lang, disruptions=event.disruptions, count=len(event.pods),
-                    node=event.node, cause=event.cause), _log(record, lang),
+                    node=in_language(event.node, lang), cause=in_language(event.cause, lang)),
+                _log(record, lang),
                 record.recorded_at))
     return nodes
 
@@ -183,7 +185,7 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent], lang: str) -> l
         case ev.NoMatchingCluster():
             return [Node(say("no-cluster", lang, tpu_type=state.submission.tpu_type), source, at)]
         case ev.NodePoolFailed():
-            return [Node(f"GKE: {event.error}", source, at),
+            return [Node(f"GKE: {in_language(event.error, lang)}", source, at),
                     Node(say("pool-unusable", lang, pool_name=event.pool_name), source, at)]
         case ev.NodePoolTimedOut():
             wait = _last(records[:-1], ev.NodesNotReady, ev.NodesAwaited,
@@ -198,19 +200,20 @@ def _failure(state: TaskState, records: Sequence[RecordedEvent], lang: str) -> l
                                  refused_seconds=event.refused_seconds), source, at)]
             if event.refused_seconds:
                 first = next((r for r in records if isinstance(r.event, ev.PodsRefused)), None)
-                return [Node(say("pods-refused", lang, error=event.error),
+                return [Node(say("pods-refused", lang, error=in_language(event.error, lang)),
                              _log(first, lang) if first else source,
                              first.recorded_at if first else at),
                         Node(say("pods-refused-long", lang, job_name=event.job_name,
                                  refused_seconds=event.refused_seconds), source, at)]
-            return [Node(say("job-refused", lang, job_name=event.job_name, error=event.error),
+            return [Node(say("job-refused", lang, job_name=event.job_name,
+                             error=in_language(event.error, lang)),
                          source, at)]
         case ev.JobFailed():
             cause, _, jobset = event.cause.partition(" (JobSet failed: ")
             if cause.startswith("disrupted "):  # the disruption budget spent
-                return [*_disruptions(records, lang), Node(cause, source, at)]
+                return [*_disruptions(records, lang), Node(in_language(cause, lang), source, at)]
             nodes = [*_disruptions(records, lang),
-                     Node(say("pod-failed", lang, cause=cause), source, at)]
+                     Node(say("pod-failed", lang, cause=in_language(cause, lang)), source, at)]
             if event.log_file:
                 nodes.append(Node(say("output", lang, log_file=event.log_file), source, at))
             if jobset:
@@ -269,7 +272,8 @@ def _wait_nodes(state: TaskState, record: RecordedEvent | None, lang: str) -> li
             # Each cause once (a multi-slice task's pools repeat the autoscaler's
             # word); a JobSet's refused followers as the trap they are.
             parts = dict.fromkeys(p.strip() for p in event.cause.split("; ") if p.strip())
-            causes = [Node(part, source, at) for part in parts if not _refuses_followers(part)]
+            causes = [Node(in_language(part, lang), source, at) for part in parts
+                      if not _refuses_followers(part)]
             for part in (p for p in parts if _refuses_followers(p)):
                 causes.extend(_trap_nodes(part, at, lang))
             return [*causes, Node(
@@ -300,7 +304,7 @@ def _pending_nodes(record: RecordedEvent, lang: str) -> list[Node]:
     if TPU_SHORTAGE in event.diagnosis:
         nodes.append(Node(say("tpu-shortage", lang, shortage=TPU_SHORTAGE),
                           say("source-scheduler", lang), at))
-    nodes.extend(Node(part, source, at) for part in parts)
+    nodes.extend(Node(in_language(part, lang), source, at) for part in parts)
     if event.followers_refused:
         nodes.extend(_trap_nodes(event.followers_refused, at, lang))
     return nodes

@@ -56,13 +56,13 @@ def _exit(log: str, lang: str) -> Callable[[Args], str]:
     return render
 
 
-def _recorded(template: Callable[[Args], str], lang: str,
-              *fields: str) -> Callable[[Args], str]:
+def _recorded(template: Template, lang: str, *fields: str) -> Callable[[Args], str]:
     """A template whose ``fields`` may hold a phrase of the product recorded in the
-    event (node counts, a node's end), said in ``lang``."""
+    event (node counts, a node's end, the frames of a diagnosis), said in ``lang``."""
     def render(args: Args) -> str:
-        return template({**args, **{f: in_language(str(args.get(f) or ""), lang)
-                                    for f in fields}})
+        said = {**args, **{f: in_language(str(args.get(f) or ""), lang) for f in fields
+                           if f in args}}
+        return template(said) if callable(template) else template.format(**said)
     return render
 
 
@@ -257,7 +257,7 @@ EN: Mapping[str, Template] = MappingProxyType({
         "another topology waits on this cluster, so GKE keeps trying until a node is "
         "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
-    "NodePoolFailed": "node pool {pool_name} failed: {error}",
+    "NodePoolFailed": _recorded("node pool {pool_name} failed: {error}", "en", "error"),
     "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
                                      "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
@@ -353,28 +353,29 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "（Ready={ready}）；第 {attempt} 次",
         "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
         "，自 {since} 起等待"),
-    "NodesAwaited": _cause_first(
+    "NodesAwaited": _recorded(_cause_first(
         "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
-        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
+        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"), "zh", "cause"),
     "NodeWaitExtended": (
         "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
         "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
-    "NodePoolFailed": "节点池 {pool_name} 创建失败：{error}",
+    "NodePoolFailed": _recorded("节点池 {pool_name} 创建失败：{error}", "zh", "error"),
     "NodePoolTimedOut": _recorded(
         _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪", "{cause}；"),
         "zh", "cause"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
-    "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
-                                      "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
-                                      "{error}；Job 已删除",
-                                      "{error}；JobSet {job_name} 已 {refused_seconds} 秒无法创建"
-                                      "其 Job；JobSet 已删除"),
+    "JobSubmitFailed": _recorded(_submit_failed(
+        "Job {job_name} 提交失败：{error}",
+        "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒：{error}；Job 已删除",
+        "{error}；JobSet {job_name} 已 {refused_seconds} 秒无法创建其 Job；JobSet 已删除"),
+        "zh", "error"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
-    "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
-                                   "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
-                                   "（预期的暂时错误）：{followers_refused}"),
+    "PodsPending": _recorded(_with_followers("Pod 等待中：{diagnosis}",
+                                             "；在它被调度之前，JobSet webhook 拒绝创建其 "
+                                             "follower（预期的暂时错误）：{followers_refused}"),
+                             "zh", "diagnosis"),
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
                             "（预计会自行恢复，继续等待）",
                             "{message}；JobSet {job_name} 无法创建其 Job"),
@@ -384,8 +385,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "Job 会重建它们（本任务第 {disruptions} 次中断）"), "zh", "node", "cause"),
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
     "JobFailed": _exit("；日志：{log_file}", "zh"),
-    "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
-                               "（Pod 一直等待：{pods_pending}）"),
+    "TaskTimedOut": _recorded(_timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
+                                         "（Pod 一直等待：{pods_pending}）"), "zh", "pods_pending"),
     "JobDeleteRequested": _why("正在删除 Job {job_name}（{why}）", "zh"),
     "JobDeleted": "Job {job_name} 已删除",
     "AbortRequested": "在 {phase} 阶段请求中止",

@@ -2,8 +2,10 @@
 
 A few events keep, next to the words of the component that knew the cause, a phrase
 of Falcon-ES itself: the node counts a wait for nodes showed last (``NodePoolTimedOut``),
-the disruption budget and the JobSet's end inside a ``JobFailed`` cause, the flex-start
-node's end inside a disruption's cause, and why a Job is deleted. The log keeps those
+the disruption budget, the exit code and the JobSet's end inside a ``JobFailed`` cause,
+the flex-start node's end inside a disruption's cause, the frames of the edge cluster's
+diagnosis of pending pods (``PodsPending``, ``NodesAwaited``), a step given up, and why
+a Job is deleted. The log keeps those
 events as they were written (stored rows are never rewritten), so the Messages render
 these phrases in the reader's language here, by their fixed English form, and leave
 every quoted word (the autoscaler's, a pod's condition, an API's error) as it is.
@@ -50,6 +52,50 @@ _RULES: tuple[Rule, ...] = (
     (re.compile(r"^Job failed \(no failed pod was observed\)$"),
      lambda m: "Job 失败（未观察到失败的 Pod）"),
     (re.compile(r" \(\+(\d+) more\)"), lambda m: f"（另有 {m[1]} 个）"),
+    # A failed pod's cause (the status handler's words around the pod's own).
+    (re.compile(r"^OOMKilled \(exit code (\d+)\)"), lambda m: f"OOMKilled（退出码 {m[1]}）"),
+    (re.compile(r"^exit code (-?\d+)"), lambda m: f"退出码 {m[1]}"),
+    (re.compile(r"^pod (\S+) failed$"), lambda m: f"Pod {m[1]} 失败"),
+    # The edge cluster's diagnosis of pending pods (the gcp adapter's frames around the
+    # scheduler's, the kubelet's and the autoscaler's words; the sim's alike).
+    (re.compile(r"node pool (\S+) has no Ready nodes \((\d+) registered\)"),
+     lambda m: f"节点池 {m[1]} 没有 Ready 节点（{m[2]} 个已注册）"),
+    (re.compile(r"(?<![\w-])pod (\S+) cannot be scheduled: "),
+     lambda m: f"Pod {m[1]} 无法调度："),
+    (re.compile(r"(?<![\w-])pod (\S+) container (\S+) (last terminated|terminated): (\S+) "
+                r"\(exit code (-?\d+)\)"),
+     lambda m: f"Pod {m[1]} 的容器 {m[2]} {'上次终止' if m[3] == 'last terminated' else '已终止'}"
+               f"：{m[4]}（退出码 {m[5]}）"),
+    (re.compile(r"(?<![\w-])pod (\S+) container (\S+): "), lambda m: f"Pod {m[1]} 的容器 {m[2]}："),
+    (re.compile(r"(?<![\w-])pod (\S+) failed: "), lambda m: f"Pod {m[1]} 失败："),
+    (re.compile(r"(?<![\w-])Job (\S+) failed: "), lambda m: f"Job {m[1]} 失败："),
+    (re.compile(r"(?<![\w-])leader pod (\S+) of Job (\S+) Unschedulable: "),
+     lambda m: f"Job {m[2]} 的 leader Pod {m[1]} Unschedulable："),
+    (re.compile(r"(?<![\w-])pod (\S+) Unschedulable: "), lambda m: f"Pod {m[1]} Unschedulable："),
+    (re.compile(r"node pool (\S+) \(autoscaled\): (\d+)/(\d+) nodes registered, (\d+) Ready"),
+     lambda m: f"节点池 {m[1]}（自动扩缩）：{m[3]} 个节点中 {m[2]} 个已注册，{m[4]} 个 Ready"),
+    (re.compile(r"node pool (\S+) has (\d+)/(\d+) nodes ready \((\d+)/\d+ registered\)"),
+     lambda m: f"节点池 {m[1]} 有 {m[2]}/{m[3]} 个节点就绪（{m[4]} 个已注册）"),
+    (re.compile(r"node pool (\S+) has (\d+)/(\d+) nodes ready: no (\S+) capacity for "
+                r"(\d+) x (\S+) in (.+?) \((GCE_STOCKOUT: [^)]*)\); the cluster autoscaler "
+                r"keeps retrying"),
+     lambda m: f"节点池 {m[1]} 有 {m[2]}/{m[3]} 个节点就绪：{m[7]} 没有可用于 {m[5]} x {m[6]} "
+               f"的 {m[4]} 容量（{m[8]}）；集群自动扩缩器持续重试"),
+    (re.compile(r"node pool (\S+) is still being created \(PROVISIONING, operation (\S+)\); "
+                r"(\d+)/(\d+) nodes ready"),
+     lambda m: f"节点池 {m[1]} 仍在创建中（PROVISIONING，操作 {m[2]}）；{m[3]}/{m[4]} 个节点就绪"),
+    (re.compile(r"node pool (\S+) is in ERROR: "), lambda m: f"节点池 {m[1]} 处于 ERROR："),
+    (re.compile(r"node pool (\S+) is being deleted \(operation (\S+)\)"),
+     lambda m: f"节点池 {m[1]} 正在删除（操作 {m[2]}）"),
+    (re.compile(r"node pool (\S+) does not exist in cluster (\S+)"),
+     lambda m: f"集群 {m[2]} 中不存在节点池 {m[1]}"),
+    (re.compile(r"node pool (\S+) is busy: its nodes run pods of Job "),
+     lambda m: f"节点池 {m[1]} 正忙：其节点运行着以下 Job 的 Pod："),
+    # A step given up, and a pool not found after its create.
+    (re.compile(r"^gave up after (\d+) attempts: "), lambda m: f"尝试 {m[1]} 次后放弃："),
+    (re.compile(r"node pool (\S+) still not found (\d+)s after its create finished "
+                r"\(create-visibility grace (\d+)s\)"),
+     lambda m: f"节点池 {m[1]} 在创建完成 {m[2]} 秒后仍不存在（创建可见性宽限 {m[3]} 秒）"),
 )
 
 
