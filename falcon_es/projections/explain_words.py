@@ -76,6 +76,10 @@ EN: Mapping[str, str] = MappingProxyType({
     "live-reservation": "reservation now: {reservation}",
     "live-pool": "node pool now: {pool}",
     "live-pods": "pods now: {workload}",
+    "live-no-pod": "{kind} {name}: no pod waits",
+    "live-unseen": "{what}: could not look: {error}",
+    "live-pool-state": "{name}: {status}, {ready}/{hosts} nodes Ready",
+    "live-free": "{reservation}: {free} slice(s) of {topology} free",
 })
 
 ZH: Mapping[str, str] = MappingProxyType({
@@ -137,6 +141,10 @@ ZH: Mapping[str, str] = MappingProxyType({
     "live-reservation": "预留现状：{reservation}",
     "live-pool": "节点池现状：{pool}",
     "live-pods": "Pod 现状：{workload}",
+    "live-no-pod": "{kind} {name}：没有等待的 Pod",
+    "live-unseen": "{what}：无法查看：{error}",
+    "live-pool-state": "{name}：{status}，{ready}/{hosts} 个节点 Ready",
+    "live-free": "{reservation}：剩余 {free} 个 {topology} 切片",
 })
 
 CATALOGS: Mapping[str, Mapping[str, str]] = MappingProxyType({"en": EN, "zh": ZH})
