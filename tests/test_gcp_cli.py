@@ -477,6 +477,15 @@ def test_clusters_shows_pools_queues_and_live_state(installation: Installation) 
     assert "falcon-long-2x2 2x2 active (long)" in table.output
     assert "2x2: 1 pending, 1 running" in table.output
     assert "2x4: 0 slice(s) free" in table.output
+    # explain --live in the job table's language: what GKE, Compute and the edge say now
+    # ahead of the log's chain, the product's words in Chinese, the APIs' as they are.
+    explained = installation.cli("--lang", "zh", "explain", "long", "--live")
+    assert explained.exit_code == 0, explained.output
+    lines = [line.split("  [")[0] for line in explained.output.splitlines()]
+    assert lines[:3] == ["预留现状：v6e-res-r：剩余 0 个 2x2 切片",
+                         "└─ 节点池现状：falcon-long-2x2：RUNNING，1/1 个节点 Ready",
+                         "   └─ Pod 现状：Job falcon-long：没有等待的 Pod"]
+    assert lines[-1].endswith("任务状态为 Running")
 
 
 # ----------------------------------------------------------------------- run

@@ -568,6 +568,31 @@ def test_a_pending_leaders_followers_refusal_reaches_the_gcp_informer(make: Make
     assert 0 < pending[0].index("Insufficient google.com/tpu") < pending[0].index(words)
 
 
+def test_the_jobset_controllers_refusal_leads_on_both_backends(make: Make) -> None:
+    """The namespace's quota refuses every Job: the world's JobSet controller records
+    JobCreationFailed on the JobSet, which the API server serves as an event on it and
+    the informer's watch of events on JobSets reads, so the task leads with the
+    controller's words and fails JobSubmitFailed after the grace, as on the sim
+    backend; a single-slice task's own Job create is refused in the quota's words (the
+    gcp adapter names the create it was refused)."""
+    def scenario(h: Harness) -> None:
+        h.submit("t1", topology="4x4", slices=2, sim={"outcome": "jobs-refused"})
+        h.run()
+
+    _, gcp = both(make, (reserved_cluster(count=16),), scenario)
+    assert gcp.history["t1"][-1] == ("Failed", "JobSubmitFailed")
+    cause = "JobSet controller JobCreationFailed: job \"falcon-t1-slice-0\" creation failed"
+    assert any(m.startswith(cause) and m.endswith("; JobSet falcon-t1 cannot create its Jobs")
+               for m in gcp.messages["t1"]), gcp.messages["t1"]
+    assert gcp.row("t1")["message"].startswith(cause)
+    gcp.submit("t2", sim={"outcome": "jobs-refused"})
+    gcp.run()
+    assert gcp.history["t2"][-1] == ("Failed", "JobSubmitFailed")
+    message = gcp.row("t2")["message"]
+    assert message.startswith("Job falcon-t2 could not be submitted: creating Job falcon-t2 ")
+    assert 'jobs.batch "falcon-t2" is forbidden: exceeded quota: falcon-jobs' in message
+
+
 def test_an_aborted_multi_slice_task_deletes_its_jobset_and_every_pool(make: Make) -> None:
     def scenario(h: Harness) -> None:
         h.submit("t1", topology="4x4", slices=2, sim={"duration_seconds": 5000})

@@ -500,14 +500,14 @@ def test_run_informer_stops_promptly_and_reports(kube_server: FakeKubeServer) ->
     runner = threading.Thread(target=lambda: result.append(run_informer(
         edge_cluster_row(), edges, bus, stop, settings=InformerSettings(topic=TOPIC))))
     runner.start()
-    kube_server.wait_for_watches(4)  # Jobs, pods, events, JobSets
+    kube_server.wait_for_watches(5)  # Jobs, pods, events, JobSets, events on JobSets
 
     stop.set()
     runner.join(timeout=5)
 
     assert not runner.is_alive()
     (stats,) = result
-    assert (stats.lists, stats.watches) == (4, 4)
+    assert (stats.lists, stats.watches) == (5, 5)
     edges.close()
 
 

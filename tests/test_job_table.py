@@ -188,7 +188,7 @@ def test_pool_events_after_the_end_append_a_note_to_the_result(app: App, clock: 
     row = drive(app, clock, "t", (ev.NodePoolDeleteFailed("falcon-p1", "503 backend error", 1),))
     assert row["status"] == "Succeeded" and row["reason"] is None
     assert row["message"] == ("succeeded (1 pod(s)); deleting node pool falcon-p1 failed "
-                              "(attempt 1): 503 backend error")
+                              "(attempt 1): 503 backend error, failing since 2026-11-01 09:12 UTC")
     row = drive(app, clock, "t", (ev.NodePoolDeleted("falcon-p1"),))
     assert row["message"] == "succeeded (1 pod(s)); node pool falcon-p1 deleted"
     assert row["finished_at"] == finished, "pool notes do not move the finish time"

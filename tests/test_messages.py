@@ -25,9 +25,10 @@ from falcon_es.projections.job_table import row_values
 
 AT = dt.datetime(2026, 11, 1, 9)
 CJK = re.compile(r"[\u4e00-\u9fff]")
-#: Keys whose text is a diagnosis from the cluster itself (an exit reason), the same
-#: in every language.
-LANGUAGE_NEUTRAL = frozenset({"JobFailed"})
+#: Keys whose text is a diagnosis from the cluster itself, the same in every language
+#: (none now: a failed pod's exit reason is followed by where its log is, said in the
+#: reader's language).
+LANGUAGE_NEUTRAL: frozenset[str] = frozenset()
 
 ACCEPTED = ev.TaskAccepted("train", "user-a", {"image": "i"}, "v6e", "2x2", AT)
 CHOSEN = ev.ClusterChosen("c-1", "gke-a", "2x2", "only-candidate", ())
@@ -145,7 +146,7 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      f"pods of Job falcon-j1 refused for 600s: {WEBHOOK_DENIAL}; Job deleted",
      f"Job falcon-j1 的 Pod 被拒绝创建已 600 秒：{WEBHOOK_DENIAL}；Job 已删除"),
     ((*RUN, ev.JobFailed("OOMKilled (exit code 137)", 137)), "Failed", "JobFailed",
-     "OOMKilled (exit code 137)", "OOMKilled (exit code 137)"),
+     "OOMKilled (exit code 137)", "OOMKilled（退出码 137）"),
     ((*RUN, ev.TaskTimedOut(3600)), "Failed", "Timeout",
      "timed out after 3600s; Job deleted", "运行超过 3600 秒超时，Job 已删除"),
     ((*DISPATCHING, SUBMIT, SUBMITTED, ev.TaskTimedOut(600, "Insufficient google.com/tpu")),
@@ -171,14 +172,15 @@ COMBINATIONS: tuple[tuple[tuple[ev.Event, ...], str, str | None, str, str], ...]
      "succeeded (2 pod(s)); deleting node pool falcon-p1",
      "已成功（2 个 Pod）；正在删除节点池 falcon-p1"),
     ((*RUN, ev.JobSucceeded(2), ev.NodePoolDeleteFailed("falcon-p1", "503", 2)), "Succeeded",
-     None, "succeeded (2 pod(s)); deleting node pool falcon-p1 failed (attempt 2): 503",
-     "已成功（2 个 Pod）；删除节点池 falcon-p1 失败（第 2 次）：503"),
+     None, "succeeded (2 pod(s)); deleting node pool falcon-p1 failed (attempt 2): 503, "
+           "failing since 2026-11-01 09:10 UTC",
+     "已成功（2 个 Pod）；删除节点池 falcon-p1 失败（第 2 次）：503，自 2026-11-01 09:10 UTC 起失败"),
     ((*RUN, ev.JobSucceeded(2), ev.NodePoolDeleted("falcon-p1")), "Succeeded", None,
      "succeeded (2 pod(s)); node pool falcon-p1 deleted",
      "已成功（2 个 Pod）；节点池 falcon-p1 已删除"),
     ((*RUN, ev.JobFailed("exit code 1", 1), ev.NodePoolRetained("falcon-p1", "t-9")), "Failed",
      "JobFailed", "exit code 1; node pool falcon-p1 handed over to t-9",
-     "exit code 1；节点池 falcon-p1 已移交给 t-9"),
+     "退出码 1；节点池 falcon-p1 已移交给 t-9"),
     ((*RUN, ev.JobSucceeded(2), ev.AbortIgnored("Succeeded")), "Succeeded", None,
      "succeeded (2 pod(s)); abort ignored: the task had already Succeeded",
      "已成功（2 个 Pod）；忽略中止：任务已 Succeeded"),

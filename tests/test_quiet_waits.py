@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Callable
 
 
-from falcon_es.adapters.sim.config import StockoutConfig
+from falcon_es.adapters.sim.config import FaultRule, StockoutConfig
 from falcon_es.config.settings import Settings
 from falcon_es.projections import replay
 from tests.support.harness import Harness, flex_cluster, reserved_cluster
@@ -77,3 +77,30 @@ def test_a_week_waiting_for_nodes_under_retention_through_a_restart(
     h.submit("t2", topology="4x4")
     h.run(lambda: h.statuses()["t1"][0] == "Failed", max_steps=2000, max_seconds=900)
     assert h.statuses()["t1"] == ("Failed", "NodePoolTimeout")
+
+
+def test_a_week_of_refused_pool_deletes_through_a_restart(make: Make) -> None:
+    """GKE refuses the delete of an ended task's pool for a week: the executor goes on
+    trying on the GKE backoff, and the log records the tries at 1, 2, 4, ... only (the
+    refusal stays of one kind); a restarted controller counts on from the schedule, and
+    the note says how many tries and since when."""
+    h = make(reserved_cluster(delete_failures=FaultRule(probability=1.0)))
+    h.submit("t1", sim={"duration_seconds": 60})
+    h.run(lambda: h.statuses()["t1"] == ("Succeeded", None))
+    _half_a_week(h)
+    before = h.row("t1")["message"]
+    tries_before = _tries(h, "t1", "NodePoolDeleteFailed")
+    h.restart()
+    assert h.row("t1")["message"] == before
+    _half_a_week(h)
+    assert h.statuses()["t1"] == ("Succeeded", None)
+    assert len(h.events("t1")) <= MOST_EVENTS
+    tries = _tries(h, "t1", "NodePoolDeleteFailed")
+    assert tries[:len(tries_before)] == tries_before
+    assert tries == sorted(set(tries)) and tries[-1] >= 1024
+    assert tries[len(tries_before)] > tries_before[-1]
+    message = h.row("t1")["message"]
+    assert f"deleting node pool falcon-t1-2x2 failed (attempt {tries[-1]}): " in message
+    assert message.endswith(", failing since 2026-11-01 09:02 UTC")
+    assert h.live_pools() == ["falcon-t1-2x2"]
+    assert replay.verify(h.app.engine, h.app.store, "en", job=h.app.job) == []

@@ -362,3 +362,21 @@ def test_every_value_class_the_simulator_takes_from_elsewhere_has_a_saved_name()
                     and cls not in named and cls.__qualname__ not in never_saved):
                 missing.add(f"{cls.__module__}.{cls.__qualname__}")
     assert missing == set()
+
+
+def test_a_saved_object_without_a_field_added_since_loads_with_its_default(
+        engine: sa.engine.Engine) -> None:
+    """A world saved before a field with a plain default was added (a JobSet's
+    JobCreationFailed) goes on, the field as a fresh object has it."""
+    sim = Sim(BASE)
+    sim.create(sim.east, "falcon-a", "2x2", "reservation", "res-a")
+    sim.edge(sim.east).submit_job(job("job-a", "falcon-a"))
+    saved = sim.world.cluster(sim.east).kube.jobs["job-a"].__dict__
+    del saved["refused"]
+    store = WorldStore(engine)
+    store.attach(sim.world)
+    with engine.begin() as conn:
+        store.save(conn)
+    loaded = WorldStore(engine).load(VirtualClock(START))
+    assert loaded is not None
+    assert loaded.cluster(sim.east).kube.jobs["job-a"].refused is None

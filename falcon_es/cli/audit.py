@@ -186,22 +186,27 @@ def explain_command(ctx: click.Context, task_id: str, as_json: bool, live: bool)
         load_task_states(app)
         queue = next((row for row in queue_rows(app.queue_view, clusters)
                       if any(w["task_id"] == task_id for w in row["waiting"])), None)
-    look = _live_look(settings_of(ctx), state, clusters) if live else None
+    lang = app.settings.job_table.language
+    look = _live_look(settings_of(ctx), state, clusters, lang) if live else None
     from falcon_es.domain.events import ROW_CHECKS_STREAM
 
-    tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM))
+    tree = explain(task_id, records, queue, look, app.store.read_stream(ROW_CHECKS_STREAM),
+                   lang=lang)
     if as_json:
         click.echo(json.dumps(tree.to_data(), indent=2, ensure_ascii=False))
     else:
         click.echo("\n".join(render(tree)))
 
 
-def _live_look(settings: Settings, state: TaskState,
-               clusters: Mapping[str, Cluster]) -> LiveLook:
-    """What the task's cluster, pools and reservation say now (gcp backend)."""
+def _live_look(settings: Settings, state: TaskState, clusters: Mapping[str, Cluster],
+               lang: str = "en") -> LiveLook:
+    """What the task's cluster, pools and reservation say now (gcp backend), in the
+    job table's language (the APIs' words as they come)."""
     from falcon_es.domain.clock import WallClock
     from falcon_es.domain.ports import PortError
     from falcon_es.projections.explain import LiveLook
+    from falcon_es.projections.explain_words import say
+    from falcon_es.projections.recorded_phrases import in_language
     from falcon_es.engine.task_manifests import workload_kind
 
     cluster = clusters.get(state.placement.cluster_id or "")
@@ -214,25 +219,28 @@ def _live_look(settings: Settings, state: TaskState,
     workload = None
     if state.job.name:
         try:
-            workload = edge.diagnose_pending(state.job.name) or (
-                f"{workload_kind(state)} {state.job.name}: no pod waits")
+            found = edge.diagnose_pending(state.job.name)
+            workload = in_language(found, lang) if found else say(
+                "live-no-pod", lang, kind=workload_kind(state), name=state.job.name)
         except PortError as error:
-            workload = f"could not look: {error.message}"
+            workload = say("live-unseen", lang, what=state.job.name, error=error.message)
     pools = []
     for name in state.node_pools:
         try:
             info = ports.node_pools.get(cluster, name)
             ready = edge.node_counts(name).ready
-            pools.append(f"{name}: {info.status}, {ready}/{shape.hosts} nodes Ready")
+            pools.append(say("live-pool-state", lang, name=name, status=info.status,
+                             ready=ready, hosts=shape.hosts))
         except PortError as error:
-            pools.append(f"{name}: could not look: {error.message}")
+            pools.append(say("live-unseen", lang, what=name, error=error.message))
     asked = state.pool.request.reservation if state.pool.request is not None else None
     reservation = asked or cluster.default_reservation
     seen = None
     if reservation:
         try:
             free = ports.reservations.remaining_slices(cluster, str(reservation), shape)
-            seen = f"{reservation}: {free} slice(s) of {state.submission.topology} free"
+            seen = say("live-free", lang, reservation=reservation, free=free,
+                       topology=state.submission.topology)
         except PortError as error:
-            seen = f"{reservation}: could not look: {error.message}"
+            seen = say("live-unseen", lang, what=reservation, error=error.message)
     return LiveLook(workload=workload, pools=tuple(pools), reservation=seen, at=now)

@@ -194,6 +194,26 @@ class CreateRefusal:
     transient: bool = False
 
 
+#: The JobSet controller's own refusals, recorded as events on the JobSet itself, not on
+#: a child Job (kubernetes-sigs/jobset ``pkg/constants/constants.go``): it could not
+#: create a child Job, or the JobSet's headless Service.
+JOB_CREATION_FAILED = "JobCreationFailed"
+JOBSET_EVENT_REASONS = frozenset({JOB_CREATION_FAILED, "HeadlessServiceCreationFailed"})
+#: The component a JobSet-level cause names, ahead of its reason and words.
+JOBSET_CONTROLLER = "JobSet controller"
+
+
+def jobset_cause(reason: str, words: str) -> str:
+    """A JobSet-level cause as the Message and ``explain`` quote it: the component, its
+    event's reason and its words ("JobSet controller JobCreationFailed: job ...")."""
+    return f"{JOBSET_CONTROLLER} {reason}: {words}"
+
+
+def is_jobset_cause(text: str) -> bool:
+    """The refusal is the JobSet controller's own (``jobset_cause``)."""
+    return text.startswith(f"{JOBSET_CONTROLLER} ")
+
+
 @dataclasses.dataclass(frozen=True)
 class JobObservation:
     """What an informer saw of one Job and its Pods, published on the edge-events bus.

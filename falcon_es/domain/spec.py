@@ -45,8 +45,10 @@ DUPLICATE_ID = "DuplicateId"
 UNSTORABLE_ROW = "UnstorableRow"
 #: ``node-repair``: GKE repairs the slice's nodes once, midway through the run (every
 #: pod evicted with the ``DisruptionTarget`` condition); the recreated pods then succeed.
+#: ``jobs-refused``: the namespace's ResourceQuota on Jobs is used up, so the API server
+#: refuses the task's Jobs (a JobSet's controller records JobCreationFailed on it).
 SIM_OUTCOMES = ("succeed", "fail", "oom", "image-pull-error", "unschedulable", "create-denied",
-                "node-repair")
+                "node-repair", "jobs-refused")
 
 #: Fields that would reach into the pod's security boundary. Refused, not ignored.
 FORBIDDEN_FIELDS = frozenset({

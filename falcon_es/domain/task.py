@@ -525,8 +525,10 @@ def _on_node_pool_handed_over(event: ev.NodePoolHandedOver, state: TaskState,
 
 def _on_node_pool_delete_failed(event: ev.NodePoolDeleteFailed, state: TaskState,
                                 at: dt.datetime) -> Changes:
+    since = state.retries.failing_since if state.retries.kind == event.type_name else None
     return {"pool": {"disposition": _DELETE_FAILED},
-            "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+            "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at,
+                        "failing_since": since or at}}
 
 
 def _on_node_pool_delete_requested(event: ev.NodePoolDeleteRequested, state: TaskState,

@@ -7,6 +7,9 @@ from falcon_es.domain.intents import Intent, IntentKind, JobIntent, PoolDisposit
 from falcon_es.domain.task import TaskState
 
 
+_DELETING = frozenset({PoolDisposition.DELETE_REQUESTED, PoolDisposition.DELETE_FAILED})
+
+
 def task_intents(state: TaskState) -> tuple[Intent, ...]:
     """The intents of one task that have no outcome yet."""
     cluster_id = state.placement.cluster_id or ""
@@ -22,6 +25,7 @@ def task_intents(state: TaskState) -> tuple[Intent, ...]:
     if state.job.name and state.job.intent == JobIntent.DELETE_REQUESTED:
         found.append(Intent(IntentKind.JOB_DELETE, state.task_id, state.job.name, cluster_id))
     deleting = state.pool.deleting or state.node_pools[:1]
-    if deleting and state.pool.disposition == PoolDisposition.DELETE_REQUESTED:
+    # A failed delete stays open: the executor tries it again until the pool is gone.
+    if deleting and state.pool.disposition in _DELETING:
         found.append(Intent(IntentKind.POOL_DELETE, state.task_id, deleting[0], cluster_id))
     return tuple(found)

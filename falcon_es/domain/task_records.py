@@ -144,6 +144,8 @@ class Retries:
     api_calls: Mapping[str, tuple[int, dt.datetime]] = dataclasses.field(
         default_factory=_nothing)
     not_visible_since: dt.datetime | None = None  # first 404 of the current streak
+    #: When the first of the current series of failed pool deletes failed.
+    failing_since: dt.datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,8 +48,8 @@ from falcon_es.domain.ports import (
 )
 from falcon_es.domain.clusters import Cluster, missing_node_zone
 from falcon_es.config.retry import (
-    API_OF_STEP, call_failed, call_retry_due_at, failed_calls, gave_up, next_attempt,
-    seeded_delay,
+    API_OF_STEP, call_failed, call_retry_due_at, failed_calls, gave_up, records_try,
+    retry_due_at, scheduled_try, seeded_delay, wait_delay,
 )
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import EventStore, RecordedEvent
@@ -65,6 +65,8 @@ log = logging.getLogger("falcon_es.engine.effects")
 
 #: Pause before an intent is tried again when its outcome was not recorded.
 UNRECORDED_RETRY_SECONDS = 5.0
+#: The retried step of a failed pool delete, as the log and the retry schedule name it.
+DELETE_FAILED = "NodePoolDeleteFailed"
 
 
 def _locked(method: Callable[..., None]) -> Callable[..., None]:
@@ -111,6 +113,8 @@ class EffectExecutor:
         self._queued_intents: set[Intent] = set()
         self._not_before: dict[Intent, dt.datetime] = {}
         self._failures: dict[Intent, int] = {}
+        #: The error code of each failed pool delete's last try (its kind of refusal).
+        self._refusals: dict[Intent, str] = {}
         self._deleting: dict[Intent, str] = {}  # delete in progress: operation id or ""
         self._next_sweep: dt.datetime | None = None
         #: Each cluster's workers (None or inline: effects run on the tick's thread).
@@ -232,6 +236,7 @@ class EffectExecutor:
         for stale in [i for i in self._not_before if i not in live]:
             del self._not_before[stale]
             self._failures.pop(stale, None)
+            self._refusals.pop(stale, None)
         for stale in [i for i in self._deleting if i not in live]:
             del self._deleting[stale]
         for intent in intents:
@@ -244,10 +249,13 @@ class EffectExecutor:
         )
 
     def _resume_recorded_retry(self, intent: Intent) -> None:
-        """A call the log says failed and is due again later (``ApiCallRetrying``) waits
-        for that moment, also in a controller that has just started."""
+        """A call the log says failed and is due again later (``ApiCallRetrying``, a
+        failed pool delete) waits for that moment, also in a controller that has just
+        started."""
         state = self.tasks.get(intent.stream_id) if intent.kind != IntentKind.ORPHAN_DELETE else None
         due = call_retry_due_at(state, intent.kind) if state is not None else None
+        if state is not None and intent.kind == IntentKind.POOL_DELETE:
+            due = due or retry_due_at(state, DELETE_FAILED, self.settings.retry)
         if due is not None:
             self._not_before[intent] = due
 
@@ -542,8 +550,27 @@ class EffectExecutor:
 
     def _delete_failed(self, intent: Intent, now: dt.datetime, state: TaskState | None,
                        error: PortError) -> None:
+        """A failed delete stays open and is tried again after the GKE backoff until
+        the pool is gone. The try is recorded when GKE's kind of refusal (its error
+        code) changed, or at a checkpoint of the count (``records_try``); otherwise it
+        appends nothing (GKE's words vary from try to try: another operation's id, a
+        quota or a conflict) and its number is kept here, where a restarted controller
+        reconstructs it from the retry schedule (``scheduled_try``)."""
         if state is None:
             self._later(intent, now, error)
             return
-        attempt = next_attempt(state, "NodePoolDeleteFailed")
-        self._queue(intent, ev.NodePoolDeleteFailed(intent.name, error.message, attempt), now)
+        tried = self._failures.get(intent)
+        attempt = tried + 1 if tried else scheduled_try(state, DELETE_FAILED,
+                                                       self.settings.retry, now)
+        shown = state.note_event
+        same = (isinstance(shown, ev.NodePoolDeleteFailed) and shown.pool_name == intent.name
+                and self._refusals.get(intent, error.code) == error.code)
+        if not same or records_try(attempt):
+            self._queue(intent, ev.NodePoolDeleteFailed(intent.name, error.message, attempt),
+                        now)
+        with self._lock:
+            self._deleting.pop(intent, None)
+            self._failures[intent] = attempt
+            self._refusals[intent] = error.code
+            self._not_before[intent] = now + wait_delay(state, DELETE_FAILED, attempt,
+                                                        self.settings.retry)

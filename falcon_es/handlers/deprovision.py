@@ -3,9 +3,11 @@
 After every terminal outcome, abort included: when a task of the same
 topology waits on that cluster, the pool is retained and handed over
 (``NodePoolRetained(for_task)``); otherwise it is deleted (``NodePoolDeleteRequested``,
-carried out by the effect executor). A failed delete (``NodePoolDeleteFailed``) is
-requested again after a backoff; each attempt lands in the Message as a note, and the
-task's Status keeps following its Job's result.
+carried out by the effect executor). A failed delete (``NodePoolDeleteFailed``) stays
+open: the executor tries it again after a backoff until the pool is gone, and records a
+try only when its error changed or at a checkpoint of the count, so a pool GKE refuses
+to delete for a week costs the log a few dozen events; the note says since when and how
+often it failed, and the task's Status keeps following its Job's result.
 
 A pool is handed over only when it reached readiness (or was taken ready from an
 earlier task) and no Job of the ending task still occupies it. Each of a multi-slice
@@ -27,17 +29,14 @@ import logging
 from falcon_es.engine.context import HandlerContext
 from falcon_es.engine.create_operations import pool_settled
 from falcon_es.domain.handover import needs_disposal
-from falcon_es.domain.intents import PoolDisposition
-from falcon_es.engine.pool_handover import PoolDecider, delete_requested
-from falcon_es.config.retry import retry_due_at
+from falcon_es.engine.pool_handover import PoolDecider
 from falcon_es.engine.runtime import Tick
 
 log = logging.getLogger("falcon_es.handlers.deprovision")
 
 
 def deprovision(tick: Tick, ctx: HandlerContext) -> None:
-    """Decide every ended task's pool; retry failed deletes; re-home retained pools
-    whose taker went away."""
+    """Decide every ended task's pool; re-home retained pools whose taker went away."""
     index = ctx.index
     clusters = {c.id: c for c in ctx.clusters}
     decider = PoolDecider(tick, index)
@@ -56,8 +55,3 @@ def deprovision(tick: Tick, ctx: HandlerContext) -> None:
             if index.is_holder(holder, pool, handed_over):
                 decider.check_retained(holder, pool)
                 holder = tick.state(holder.task_id) or holder
-        if (holder.pool.disposition == PoolDisposition.DELETE_FAILED
-                and holder.pool.deleting):
-            due = retry_due_at(holder, "NodePoolDeleteFailed", ctx.settings.retry)
-            if due is None or ctx.now >= due:
-                tick.emit(holder.task_id, delete_requested(holder.pool.deleting))

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
-from falcon_es.domain.intents import RESERVATION_CHECK, PoolDisposition, PoolIntent
+from falcon_es.domain.intents import RESERVATION_CHECK, PoolIntent
 from falcon_es.engine.lifecycle_index import Group
 from falcon_es.config.retry import call_retry_due_at, retry_due_at
 from falcon_es.engine.runtime import Tick
@@ -198,11 +198,7 @@ def next_due(states: Iterable[TaskState], settings: Settings) -> dt.datetime | N
     moments: list[dt.datetime] = []
     for state in states:
         if state.is_terminal:
-            if state.pool.disposition == PoolDisposition.DELETE_FAILED:
-                due = retry_due_at(state, "NodePoolDeleteFailed", settings.retry)
-                if due is not None:
-                    moments.append(due)
-            continue
+            continue  # a failed pool delete is the executor's to try again
         for deadline in (job_deadline(state), provisioning_deadline(state, settings),
                          refusal_deadline(state, settings)):
             if deadline is not None:

@@ -14,8 +14,10 @@ from typing import Any
 from falcon_es.domain import chart
 from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.reservation_end import RESERVATION_ENDING
+from falcon_es.domain.ports import is_jobset_cause
 from falcon_es.domain.spec import INVALID_COLUMN
 from falcon_es.domain.task import TaskState
+from falcon_es.projections.recorded_phrases import in_language, why
 from falcon_es.storage.tables import MessageRoom
 
 Args = Mapping[str, Any]
@@ -50,10 +52,28 @@ def _types(args: Args) -> str:
     return ", ".join(args["registered_tpu_types"]) or "-"
 
 
-def _exit(args: Args) -> str:
-    """The pod's root cause, then where its output is (when the task wrote there)."""
-    log_file = args.get("log_file")
-    return f"{args['cause']}; log: {log_file}" if log_file else args["cause"]
+def _exit(log: str, lang: str) -> Callable[[Args], str]:
+    """The pod's root cause (the product's recorded phrases in it in ``lang``), then
+    where its output is (when the task wrote there)."""
+    def render(args: Args) -> str:
+        cause = in_language(args["cause"], lang)
+        return cause + log.format(**args) if args.get("log_file") else cause
+    return render
+
+
+def _recorded(template: Template, lang: str, *fields: str) -> Callable[[Args], str]:
+    """A template whose ``fields`` may hold a phrase of the product recorded in the
+    event (node counts, a node's end, the frames of a diagnosis), said in ``lang``."""
+    def render(args: Args) -> str:
+        said = {**args, **{f: in_language(str(args.get(f) or ""), lang) for f in fields
+                           if f in args}}
+        return template(said) if callable(template) else template.format(**said)
+    return render
+
+
+def _why(words: str, lang: str) -> Callable[[Args], str]:
+    """A Job's delete, with why in ``lang``."""
+    return lambda args: words.format(**{**args, "why": why(args["why"], lang)})
 
 
 def _timed_out(done: str, pending: str) -> Callable[[Args], str]:
@@ -111,10 +131,13 @@ def _unanswered(edge: str, cloud: str, again: str) -> Callable[[Args], str]:
     return render
 
 
-def _submit_failed(created: str, refused: str) -> Callable[[Args], str]:
-    """A Job the API refused, or one created whose pods were refused past the grace."""
+def _submit_failed(created: str, refused: str, jobset: str) -> Callable[[Args], str]:
+    """A Job the API refused, or one created whose pods were refused past the grace
+    (a JobSet whose controller could not create its Jobs: its words lead)."""
     def render(args: Args) -> str:
-        return (refused if args.get("refused_seconds") else created).format(**args)
+        if not args.get("refused_seconds"):
+            return created.format(**args)
+        return (jobset if is_jobset_cause(args["error"]) else refused).format(**args)
     return render
 
 
@@ -140,9 +163,13 @@ def _disrupted(words: str) -> Callable[[Args], str]:
     return render
 
 
-def _refused(words: str, transient: str) -> Callable[[Args], str]:
-    """Pods the Job controller cannot create; a transient refusal says it will wait."""
+def _refused(words: str, transient: str, jobset: str) -> Callable[[Args], str]:
+    """Pods the Job controller cannot create; a transient refusal says it will wait. A
+    JobSet whose own controller cannot create its Jobs leads with that controller's
+    words."""
     def render(args: Args) -> str:
+        if is_jobset_cause(args["message"]):
+            return jobset.format(**args)
         return words.format(**args) + (transient if args.get("transient") else "")
     return render
 
@@ -246,32 +273,36 @@ EN: Mapping[str, Template] = MappingProxyType({
         "another topology waits on this cluster, so GKE keeps trying until a node is "
         "Ready or the task is aborted"),
     "NodePoolReady": "node pool {pool_name} ready ({nodes} nodes)",
-    "NodePoolFailed": lambda a: (
+    "NodePoolFailed": _recorded(lambda a: (
         f"reservation {a['reservation_gone']} of cluster {a['cluster_name']} is gone (Compute "
         f"has no such reservation; it deletes a calendar-mode one at its end): {a['error']}"
         if a.get("reservation_gone") else f"node pool {a['pool_name']} failed: {a['error']}"),
+        "en", "error"),
     "NodePoolTimedOut": _cause_first("node pool {pool_name} not ready after {waited_seconds}s",
                                      "{cause}; "),
     "JobSubmitRequested": "submitting Job {job_name}",
     "JobSubmitted": "Job {job_name} submitted; waiting for pods",
     "JobSubmitFailed": _submit_failed("Job {job_name} could not be submitted: {error}",
                                       "pods of Job {job_name} refused for "
-                                      "{refused_seconds}s: {error}; Job deleted"),
+                                      "{refused_seconds}s: {error}; Job deleted",
+                                      "{error}; JobSet {job_name} could not create its Jobs "
+                                      "for {refused_seconds}s; JobSet deleted"),
     "JobSubmitCancelled": "Job {job_name} not submitted: the task is being aborted",
     "PodsPending": _with_followers("pods pending: {diagnosis}",
                                    "; until it is scheduled the JobSet webhook refuses its "
                                    "followers (expected, transient): {followers_refused}"),
     "PodsRefused": _refused("pods of Job {job_name} cannot be created: {message}",
-                            " (expected to clear; waiting)"),
+                            " (expected to clear; waiting)",
+                            "{message}; JobSet {job_name} cannot create its Jobs"),
     "PodsRunning": _restarted("{active}/{total} active", " (JobSet restarted {restarts} time(s))"),
     "WorkloadDisrupted": _disrupted(
         "disrupted: {count} pod(s) killed on node {node} ({cause}); not the workload's "
         "failure: the Job recreates them (disruption {disruptions} of this task)"),
     "JobSucceeded": "succeeded ({succeeded} pod(s))",
-    "JobFailed": _exit,
+    "JobFailed": _exit("; log: {log_file}", "en"),
     "TaskTimedOut": _timed_out("timed out after {timeout_seconds}s; Job deleted",
                                " (pods were pending: {pods_pending})"),
-    "JobDeleteRequested": "deleting Job {job_name} ({why})",
+    "JobDeleteRequested": _why("deleting Job {job_name} ({why})", "en"),
     "JobDeleted": "Job {job_name} deleted",
     "AbortRequested": "abort requested while {phase}",
     "AbortIgnored": "abort ignored: the task had already {status}",
@@ -281,7 +312,9 @@ EN: Mapping[str, Template] = MappingProxyType({
     "NodePoolDeleteRequested": _group("deleting node pool {pool_name}",
                                       "deleting node pools {pools}"),
     "NodePoolDeleted": _group("node pool {pool_name} deleted", "node pools {pools} deleted"),
-    "NodePoolDeleteFailed": "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+    "NodePoolDeleteFailed": _since(
+        "deleting node pool {pool_name} failed (attempt {attempt}): {error}",
+        ", failing since {since}"),
     "ApiCallRetrying": _retrying(
         "{call} failed ({error}), attempt {attempt} of {attempts}, next in {retry_in_seconds}s",
         "{call} failed ({error}), attempt {attempt}, next in {retry_in_seconds}s"),
@@ -353,39 +386,45 @@ ZH: Mapping[str, Template] = MappingProxyType({
         "（Ready={ready}）；第 {attempt} 次",
         "节点池 {pool_name}：{ready}/{total} 个节点就绪（第 {attempt} 次）",
         "，自 {since} 起等待"),
-    "NodesAwaited": _cause_first(
+    "NodesAwaited": _recorded(_cause_first(
         "节点池 {pool_name} 控制面 {control_plane}，但预期 {expected} 个节点中仅 {registered} "
-        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"),
+        "个已注册（Ready={ready}）；工作负载已提交，等待集群自动扩缩器", "{cause}；"), "zh", "cause"),
     "NodeWaitExtended": (
         "节点池 {pool_name} 等待 {waited_seconds} 秒仍无节点，予以保留：本集群没有其他拓扑的任务"
         "在等待，GKE 会继续尝试，直到有节点 Ready 或任务被中止"),
     "NodePoolReady": "节点池 {pool_name} 已就绪（{nodes} 个节点）",
-    "NodePoolFailed": lambda a: (
+    "NodePoolFailed": _recorded(lambda a: (
         f"集群 {a['cluster_name']} 的预留 {a['reservation_gone']} 已不存在（Compute 中没有该预留；"
         f"日历模式的预留在结束时被它删除）：{a['error']}"
         if a.get("reservation_gone") else f"节点池 {a['pool_name']} 创建失败：{a['error']}"),
-    "NodePoolTimedOut": _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪",
-                                     "{cause}；"),
+        "zh", "error"),
+    "NodePoolTimedOut": _recorded(
+        _cause_first("节点池 {pool_name} 在 {waited_seconds} 秒后仍未就绪", "{cause}；"),
+        "zh", "cause"),
     "JobSubmitRequested": "正在提交 Job {job_name}",
     "JobSubmitted": "Job {job_name} 已提交，等待 Pod",
-    "JobSubmitFailed": _submit_failed("Job {job_name} 提交失败：{error}",
-                                      "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒："
-                                      "{error}；Job 已删除"),
+    "JobSubmitFailed": _recorded(_submit_failed(
+        "Job {job_name} 提交失败：{error}",
+        "Job {job_name} 的 Pod 被拒绝创建已 {refused_seconds} 秒：{error}；Job 已删除",
+        "{error}；JobSet {job_name} 已 {refused_seconds} 秒无法创建其 Job；JobSet 已删除"),
+        "zh", "error"),
     "JobSubmitCancelled": "Job {job_name} 未提交：任务正在中止",
-    "PodsPending": _with_followers("Pod 等待中：{diagnosis}",
-                                   "；在它被调度之前，JobSet webhook 拒绝创建其 follower"
-                                   "（预期的暂时错误）：{followers_refused}"),
+    "PodsPending": _recorded(_with_followers("Pod 等待中：{diagnosis}",
+                                             "；在它被调度之前，JobSet webhook 拒绝创建其 "
+                                             "follower（预期的暂时错误）：{followers_refused}"),
+                             "zh", "diagnosis"),
     "PodsRefused": _refused("Job {job_name} 的 Pod 无法创建：{message}",
-                            "（预计会自行恢复，继续等待）"),
+                            "（预计会自行恢复，继续等待）",
+                            "{message}；JobSet {job_name} 无法创建其 Job"),
     "PodsRunning": _restarted("{active}/{total} 运行中", "（JobSet 已重启 {restarts} 次）"),
-    "WorkloadDisrupted": _disrupted(
+    "WorkloadDisrupted": _recorded(_disrupted(
         "中断：节点 {node} 上的 {count} 个 Pod 被终止（{cause}）；不是工作负载自身的失败，"
-        "Job 会重建它们（本任务第 {disruptions} 次中断）"),
+        "Job 会重建它们（本任务第 {disruptions} 次中断）"), "zh", "node", "cause"),
     "JobSucceeded": "已成功（{succeeded} 个 Pod）",
-    "JobFailed": _exit,
-    "TaskTimedOut": _timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
-                               "（Pod 一直等待：{pods_pending}）"),
-    "JobDeleteRequested": "正在删除 Job {job_name}（{why}）",
+    "JobFailed": _exit("；日志：{log_file}", "zh"),
+    "TaskTimedOut": _recorded(_timed_out("运行超过 {timeout_seconds} 秒超时，Job 已删除",
+                                         "（Pod 一直等待：{pods_pending}）"), "zh", "pods_pending"),
+    "JobDeleteRequested": _why("正在删除 Job {job_name}（{why}）", "zh"),
     "JobDeleted": "Job {job_name} 已删除",
     "AbortRequested": "在 {phase} 阶段请求中止",
     "AbortIgnored": "忽略中止：任务已 {status}",
@@ -394,7 +433,8 @@ ZH: Mapping[str, Template] = MappingProxyType({
     "NodePoolHandedOver": "节点池 {pool_name} 已移交给 {to_task}",
     "NodePoolDeleteRequested": _group("正在删除节点池 {pool_name}", "正在删除节点池 {pools}"),
     "NodePoolDeleted": _group("节点池 {pool_name} 已删除", "节点池 {pools} 已删除"),
-    "NodePoolDeleteFailed": "删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+    "NodePoolDeleteFailed": _since("删除节点池 {pool_name} 失败（第 {attempt} 次）：{error}",
+                                   "，自 {since} 起失败"),
     "ApiCallRetrying": _retrying(
         "{call} 调用失败（{error}），第 {attempt}/{attempts} 次尝试，{retry_in_seconds} 秒后重试",
         "{call} 调用失败（{error}），第 {attempt} 次尝试，{retry_in_seconds} 秒后重试"),
@@ -472,7 +512,7 @@ def task_message(state: TaskState, lang: str = "en",
     if state.note_key and not (state.note_key == "NodePoolRetained"
                                and state.note_args.get("pool_name") in state.pool.retained
                                or _loan_over(state)):
-        parts.append(render(state.note_key, state.note_args, lang))
+        parts.append(render(state.note_key, _with_failing(state), lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
 
 
@@ -517,6 +557,16 @@ def _with_wait(state: TaskState) -> Args:
     args = state.message_args
     if state.message_key in _WAIT_TRIES and state.phase_started_at is not None:
         return {**args, "since": clock_time(state.phase_started_at)}
+    return args
+
+
+def _with_failing(state: TaskState) -> Args:
+    """The note's arguments, and for a failed pool delete since when its deletes fail
+    (the fold knows it; the tries between recorded ones append nothing)."""
+    args = state.note_args
+    since = state.retries.failing_since
+    if state.note_key == "NodePoolDeleteFailed" and since is not None:
+        return {**args, "since": clock_time(since)}
     return args
 
 

@@ -30,6 +30,10 @@ CA is what GKE's ``get_cluster`` would hand out, base64-encoded):
   owned by the JobSet) and a headless Service named after the JobSet; deleting the
   JobSet with Background or Foreground propagation deletes them (and the children's
   pods). ``refuse_followers`` records the pod webhook's FailedCreate on a child Job.
+  ``job_quota`` (a ResourceQuota on ``count/jobs.batch``, None: none) refuses Job
+  creates past it with the quota plugin's 403; the controller records the children it
+  could not create as one ``JobCreationFailed`` event on the JobSet, in its words
+  (``job %q creation failed with error: %v``, joined by newlines).
 - ``coordination.k8s.io/v1`` Leases (get, create, replace) for leader election:
   a replace whose ``resourceVersion`` is not the current one is a ``409 Conflict``,
   and times must be MicroTime (RFC 3339 with exactly six fractional digits and a
@@ -324,6 +328,8 @@ class FakeKubeServer:
         self.clock = clock or WallClock()
         #: The JobSet CRD is installed (its resource type is served).
         self.jobset_crd = jobset_crd
+        #: The namespace's ResourceQuota on ``count/jobs.batch`` (None: no quota).
+        self.job_quota: int | None = None
         self.namespace = namespace
         self.token_lifetime = dt.timedelta(seconds=token_lifetime_seconds)
         self.end_watch_at_token_expiry = end_watch_at_token_expiry
@@ -885,6 +891,7 @@ class FakeKubeServer:
             if ("jobs", ns, name) in self._objects:
                 raise KubeApiError(409, "AlreadyExists", f'jobs.batch "{name}" already exists',
                                    {"name": name, "group": "batch", "kind": "jobs"})
+            self._within_job_quota(ns, name)
             job = copy.deepcopy(body)
             job["metadata"] = {k: v for k, v in meta.items()
                                if k not in ("uid", "resourceVersion", "creationTimestamp")}
@@ -956,15 +963,37 @@ class FakeKubeServer:
             created = self._put("jobsets", ns, jobset, "ADDED")
             owner = [{"apiVersion": KINDS["jobsets"][1], "kind": "JobSet", "name": name,
                       "uid": created["metadata"]["uid"], "controller": True}]
+            refused = []
             for entry in replicated if children else ():
                 for index in range(int(entry.get("replicas", 1))):
+                    child = f"{name}-{entry.get('name')}-{index}"
+                    try:
+                        self._within_job_quota(ns, child)
+                    except KubeApiError as error:
+                        refused.append(f'job "{child}" creation failed with error: '
+                                       f"{error.message}")
+                        continue
                     self.add_jobset_child(ns, created, entry, index)
+            if refused:
+                self.record_event("JobSet", name, "JobCreationFailed", "\n".join(refused),
+                                  namespace=ns, source="jobset")
             self._put("services", ns, {
                 "metadata": {"name": name, "ownerReferences": owner,
                              "labels": {JOBSET_NAME_LABEL: name}},
                 "spec": {"clusterIP": "None", "selector": {JOBSET_NAME_LABEL: name},
                          "publishNotReadyAddresses": True}}, "ADDED")
             return copy.deepcopy(created)
+
+    def _within_job_quota(self, ns: str, name: str) -> None:
+        """The quota admission plugin's 403 for a Job past ``job_quota``."""
+        if self.job_quota is None:
+            return
+        used = len(self.names("jobs", ns))
+        if used >= self.job_quota:
+            raise KubeApiError(403, "Forbidden", (
+                f'jobs.batch "{name}" is forbidden: exceeded quota: falcon-jobs, requested: '
+                f"count/jobs.batch=1, used: count/jobs.batch={used}, limited: "
+                f"count/jobs.batch={self.job_quota}"))
 
     def add_jobset_child(self, ns: str, jobset: Mapping[str, Any], entry: Mapping[str, Any],
                          index: int) -> dict[str, Any]:

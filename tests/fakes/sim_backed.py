@@ -420,6 +420,8 @@ class SimKubeServer(FakeKubeServer):
         self._child_uids: dict[str, str] = {}
         #: Per JobSet, the (restarts, condition, reason) reflected.
         self._jobsets: dict[str, tuple[int, str | None, str | None]] = {}
+        #: Per JobSet, the count of its controller's JobCreationFailed reflected.
+        self._creation_failures: dict[str, int] = {}
 
     # -- one identity for every cluster ----------------------------------------------
 
@@ -533,12 +535,20 @@ class SimKubeServer(FakeKubeServer):
         return touched
 
     def _reflect_jobset_status(self, ns: str, kube: KubeService) -> set[str]:
-        """The world's JobSet restarts and verdict."""
+        """The world's JobSet restarts and verdict, and its controller's JobCreationFailed
+        (an event on the JobSet, its count the world's)."""
         touched = set()
         for name, sim_jobset in kube.jobsets.jobsets.items():
             jobset = self._objects.get(("jobsets", ns, name))
             if jobset is None:
                 continue
+            failures = sim_jobset.creation_failures
+            if sim_jobset.creation_failed and self._creation_failures.get(name) != failures:
+                self._creation_failures[name] = failures
+                self.record_event("JobSet", name, "JobCreationFailed",
+                                  sim_jobset.creation_failed, namespace=ns, source="jobset",
+                                  count=failures)
+                touched.add(name)
             wanted = (sim_jobset.restarts, sim_jobset.condition, sim_jobset.condition_reason)
             if self._jobsets.get(name) == wanted:
                 continue
@@ -702,7 +712,8 @@ class SimKubeServer(FakeKubeServer):
 
     def _jobset_key(self, ns: str, name: str) -> EdgeKey:
         """What the informer's observation of the JobSet will say: its children's pods
-        and counts summed, the first child's refusal (named), the JobSet's verdict."""
+        and counts summed, its controller's refusal or else the first child's (named),
+        the JobSet's verdict."""
         jobset = self._objects[("jobsets", ns, name)]
         uid = jobset["metadata"]["uid"]
         children = sorted(
@@ -720,6 +731,12 @@ class SimKubeServer(FakeKubeServer):
             if refused is not None and refusal is None:
                 refusal = (f"child Job {child['metadata']['name']}: {refused.message}",
                            refused.count)
+        own = job_observations.jobset_refusal(jobset, [
+            event for (kind, space, _), event in self._objects.items()
+            if kind == "events" and space == ns and event["involvedObject"].get("uid") == uid],
+            len(children))
+        if own is not None:  # the controller's own refusal, upstream of a child's
+            refusal = (own.message, own.count)
         verdicts = {"Completed": "Complete", "Failed": "Failed"}
         condition = next((verdicts[c["type"]] for c in (jobset.get("status") or {}).get(
             "conditions") or () if c.get("type") in verdicts and c.get("status") == "True"),
@@ -1101,6 +1118,8 @@ def _kube_error(error: PortError, body: Any) -> KubeApiError:
                             {"name": name, "group": group, "kind": kind})
     if error.code == INVALID:
         return KubeApiError(422, "Invalid", error.message)
+    if error.code == QUOTA_EXCEEDED:  # a ResourceQuota's admission refusal
+        return KubeApiError(403, "Forbidden", error.message)
     return KubeApiError(500, "InternalError", error.message)
 
 

@@ -4,8 +4,10 @@ Job controller's events on them, and publish what it sees of each Job as a
 into an observation: ``job_observations``).
 
 Three watches (Jobs, Pods: label ``managed-by=falcon``; core/v1 Events about Jobs:
-field selector ``involvedObject.kind=Job``) run in their own threads and feed one
-cache (``JobViews``). The events are how pods that are never created show: the Job
+field selector ``involvedObject.kind=Job``), and for multi-slice tasks two more
+(JobSets, and Events about JobSets: the JobSet controller records its own refusals,
+``JobCreationFailed``, on the JobSet, not on a child Job), run in their own threads and
+feed one cache (``JobViews``). The events are how pods that are never created show: the Job
 controller records ``FailedCreate`` ("Error creating: ...") on the Job for each create
 the API server refuses and ``SuccessfulCreate`` ("Created pod: ...") for each it
 makes, so a Job's refusal lasts while its newest FailedCreate is newer than its newest
@@ -49,7 +51,9 @@ from kubernetes import watch as kube_watch
 from kubernetes.client.exceptions import ApiException
 
 from falcon_es.adapters.gcp.job_observations import object_rv
-from falcon_es.adapters.gcp.job_views import EVENTS, JOBS, JOBSETS, PODS, JobViews
+from falcon_es.adapters.gcp.job_views import (
+    EVENTS, JOBS, JOBSET_EVENTS, JOBSETS, PODS, JobViews,
+)
 from falcon_es.adapters.gcp.kube import KubeEdgeCluster, KubeEdgeClusters
 from falcon_es.adapters.gcp.kube_objects import FALCON_SELECTOR
 from falcon_es.domain.clock import Clock, WallClock
@@ -79,6 +83,8 @@ class InformerSettings:
     pod_selector: str = FALCON_SELECTOR
     #: A field selector: events carry no labels of the object they are about.
     event_selector: str = "involvedObject.kind=Job"
+    #: The JobSet controller's own events (JobCreationFailed) are on the JobSet.
+    jobset_event_selector: str = "involvedObject.kind=JobSet"
     resync_seconds: float = 300.0
     #: Server-side timeout of one watch request; the informer then resumes it.
     watch_timeout_seconds: int = 290
@@ -160,11 +166,11 @@ class EdgeInformer:
         self._watches_lock = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
-        """Watch until ``stop`` is set (the three resources, each in its own thread)."""
+        """Watch until ``stop`` is set (each watched resource in its own thread)."""
         threads = [threading.Thread(target=self._watch_loop, args=(kind, stop),
                                     name=f"informer-{self.edge.name}-{kind}", daemon=True)
-                   for kind in (PODS, JOBS, EVENTS, JOBSETS)
-                   if kind != JOBSETS or self.settings.jobsets]
+                   for kind in (PODS, JOBS, EVENTS, JOBSETS, JOBSET_EVENTS)
+                   if kind not in (JOBSETS, JOBSET_EVENTS) or self.settings.jobsets]
         for thread in threads:
             thread.start()
         stop.wait()
@@ -272,6 +278,9 @@ class EdgeInformer:
         if kind == EVENTS:
             return (self.edge.core.list_namespaced_event,
                     {"field_selector": self.settings.event_selector})
+        if kind == JOBSET_EVENTS:
+            return (self.edge.core.list_namespaced_event,
+                    {"field_selector": self.settings.jobset_event_selector})
         if kind == JOBSETS:
             custom = self.edge.custom
 

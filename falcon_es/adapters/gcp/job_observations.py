@@ -12,7 +12,9 @@ from types import MappingProxyType
 from typing import Any
 
 from falcon_es.domain.manifests import TASK_ID_ANNOTATION, TASK_LABEL
-from falcon_es.domain.ports import CreateRefusal, JobObservation, PodObservation
+from falcon_es.domain.ports import (
+    JOB_CREATION_FAILED, CreateRefusal, JobObservation, PodObservation, jobset_cause,
+)
 
 #: The Job controller's event reasons (pkg/controller controller_utils.go).
 FAILED_CREATE, SUCCESSFUL_CREATE = "FailedCreate", "SuccessfulCreate"
@@ -155,10 +157,14 @@ _JOBSET_CONDITIONS: Mapping[str, str] = MappingProxyType(
 
 def jobset_content(jobset: Mapping[str, Any],
                     children: Iterable[tuple[Mapping[str, Any], list[dict[str, Any]],
-                                             list[dict[str, Any]]]]) -> JobSetContent:
+                                             list[dict[str, Any]]]],
+                    jobset_events: Iterable[Mapping[str, Any]] = ()) -> JobSetContent:
     """A JobSet's observation: its children's pods and counts summed (slice order), the
-    completions its spec asks for, the first child's refusal (transient while that child's leader has no node), and the
-    JobSet's own verdict, restarts and reason."""
+    completions its spec asks for, the refusal (the JobSet controller's own, from
+    ``jobset_events`` on the JobSet, while a child Job is missing; else the first child's,
+    transient while that child's leader has no node), and the JobSet's own verdict,
+    restarts and reason."""
+    children = list(children)
     succeeded = failed = completions = 0
     pods: list[PodObservation] = []
     refusal: CreateRefusal | None = None
@@ -175,6 +181,7 @@ def jobset_content(jobset: Mapping[str, Any],
             refusal = CreateRefusal(f"child Job {child['metadata'].get('name')}: "
                                     f"{refused.message}", refused.count, transient=unscheduled)
     completions = jobset_completions(jobset) or completions
+    refusal = jobset_refusal(jobset, jobset_events, len(children)) or refusal
     status = jobset.get("status") or {}
     condition = reason = None
     for entry in status.get("conditions") or ():
@@ -182,6 +189,22 @@ def jobset_content(jobset: Mapping[str, Any],
             condition, reason = _JOBSET_CONDITIONS[entry["type"]], entry.get("reason")
     return (succeeded, failed, completions, condition, tuple(pods), refusal,
             int(status.get("restarts") or 0), reason)
+
+
+def jobset_refusal(jobset: Mapping[str, Any], events: Iterable[Mapping[str, Any]],
+                   children: int) -> CreateRefusal | None:
+    """The JobSet controller's refusal to create a child Job (its newest
+    ``JobCreationFailed`` on the JobSet, in its words), while fewer child Jobs exist
+    than the spec asks for; the upstream cause of any child's refusal."""
+    wanted = sum(int(r.get("replicas") or 1)
+                 for r in (jobset.get("spec") or {}).get("replicatedJobs") or ())
+    failed = [e for e in events if e.get("reason") == JOB_CREATION_FAILED]
+    if not failed or children >= wanted:
+        return None
+    newest = max(failed, key=lambda e: (_event_time(e), object_rv(e)))
+    series = newest.get("series") or {}
+    return CreateRefusal(jobset_cause(JOB_CREATION_FAILED, str(newest.get("message") or "")),
+                         int(newest.get("count") or series.get("count") or 1))
 
 
 def jobset_completions(jobset: Mapping[str, Any]) -> int:

@@ -20,12 +20,14 @@ from falcon_es.adapters.gcp.job_observations import (
 )
 from falcon_es.domain.clock import Clock
 from falcon_es.domain.manifests import TASK_ID_ANNOTATION, TASK_LABEL
-from falcon_es.domain.ports import JOBSET_KIND, JobObservation
+from falcon_es.domain.ports import JOBSET_EVENT_REASONS, JOBSET_KIND, JobObservation
 
 log = logging.getLogger("falcon_es.adapters.gcp.job_views")
 
 #: The resources an informer watches.
 JOBS, PODS, EVENTS, JOBSETS = "jobs", "pods", "events", "jobsets"
+#: Events about JobSets: the JobSet controller's own (``JOBSET_EVENT_REASONS``).
+JOBSET_EVENTS = "jobset-events"
 
 
 @dataclasses.dataclass
@@ -71,7 +73,10 @@ class JobViews:
         #: API server expires events after an hour, so these do not pile up).
         self._events: dict[str, dict[str, Any]] = {}
         self._events_of: dict[str, set[str]] = {}
-        self._positions = {JOBS: 0, PODS: 0, EVENTS: 0, JOBSETS: 0}
+        #: The JobSet controller's events, likewise by event uid and by the JobSet's uid.
+        self._jobset_events: dict[str, dict[str, Any]] = {}
+        self._jobset_events_of: dict[str, set[str]] = {}
+        self._positions = {JOBS: 0, PODS: 0, EVENTS: 0, JOBSETS: 0, JOBSET_EVENTS: 0}
         #: JobSets (multi-slice tasks) and the child Jobs each owns: a child is
         #: published only as part of its JobSet's observation.
         self._jobsets: dict[str, _View] = {}
@@ -98,6 +103,9 @@ class JobViews:
                 return self._routed([*self._apply_event(event_type, dict(obj)), *released])
             if kind == JOBSETS:
                 return [*self._apply_jobset(event_type, dict(obj)), *self._routed(released)]
+            if kind == JOBSET_EVENTS:
+                return [*self._apply_jobset_event(event_type, dict(obj)),
+                        *self._routed(released)]
             return self._routed([*self._apply_pod(event_type, dict(obj)), *released])
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int) -> list[str]:
@@ -107,7 +115,9 @@ class JobViews:
             listed = {uid_of(item): dict(item) for item in items}
             held: Mapping[str, object] = (self._views if kind == JOBS else
                                           self._jobsets if kind == JOBSETS else
-                                          self._events if kind == EVENTS else self._pods)
+                                          self._events if kind == EVENTS else
+                                          self._jobset_events if kind == JOBSET_EVENTS
+                                          else self._pods)
             known = set(held)
             for uid in sorted(known - set(listed)):
                 if kind == JOBS:
@@ -119,6 +129,8 @@ class JobViews:
                     self._jobsets.pop(uid, None)
                 elif kind == EVENTS:
                     touched += self._apply_event("DELETED", self._events[uid])
+                elif kind == JOBSET_EVENTS:
+                    touched += self._apply_jobset_event("DELETED", self._jobset_events[uid])
                 else:
                     gone = self._pods[uid]
                     gone.setdefault("metadata", {})["resourceVersion"] = str(list_rv)
@@ -200,6 +212,8 @@ class JobViews:
         uid, rv = uid_of(jobset), object_rv(jobset)
         if event_type == "DELETED":
             self._jobsets.pop(uid, None)
+            for event_uid in self._jobset_events_of.pop(uid, ()):
+                self._jobset_events.pop(event_uid, None)
             return []
         view = self._jobsets.get(uid)
         if view is None:
@@ -234,7 +248,8 @@ class JobViews:
                 return None
             events = [self._events[e] for e in self._events_of.get(child_uid, ())]
             parts.append((child, pods, events))
-        content = jobset_content(view.job, parts)
+        jobset_events = [self._jobset_events[e] for e in self._jobset_events_of.get(uid, ())]
+        content = jobset_content(view.job, parts, jobset_events)
         if children_behind(content[3], parts):
             return None  # observed again when the child Job's update arrives
         if content == view.published and not republish:
@@ -313,22 +328,46 @@ class JobViews:
     def _apply_event(self, event_type: str, event: dict[str, Any]) -> list[str]:
         """An event about a Job: kept when the Job controller says it created a pod or
         was refused one (other reasons change nothing the product reads)."""
-        uid = uid_of(event)
         job_uid = str((event.get("involvedObject") or {}).get("uid") or "")
         if event.get("reason") not in (FAILED_CREATE, SUCCESSFUL_CREATE) or not job_uid:
             return []
-        if event_type == "DELETED":
-            if self._events.pop(uid, None) is None:
-                return []
-            self._events_of.get(job_uid, set()).discard(uid)
-        else:
-            known = self._events.get(uid)
-            if known is not None and object_rv(event) <= object_rv(known):
-                return []
-            self._events[uid] = event
-            self._events_of.setdefault(job_uid, set()).add(uid)
-        view = self._views.get(job_uid)
-        if view is None:
+        if not _kept(self._events, self._events_of, event_type, event, job_uid):
             return []
-        view.max_rv = max(view.max_rv, object_rv(event))
-        return [job_uid]
+        return _touched(self._views.get(job_uid), job_uid, event)
+
+    def _apply_jobset_event(self, event_type: str, event: dict[str, Any]) -> list[str]:
+        """An event the JobSet controller recorded on a JobSet: kept when it is one of
+        its own refusals (it could not create a child Job or the headless Service)."""
+        jobset_uid = str((event.get("involvedObject") or {}).get("uid") or "")
+        if event.get("reason") not in JOBSET_EVENT_REASONS or not jobset_uid:
+            return []
+        if not _kept(self._jobset_events, self._jobset_events_of, event_type, event,
+                     jobset_uid):
+            return []
+        return _touched(self._jobsets.get(jobset_uid), jobset_uid, event)
+
+
+def _kept(events: dict[str, dict[str, Any]], events_of: dict[str, set[str]],
+          event_type: str, event: dict[str, Any], about: str) -> bool:
+    """Fold one watch event of an event about the object ``about`` into ``events``
+    (by uid) and ``events_of`` (by that object); False when it changed nothing."""
+    uid = uid_of(event)
+    if event_type == "DELETED":
+        if events.pop(uid, None) is None:
+            return False
+        events_of.get(about, set()).discard(uid)
+        return True
+    known = events.get(uid)
+    if known is not None and object_rv(event) <= object_rv(known):
+        return False
+    events[uid] = event
+    events_of.setdefault(about, set()).add(uid)
+    return True
+
+
+def _touched(view: _View | None, uid: str, event: Mapping[str, Any]) -> list[str]:
+    """The object whose view an event changed (none when it is not known yet)."""
+    if view is None:
+        return []
+    view.max_rv = max(view.max_rv, object_rv(event))
+    return [uid]

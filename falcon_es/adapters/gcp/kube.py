@@ -38,7 +38,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client
@@ -49,6 +49,7 @@ from falcon_es.adapters.gcp.kube_auth import (
     GoogleAccessTokens,
     kube_configuration,
 )
+from falcon_es.adapters.gcp.job_observations import jobset_refusal
 from falcon_es.adapters.gcp.kube_diagnosis import diagnosis, examined_pods, pod_order
 from falcon_es.adapters.gcp.kube_objects import (
     JOB_NAME_LABEL,
@@ -250,6 +251,11 @@ class KubeEdgeCluster:
         return existing
 
     def _get_jobset(self, name: str) -> JobRef | None:
+        found = self._read_jobset(name)
+        return None if found is None else _jobset_ref(found, name)
+
+    def _read_jobset(self, name: str) -> dict[str, Any] | None:
+        """The JobSet as the API holds it (None: there is none)."""
         try:
             found = self.custom.get_namespaced_custom_object(
                 JOBSET_GROUP, JOBSET_VERSION, self.namespace, JOBSET_PLURAL, name,
@@ -260,7 +266,7 @@ class KubeEdgeCluster:
             raise self.error(error, f"reading JobSet {name}") from error
         except Exception as error:
             raise self.error(error, f"reading JobSet {name}") from error
-        return _jobset_ref(found, name)
+        return dict(cast(Mapping[str, Any], found))
 
     def _delete_jobset(self, name: str) -> None:
         try:
@@ -275,20 +281,30 @@ class KubeEdgeCluster:
             raise self.error(error, f"deleting JobSet {name}") from error
 
     def _diagnose_jobset(self, name: str) -> str | None:
-        """The first child Job (in slice order) whose pods wait, in its own words."""
+        """The JobSet controller's own refusal to create a child Job (an event on the
+        JobSet) first, then the first child Job (in slice order) whose pods wait, each
+        in its own words."""
         doing = f"diagnosing JobSet {name}"
         try:
             children = self.batch.list_namespaced_job(
                 self.namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}",
                 _request_timeout=self._timeout).items
+            jobset = self._read_jobset(name)
+            events = [self.api_client.sanitize_for_serialization(e)
+                      for e in self._events_of(JOBSET_KIND, name)] if jobset else []
+        except PortError:
+            raise
         except Exception as error:
             raise self.error(error, doing) from error
+        refused = jobset_refusal(jobset, events, len(children)) if jobset else None
+        found = [refused.message] if refused is not None else []
         for child in sorted(children, key=lambda j: _slice_index(name_of(j, "a Job"))):
             child_name = name_of(child, "a Job")
-            found = self._diagnose_job(child, child_name, doing)
-            if found:
-                return f"Job {child_name}: {found}"
-        return None
+            child_found = self._diagnose_job(child, child_name, doing)
+            if child_found:
+                found.append(f"Job {child_name}: {child_found}")
+                break
+        return "; ".join(found) or None
 
     def jobset_crd_installed(self) -> bool:
         """The JobSet CRD is served (``falcon-es doctor``): listing JobSets answers."""

@@ -50,7 +50,7 @@ from falcon_es.adapters.sim.gke import (
     NodePoolService, SimNode, SimPool,
 )
 from falcon_es.adapters.sim.informer import Informer
-from falcon_es.adapters.sim.kube_jobset import SimJobSets
+from falcon_es.adapters.sim.kube_jobset import JOBS_REFUSED, SimJobSets, quota_refusal
 from falcon_es.adapters.sim.kube_manifests import BehaviourSource, parse_job, parse_service
 from falcon_es.adapters.sim.pod_logs import SimPodLogs
 from falcon_es.adapters.sim.kube_objects import (
@@ -132,6 +132,8 @@ class KubeService:
         job = parse_job(manifest, now, self.defaults, self._rng, self._behaviour_source)
         if job.name in self.jobs:
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
+        if job.behaviour.outcome == JOBS_REFUSED:
+            raise quota_refusal(job.name)
         self.jobs[job.name] = job
         if job.behaviour.outcome == CREATE_DENIED:
             self._refuse_pods(job, now)
@@ -161,6 +163,8 @@ class KubeService:
         job = parse_job(manifest, now, self.defaults, self._rng, self._behaviour_source)
         if job.name in self.jobs:
             raise PortError(ALREADY_EXISTS, f'jobs.batch "{job.name}" already exists')
+        if job.behaviour.outcome == JOBS_REFUSED:
+            raise quota_refusal(job.name)
         job.jobset, job.allowed_pools = jobset, allowed_pools
         self.jobs[job.name] = job
         if exclusive and min(job.parallelism, job.completions) > 1:

@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from falcon_es.domain.ports import (
-    ALREADY_EXISTS, INVALID, JOBSET_KIND, JobObservation, JobRef, PortError,
+    ALREADY_EXISTS, INVALID, JOB_CREATION_FAILED, JOBSET_KIND, QUOTA_EXCEEDED, CreateRefusal,
+    JobObservation, JobRef, PortError, jobset_cause,
 )
 
 from falcon_es.adapters.sim.common import (
@@ -92,6 +93,20 @@ FOLLOWER_REFUSED = ('admission webhook "vpod.kb.io" denied the request: '
 FOLLOWER_MISSING_SELECTOR = ('admission webhook "vpod.kb.io" denied the request: follower '
                              "pod node selector for topology domain not found. missing "
                              "selector: cloud.google.com/gke-nodepool")
+#: The sim outcome whose Jobs the namespace's ResourceQuota refuses, and that quota.
+JOBS_REFUSED = "jobs-refused"
+JOB_QUOTA = "falcon-jobs"
+#: The JobSet controller's requeue after a failed reconcile (controller-runtime's
+#: per-item backoff, 5 ms doubling up to 1000 s; the sim starts at 1 s).
+_REQUEUE_START, _REQUEUE_CAP = 1.0, 1000.0
+
+
+def quota_refusal(job_name: str) -> PortError:
+    """The API server's 403 for a Job create past a ResourceQuota of 0 Jobs
+    (``count/jobs.batch``), in the quota admission plugin's words."""
+    return PortError(QUOTA_EXCEEDED, (
+        f'jobs.batch "{job_name}" is forbidden: exceeded quota: {JOB_QUOTA}, requested: '
+        "count/jobs.batch=1, used: count/jobs.batch=0, limited: count/jobs.batch=0"))
 
 
 class SimJobSets:
@@ -196,11 +211,15 @@ class SimJobSets:
             self._expire_later(jobset, moment)
 
     def diagnose(self, name: str) -> str | None:
-        """Root cause first: a child's leader that waits for a node (with the pools it
-        may use), before the followers the webhook refuses because of it."""
+        """Root cause first: the controller's own refusal to create a child Job, then a
+        child's leader that waits for a node (with the pools it may use), before the
+        followers the webhook refuses because of it."""
         jobset = self.jobsets.get(name)
         if jobset is None:
             return None
+        refused = _creation_refusal(jobset)
+        if refused is not None:
+            return refused.message
         jobs = self._kube.jobs
         for child_name in jobset.children:
             child = jobs.get(child_name)
@@ -242,8 +261,8 @@ class SimJobSets:
     def observe(self, jobset: SimJobSet, moment: dt.datetime) -> JobObservation:
         jobs = [self._kube.jobs[n] for n in jobset.children if n in self._kube.jobs]
         pods = tuple(p.observation() for job in jobs for p in job.pods)
-        refusal = None
-        for child in jobs:
+        refusal = _creation_refusal(jobset)  # upstream of any child's
+        for child in jobs if refusal is None else ():
             if child.refused is not None:
                 leader = next((p for p in child.pods if p.index == 0), None)
                 refusal = child.refused.observation(
@@ -265,18 +284,42 @@ class SimJobSets:
 
     # ---------------------------------------------------------------- children
     def _create_children(self, jobset: SimJobSet, now: dt.datetime) -> None:
-        jobset.children = []
+        """Create the child Jobs it lacks. Those the API server refuses are one
+        JobCreationFailed event on the JobSet, in the controller's words (each child's
+        "job %q creation failed with error: %v", joined by newlines: ``createJobs``),
+        and the controller tries again after its requeue backoff."""
+        errors = []
         for index in range(jobset.replicas):
             manifest = copy.deepcopy(dict(jobset.template))
             name = f"{jobset.name}-{jobset.replicated_job}-{index}"
+            if name in jobset.children:
+                continue
             manifest["metadata"] = {**manifest.get("metadata", {}), "name": name}
             labels = manifest["metadata"].setdefault("labels", {})
             labels[JOBSET_NAME_LABEL] = jobset.name
             manifest["metadata"].setdefault("annotations", {})[TASK_ID_ANNOTATION] = jobset.task_id
-            self._kube.submit_child(manifest, now, jobset.name, _allowed_pools(manifest),
-                                    exclusive=jobset.exclusive)
+            try:
+                self._kube.submit_child(manifest, now, jobset.name, _allowed_pools(manifest),
+                                        exclusive=jobset.exclusive)
+            except PortError as error:
+                if error.code != QUOTA_EXCEEDED:
+                    raise
+                errors.append(f'job "{name}" creation failed with error: {error.message}')
+                continue
             jobset.children.append(name)
+        jobset.children.sort(key=lambda child: int(child.rsplit("-", 1)[1]))
+        if errors:
+            jobset.creation_failed = "\n".join(errors)
+            jobset.creation_failures += 1
+            delay = min(_REQUEUE_START * 2 ** (jobset.creation_failures - 1), _REQUEUE_CAP)
+            self._kube.at(seconds_after(now, delay), self._retry_children, jobset)
         self._dirty[jobset.name] = None
+
+    def _retry_children(self, jobset: SimJobSet, moment: dt.datetime) -> None:
+        """The controller's next reconcile of a JobSet whose child Jobs it could not
+        create."""
+        if self.jobsets.get(jobset.name) is jobset and jobset.condition is None:
+            self._create_children(jobset, moment)
 
     def _delete_children(self, jobset: SimJobSet, now: dt.datetime) -> None:
         for name in jobset.children:
@@ -296,6 +339,7 @@ class SimJobSets:
             return
         self._delete_children(jobset, moment)
         jobset.restarts += 1
+        jobset.children = []
         self._create_children(jobset, moment)
 
     def _expire_later(self, jobset: SimJobSet, moment: dt.datetime) -> None:
@@ -306,6 +350,14 @@ class SimJobSets:
     def _expire(self, jobset: SimJobSet, moment: dt.datetime) -> None:
         if self.jobsets.get(jobset.name) is jobset:
             self.delete(jobset.name, moment)
+
+
+def _creation_refusal(jobset: SimJobSet) -> CreateRefusal | None:
+    """The controller's JobCreationFailed while a child Job is still missing."""
+    if jobset.creation_failed is None or len(jobset.children) >= jobset.replicas:
+        return None
+    return CreateRefusal(jobset_cause(JOB_CREATION_FAILED, jobset.creation_failed),
+                         jobset.creation_failures)
 
 
 def _allowed_pools(manifest: Mapping[str, Any]) -> tuple[str, ...]:

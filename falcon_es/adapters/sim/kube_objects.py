@@ -201,6 +201,10 @@ class SimJobSet:
     resource_version: int = 0
     #: The ``falcon/task-id`` annotation (None: the manifest had none).
     owner_id: str | None = None
+    #: The controller's JobCreationFailed event on the JobSet: its words (the child
+    #: Jobs' errors, joined) and how many creates it aggregates.
+    creation_failed: str | None = None
+    creation_failures: int = 0
 
     def ref(self) -> JobRef:
         """What the API answers of it: name, uid and the marks of its task."""

@@ -440,14 +440,27 @@ def _fill(shell: object, state: Any) -> None:
         shell.setstate(state)
         return
     if dataclasses.is_dataclass(shell):
+        state = {**_added_since(type(shell), state), **state}
         _check_shape(type(shell), state)
     shell.__dict__.update(state)
+
+
+def _added_since(cls: type, state: Mapping[str, object]) -> dict[str, object]:
+    """The defaults of fields only added to the class since the save (each with a plain
+    default, none of the saved ones gone: not a rename): a world saved before them
+    loads with them as a fresh object would have them."""
+    fields = dataclasses.fields(cls)
+    if set(state) - {f.name for f in fields}:
+        return {}
+    return {f.name: f.default for f in fields
+            if f.name not in state and f.default is not dataclasses.MISSING}
 
 
 def _check_shape(cls: type, state: Mapping[str, object]) -> None:
     """A saved dataclass must have the fields its class has now: a field renamed or
     dropped since the save would otherwise load as a stale attribute beside a missing
-    one, and the world would go on silently wrong (or fail later, mid-run)."""
+    one, and the world would go on silently wrong (or fail later, mid-run). A field
+    added since with a plain default is filled in before (``_added_since``)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     gone, new = sorted(set(state) - fields), sorted(fields - set(state))
     if gone or new:
