@@ -7,6 +7,7 @@ builder."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ from falcon_es.storage.tables import JobTable
 
 if TYPE_CHECKING:
     from falcon_es.observability.metrics import Metrics
+
+log = logging.getLogger("falcon_es.app.application")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,11 @@ class App:
         return self.cluster_cache.clusters
 
     def close(self) -> None:
+        try:
+            self.live.write_waiting()
+        except Exception as error:  # noqa: BLE001 - the next start retires them anyway
+            log.warning("the live set's waiting rows were not written at close: %s",
+                        db.first_line(error))
         self.engine.dispose()
 
 

@@ -10,6 +10,16 @@ behind the log, and a starting controller folds the streams it names instead of 
 whole log. Orphan streams are live while one of their orphans waits for its delete,
 and are read from the oldest such orphan on.
 
+What only a restart reads is written lazily: the rows of retired tasks are deleted,
+and ``last_served`` rows written, with the append that comes once ``RETIRED_ROWS_PER_WRITE``
+rows wait, once the oldest waiting change is ``LAZY_WRITE_SECONDS`` old, once nothing
+live is left, or when the app closes. A row of a retired task that outlives a crash is
+folded at the next start and retired again at its first commit (``settle``); it is safe
+to fold, because a task retires no later than a task whose pool it took over (the taker
+holds the pool), and all waiting rows go in one statement, so the giver's row is never
+left behind its taker's. A crash forgets at most that interval of whom each queue
+served last. Both were a statement of most appends (design note ``round-trips.md``).
+
 Two facts outlive the tasks they came from, because the rules of the running
 controller read them:
 
@@ -43,6 +53,7 @@ from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
+from falcon_es.storage import fence as fencing
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import last_served, live_streams
 from falcon_es.domain.task import TaskState, TaskStates
@@ -124,12 +135,27 @@ class NothingRetired:
         return {}
 
 
+#: Rows of retired tasks (and changes of ``last_served``) waiting to be written that
+#: make the next append write them; and how long the oldest may wait (event clock).
+RETIRED_ROWS_PER_WRITE = 200
+LAZY_WRITE_SECONDS = 60.0
+
+
 @dataclasses.dataclass
 class _Plan:
     """What the append in progress changes in the live set (applied on commit)."""
 
     inserted: set[str] = dataclasses.field(default_factory=set)
+    #: Tasks retired by this append whose rows are in the table.
+    retired: set[str] = dataclasses.field(default_factory=set)
+    #: Rows deleted by this append (every retired one waiting, when it writes them).
     deleted: set[str] = dataclasses.field(default_factory=set)
+    #: The ``last_served`` rows this append writes.
+    served_rows: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    #: Whether this append writes what waited (``deleted``, ``served_rows``).
+    writes_waiting: bool = False
+    #: The moment of the append (its last event's).
+    at: dt.datetime = dt.datetime.min
     evicted: set[str] = dataclasses.field(default_factory=set)
     lingering: dict[str, dt.datetime | None] = dataclasses.field(default_factory=dict)
     served: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
@@ -155,6 +181,12 @@ class LiveSet:
         self.store: EventStore | None = None
         #: Task streams that have a row in ``live_streams``.
         self._rows: set[str] = set()
+        #: Of those, the retired ones waiting for their delete; since when the oldest
+        #: change waits (None: nothing waits).
+        self._retiring: set[str] = set()
+        self._waiting_since: dt.datetime | None = None
+        #: ``last_served`` as the table holds it (``_served`` is the truth).
+        self._served_rows: dict[QueueKey, str] = {}
         self._linger_at: dict[str, dt.datetime] = {}
         self._lingering: SortedKeyList = SortedKeyList(key=_linger_moment)
         self._served: dict[QueueKey, str] = {}
@@ -182,6 +214,8 @@ class LiveSet:
             self.tasks.fold(batch)
             self.tasks.committed()
         self._rows = set(tasks)
+        self._retiring, self._waiting_since = set(), None
+        self._served_rows = dict(self._served)
         self._orphans = {}
         for stream_id, start in rows:
             if stream_id.startswith(ORPHAN_STREAM_PREFIX):
@@ -202,7 +236,7 @@ class LiveSet:
         if not recorded:
             return
         now = recorded[-1].recorded_at
-        plan = _Plan()
+        plan = _Plan(at=now)
         judged: dict[str, TaskState] = {}
         handed: dict[str, set[str]] = {}
         for change in self.tasks.changes():
@@ -222,8 +256,44 @@ class LiveSet:
             self._judge(plan, state, handed.get(task_id, ()), now)
         self._plan_served(plan, recorded)
         self._plan_orphans(plan, recorded)
+        self._plan_waiting(plan, now)
         _write(conn, plan, self._orphans)
         self._plan = plan
+
+    def _plan_waiting(self, plan: _Plan, now: dt.datetime) -> None:
+        """Whether this append also writes what waits (see the module docstring)."""
+        retiring = self._retiring | plan.retired
+        served = {key: actor for key, actor in {**self._served, **plan.served}.items()
+                  if self._served_rows.get(key) != actor}
+        if not (retiring or served):
+            return
+        since = self._waiting_since or now
+        if (len(retiring) >= RETIRED_ROWS_PER_WRITE or (self._rows | plan.inserted) <= retiring
+                or (now - since).total_seconds() >= LAZY_WRITE_SECONDS):
+            plan.deleted |= retiring
+            plan.served_rows = served
+            plan.writes_waiting = True
+
+    def write_waiting(self) -> None:
+        """Write what waits, in a transaction of its own (an app that closes); not once
+        another controller's term has begun: that one keeps the table then."""
+        plan = _Plan(deleted=set(self._retiring), served_rows={
+            key: actor for key, actor in self._served.items()
+            if self._served_rows.get(key) != actor}, writes_waiting=True)
+        if not (plan.deleted or plan.served_rows):
+            return
+        store = self._store()
+        with store.engine.begin() as conn:
+            if store.fence is not None and fencing.current(conn).term != store.fence.term:
+                return
+            _write(conn, plan, self._orphans)
+        self._wrote_waiting(plan)
+
+    def _wrote_waiting(self, plan: _Plan) -> None:
+        self._rows -= plan.deleted
+        self._retiring -= plan.deleted
+        self._served_rows.update(plan.served_rows)
+        self._waiting_since = None
 
     def committed(self) -> None:
         plan, self._plan = self._plan, None
@@ -231,11 +301,17 @@ class LiveSet:
         if plan is None:
             self._evict(recalled)
             return
-        self._rows -= plan.deleted
         self._rows |= plan.inserted
         for task_id, until in plan.lingering.items():
             self._set_linger(task_id, until)
         self._served.update(plan.served)
+        if plan.writes_waiting:
+            self._retiring |= plan.retired
+            self._wrote_waiting(plan)
+        elif plan.retired or plan.served:
+            self._retiring |= plan.retired
+            if self._waiting_since is None:
+                self._waiting_since = plan.at
         for stream_id, open_now in plan.orphans.items():
             if open_now:
                 self._orphans[stream_id] = open_now
@@ -252,6 +328,7 @@ class LiveSet:
         hold nothing. Whom that writer served is not known here: the next pick of
         each queue writes ``last_served`` whatever it was."""
         self._served.clear()
+        self._served_rows.clear()
         plan = _Plan()
         states = list(states)
         handed: dict[str, set[str]] = {}
@@ -265,7 +342,8 @@ class LiveSet:
             holder = self.tasks.get(task_id)
             if holder is not None and task_id not in plan.evicted:
                 self._judge(plan, holder, pools, _EARLIEST)
-        self._rows -= plan.deleted
+        self._rows -= plan.retired
+        self._retiring -= plan.retired
         self._rows |= plan.inserted
         for task_id, until in plan.lingering.items():
             self._set_linger(task_id, until)
@@ -305,6 +383,10 @@ class LiveSet:
     def served(self) -> dict[QueueKey, str]:
         return dict(self._served)
 
+    def retiring(self) -> set[str]:
+        """Retired tasks whose rows wait for their delete."""
+        return set(self._retiring)
+
     def lingering(self) -> dict[str, dt.datetime]:
         """Tasks that hold nothing and wait out their pool's create grace."""
         return dict(self._linger_at)
@@ -324,7 +406,7 @@ class LiveSet:
         if found == Verdict.RETIRED:
             plan.evicted.add(task_id)
             if task_id in self._rows:
-                plan.deleted.add(task_id)
+                plan.retired.add(task_id)
         elif task_id not in self._rows:
             plan.inserted.add(task_id)
 
@@ -402,14 +484,14 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
         verb = "INSERT OR IGNORE" if sqlite else "INSERT IGNORE"
         conn.exec_driver_sql(
             f"{verb} INTO live_streams (stream_id, fold_from) VALUES ({mark}, {mark})", inserted)
-    if plan.served:
+    if plan.served_rows:
         upsert = (
             "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
             "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
             if sqlite else
             "INSERT INTO last_served (cluster_id, topology, actor) VALUES (%s, %s, %s) "
             "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
-        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served.items())])
+        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served_rows.items())])
 
 
 class _FromLog:
