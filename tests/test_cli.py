@@ -459,7 +459,7 @@ def test_bench_store_runs_on_a_scratch_database_of_the_given_kind(db_url: str, t
                    "raw_scan_events_per_s", "append_ratio", "replay_ratio"):
         assert report[figure] > 0, figure
     assert report["replay_matches_live"] is True
-    assert set(report["targets"]) == {"append_ratio >= 0.5", "replay_ratio >= 0.5"}
+    assert set(report["targets"]) == {"append_ratio >= 0.7", "replay_ratio >= 0.85"}
     assert [c["name"] for c in json.loads(ok(cli(db_url, "cluster", "list", "--json")))] == ["gke-a"]
     assert [json.loads(line)["type"] for line in ok(cli(db_url, "events", "--json")).splitlines()] == [
         "ClusterRegistered"]

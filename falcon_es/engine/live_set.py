@@ -10,15 +10,14 @@ behind the log, and a starting controller folds the streams it names instead of 
 whole log. Orphan streams are live while one of their orphans waits for its delete,
 and are read from the oldest such orphan on.
 
-What only a restart reads is written lazily: the rows of retired tasks are deleted,
-and ``last_served`` rows written, with the append that comes once ``RETIRED_ROWS_PER_WRITE``
-rows wait, once the oldest waiting change is ``LAZY_WRITE_SECONDS`` old, once nothing
-live is left, or when the app closes. A row of a retired task that outlives a crash is
-folded at the next start and retired again at its first commit (``settle``); it is safe
-to fold, because a task retires no later than a task whose pool it took over (the taker
-holds the pool), and all waiting rows go in one statement, so the giver's row is never
-left behind its taker's. A crash forgets at most that interval of whom each queue
-served last. Both were a statement of most appends (design note ``round-trips.md``).
+The rows of retired tasks are deleted lazily, with the append that comes once
+``RETIRED_ROWS_PER_WRITE`` wait, once the oldest has waited ``LAZY_WRITE_SECONDS``,
+once nothing live is left, or when the app closes: a delete was a statement of most
+appends (design note ``round-trips.md``). A row of a retired task that outlives a crash
+is folded at the next start and retired again at its first commit (``settle``); that is
+safe because a task retires no later than a task that took its pool over (the taker
+holds the pool), and all waiting rows go in one statement, so a giver's row is never
+left without its taker's.
 
 Two facts outlive the tasks they came from, because the rules of the running
 controller read them:
@@ -135,8 +134,8 @@ class NothingRetired:
         return {}
 
 
-#: Rows of retired tasks (and changes of ``last_served``) waiting to be written that
-#: make the next append write them; and how long the oldest may wait (event clock).
+#: Rows of retired tasks waiting for their delete that make the next append delete
+#: them; and how long the oldest may wait (event clock).
 RETIRED_ROWS_PER_WRITE = 200
 LAZY_WRITE_SECONDS = 60.0
 
@@ -150,9 +149,7 @@ class _Plan:
     retired: set[str] = dataclasses.field(default_factory=set)
     #: Rows deleted by this append (every retired one waiting, when it writes them).
     deleted: set[str] = dataclasses.field(default_factory=set)
-    #: The ``last_served`` rows this append writes.
-    served_rows: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
-    #: Whether this append writes what waited (``deleted``, ``served_rows``).
+    #: Whether this append deletes the rows that waited (``deleted``).
     writes_waiting: bool = False
     #: The moment of the append (its last event's).
     at: dt.datetime = dt.datetime.min
@@ -185,8 +182,6 @@ class LiveSet:
         #: change waits (None: nothing waits).
         self._retiring: set[str] = set()
         self._waiting_since: dt.datetime | None = None
-        #: ``last_served`` as the table holds it (``_served`` is the truth).
-        self._served_rows: dict[QueueKey, str] = {}
         self._linger_at: dict[str, dt.datetime] = {}
         self._lingering: SortedKeyList = SortedKeyList(key=_linger_moment)
         self._served: dict[QueueKey, str] = {}
@@ -215,7 +210,6 @@ class LiveSet:
             self.tasks.committed()
         self._rows = set(tasks)
         self._retiring, self._waiting_since = set(), None
-        self._served_rows = dict(self._served)
         self._orphans = {}
         for stream_id, start in rows:
             if stream_id.startswith(ORPHAN_STREAM_PREFIX):
@@ -261,26 +255,21 @@ class LiveSet:
         self._plan = plan
 
     def _plan_waiting(self, plan: _Plan, now: dt.datetime) -> None:
-        """Whether this append also writes what waits (see the module docstring)."""
+        """Whether this append also deletes the rows that wait (module docstring)."""
         retiring = self._retiring | plan.retired
-        served = {key: actor for key, actor in {**self._served, **plan.served}.items()
-                  if self._served_rows.get(key) != actor}
-        if not (retiring or served):
+        if not retiring:
             return
         since = self._waiting_since or now
         if (len(retiring) >= RETIRED_ROWS_PER_WRITE or (self._rows | plan.inserted) <= retiring
                 or (now - since).total_seconds() >= LAZY_WRITE_SECONDS):
             plan.deleted |= retiring
-            plan.served_rows = served
             plan.writes_waiting = True
 
     def write_waiting(self) -> None:
-        """Write what waits, in a transaction of its own (an app that closes); not once
-        another controller's term has begun: that one keeps the table then."""
-        plan = _Plan(deleted=set(self._retiring), served_rows={
-            key: actor for key, actor in self._served.items()
-            if self._served_rows.get(key) != actor}, writes_waiting=True)
-        if not (plan.deleted or plan.served_rows):
+        """Delete the rows that wait, in a transaction of its own (an app that closes);
+        not once another controller's term has begun: that one keeps the table then."""
+        plan = _Plan(deleted=set(self._retiring), writes_waiting=True)
+        if not plan.deleted:
             return
         store = self._store()
         with store.engine.begin() as conn:
@@ -292,7 +281,6 @@ class LiveSet:
     def _wrote_waiting(self, plan: _Plan) -> None:
         self._rows -= plan.deleted
         self._retiring -= plan.deleted
-        self._served_rows.update(plan.served_rows)
         self._waiting_since = None
 
     def committed(self) -> None:
@@ -305,13 +293,11 @@ class LiveSet:
         for task_id, until in plan.lingering.items():
             self._set_linger(task_id, until)
         self._served.update(plan.served)
+        self._retiring |= plan.retired
         if plan.writes_waiting:
-            self._retiring |= plan.retired
             self._wrote_waiting(plan)
-        elif plan.retired or plan.served:
-            self._retiring |= plan.retired
-            if self._waiting_since is None:
-                self._waiting_since = plan.at
+        elif plan.retired and self._waiting_since is None:
+            self._waiting_since = plan.at
         for stream_id, open_now in plan.orphans.items():
             if open_now:
                 self._orphans[stream_id] = open_now
@@ -328,7 +314,6 @@ class LiveSet:
         hold nothing. Whom that writer served is not known here: the next pick of
         each queue writes ``last_served`` whatever it was."""
         self._served.clear()
-        self._served_rows.clear()
         plan = _Plan()
         states = list(states)
         handed: dict[str, set[str]] = {}
@@ -484,14 +469,14 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
         verb = "INSERT OR IGNORE" if sqlite else "INSERT IGNORE"
         conn.exec_driver_sql(
             f"{verb} INTO live_streams (stream_id, fold_from) VALUES ({mark}, {mark})", inserted)
-    if plan.served_rows:
+    if plan.served:
         upsert = (
             "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
             "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
             if sqlite else
             "INSERT INTO last_served (cluster_id, topology, actor) VALUES (%s, %s, %s) "
             "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
-        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served_rows.items())])
+        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served.items())])
 
 
 class _FromLog:

@@ -136,6 +136,9 @@ class Loop:
     def __post_init__(self) -> None:
         if self.script is not None:
             self.external_input = False
+        #: Whether the script played something after the last tick (it wrote rows the
+        #: next tick must read, follow-up or not).
+        self._script_played = False
 
     def next_due(self) -> dt.datetime | None:
         moments = [m for m in (source() for source in self.due_sources) if m is not None]
@@ -167,7 +170,9 @@ class Loop:
         except LeadershipLost:
             return None
         if self.script is not None:
+            before = self.script.next_due()
             self.script.on_tick(tick)
+            self._script_played = self.script.next_due() != before
         if self.on_tick is not None:
             self.on_tick(tick)
         if on_tick is not None:
@@ -190,7 +195,7 @@ class Loop:
                 report.stopped_by = "max-ticks"
                 return report
             if self.follow_up is not None:
-                self.follow_up(following)
+                self.follow_up(following and not self._script_played)
             try:
                 tick = self.step(on_tick)
             except FencedOut as error:
