@@ -10,7 +10,7 @@ from falcon_es.domain import events as ev
 from falcon_es.domain.eta import (
     CALIBRATED, FLOOR, UNCALIBRATED, WINDOW, Calibration, Estimate, SlotTimes,
 )
-from falcon_es.engine.eta_error import EtaLog
+from falcon_es.engine.eta_error import EtaLog, range_width
 from tests.test_scheduling_properties import World
 
 KEY = ("c0", "2x2")
@@ -101,6 +101,10 @@ def test_simulate_measures_each_expected_start_against_the_pick() -> None:
     assert report["at_every_refresh"] == {"median": 0.35, "p90": 0.5, "count": 4}
     # a's first range (5-15 min) missed its pick at 20; b's and d's held theirs.
     assert report["in_range_at_submit"] == round(2 / 3, 3)
+    # a's range is 3x wide, b's and d's (under a minute each way) 1x: the median is 1x.
+    assert range_width(t0, minutes(5), minutes(15)) == 3.0
+    assert range_width(t0, t0, minutes(0.5)) == 1.0, "each end at least a minute"
+    assert report["range_width_at_submit"] == 1.0
 
 
 def test_the_range_is_as_wide_as_the_told_waits_were_off() -> None:
@@ -119,20 +123,33 @@ def test_the_range_is_as_wide_as_the_told_waits_were_off() -> None:
     earliest, latest = estimate.start_range(1)  # told 20 minutes
     assert earliest == t0 + 20 * low * dt.timedelta(minutes=1)
     assert latest == t0 + 20 * high * dt.timedelta(minutes=1)
-    # Another queue with few picks of its own (each twice too early) takes the wider of
-    # its own and all queues'; all queues' is what every queue's range widens to.
+    # A new queue (fewer than CALIBRATED picks of its own) takes the factor of the tasks
+    # told while their queue was new (KEY's first ones, 1 to 1.4x off, not its later
+    # ones, up to 3x), its earliest at least the uncalibrated one's: a new queue's first
+    # holds are its longest, its told waits err long.
     other = ("c1", "4x4")
-    for n in range(CALIBRATED):
+    new_low, new_high = calibration.spread(other)
+    assert new_low == UNCALIBRATED[0] and 1.0 < new_high < 1.5
+    for n in range(CALIBRATED):  # its tasks start 5x sooner than told
         calibration.told(f"o{n}", other, t0, t0 + dt.timedelta(minutes=10))
-        calibration.picked(f"o{n}", t0 + dt.timedelta(minutes=5))
-    wider = calibration.spread(other)
-    assert wider[1] >= 2.0 and wider[0] == 1 / wider[1]
-    assert calibration.spread(KEY) == (min(low, wider[0]), max(high, wider[1]))
+        calibration.picked(f"o{n}", t0 + dt.timedelta(minutes=2))
+    assert calibration.spread(other) == (0.2, 5.0), "its own, now that it has enough"
+    assert calibration.spread(KEY) == (low, high), "a new queue's errors widen no other"
+    assert calibration.spread(("c2", "2x2")) == (0.2, 5.0), "they widen the next new one"
     before = calibration.spread(KEY)
     calibration.told("gone", KEY, t0, t0 + dt.timedelta(minutes=10))
     calibration.forget("gone")
     calibration.picked("gone", t0 + dt.timedelta(days=3))  # left without a pick: not counted
     assert calibration.spread(KEY) == before
+
+
+def test_a_new_queue_takes_the_new_queues_range_where_it_is_wider_than_the_default() -> None:
+    calibration = Calibration()
+    t0 = dt.datetime(2026, 1, 5, 9)
+    for n in range(CALIBRATED):  # another new queue's waits came 8x longer than told
+        calibration.told(f"t{n}", KEY, t0, t0 + dt.timedelta(minutes=10))
+        calibration.picked(f"t{n}", t0 + dt.timedelta(minutes=80))
+    assert calibration.spread(("c1", "4x4")) == (1 / 8, 8.0)
 
 
 def test_a_holders_remaining_time_follows_its_state() -> None:

@@ -187,35 +187,46 @@ MIN_WAIT = dt.timedelta(minutes=1)
 #: The share of real starts the range is meant to hold: its ends are the factor by which
 #: that share of recent real waits were off from the told ones, either way.
 RANGE_SHARE = 0.95
-#: Real waits compared per queue; with fewer than ``CALIBRATED`` of a queue, those of
-#: every queue together; with fewer than that in all, ``UNCALIBRATED``.
+#: Real waits compared per queue before its own count: a queue with fewer is new.
 CALIBRATED = 8
+#: The range while fewer than ``CALIBRATED`` real waits of new queues were compared;
+#: its earliest is also how far down a new queue's range reaches at least.
 UNCALIBRATED = (0.25, 4.0)
 
 
 class Calibration:
-    """How far real waits fell from the first wait each task was told, per queue: the
-    ratio real / told of each picked task (both at least ``MIN_WAIT``), the last
-    ``WINDOW`` of a queue and of all queues. An estimate's range is its wait divided and
-    multiplied by the factor that held ``RANGE_SHARE`` of them (the wider of the
-    queue's and all queues'),
-    so the range is as wide as the estimates have recently been wrong: a split-conformal
-    interval in the statistician's words. Waits drift (a saturated world's queues grow
-    longer), so a trailing window alone held 75 % of real starts in ``falcon-es
-    simulate`` (seeds 1-2); the wider of the two, either way, holds 83-96 % (seeds 1-10).
+    """How far real waits fell from the first wait each task was told: the ratio real /
+    told of each picked task (both at least ``MIN_WAIT``). An estimate's range is its
+    wait divided and multiplied by the factor that held ``RANGE_SHARE`` of the last
+    ``WINDOW`` ratios, so the range is as wide as the estimates have recently been
+    wrong: a split-conformal interval in the statistician's words.
 
-    Memory: one told wait per waiting task, ``WINDOW`` ratios per queue."""
+    The ratios are kept apart by whether the task's queue was new when it was told
+    (fewer than ``CALIBRATED`` of its own): a new queue's estimates rest on its first
+    holds (pool creations, waits for room: the longest it will have), so its told waits
+    err long, by more than other queues' are off. A new queue takes the factor of all
+    queues' tasks told while theirs was new, reaching down at least to
+    ``UNCALIBRATED``'s earliest (the tasks told the longest waits are picked last, so
+    their ratios come in late); another, the wider of its own and that of all queues'
+    other tasks (waits drift). Why, and what else was tried: the design note on
+    expected starts.
+
+    Memory: one told wait per waiting task, ``WINDOW`` ratios per queue and twice that
+    for all queues."""
 
     def __init__(self) -> None:
-        #: Per waiting task: its queue, when it was first told, and the start told then.
-        self._told: dict[str, tuple[Hashable, dt.datetime, dt.datetime]] = {}
+        #: Per waiting task: its queue, when it was first told, the start told then, and
+        #: whether its queue was new then.
+        self._told: dict[str, tuple[Hashable, dt.datetime, dt.datetime, bool]] = {}
         self._ratios: dict[Hashable, deque[float]] = {}
-        self._all: deque[float] = deque(maxlen=WINDOW)
+        #: All queues' ratios of tasks told while their queue was new, and the others.
+        self._of_new: deque[float] = deque(maxlen=WINDOW)
+        self._of_known: deque[float] = deque(maxlen=WINDOW)
 
     def told(self, task_id: str, key: Hashable, at: dt.datetime, start: dt.datetime) -> None:
         """A start was told to a waiting task; only its first counts."""
         if task_id not in self._told:
-            self._told[task_id] = (key, at, start)
+            self._told[task_id] = (key, at, start, self._is_new(key))
 
     def picked(self, task_id: str, at: dt.datetime) -> None:
         """The task took its queue's slot at ``at``: how far that fell from its first
@@ -223,12 +234,12 @@ class Calibration:
         told = self._told.pop(task_id, None)
         if told is None:
             return
-        key, told_at, start = told
+        key, told_at, start, new = told
         real = max(at - told_at, MIN_WAIT)
         expected = max(start - told_at, MIN_WAIT)
         ratio = real / expected
         self._ratios.setdefault(key, deque(maxlen=WINDOW)).append(ratio)
-        self._all.append(ratio)
+        (self._of_new if new else self._of_known).append(ratio)
 
     def forget(self, task_id: str) -> None:
         """The task left its queue without a pick (aborted, moved, failed)."""
@@ -236,11 +247,17 @@ class Calibration:
 
     def spread(self, key: Hashable) -> tuple[float, float]:
         """The multipliers of a told wait for the range's two ends."""
-        spreads = [_quantiles(ratios) for ratios in (self._ratios.get(key), self._all)
-                   if ratios is not None and len(ratios) >= CALIBRATED]
-        if not spreads:
-            return UNCALIBRATED
-        return min(1.0, *(low for low, _ in spreads)), max(1.0, *(high for _, high in spreads))
+        if self._is_new(key):
+            if len(self._of_new) < CALIBRATED:
+                return UNCALIBRATED
+            low, high = _quantiles(self._of_new)
+            return min(low, UNCALIBRATED[0]), high
+        spreads = [_quantiles(ratios) for ratios in (self._ratios[key], self._of_known)
+                   if len(ratios) >= CALIBRATED]
+        return min(low for low, _ in spreads), max(high for _, high in spreads)
+
+    def _is_new(self, key: Hashable) -> bool:
+        return len(self._ratios.get(key, ())) < CALIBRATED
 
 
 def _quantiles(ratios: Sequence[float]) -> tuple[float, float]:

@@ -25,17 +25,18 @@ class EtaLog:
 
     def __init__(self) -> None:
         self.told: dict[str, dict[dt.datetime, dt.datetime]] = defaultdict(dict)
-        #: Per task, the range (earliest, latest start) it was first told.
-        self.first_range: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+        #: Per task, when it was first told and the range (earliest, latest start) told then.
+        self.first_range: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime]] = {}
 
     def record(self, task_id: str, at: dt.datetime, expected: dt.datetime,
                earliest: dt.datetime, latest: dt.datetime) -> None:
         self.told[task_id][at] = expected  # the last rendering of one moment counts
-        self.first_range.setdefault(task_id, (earliest, latest))
+        self.first_range.setdefault(task_id, (at, earliest, latest))
 
     def report(self, picked: Mapping[str, dt.datetime]) -> dict[str, Any]:
         """Median and p90 of |expected - picked| / max(picked - told at, ETA_MIN_WAIT),
-        for the first expected start of each task (at submit) and for all of them."""
+        for the first expected start of each task (at submit) and for all of them; the
+        share of picks within the first range told, and how wide those ranges were."""
         first: list[float] = []
         every: list[float] = []
         for task_id, told in self.told.items():
@@ -49,11 +50,21 @@ class EtaLog:
                 every.append(error)
                 if index == 0:
                     first.append(error)
-        inside = [low <= picked[t] <= high for t, (low, high) in self.first_range.items()
-                  if t in picked]
+        ranges = [(picked[t], told) for t, told in self.first_range.items() if t in picked]
+        inside = [low <= pick <= high for pick, (_, low, high) in ranges]
+        widths = [range_width(*told) for _, told in ranges]
         return {"tasks_with_estimate": len(first), "tasks_picked": len(picked),
                 "at_submit": _relative(first), "at_every_refresh": _relative(every),
-                "in_range_at_submit": round(sum(inside) / len(inside), 3) if inside else None}
+                "in_range_at_submit": round(sum(inside) / len(inside), 3) if inside else None,
+                "range_width_at_submit": (round(statistics.median(widths), 1)
+                                          if widths else None)}
+
+
+def range_width(at: dt.datetime, earliest: dt.datetime, latest: dt.datetime) -> float:
+    """How wide a range told at ``at`` is: its latest wait over its earliest, each at
+    least ``ETA_MIN_WAIT`` (a factor, as the range's ends are factors of the told wait:
+    2 means 'from 10 to 20 minutes' as much as 'from one to two hours')."""
+    return max(latest - at, ETA_MIN_WAIT) / max(earliest - at, ETA_MIN_WAIT)
 
 
 def _relative(errors: list[float]) -> dict[str, float]:
@@ -87,5 +98,6 @@ def eta_lines(report: Mapping[str, Any] | None) -> list[str]:
                          f"p90 {figures['p90']:.1%}  ({figures['count']} estimates)")
     if report.get("in_range_at_submit") is not None:
         lines.append(f"  real start within the range told at submit: "
-                     f"{report['in_range_at_submit']:.1%} of tasks")
+                     f"{report['in_range_at_submit']:.1%} of tasks (the range's latest "
+                     f"wait {report['range_width_at_submit']:.1f}x its earliest, median)")
     return lines
