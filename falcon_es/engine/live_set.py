@@ -260,7 +260,9 @@ class LiveSet:
         if not retiring:
             return
         since = self._waiting_since or now
-        if (len(retiring) >= RETIRED_ROWS_PER_WRITE or (self._rows | plan.inserted) <= retiring
+        # Retiring rows are rows of the table: none other left, none new, is nothing live.
+        nothing_live = not plan.inserted and len(retiring) >= len(self._rows)
+        if (len(retiring) >= RETIRED_ROWS_PER_WRITE or nothing_live
                 or (now - since).total_seconds() >= LAZY_WRITE_SECONDS):
             plan.deleted |= retiring
             plan.writes_waiting = True
