@@ -11,6 +11,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+import hypothesis
+import hypothesis.strategies
 import pytest
 
 from falcon_es.domain import events as ev
@@ -354,3 +356,17 @@ def test_english_is_the_default_and_unknown_languages_are_refused() -> None:
     assert Settings().job_table.language == "en"
     with pytest.raises(SettingsError, match="FALCON_LANG='fr': expected one of en, zh"):
         Settings.from_env({"FALCON_LANG": "fr"})
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(low=hypothesis.strategies.datetimes(min_value=dt.datetime(2000, 1, 1)),
+                  ahead=hypothesis.strategies.timedeltas(min_value=dt.timedelta(0),
+                                                         max_value=dt.timedelta(days=3)))
+def test_moments_read_as_strftime_writes_them(low: dt.datetime, ahead: dt.timedelta) -> None:
+    """The hand-made formatting of Message moments says what ``strftime`` said: the
+    minute of each moment, the date once when both ends of a range fall on it."""
+    high = low + ahead
+    assert messages.clock_time(low) == low.strftime("%Y-%m-%d %H:%M UTC")
+    expected = (f"{low:%Y-%m-%d %H:%M}–{high:%H:%M} UTC" if low.date() == high.date()
+                else f"{low:%Y-%m-%d %H:%M UTC}–{high:%Y-%m-%d %H:%M UTC}")
+    assert messages.clock_span(low, high) == expected

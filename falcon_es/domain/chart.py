@@ -243,6 +243,12 @@ def pending_reason(state: str) -> str | None:
     return state.split(".", 1)[1] if "." in state else None
 
 
+#: The Reason of each Pending state, looked up: handlers ask it of every candidate
+#: each tick.
+PENDING_REASON_OF: Mapping[str, str | None] = MappingProxyType(
+    {s: pending_reason(s) for s in STATES if status_of(s) == PENDING})
+
+
 def _edges(include_self: bool) -> dict[tuple[str, str], list[str]]:
     """Edges between states with the events that take them, from the compiled table."""
     edges: dict[tuple[str, str], list[str]] = {}

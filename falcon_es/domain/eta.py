@@ -79,7 +79,11 @@ class Estimate:
         """The earliest and latest start of the task at ``index``: its expected wait
         scaled by ``spread`` (a wait shorter than ``MIN_WAIT`` counts as that long for
         the latest, as it does in the calibration)."""
-        wait = self.start(index) - self.now
+        return self.range_around(self.start(index))
+
+    def range_around(self, start: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        """``start_range`` of the task whose expected start is ``start``."""
+        wait = start - self.now
         low, high = self.spread
         return self.now + wait * low, self.now + max(wait, MIN_WAIT) * high
 
@@ -227,6 +231,10 @@ class Calibration:
         """A start was told to a waiting task; only its first counts."""
         if task_id not in self._told:
             self._told[task_id] = (key, at, start, self._is_new(key))
+
+    def has_told(self, task_id: str) -> bool:
+        """Whether the task was told a start already (later ones do not count)."""
+        return task_id in self._told
 
     def picked(self, task_id: str, at: dt.datetime) -> None:
         """The task took its queue's slot at ``at``: how far that fell from its first

@@ -88,10 +88,10 @@ class TaskState:
 
     @property
     def reason(self) -> str | None:
-        status = self.status
-        if status == chart.PENDING:
-            return chart.pending_reason(self.state)
-        if status == chart.FAILED:
+        state = self.state
+        if state in chart.PENDING_REASON_OF:
+            return chart.PENDING_REASON_OF[state]
+        if self.status == chart.FAILED:
             return self.ending.failure_reason
         return None
 

@@ -585,15 +585,17 @@ def position_message(
 
 def clock_time(at: dt.datetime) -> str:
     """A moment as a Message states it: absolute, so a Message written once stays true
-    however long it is not rewritten (``2026-11-01 09:12 UTC``)."""
-    return at.strftime("%Y-%m-%d %H:%M UTC")
+    however long it is not rewritten (``2026-11-01 09:12 UTC``). Formatted by hand:
+    a queue's refresh states hundreds of moments, and ``strftime`` took twice as long."""
+    return "%d-%02d-%02d %02d:%02d UTC" % (at.year, at.month, at.day, at.hour, at.minute)
 
 
 def clock_span(low: dt.datetime, high: dt.datetime) -> str:
     """Two moments as a Message states a range: the date once when both fall on it
     (``2026-11-01 09:05–09:40 UTC``)."""
-    if low.date() == high.date():
-        return f"{low:%Y-%m-%d %H:%M}–{high:%H:%M} UTC"
+    if low.day == high.day and low.month == high.month and low.year == high.year:
+        return "%d-%02d-%02d %02d:%02d–%02d:%02d UTC" % (
+            low.year, low.month, low.day, low.hour, low.minute, high.hour, high.minute)
     return f"{clock_time(low)}–{clock_time(high)}"
 
 

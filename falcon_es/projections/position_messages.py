@@ -78,8 +78,9 @@ def renderer(order: Sequence[Entry], lang: str, wait: Wait | None) -> Callable[[
     expected = _formatter("wait-expected", lang)
 
     def render(index: int) -> str:
-        low, high = estimate.start_range(index)
-        told = expected(at=clock_time(estimate.start(index)), span=clock_span(low, high))
+        start = estimate.start(index)
+        low, high = estimate.range_around(start)
+        told = expected(at=clock_time(start), span=clock_span(low, high))
         return bare(index) + reason + separator + told
 
     return render

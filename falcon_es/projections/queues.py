@@ -291,6 +291,8 @@ class QueueView:
               index: int) -> None:
         """A start rendered for a task: kept for the calibration (its first), and told
         to ``predictions`` when it is set."""
+        if self.predictions is None and self.calibration.has_told(task_id):
+            return  # only a task's first start counts: nothing to work out
         start = estimate.start(index)
         self.calibration.told(task_id, key, now, start)
         if self.predictions is not None:
