@@ -21,6 +21,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 from falcon_es.config.job_mapping import JobMapping
+from falcon_es.storage import batched
 from falcon_es.storage.tables import (
     ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, MessageRoom, WantedIndex,
 )
@@ -52,7 +53,8 @@ class MigrationConflict(RuntimeError):
 
 def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
     """An engine tuned per dialect: SQLite in WAL with immediate write transactions,
-    MySQL/MariaDB through PyMySQL in READ COMMITTED. ``limits`` (a controller's) bound
+    MySQL/MariaDB through PyMySQL in READ COMMITTED, taking batches of writes
+    (``falcon_es.storage.batched``). ``limits`` (a controller's) bound
     every wait of every connection: connecting, each read and write, each lock wait,
     and how long the server keeps a write transaction that went quiet; without them
     (migrations, one-off commands) only connecting is bounded, by the driver.
@@ -87,6 +89,7 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
         reader = sa.create_engine(parsed, pool_recycle=3600, **_reading(kwargs))
         engine = sa.create_engine(parsed, isolation_level="READ COMMITTED", pool_recycle=3600,
                                   **_writing(kwargs, reader))
+        batched.allow_on(engine)
         for each in (engine, reader):
             _ping_idle_connections(each)
             if limits is not None:

@@ -1,0 +1,125 @@
+"""Writes of one transaction sent to MySQL/MariaDB together, in one round trip.
+
+An append's writes after it has reserved its seqs (the log's INSERT, the job-table
+rows, the live set, who each queue served last, position Messages) need no answer but
+success, yet each was a round trip of its own. Inside ``collecting(conn)`` they are
+queued, and ``flush`` (run when ``collecting`` ends, or earlier by a caller about to
+run a statement of its own) sends them as one multi-statement query: PyMySQL with
+``CLIENT.MULTI_STATEMENTS`` (``allow_on``). The server runs them in order and stops at
+the first error; the driver raises it when it reads that statement's answer, which
+``_read_every_answer`` does within the execute, so the error is wrapped by SQLAlchemy
+as the statement's own would have been (an ``IntegrityError`` stays one) and the
+transaction rolls back.
+
+Anywhere else (SQLite, where a statement is a function call; a connection without
+the flag; no ``collecting`` under way) a write runs at once, so callers need not know.
+A queued statement must use ``%s`` marks and no other ``%``: the queue is formatted as
+one string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from pymysql.constants import CLIENT
+from sqlalchemy.engine import Connection, Engine
+
+#: ``Connection.info`` key of the queue ``collecting`` opened.
+_QUEUE = "falcon_batched_writes"
+#: Execution option marking the statement whose every answer must be read.
+_MANY_ANSWERS = "falcon_many_answers"
+#: A queue this long (characters of SQL and values) is sent at once: one packet stays
+#: far below the server's ``max_allowed_packet`` (16 MiB by default, 4 MiB at least).
+FLUSH_CHARACTERS = 1 << 20
+
+
+@dataclasses.dataclass
+class _Queue:
+    statements: list[str] = dataclasses.field(default_factory=list)
+    values: list[Any] = dataclasses.field(default_factory=list)
+    characters: int = 0
+
+
+def allow_on(engine: Engine) -> None:
+    """Let the engine's MySQL/MariaDB connections take several statements per query,
+    and read every answer of a batch (``flush``)."""
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _with_multi_statements(_dialect: Any, _record: Any, _cargs: Any,
+                               cparams: dict[str, Any]) -> None:
+        cparams["client_flag"] = cparams.get("client_flag", 0) | CLIENT.MULTI_STATEMENTS
+
+    sa.event.listen(engine, "do_execute", _read_every_answer)
+
+
+def _read_every_answer(cursor: Any, statement: str, parameters: Any, context: Any) -> bool | None:
+    if context is None or not context.execution_options.get(_MANY_ANSWERS):
+        return None
+    cursor.execute(statement, parameters)
+    while cursor.nextset():
+        pass
+    return True
+
+
+def takes_batches(conn: Connection) -> bool:
+    """Whether this connection's driver takes several statements in one query."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return False
+    dbapi_connection = conn.connection.dbapi_connection
+    return bool(getattr(dbapi_connection, "client_flag", 0) & CLIENT.MULTI_STATEMENTS)
+
+
+@contextmanager
+def collecting(conn: Connection) -> Iterator[None]:
+    """Queue the writes ``send`` gets on ``conn`` until the block ends, then send them
+    (nothing is sent when the block raises: the transaction is rolled back anyway)."""
+    if not takes_batches(conn) or _QUEUE in conn.info:
+        yield
+        return
+    conn.info[_QUEUE] = _Queue()
+    try:
+        yield
+        flush(conn)
+    finally:
+        conn.info.pop(_QUEUE, None)
+
+
+def send(conn: Connection, sql: str, values: Sequence[Any] = ()) -> int | None:
+    """Run ``sql`` with ``values`` (the driver's marks), or queue it while ``collecting``:
+    the rows it matched when run at once, None when queued."""
+    queue: _Queue | None = conn.info.get(_QUEUE)
+    if queue is None:
+        return conn.exec_driver_sql(sql, tuple(values)).rowcount
+    queue.statements.append(sql)
+    queue.values.extend(values)
+    queue.characters += len(sql) + sum(len(v) if isinstance(v, str) else 8 for v in values)
+    if queue.characters >= FLUSH_CHARACTERS:
+        flush(conn)
+    return None
+
+
+def send_rows(conn: Connection, insert: str, marks: str,
+              rows: Sequence[Sequence[Any]]) -> None:
+    """``insert`` (``INSERT ... VALUES``) of every row, ``marks`` being one row's
+    ``(%s, ...)``: one multi-row statement, as PyMySQL's executemany would send it."""
+    if not rows:
+        return
+    if _QUEUE not in conn.info:
+        conn.exec_driver_sql(f"{insert} {marks}", [tuple(row) for row in rows])
+        return
+    send(conn, f"{insert} {', '.join([marks] * len(rows))}",
+         [value for row in rows for value in row])
+
+
+def flush(conn: Connection) -> None:
+    """Send what is queued, as one query; each statement's error raises here."""
+    queue: _Queue | None = conn.info.get(_QUEUE)
+    if queue is None or not queue.statements:
+        return
+    sql, values = ";\n".join(queue.statements), tuple(queue.values)
+    queue.statements, queue.values, queue.characters = [], [], 0
+    conn.exec_driver_sql(sql, values, execution_options={_MANY_ANSWERS: True})
