@@ -62,13 +62,20 @@ class PositionWrites:
 
     def _count(self, conn: object, cursor: object, statement: str, parameters: object,
                context: object, executemany: bool) -> None:
-        if not POSITION_UPDATE.search(statement):
+        if executemany:  # SQLite: an executemany of (message, id, status)
+            if POSITION_UPDATE.search(statement):
+                assert isinstance(parameters, (list, tuple))
+                self.statements += 1
+                self.rows += len(parameters)
             return
-        self.statements += 1
-        assert isinstance(parameters, (list, tuple))
-        # SQLite: an executemany of (message, id, status); MySQL: a joined UPDATE of
-        # (id, message) pairs and the status.
-        self.rows += len(parameters) if executemany else (len(parameters) - 1) // 2
+        # One statement, or MySQL's batch of several (storage.batched): the position
+        # UPDATEs among them carry (id, message) pairs (and, in the CASE form, the ids
+        # again), then the status.
+        for part in statement.split(";\n"):
+            if POSITION_UPDATE.search(part):
+                self.statements += 1
+                marks = part.count("%s") or 1
+                self.rows += (marks - 1) // (3 if "CASE" in part else 2) or 1
 
 
 def service(app: App) -> Service:

@@ -361,6 +361,7 @@ def _run(settings: Settings, world_path: Path, plan: UpperLayerPlan, seed: int,
             "round_trips": counter.round_trips,
             "round_trips_per_task": round(counter.round_trips / count, 2),
             "round_trips_per_task_by_site": counter.per_task(count),
+            "batched_statements_per_task_by_site": counter.per_task_batched(count),
             "peak_rss_mib": round(rss_after / 1024, 1),
             "rss_growth_mib": round((rss_after - rss_before) / 1024, 1),
             "memory_measure": "ru_maxrss (peak resident set of the process; growth = "
@@ -433,6 +434,10 @@ def format_report(report: Mapping[str, Any]) -> str:
            if report["pool_pings"] else "") + " per task",
         "  where (round trips/task, the 12 most): " + ", ".join(
             f"{site} {n}" for site, n in list(report["round_trips_per_task_by_site"].items())[:12]),
+        *(["  statements sent in batches (one round trip each batch; statements/task): "
+           + ", ".join(f"{site} {n}" for site, n in
+                       report["batched_statements_per_task_by_site"].items())]
+          if report["batched_statements_per_task_by_site"] else []),
         f"memory: peak RSS {report['peak_rss_mib']} MiB (grew {report['rss_growth_mib']} MiB "
         f"during the run; ru_maxrss)",
         "multi-slice tasks: " + (", ".join(f"{k} {v}" for k, v in report["multi_slice"].items())

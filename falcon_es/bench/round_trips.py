@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from falcon_es.storage import db
+from falcon_es.storage import batched, db
 from falcon_es.storage.store import RecordedEvent
 
 if TYPE_CHECKING:
@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     from falcon_es.engine.context import HandlerContext
     from falcon_es.engine.runtime import Handler, Tick
 
+#: The site of a batch's one round trip (its statements are counted by their senders
+#: in ``batched_sites``).
+BATCH_SITE = "storage.batched:flush"
 #: Modules whose frames are plumbing, never a site: the database helpers and this one.
-_PLUMBING = ("falcon_es.storage.db", "falcon_es.bench.round_trips")
+_PLUMBING = ("falcon_es.storage.db", "falcon_es.storage.batched", "falcon_es.bench.round_trips")
 
 
 class StatementCounter:
@@ -48,6 +51,9 @@ class StatementCounter:
         self.pings = 0
         self.counting = True
         self.sites: Counter[str] = Counter()
+        #: Statements queued into batches (``storage.batched``) by site: carried by the
+        #: batch's one round trip, not round trips of their own.
+        self.batched_sites: Counter[str] = Counter()
         #: The handler or projection under way (innermost last), set by ``label_sites``.
         self.under_way: list[str] = []
 
@@ -57,6 +63,7 @@ class StatementCounter:
             sa.event.listen(engine, "commit", self._commit)
             sa.event.listen(engine, "rollback", self._rollback)
             sa.event.listen(engine.pool, "checkout", self._checkout)
+        self.engine.update_execution_options(**{batched.ON_QUEUED: self._queued})
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -65,6 +72,7 @@ class StatementCounter:
             sa.event.remove(engine, "commit", self._commit)
             sa.event.remove(engine, "rollback", self._rollback)
             sa.event.remove(engine.pool, "checkout", self._checkout)
+        self.engine.update_execution_options(**{batched.ON_QUEUED: None})
 
     def _engines(self) -> tuple[Engine, ...]:
         """The engine and, where it has a pool of its own, its reader."""
@@ -98,16 +106,28 @@ class StatementCounter:
         """Every site's round trips per task, most first."""
         return {label: round(count / tasks, 2) for label, count in self.sites.most_common()}
 
+    def per_task_batched(self, tasks: int) -> dict[str, float]:
+        """Every site's statements carried in batches per task, most first."""
+        return {label: round(count / tasks, 2) for label, count in self.batched_sites.most_common()}
+
+    def _queued(self, _statement: str) -> None:
+        if self.counting:
+            label = self.under_way[-1] if self.under_way else _sender(sys._getframe(2))
+            self.batched_sites[label] += 1
+
     def _count_site(self, kind: str) -> None:
         label = self.under_way[-1] if self.under_way else _sender(sys._getframe(2))
         self.sites[f"{label} ({kind})" if kind != "statement" else label] += 1
 
     def _statement(self, _conn: Any, _cursor: Any, _statement: str, _parameters: Any,
-                   _context: Any, executemany: bool) -> None:
+                   context: Any, executemany: bool) -> None:
         if self.counting:
             self.statements += 1
             self.executemany += executemany
-            self._count_site("statement")
+            if context is not None and context.execution_options.get(batched.MANY_ANSWERS):
+                self.sites[BATCH_SITE] += 1
+            else:
+                self._count_site("statement")
 
     def _commit(self, _conn: Any) -> None:
         if self.counting:

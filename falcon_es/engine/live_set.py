@@ -52,7 +52,7 @@ from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
-from falcon_es.storage import fence as fencing
+from falcon_es.storage import batched, fence as fencing
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import last_served, live_streams
 from falcon_es.domain.task import TaskState, TaskStates
@@ -464,21 +464,23 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
         if start is not None:
             inserted.append((stream_id, start))
     if deleted:
-        conn.exec_driver_sql(
-            f"DELETE FROM live_streams WHERE stream_id IN ({', '.join([mark] * len(deleted))})",
-            tuple(deleted))
-    if inserted:
-        verb = "INSERT OR IGNORE" if sqlite else "INSERT IGNORE"
-        conn.exec_driver_sql(
-            f"{verb} INTO live_streams (stream_id, fold_from) VALUES ({mark}, {mark})", inserted)
-    if plan.served:
-        upsert = (
-            "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
-            "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
-            if sqlite else
-            "INSERT INTO last_served (cluster_id, topology, actor) VALUES (%s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
-        conn.exec_driver_sql(upsert, [(c, t, a) for (c, t), a in sorted(plan.served.items())])
+        batched.send(conn, f"DELETE FROM live_streams WHERE stream_id IN "
+                           f"({', '.join([mark] * len(deleted))})", deleted)
+    served = [(c, t, a) for (c, t), a in sorted(plan.served.items())]
+    if sqlite:
+        if inserted:
+            conn.exec_driver_sql("INSERT OR IGNORE INTO live_streams (stream_id, fold_from) "
+                                 "VALUES (?, ?)", inserted)
+        if served:
+            conn.exec_driver_sql(
+                "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
+                "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor",
+                served)
+        return
+    batched.send_rows(conn, "INSERT IGNORE INTO live_streams (stream_id, fold_from) VALUES",
+                      "(%s, %s)", inserted)
+    batched.send_rows(conn, "INSERT INTO last_served (cluster_id, topology, actor) VALUES",
+                      "(%s, %s, %s)", served, "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
 
 
 class _FromLog:

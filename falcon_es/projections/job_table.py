@@ -20,6 +20,7 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.spec import DUPLICATE_ID
 from falcon_es.storage.store import RecordedEvent
+from falcon_es.storage import batched
 from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
 from falcon_es.domain.task import Change, TaskState, TaskStates
 from falcon_es.projections.messages import fit_message, render, task_message
@@ -125,7 +126,8 @@ def write_rows(
     if not params:
         return 0
     if _joined_update_works(conn.dialect):
-        return sum(_write_joined(conn, job, params[first:first + JOINED_ROWS])
+        # A batch's rows are counted by no one (``batched.send`` answers None).
+        return sum(_write_joined(conn, job, params[first:first + JOINED_ROWS]) or 0
                    for first in range(0, len(params), JOINED_ROWS))
     result = conn.execute(update if update is not None else _cas_update(job), params)
     return result.rowcount
@@ -184,7 +186,8 @@ def _joined_update_sql(rows: int, dialect_name: str, names: JobSql) -> str:
             f"WHERE {row_id} = v.b_id AND {not_duplicate}")
 
 
-def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, Any]]) -> int:
+def _write_joined(conn: Connection, job: JobTable,
+                  params: Sequence[dict[str, Any]]) -> int | None:
     """The statement goes to the driver as is, so each value first gets the column
     type's own bind processing (SQLite stores datetimes as text in SQLAlchemy's format,
     which the time comparisons rely on)."""
@@ -200,7 +203,7 @@ def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, An
         for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
     )
     sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
-    return conn.exec_driver_sql(sql, flat).rowcount
+    return batched.send(conn, sql, flat)
 
 
 class RefusedRowsProjection:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from falcon_es.domain import chart
 from falcon_es.projections.messages import fit_message
+from falcon_es.storage import batched
 from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
 
 
@@ -54,8 +55,8 @@ def write_positions(conn: Connection, rows: Sequence[tuple[str, str]],
         # than the statement.
         for start in range(0, len(rows), MYSQL_CHUNK):
             chunk = rows[start:start + MYSQL_CHUNK]
-            conn.exec_driver_sql(_mysql_update(len(chunk), job.sql(conn.dialect)),
-                                 (*(value for row in chunk for value in row), chart.PENDING))
+            batched.send(conn, _mysql_update(len(chunk), job.sql(conn.dialect)),
+                         (*(value for row in chunk for value in row), chart.PENDING))
         return len(rows)
     if update is None and conn.dialect.name == "sqlite":
         # The driver's own executemany: the statement needs no compiling and the rows

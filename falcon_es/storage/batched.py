@@ -31,7 +31,10 @@ from sqlalchemy.engine import Connection, Engine
 #: ``Connection.info`` key of the queue ``collecting`` opened.
 _QUEUE = "falcon_batched_writes"
 #: Execution option marking the statement whose every answer must be read.
-_MANY_ANSWERS = "falcon_many_answers"
+MANY_ANSWERS = "falcon_many_answers"
+#: Execution option of an engine whose queued statements someone counts: a callable
+#: taking each statement as it is queued (``bench.round_trips``).
+ON_QUEUED = "falcon_on_queued"
 #: A queue this long (characters of SQL and values) is sent at once: one packet stays
 #: far below the server's ``max_allowed_packet`` (16 MiB by default, 4 MiB at least).
 FLUSH_CHARACTERS = 1 << 20
@@ -57,7 +60,7 @@ def allow_on(engine: Engine) -> None:
 
 
 def _read_every_answer(cursor: Any, statement: str, parameters: Any, context: Any) -> bool | None:
-    if context is None or not context.execution_options.get(_MANY_ANSWERS):
+    if context is None or not context.execution_options.get(MANY_ANSWERS):
         return None
     cursor.execute(statement, parameters)
     while cursor.nextset():
@@ -96,23 +99,36 @@ def send(conn: Connection, sql: str, values: Sequence[Any] = ()) -> int | None:
         return conn.exec_driver_sql(sql, tuple(values)).rowcount
     queue.statements.append(sql)
     queue.values.extend(values)
+    on_queued = conn.get_execution_options().get(ON_QUEUED)
+    if on_queued is not None:
+        on_queued(sql)
     queue.characters += len(sql) + sum(len(v) if isinstance(v, str) else 8 for v in values)
     if queue.characters >= FLUSH_CHARACTERS:
         flush(conn)
     return None
 
 
-def send_rows(conn: Connection, insert: str, marks: str,
-              rows: Sequence[Sequence[Any]]) -> None:
+def send_rows(conn: Connection, insert: str, marks: str, rows: Sequence[Sequence[Any]],
+              suffix: str = "") -> None:
     """``insert`` (``INSERT ... VALUES``) of every row, ``marks`` being one row's
-    ``(%s, ...)``: one multi-row statement, as PyMySQL's executemany would send it."""
+    ``(%s, ...)``, then ``suffix`` (``ON DUPLICATE KEY UPDATE ...``): multi-row
+    statements, as PyMySQL's executemany would send them, queued while ``collecting``."""
     if not rows:
         return
     if _QUEUE not in conn.info:
-        conn.exec_driver_sql(f"{insert} {marks}", [tuple(row) for row in rows])
+        conn.exec_driver_sql(f"{insert} {marks} {suffix}", [tuple(row) for row in rows])
         return
-    send(conn, f"{insert} {', '.join([marks] * len(rows))}",
-         [value for row in rows for value in row])
+    chunk: list[Any] = []
+    count = characters = 0
+    for row in rows:
+        chunk.extend(row)
+        count += 1
+        characters += sum(len(v) if isinstance(v, str) else 8 for v in row)
+        if characters >= FLUSH_CHARACTERS // 2:
+            send(conn, f"{insert} {', '.join([marks] * count)} {suffix}", chunk)
+            chunk, count, characters = [], 0, 0
+    if count:
+        send(conn, f"{insert} {', '.join([marks] * count)} {suffix}", chunk)
 
 
 def flush(conn: Connection) -> None:
@@ -122,4 +138,4 @@ def flush(conn: Connection) -> None:
         return
     sql, values = ";\n".join(queue.statements), tuple(queue.values)
     queue.statements, queue.values, queue.characters = [], [], 0
-    conn.exec_driver_sql(sql, values, execution_options={_MANY_ANSWERS: True})
+    conn.exec_driver_sql(sql, values, execution_options={MANY_ANSWERS: True})

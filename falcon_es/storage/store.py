@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from falcon_es.storage import db, fence as fencing
+from falcon_es.storage import batched, db, fence as fencing
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
 from falcon_es.storage.fence import Fence
@@ -138,9 +138,10 @@ class EventStore:
             return []
         try:
             with self.engine.begin() as conn:
-                recorded = self._append(conn, appends, self.clock.now() if at is None else at)
-                for projection in self.projections:
-                    projection.apply(conn, recorded)
+                # The writes after the head's move go in one query (``batched``).
+                with batched.collecting(conn):
+                    recorded = self._append(conn, appends, self.clock.now() if at is None else at)
+                    self._project(conn, recorded)
                 for write in extra:
                     write(conn)
         except sa.exc.IntegrityError as error:
@@ -159,10 +160,10 @@ class EventStore:
         takes them, else the error (a ``ConcurrencyError`` of its own when a stream
         moved meanwhile). Finds which new row a failed append could not take."""
         try:
-            with self.engine.begin() as conn:
+            with self.engine.begin() as conn, batched.collecting(conn):
                 recorded = self._append(conn, [a for a in appends if a.events], self.clock.now())
-                for projection in self.projections:
-                    projection.apply(conn, recorded)
+                self._project(conn, recorded)
+                batched.flush(conn)
                 raise _Probed()
         except _Probed:
             return None
@@ -173,6 +174,19 @@ class EventStore:
             return error
         finally:
             self._discard()
+
+    def _project(self, conn: Connection, recorded: list[RecordedEvent]) -> None:
+        """The inline projections, on the append's connection. The log's INSERT may
+        still be queued (``batched``): when a projection refuses, the queue is sent
+        first, so a stream that moved meanwhile raises as it did when the INSERT ran
+        alone (the projection, folding onto a state the log no longer has, may refuse
+        the same events)."""
+        try:
+            for projection in self.projections:
+                projection.apply(conn, recorded)
+        except Exception:
+            batched.flush(conn)
+            raise
 
     def _concurrency_error(self, appends: Sequence[StreamAppend],
                            error: sa.exc.IntegrityError) -> ConcurrencyError:
@@ -232,7 +246,10 @@ class EventStore:
                 rows.append((seq, a.stream_id, version, event.type_name, event.schema_version,
                              dumps(event.to_data()), meta_text, stored_at))
                 recorded.append(RecordedEvent(seq, a.stream_id, version, event, meta, now))
-        conn.exec_driver_sql(_INSERT_EVENTS_SQLITE if sqlite else _INSERT_EVENTS_FORMAT, rows)
+        if sqlite:
+            conn.exec_driver_sql(_INSERT_EVENTS_SQLITE, rows)
+        else:
+            batched.send_rows(conn, _INSERT_EVENTS_FORMAT, _EVENT_MARKS, rows)
         return recorded
 
     # ------------------------------------------------------------------ reading
@@ -353,10 +370,11 @@ _MOVE_HEAD_RETURNING_FENCED = _MOVE_HEAD_RETURNING.where(
 _MOVE_HEAD_LAST_INSERT_ID_FENCED = _MOVE_HEAD_LAST_INSERT_ID.where(
     log_head.c.fence_term == sa.bindparam("term"))
 _EVENT_COLUMNS = "seq, stream_id, version, type, schema_version, data, meta, recorded_at"
-#: The driver-level INSERT (qmark parameters for sqlite3, format for PyMySQL, whose
-#: executemany sends one multi-row INSERT).
+#: The driver-level INSERT (qmark parameters for sqlite3; for PyMySQL the statement's
+#: head and one row's marks, sent as one multi-row INSERT by ``batched.send_rows``).
 _INSERT_EVENTS_SQLITE = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES ({', '.join('?' * 8)})"
-_INSERT_EVENTS_FORMAT = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 8)})"
+_INSERT_EVENTS_FORMAT = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES"
+_EVENT_MARKS = f"({', '.join(['%s'] * 8)})"
 _STREAM_VERSIONS = (
     sa.select(task_events.c.stream_id, sa.func.max(task_events.c.version))
     .where(task_events.c.stream_id.in_(sa.bindparam("stream_ids", expanding=True)))
