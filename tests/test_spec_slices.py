@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from falcon_es.config.settings import Settings, SettingsError
-from falcon_es.domain.spec import MAX_RESTARTS, SpecError, SpecLimits, parse_spec
+from falcon_es.domain.spec import (
+    MAX_RESTARTS, SimBehaviour, SpecError, SpecLimits, TaskSpec, parse_spec,
+)
 
 BASE = {"image": "us-docker.pkg.dev/p/r/train:1", "tpu_type": "v6e", "topology": "4x4"}
 FOUR = SpecLimits(max_slices=4)
@@ -85,3 +88,19 @@ def test_partial_create_is_off_unless_a_setting_asks_for_it() -> None:
     with pytest.raises(SettingsError, match="FALCON_MULTISLICE_PARTIAL_CREATE='sometimes': "
                                            "expected true or false"):
         Settings.from_env({"FALCON_MULTISLICE_PARTIAL_CREATE": "sometimes"})
+
+
+def test_a_spec_reads_as_its_fields_in_declaration_order() -> None:
+    """``to_data`` is ``dataclasses.asdict`` with the sequences as JSON lists and the
+    environment as a mapping: what ``TaskAccepted`` stores and ``from_data`` reads."""
+    spec = TaskSpec("img", "v6e", "2x2", command=("python", "train.py"), args=("--x",),
+                    env=(("A", "1"), ("B", "2")), supply_mode="flex-start",
+                    sim=SimBehaviour(duration_seconds=5.0, outcome="fail", exit_code=3),
+                    slices=2, max_restarts=1, priority=7, machine_type="ct6e-standard-4t",
+                    retry_exit_codes=(42,))
+    expected = {**dataclasses.asdict(spec), "command": ["python", "train.py"], "args": ["--x"],
+                "env": {"A": "1", "B": "2"}, "retry_exit_codes": [42]}
+    data = spec.to_data()
+    assert data == expected and list(data) == list(expected)
+    assert data["sim"] == {"duration_seconds": 5.0, "outcome": "fail", "exit_code": 3}
+    assert TaskSpec.from_data(data, "v6e", "2x2") == spec

@@ -142,7 +142,10 @@ class TaskSpec:
     retry_exit_codes: tuple[int, ...] = ()
 
     def to_data(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """The fields as JSON data, in declaration order (``dataclasses.asdict``'s
+        result, built without its deep copies: intake and every Job manifest ask)."""
+        data = {name: getattr(self, name) for name in _SPEC_FIELDS}
+        data["sim"] = None if self.sim is None else dataclasses.asdict(self.sim)
         data["command"] = list(self.command)
         data["args"] = list(self.args)
         data["retry_exit_codes"] = list(self.retry_exit_codes)
@@ -175,6 +178,10 @@ class TaskSpec:
         spec = object.__new__(cls)
         object.__setattr__(spec, "__dict__", fields)
         return spec
+
+
+#: ``TaskSpec``'s field names, in declaration order (``TaskSpec.to_data``).
+_SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TaskSpec))
 
 
 #: Every field of ``TaskSpec`` and its default (``image`` has none: ""), for ``from_data``.
