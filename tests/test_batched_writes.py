@@ -70,6 +70,17 @@ def test_an_error_of_a_later_statement_raises_and_rolls_everything_back(engine: 
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM pairs").scalar_one() == 1
 
 
+def test_a_statement_past_the_queue_goes_after_what_waits_there(engine: Engine) -> None:
+    m = _mark(engine)
+    with engine.begin() as conn, batched.collecting(conn):
+        batched.send(conn, f"INSERT INTO pairs (k, v) VALUES ({m}, {m})", ["a", 1])
+        # A Core statement and a read see the queued write: it was sent before them.
+        conn.execute(sa.text("UPDATE pairs SET v = v + 1 WHERE k = :k"), {"k": "a"})
+        assert conn.exec_driver_sql("SELECT v FROM pairs").scalar_one() == 2
+        batched.send(conn, f"UPDATE pairs SET v = v * 10 WHERE k = {m}", ["a"])
+    assert _rows(engine) == {"a": 20}
+
+
 def test_outside_a_batch_a_write_runs_at_once_and_says_what_it_matched(engine: Engine) -> None:
     m = _mark(engine)
     with engine.begin() as conn:

@@ -11,6 +11,8 @@ the first error; the driver raises it when it reads that statement's answer, whi
 as the statement's own would have been (an ``IntegrityError`` stays one) and the
 transaction rolls back.
 
+A statement run on the connection past the queue (a read, a Core statement) sends the
+queue first, so the transaction's statements keep their order whoever sends them.
 Anywhere else (SQLite, where a statement is a function call; a connection without
 the flag; no ``collecting`` under way) a write runs at once, so callers need not know.
 A queued statement must use ``%s`` marks and no other ``%``: the queue is formatted as
@@ -57,6 +59,18 @@ def allow_on(engine: Engine) -> None:
         cparams["client_flag"] = cparams.get("client_flag", 0) | CLIENT.MULTI_STATEMENTS
 
     sa.event.listen(engine, "do_execute", _read_every_answer)
+    sa.event.listen(engine, "before_cursor_execute", _queue_first)
+
+
+def _queue_first(conn: Connection, _cursor: Any, _statement: str, _parameters: Any,
+                 context: Any, _executemany: bool) -> None:
+    """A statement run past the queue (a read, a Core statement) goes after what waits
+    there: the queue is sent first, so the transaction's writes keep their order."""
+    if context is not None and context.execution_options.get(MANY_ANSWERS):
+        return
+    queue: _Queue | None = conn.info.get(_QUEUE)
+    if queue is not None and queue.statements:
+        flush(conn)
 
 
 def _read_every_answer(cursor: Any, statement: str, parameters: Any, context: Any) -> bool | None:
