@@ -42,7 +42,7 @@ from tests.test_scheduling import SCHEDULING, add_cluster, position, run, submit
 INTERVAL = Settings().scheduling.position_refresh_seconds
 #: Matches the position refresh statements only (the job-table projection writes all
 #: its columns in one joined UPDATE of its own).
-POSITION_UPDATE = re.compile(r"UPDATE job SET message=\S+ WHERE|AS moved ON job\.id")
+POSITION_UPDATE = re.compile(r"UPDATE job SET (message=\S+ WHERE|job\.message = CASE)")
 
 
 class PositionWrites:
@@ -66,9 +66,12 @@ class PositionWrites:
             return
         self.statements += 1
         assert isinstance(parameters, (list, tuple))
-        # SQLite: an executemany of (message, id, status); MySQL: a joined UPDATE of
-        # (id, message) pairs and the status.
-        self.rows += len(parameters) if executemany else (len(parameters) - 1) // 2
+        # SQLite: an executemany of (message, id, status), one row executed alone;
+        # MySQL: one UPDATE of (id, message) pairs, the ids again and the status.
+        if executemany:
+            self.rows += len(parameters)
+        else:
+            self.rows += (len(parameters) - 1) // 3 if "CASE" in statement else 1
 
 
 def service(app: App) -> Service:
