@@ -9,6 +9,7 @@ reproduces the row whatever the interleaving was.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -216,7 +217,15 @@ def _by_id_update_sql(rows: int, names: JobSql) -> str:
     for row n. The joined form costs MySQL/MariaDB a derived table to build and each of
     its SELECTs to plan: several times the update itself for the one or few rows of
     most appends."""
-    table, col = names.table, names.columns
+    return _by_id_statement(rows, names.table, tuple(names.columns.items()))
+
+
+@functools.cache
+def _by_id_statement(rows: int, table: str, columns: tuple[tuple[str, str], ...]) -> str:
+    """``_by_id_update_sql``, built once per row count and names (at most
+    ``BY_ID_ROWS`` a table): building it cost the client more than sending it."""
+    names = JobSql(table, MappingProxyType(dict(columns)))
+    col = names.columns
     row_id = f"{table}.{col['id']}"
     per_row = [_guarded_values(names, _row_mark(n)) for n in range(rows)]
 
