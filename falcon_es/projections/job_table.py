@@ -253,15 +253,17 @@ def _write_joined(conn: Connection, job: JobTable, params: Sequence[dict[str, An
         else job.c[name[2:]].type.dialect_impl(dialect).bind_processor(dialect)
         for name in _JOINED_PARAMS
     ]
-    rows = [[value if process is None or value is None else process(value)
-             for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)]
-            for row in params]
-    if dialect.name in ("mysql", "mariadb") and len(rows) <= BY_ID_ROWS:
-        keyed = {f"{name}_{n}": value for n, row in enumerate(rows)
-                 for name, value in zip(_JOINED_PARAMS, row)}
-        return conn.exec_driver_sql(_by_id_update_sql(len(rows), job.sql(dialect)),
+    if dialect.name in ("mysql", "mariadb") and len(params) <= BY_ID_ROWS:
+        keyed = {f"{name}_{n}": row[name] if process is None or row[name] is None
+                 else process(row[name])
+                 for n, row in enumerate(params) for name, process in zip(_JOINED_PARAMS, processors)}
+        return conn.exec_driver_sql(_by_id_update_sql(len(params), job.sql(dialect)),
                                     keyed).rowcount
-    flat = tuple(value for row in rows for value in row)
+    flat = tuple(
+        value if process is None or value is None else process(value)
+        for row in params
+        for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
+    )
     sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
     return conn.exec_driver_sql(sql, flat).rowcount
 
