@@ -381,11 +381,20 @@ def test_racing_aborts_against_projection_writes_loses_none(db_url: str, clock: 
         folding.close()
 
 
-def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: VirtualClock) -> None:
+@pytest.mark.parametrize(("by_id_rows", "batches"), [
+    (0, (("a1", "a2"),)),  # the joined form
+    (10, (("a1", "a2"),)),  # MySQL/MariaDB: the values chosen by id
+    (10, (("a1",), ("a2",))),  # MySQL/MariaDB: the one-row form
+], ids=["joined", "by-id", "one-row"])
+def test_the_per_row_and_the_batched_update_write_the_same_rows(
+        app: App, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch, by_id_rows: int,
+        batches: tuple[tuple[str, ...], ...]) -> None:
     """SQLite before 3.33 has no UPDATE ... FROM and gets the per-row compare-and-set;
-    both forms must leave identical rows, an unfolded abort included."""
+    every batched form must leave the same rows, an unfolded abort included."""
     from falcon_es.projections import job_table
     from falcon_es.domain.task import Change, fold
+
+    monkeypatch.setattr(job_table, "BY_ID_ROWS", by_id_rows)
 
     for task_id in ("a1", "a2", "b1", "b2"):
         new_row(app, task_id)
@@ -398,10 +407,10 @@ def test_the_per_row_and_the_joined_update_write_the_same_rows(app: App, clock: 
         row = {f"b_{k}": v for k, v in job_table.row_values(states[task_id], "en").items()}
         params.append({**row, "b_id": task_id, "b_folds_abort": 0})
     with app.engine.begin() as conn:
-        joined = job_table.write_rows(conn, [Change(states[t], states[t], False) for t in ("a1", "a2")], "en",
-                                      job=JobTable())
+        batched = sum(job_table.write_rows(conn, [Change(states[t], states[t], False) for t in batch],
+                                           "en", job=JobTable()) for batch in batches)
         per_row = conn.execute(job_table._cas_update(JobTable()), params).rowcount
-    assert joined == per_row == 2
+    assert batched == per_row == 2
     rows = {r["id"]: r for r in job_rows.list_rows(app.engine)}
     for first, second in (("a1", "b1"), ("a2", "b2")):
         same = {k: v for k, v in rows[first].items() if k != "id"}

@@ -42,7 +42,7 @@ from tests.test_scheduling import SCHEDULING, add_cluster, position, run, submit
 INTERVAL = Settings().scheduling.position_refresh_seconds
 #: Matches the position refresh statements only (the job-table projection writes all
 #: its columns in one joined UPDATE of its own).
-POSITION_UPDATE = re.compile(r"UPDATE job SET message=\S+ WHERE|AS moved ON job\.id")
+POSITION_UPDATE = re.compile(r"UPDATE job SET (message=\S+ WHERE|job\.message = CASE)")
 
 
 class PositionWrites:
