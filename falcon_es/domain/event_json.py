@@ -4,13 +4,17 @@ event types and their registry, and any record type can share the rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import typing
 from collections.abc import Callable
 from typing import Any
 
 #: (field name, from-JSON conversion) for each field that needs one.
 Conversions = tuple[tuple[str, Callable[[Any], Any]], ...]
+#: Builds a record from its data in JSON form.
+Reader = Callable[[dict[str, Any]], Any]
 
 
 def to_json(value: Any) -> Any:
@@ -37,3 +41,44 @@ def conversions(cls: type) -> Conversions:
 
 def parse_datetime(value: Any) -> Any:
     return dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def reader(cls: type, conversions: Conversions) -> Reader:
+    """``cls(**data)`` of data in JSON form (``conversions`` applied first), worked out
+    once a class: without the frozen ``__init__`` when it only stores its arguments (no
+    ``__post_init__``) and the data name exactly its fields (``__init__`` otherwise
+    fills in defaults or refuses), and without a copy of the data when nothing in it
+    needs converting."""
+    names = (None if hasattr(cls, "__post_init__")
+             else frozenset(f.name for f in dataclasses.fields(cls)))
+    if conversions:
+        return functools.partial(_converted, cls, conversions, names)
+    if names is None:
+        return functools.partial(_by_init, cls)
+    return functools.partial(_filled, cls, names)
+
+
+def _by_init(cls: type, data: dict[str, Any]) -> Any:
+    return cls(**data)
+
+
+def _filled(cls: type, names: frozenset[str], data: dict[str, Any]) -> Any:
+    if data.keys() == names:
+        record: Any = object.__new__(cls)
+        record.__dict__.update(data)
+        return record
+    return cls(**data)
+
+
+def _converted(cls: type, conversions: Conversions, names: frozenset[str] | None,
+               data: dict[str, Any]) -> Any:
+    out = dict(data)
+    for name, convert in conversions:
+        value = out.get(name)
+        if value is not None:
+            out[name] = convert(value)
+    if names is None or out.keys() != names:
+        return cls(**out)
+    record: Any = object.__new__(cls)
+    object.__setattr__(record, "__dict__", out)  # a copy of its own: no second one
+    return record

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from falcon_es.domain import event_json
 from falcon_es.domain.event_base import (  # noqa: F401 (Event and UnknownEventType re-exported)
     Event, JsonDict, UnknownEventType, conversions_of,
 )
@@ -614,48 +616,42 @@ def decode(type_name: str, schema_version: int, data: JsonDict, *,
            registry: Mapping[str, type[Event]] = REGISTRY,
            upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS) -> Event:
     """Build the typed event from a stored row, upcasting old versions in a chain."""
+    return reader(type_name, schema_version, registry=registry, upcasters=upcasters)(data)
+
+
+def reader(type_name: str, schema_version: int, *,
+           registry: Mapping[str, type[Event]] = REGISTRY,
+           upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
+           ) -> Callable[[JsonDict], Event]:
+    """``decode`` of the rows of one type and stored version, worked out once: a fold
+    of the whole log looks it up per row instead of per type."""
     try:
         cls = registry[type_name]
     except KeyError:
         raise UnknownEventType(f"unknown event type {type_name!r}") from None
-    version = schema_version
-    while version < cls.schema_version:
+    build = _READERS.get(cls) or event_json.reader(
+        cls, conversions_of(cls))  # type: ignore[arg-type]  # a class is hashable
+    if schema_version >= cls.schema_version:
+        return build
+    chain: list[Upcaster] = []
+    for version in range(schema_version, cls.schema_version):
         try:
-            data = upcasters[(type_name, version)](dict(data))
+            chain.append(upcasters[(type_name, version)])
         except KeyError:
             raise UnknownEventType(
                 f"no upcaster for {type_name} v{version} -> v{version + 1}"
             ) from None
-        version += 1
-    return _build(cls, _from_json(cls, data))
+    return functools.partial(_upcast, tuple(chain), build)
 
 
-def _build(cls: type[Event], data: JsonDict) -> Event:
-    """``cls(**data)``, skipping the frozen ``__init__`` when the data names exactly the
-    class's fields; otherwise ``__init__`` fills in defaults or refuses."""
-    names = _FIELD_NAMES.get(cls)
-    if names is not None and data.keys() == names:
-        event = object.__new__(cls)
-        event.__dict__.update(data)
-        return event
-    return cls(**data)
+def _upcast(chain: tuple[Upcaster, ...], build: Callable[[JsonDict], Event],
+            data: JsonDict) -> Event:
+    for upcast in chain:
+        data = upcast(dict(data))
+    return build(data)
 
 
-def _from_json(cls: type[Event], data: JsonDict) -> JsonDict:
-    conversions = conversions_of(cls)  # type: ignore[arg-type]  # a class is hashable
-    if not conversions:
-        return data
-    out = dict(data)
-    for name, convert in conversions:
-        value = out.get(name)
-        if value is not None:
-            out[name] = convert(value)
-    return out
-
-
-#: Field names of each registered event class whose ``__init__`` only stores its
-#: arguments (no ``__post_init__``), for ``_build``.
-_FIELD_NAMES: Mapping[type[Event], frozenset[str]] = MappingProxyType({
-    cls: frozenset(f.name for f in dataclasses.fields(cls))
-    for cls in REGISTRY.values() if not hasattr(cls, "__post_init__")
-})
+#: ``event_json.reader`` of each registered event class.
+_READERS: Mapping[type[Event], Callable[[JsonDict], Event]] = MappingProxyType({
+    cls: event_json.reader(cls, conversions_of(cls))  # type: ignore[arg-type]  # hashable
+    for cls in REGISTRY.values()})

@@ -22,34 +22,15 @@ from typing import Any, NamedTuple
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
-from falcon_es.domain.intents import RESERVATION_CHECK, IntentKind, JobIntent, PoolDisposition, PoolIntent
+from falcon_es.domain.intents import JobIntent, PoolDisposition, PoolIntent
 from falcon_es.domain.spec import TaskSpec
 from falcon_es.domain.tpu import SliceShape, choose_machine, shape_of
 from falcon_es.domain.slot_loans import borrowed_changes
+from falcon_es.domain.fold_steps import (  # noqa: F401 (STEP_OUTCOMES re-exported)
+    MESSAGE, NOTE, RETRY, STEP_OUTCOMES, STEPS, UNANSWERED)
 from falcon_es.domain.task_records import (
     NOTHING, Ending, JobRecord, Placement, PoolRecord, Retries, Submission)
 
-#: Events that describe a pool after the task ended (or that its wait for nodes goes
-#: on, or that it lent its slot while it waits): they add a note to the Message and
-#: leave the main message (the task's result, the wait's cause) alone.
-_NOTE_EVENTS = (
-    ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
-    ev.NodePoolDeleteFailed, ev.AbortIgnored, ev.NodeWaitExtended, ev.SlotLent,
-)
-#: Events that change no field shown to users besides the log itself.
-_SILENT_EVENTS = (ev.JobDeleted, ev.JobDeleteRequested, ev.NodePoolHandedOver)
-#: The outcomes that end each retried step (``ApiCallRetrying.step``, the effect
-#: executor's intent kinds): once one is folded, a note saying the step is being
-#: retried is stale and the note it replaced comes back.
-STEP_OUTCOMES: Mapping[str, frozenset[str]] = MappingProxyType({
-    IntentKind.POOL_CREATE: frozenset({"NodePoolCreateStarted", "NodePoolFailed"}),
-    IntentKind.JOB_SUBMIT: frozenset({"JobSubmitted", "JobSubmitFailed", "JobSubmitCancelled"}),
-    IntentKind.JOB_DELETE: frozenset({"JobDeleted"}),
-    IntentKind.POOL_DELETE: frozenset({"NodePoolDeleted", "NodePoolDeleteFailed"}),
-    RESERVATION_CHECK: frozenset({"NodePoolCreateRequested", "ReservationInsufficient",
-                                    "NodePoolFailed"}),
-})
-_WAITING_FOR_NODE = f"{chart.PENDING}.{chart.PendingReason.WAITING_FOR_NODE}"
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
 
@@ -185,43 +166,46 @@ class TaskState:
 Changes = dict[str, dict[str, Any]]
 
 
-def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskState:
+def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime, *,
+           in_place: bool = False) -> TaskState:
     """Apply one event; raises ``chart.IllegalTransition`` when the chart forbids it.
 
-    Replays call this once per stored event, so it copies the state's fields once,
-    replaces only the records the event changes, and builds the new state and records
-    without the frozen ``__init__`` (see ``_built``)."""
-    type_name = type(event).__name__
-    current = state.state
-    target = chart.next_state(state.task_id, current, type_name)
-    fields = state.__dict__.copy()
+    Replays call this once per stored event, so what depends only on the state and
+    the event's type is looked up (``fold_steps``), the state's fields are copied
+    once, only the records the event changes are replaced, and the new state and
+    records are built without the frozen ``__init__`` (``_built``).
+    ``in_place``: update ``state`` itself and return it, for a fold whose states
+    nobody else holds yet (a replay's in flight); what is read of ``state`` is read
+    before this event writes it, so both ways give equal states (a property test
+    folds both)."""
+    cls = type(event)
+    type_name = cls.__name__
+    step = STEPS.get((state.state, type_name))
+    if step is None:
+        raise chart.IllegalTransition(state.task_id, state.state, type_name)
+    target, status, moved, fails, ends, ends_node_wait, role = step
+    fields = state.__dict__ if in_place else state.__dict__.copy()
     fields["state"] = target
     fields["version"] = state.version + 1
     fields["updated_at"] = fields["last_event_at"] = recorded_at
-    status = _STATUS_OF.get(target) or chart.status_of(target)
-    changes_of = _CHANGES_OF.get(type(event))
+    changes_of = _CHANGES_OF.get(cls)
     changes = changes_of(event, state, recorded_at) if changes_of is not None else {}
-    if target != current:
+    if moved:
         fields["phase_started_at"] = recorded_at
-        if status == chart.FAILED and (
-                _STATUS_OF.get(current) or chart.status_of(current)) != chart.FAILED:
+        if fails:
             _change_unless_set(changes, "ending", "failure_reason", event.failure())
-    if status in chart.TERMINAL_STATUSES and state.ending.finished_at is None:
+    if ends and state.ending.finished_at is None:
         _change_unless_set(changes, "ending", "finished_at", recorded_at)
     if state.retries.api_calls:
         _end_retried_steps(changes, state, type_name)
     note = state.note_event
     if type(note) is ev.ApiCallRetrying and type_name in STEP_OUTCOMES.get(note.step, ()):
         fields["note_event"] = state.note_before_retry
-    if type_name == "ApiCallRetrying":
-        _show_retry(fields, state, event, status)
-    elif type_name == "ClusterApiUnanswered":
-        _show_unanswered(fields, state, event)
-    elif isinstance(event, _NOTE_EVENTS):
-        fields["note_event"] = event
-    elif not isinstance(event, _SILENT_EVENTS):
+    if role == MESSAGE:
         fields["message_event"] = event
-    if current == _WAITING_FOR_NODE and target != current:
+    else:
+        _show(fields, state, event, role, status)
+    if ends_node_wait:
         _end_node_wait(fields, changes, state, status, recorded_at)
     for record, changed in changes.items():
         # ``dataclasses.replace`` without the frozen ``__init__``: most events
@@ -230,7 +214,18 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime) -> TaskS
         replaced = object.__new__(type(old))
         object.__setattr__(replaced, "__dict__", {**old.__dict__, **changed})
         fields[record] = replaced
-    return _built(fields)
+    return state if in_place else _built(fields)
+
+
+def _show(fields: dict[str, Any], state: TaskState, event: ev.Event, role: str,
+          status: str) -> None:
+    """Where an event that is not simply the Message shows (``fold_steps.role_of``)."""
+    if role == NOTE:
+        fields["note_event"] = event
+    elif role == RETRY:
+        _show_retry(fields, state, event, status)
+    elif role == UNANSWERED:
+        _show_unanswered(fields, state, event)
 
 
 def _change_unless_set(changes: Changes, record: str, name: str, value: Any) -> None:
@@ -403,14 +398,14 @@ def _on_node_pool_create_started(event: ev.NodePoolCreateStarted, state: TaskSta
 def _on_node_pool_not_visible(event: ev.NodePoolNotVisible, state: TaskState,
                               at: dt.datetime) -> Changes:
     retries = state.retries
-    streak = retries.kind == event.type_name and retries.not_visible_since
-    return {"retries": {"kind": event.type_name, "attempt": event.attempt,
+    streak = retries.kind == "NodePoolNotVisible" and retries.not_visible_since
+    return {"retries": {"kind": "NodePoolNotVisible", "attempt": event.attempt,
                         "at": at, "not_visible_since": streak or at}}
 
 
 def _on_polled_again(event: ev.ReservationInsufficient | ev.NodesNotReady,
                      state: TaskState, at: dt.datetime) -> Changes:
-    return {"retries": {"kind": event.type_name, "attempt": event.attempt, "at": at}}
+    return {"retries": {"kind": type(event).__name__, "attempt": event.attempt, "at": at}}
 
 
 def _on_node_pool_failed(event: ev.NodePoolFailed, state: TaskState,
@@ -525,9 +520,9 @@ def _on_node_pool_handed_over(event: ev.NodePoolHandedOver, state: TaskState,
 
 def _on_node_pool_delete_failed(event: ev.NodePoolDeleteFailed, state: TaskState,
                                 at: dt.datetime) -> Changes:
-    since = state.retries.failing_since if state.retries.kind == event.type_name else None
+    since = state.retries.failing_since if state.retries.kind == "NodePoolDeleteFailed" else None
     return {"pool": {"disposition": _DELETE_FAILED},
-            "retries": {"kind": event.type_name, "attempt": event.attempt, "at": at,
+            "retries": {"kind": "NodePoolDeleteFailed", "attempt": event.attempt, "at": at,
                         "failing_since": since or at}}
 
 

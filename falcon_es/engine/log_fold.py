@@ -17,6 +17,7 @@ nor cut a task short.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -58,8 +59,7 @@ def final_states(connect: Connect, *, until: int | None = None,
         until = head(connect)
     inflight: dict[str, TaskState] = {}
     last: dict[str, int] = {}
-    decode, loads, parse = ev.decode, json.loads, dt.datetime.fromisoformat
-    task_types = TASK_EVENT_TYPES
+    readers: dict[tuple[str, int], Callable[[ev.JsonDict], ev.Event]] = {}
     position = 0
     with connect() as conn:
         page, versions = _statements(conn.dialect.name)
@@ -69,30 +69,45 @@ def final_states(connect: Connect, *, until: int | None = None,
                                        "limit": batch_size}).all()
             if not rows:
                 return
-            fresh = {row[1] for row in rows if row[1] not in last and row[3] in task_types}
+            fresh = {row[1] for row in rows if row[3] in TASK_EVENT_TYPES}.difference(last)
             if fresh:
                 last.update(conn.execute(versions, {"ids": sorted(fresh), "until": until}).all())
         position = rows[-1][0]
-        finished: list[TaskState] = []
-        for _, stream_id, version, type_name, schema_version, data, recorded_at in rows:
-            watched = type_name in watch
-            if type_name in task_types:
-                if isinstance(recorded_at, str):
-                    recorded_at = parse(recorded_at)
-                event = decode(type_name, schema_version, loads(data))
-                before = inflight.pop(stream_id) if stream_id in inflight else None
-                state = evolve(before or new_state(stream_id), event, recorded_at)
-                if version >= last[stream_id]:
-                    del last[stream_id]
-                    finished.append(state)
-                else:
-                    inflight[stream_id] = state
-                if watched and on_watched is not None:
-                    on_watched(stream_id, version, event, state)
-            elif watched and on_watched is not None:
-                on_watched(stream_id, version, decode(type_name, schema_version, loads(data)),
-                           None)
-        yield from finished
+        yield from _fold_batch(rows, inflight, last, readers, watch, on_watched)
+
+
+def _fold_batch(rows: Sequence[Any], inflight: dict[str, TaskState], last: dict[str, int],
+                readers: dict[tuple[str, int], Callable[[ev.JsonDict], ev.Event]],
+                watch: Collection[str], on_watched: Watcher | None) -> list[TaskState]:
+    """Fold one batch of rows into the tasks in flight; the states of the tasks whose
+    last event it held, which leave ``inflight`` and ``last``.
+
+    The loop a replay runs once per stored event: the names it uses are local, each
+    event type's reader is worked out once (``readers``), a state in flight is the
+    fold's own until handed out, so it is updated in place (a watcher gets a copy),
+    and a watch is only asked about when there is one."""
+    loads, parse, task_types = json.loads, dt.datetime.fromisoformat, TASK_EVENT_TYPES
+    watching = on_watched if watch else None
+    finished: list[TaskState] = []
+    for _, stream_id, version, type_name, schema_version, data, recorded_at in rows:
+        if type_name in task_types:
+            read = readers.get((type_name, schema_version))
+            if read is None:
+                read = readers[(type_name, schema_version)] = ev.reader(type_name, schema_version)
+            event = read(loads(data))
+            state = inflight.get(stream_id)
+            if state is None:
+                state = inflight[stream_id] = new_state(stream_id)
+            evolve(state, event, parse(recorded_at) if type(recorded_at) is str else recorded_at,
+                   in_place=True)
+            if version >= last[stream_id]:
+                del last[stream_id], inflight[stream_id]
+                finished.append(state)
+            if watching is not None and type_name in watch:
+                watching(stream_id, version, event, copy.copy(state))
+        elif watching is not None and type_name in watch:
+            watching(stream_id, version, ev.decode(type_name, schema_version, loads(data)), None)
+    return finished
 
 
 def _statements(dialect: str) -> tuple[sa.Select[Any], sa.Select[Any]]:

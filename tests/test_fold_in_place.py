@@ -1,0 +1,69 @@
+"""A fold that updates its states in place (``evolve(..., in_place=True)``, what a
+replay of the whole log runs) gives the states the copying fold gives, over legal walks
+of the chart with events of every task type."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import typing
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from falcon_es.domain import chart
+from falcon_es.domain import events as ev
+from falcon_es.domain.fold_steps import STEP_OUTCOMES, STEPS
+from falcon_es.domain.task import evolve, new_state
+
+AT = dt.datetime(2026, 11, 1, 9)
+TEXTS = ("a", "b", *sorted(STEP_OUTCOMES))
+
+
+def _value(hint: Any) -> st.SearchStrategy[Any]:
+    """Values for an event field, from its type annotation (None where it may be)."""
+    text = str(hint)
+    values: st.SearchStrategy[Any]
+    if "datetime" in text:
+        values = st.integers(0, 600).map(lambda s: AT + dt.timedelta(seconds=s))
+    elif text.startswith("tuple[dict"):
+        values = st.just(({"name": "gke-a", "cluster_id": "c-1", "queued": 0},))
+    elif text.startswith("tuple"):
+        values = st.lists(st.sampled_from(("p-1", "p-2")), max_size=2).map(tuple)
+    elif text.startswith("dict"):
+        values = st.just({"image": "i"})
+    elif "bool" in text:
+        values = st.booleans()
+    elif "int" in text and "str" not in text:
+        values = st.integers(0, 3)
+    else:
+        values = st.sampled_from(TEXTS)
+    return st.one_of(st.none(), values) if "None" in text else values
+
+
+def _event(cls: type[ev.Event]) -> st.SearchStrategy[ev.Event]:
+    hints = typing.get_type_hints(cls)
+    return st.fixed_dictionaries(
+        {f.name: _value(hints[f.name]) for f in dataclasses.fields(cls)}).map(lambda d: cls(**d))
+
+
+EVENTS = {cls.__name__: _event(cls) for cls in ev.TASK_EVENTS}
+NEXT = {state: sorted(t for s, t in STEPS if s == state) for state in (chart.NEW, *chart.STATES)}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_in_place_fold_gives_the_copying_folds_states(data: st.DataObject) -> None:
+    copied, own = new_state("t-1"), new_state("t-1")
+    for second in range(data.draw(st.integers(1, 25))):
+        choices = NEXT[copied.state]
+        if not choices:
+            break
+        event = data.draw(EVENTS[data.draw(st.sampled_from(choices))])
+        at = AT + dt.timedelta(seconds=second)
+        before = copied
+        copied = evolve(copied, event, at)
+        assert evolve(own, event, at, in_place=True) is own
+        assert own == copied
+        assert before.version == copied.version - 1
