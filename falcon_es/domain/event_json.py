@@ -36,6 +36,9 @@ def _fields_encoder() -> Callable[[Any], str]:
     Python encoder where the C one is missing. Either gives ``json.dumps``'s text."""
     if c_make_encoder is None:
         return json.JSONEncoder(default=_datetime_text).encode
+    # JSONEncoder().iterencode's own arguments: no circular check (fields are trees),
+    # ASCII escaping, no indent, the default separators, unsorted, no skipped keys,
+    # NaN allowed.
     chunks = c_make_encoder(None, _datetime_text, encode_basestring_ascii, None, ": ", ", ",
                             False, False, True)
     return lambda fields: "".join(chunks(fields, 0))
