@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -49,6 +50,7 @@ class Group(enum.StrEnum):
 
 
 _NO_POOLS: frozenset[str] = frozenset()
+_STREAM_ID = operator.attrgetter("stream_id")
 
 
 def _moment(wake: tuple[dt.datetime, str]) -> dt.datetime:
@@ -130,7 +132,7 @@ class LifecycleIndex:
 
     # ------------------------------------------------------------ InlineProjection
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
-        self._changed.update(record.stream_id for record in recorded)
+        self._changed.update(map(_STREAM_ID, recorded))
 
     def committed(self) -> None:
         changed, self._changed = self._changed, set()
