@@ -417,3 +417,21 @@ def test_the_per_row_and_the_batched_update_write_the_same_rows(
         assert same == {k: v for k, v in rows[second].items() if k != "id"}
     assert (rows["a2"]["status"], rows["a2"]["reason"]) == ("Aborting", None)
     assert (rows["a1"]["status"], rows["a1"]["message"]) == ("Running", "1/1 active")
+
+
+def test_the_joined_update_binds_datetimes_as_sqlalchemy_writes_them() -> None:
+    """The job-table write binds SQLite's datetimes as ISO text itself: the same text
+    as SQLAlchemy's DateTime (the time comparisons in SQL compare that text)."""
+    from sqlalchemy.dialects import sqlite
+
+    from falcon_es.projections.job_table import _bind_processors
+
+    dialect = sqlite.dialect()
+    core = sa.DateTime().dialect_impl(dialect).bind_processor(dialect)
+    processors = [p for p in _bind_processors(JobTable(), dialect) if p is not None]
+    assert len(processors) == 4  # dispatched_at, aborted_at, finished_at, updated_at
+    moments = [dt.datetime(2026, 11, 1, 8), dt.datetime(2026, 11, 1, 8, 0, 0, 5),
+               dt.datetime(999, 1, 2, 3, 4, 5, 999999), dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc),
+               dt.date(2026, 11, 1)]
+    for process in processors:
+        assert [process(m) for m in moments] == [core(m) for m in moments]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import datetime as dt
 from types import MappingProxyType
 from typing import ClassVar
@@ -129,3 +130,19 @@ def test_every_registered_event_round_trips_through_json() -> None:
     for name, cls in ev.REGISTRY.items():
         assert name == cls.__name__
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
+def test_an_events_stored_text_is_json_dumps_of_its_data() -> None:
+    """The append encodes with an encoder built once: its text stays byte for byte what
+    ``json.dumps`` of ``to_data`` gives (datetimes, tuples of dicts, non-ASCII text)."""
+    from falcon_es.bench.store import plan
+    from falcon_es.domain.event_json import fields_text
+
+    events = [e for tick in plan(200, 50).ticks for a in tick for e in a.events]
+    events += [accepted("任务-ü\"\n"), ev.NoActiveCluster("v6e", ("a", "b")),
+               ev.JobFailed("OOMKilled", 137)]
+    for event in events:
+        assert event.to_json_text() == json.dumps(event.to_data())
+    assert fields_text(META.to_data()) == json.dumps(META.to_data())
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        fields_text({"at": dt.date(2026, 11, 1)})

@@ -12,7 +12,7 @@ import functools
 from typing import Any, ClassVar
 
 from falcon_es.domain import event_json
-from falcon_es.domain.event_json import Conversions, to_json
+from falcon_es.domain.event_json import Conversions, fields_text, to_json
 
 JsonDict = dict[str, Any]
 
@@ -58,3 +58,8 @@ class Event:
         for name, _ in conversions:
             data[name] = to_json(data[name])
         return data
+
+    def to_json_text(self) -> str:
+        """``json.dumps(self.to_data())``, byte for byte, at a fraction of the cost:
+        the append encodes every event it stores."""
+        return fields_text(self.__dict__)

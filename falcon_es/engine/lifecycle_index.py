@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedKeyList, SortedList
@@ -46,6 +47,10 @@ class Group(enum.StrEnum):
     RUNNING = "running"
     ABORTING = "aborting"
     POOL_WATCH = "pool-watch"  # ended, holding a pool whose fate is open or retained
+
+
+_NO_POOLS: frozenset[str] = frozenset()
+_STREAM_ID = operator.attrgetter("stream_id")
 
 
 def _moment(wake: tuple[dt.datetime, str]) -> dt.datetime:
@@ -127,7 +132,7 @@ class LifecycleIndex:
 
     # ------------------------------------------------------------ InlineProjection
     def apply(self, conn: Connection, recorded: Sequence[RecordedEvent]) -> None:
-        self._changed.update(record.stream_id for record in recorded)
+        self._changed.update(map(_STREAM_ID, recorded))
 
     def committed(self) -> None:
         changed, self._changed = self._changed, set()
@@ -200,9 +205,10 @@ class LifecycleIndex:
         task_id = state.task_id
         self._leave_groups(task_id)
         self._track_pool(state)
-        # Retained pools a later task took belong to it now.
+        # Retained pools a later task took belong to it now (most tasks retain none).
         waiting = frozenset(p for p in state.retained_idle
-                            if (task_id, p) not in self._superseded)
+                            if (task_id, p) not in self._superseded) \
+            if state.pool.retained else _NO_POOLS
         groups = self._groups_of(state, waiting)
         for group in groups:
             self._groups[group].add(task_id)
@@ -222,7 +228,8 @@ class LifecycleIndex:
                     or state.pool.disposition == PoolDisposition.DELETE_FAILED):
                 self._only_retained.add(task_id)
         self._member[task_id] = (groups, taker, retained, waiting)
-        self._track_promises(state, waiting)
+        if waiting:
+            self._track_promises(state, waiting)
         for held in self._promised_by.get(task_id, ()):
             holder = self.tasks.get(held[0])
             if holder is not None:

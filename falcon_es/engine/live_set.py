@@ -236,7 +236,8 @@ class LiveSet:
         for change in self.tasks.changes():
             after = change.after
             judged[after.task_id] = after
-            for pool, from_task in set(after.took) - set(change.before.took):
+            took = after.took
+            for pool, from_task in set(took) - set(change.before.took) if took else ():
                 handed.setdefault(from_task, set()).add(pool)
         due = [task_id for _, task_id in self._lingering.irange_key(max_key=now)]
         for task_id in (*handed, *due):
@@ -387,8 +388,11 @@ class LiveSet:
     def _judge(self, plan: _Plan, state: TaskState, handed_now: Collection[str],
                now: dt.datetime) -> None:
         task_id = state.task_id
-        handed_on = {*handed_now, *self.index.handed_on(task_id)}
-        found, until = verdict(state, handed_on=handed_on, now=now, grace=self.grace)
+        if state.is_terminal:
+            handed_on = {*handed_now, *self.index.handed_on(task_id)}
+            found, until = verdict(state, handed_on=handed_on, now=now, grace=self.grace)
+        else:  # what ``verdict`` says of any task that has not ended, without its pools
+            found, until = Verdict.LIVE, None
         plan.lingering[task_id] = until
         if found == Verdict.RETIRED:
             plan.evicted.add(task_id)

@@ -505,14 +505,16 @@ def task_message(state: TaskState, lang: str = "en",
         waits = aborting_waits(state, lang)
         if waits:
             parts.append(waits)
-    elif state.message_key:
-        parts.append(render(state.message_key, _with_wait(state), lang))
-    for pool, taker in state.pool.retained.items():
+    elif state.message_event is not None:
+        parts.append(render(type(state.message_event).__name__, _with_wait(state), lang))
+    retained = state.pool.retained
+    for pool, taker in retained.items():
         parts.append(render("NodePoolRetained", {"pool_name": pool, "for_task": taker}, lang))
-    if state.note_key and not (state.note_key == "NodePoolRetained"
-                               and state.note_args.get("pool_name") in state.pool.retained
-                               or _loan_over(state)):
-        parts.append(render(state.note_key, _with_failing(state), lang))
+    note_key = state.note_key
+    if note_key and not (note_key == "NodePoolRetained"
+                         and state.note_args.get("pool_name") in retained
+                         or _loan_over(state)):
+        parts.append(render(note_key, _with_failing(state), lang))
     return fit_message(SEPARATOR[lang].join(parts) or None, room)
 
 

@@ -73,6 +73,9 @@ SLICE_EPOCH = dt.datetime(2000, 1, 1)
 
 #: Events that take a retained pool out of the idle set (as do its deletes).
 _POOL_TAKEN = (ev.NodePoolReused, ev.NodePoolTaken)
+#: The events whose facts the queue book keeps besides the task states.
+_BOOKED = (ev.TaskPicked, ev.NodePoolRetained, ev.NodePoolDeleteRequested, ev.NodePoolDeleted,
+           *_POOL_TAKEN)
 
 
 #: Told (task id, when, expected start) for every position rendered to be written.
@@ -170,13 +173,14 @@ class QueueView:
     def fold(self, changes: Iterable[Change], recorded: Sequence[RecordedEvent]) -> None:
         """Fold task changes (in log order) and the decisions they record."""
         book = self.book
+        # One pass picks the few events the book follows out of a tick's hundreds.
+        booked = [r for r in recorded if isinstance(r.event, _BOOKED)]
         if recorded:
             self._latest = max(self._latest, recorded[-1].recorded_at)
-            self._reused.update(r.stream_id for r in recorded
-                                if isinstance(r.event, _POOL_TAKEN))
+            self._reused.update(r.stream_id for r in booked if isinstance(r.event, _POOL_TAKEN))
         for change in changes:
             self._place(change.after)
-        for record in recorded:
+        for record in booked:
             event = record.event
             if isinstance(event, ev.TaskPicked):
                 state = self.tasks.get(record.stream_id)

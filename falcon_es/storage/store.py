@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from falcon_es.storage import batched, db, fence as fencing
 from falcon_es.domain import events as ev
 from falcon_es.domain.clock import Clock
+from falcon_es.domain.event_json import fields_text
 from falcon_es.storage.fence import Fence
 from falcon_es.storage.tables import log_head, task_events
 
@@ -226,7 +227,7 @@ class EventStore:
         # timestamp text SQLAlchemy's DateTime writes there): per-row bind processing
         # cost more than the INSERT itself.
         stored_at: Any = now.isoformat(" ", "microseconds") if sqlite else now
-        dumps = json.dumps
+        dumps = fields_text
         rows: list[tuple[Any, ...]] = []
         recorded: list[RecordedEvent] = []
         seq = head
@@ -244,7 +245,7 @@ class EventStore:
                 seq += 1
                 version += 1
                 rows.append((seq, a.stream_id, version, event.type_name, event.schema_version,
-                             dumps(event.to_data()), meta_text, stored_at))
+                             event.to_json_text(), meta_text, stored_at))
                 recorded.append(RecordedEvent(seq, a.stream_id, version, event, meta, now))
         if sqlite:
             conn.exec_driver_sql(_INSERT_EVENTS_SQLITE, rows)
@@ -351,24 +352,15 @@ class EventStore:
             return conn.execute(query).scalar() or 0
 
 
-#: The statements of every append, built once: building and cache-keying them anew
-#: per append cost more than running them on SQLite.
-_MOVE_HEAD_RETURNING = (
-    log_head.update().where(log_head.c.id == 1)
-    .values(last_seq=log_head.c.last_seq + sa.bindparam("count"))
-    .returning(log_head.c.last_seq)
-)
-#: MySQL/MariaDB have no UPDATE ... RETURNING; LAST_INSERT_ID(expr) hands the new value
-#: back in the statement's own reply.
-_MOVE_HEAD_LAST_INSERT_ID = (
-    log_head.update().where(log_head.c.id == 1)
-    .values(last_seq=sa.func.last_insert_id(log_head.c.last_seq + sa.bindparam("count")))
-)
+#: The head move of every append, as the driver takes it: built, cache-keyed and bound
+#: by SQLAlchemy per append, the one-row UPDATE cost more than running it on SQLite.
+#: SQLite hands the new head back with RETURNING; MySQL/MariaDB have no UPDATE ...
+#: RETURNING, and LAST_INSERT_ID(expr) hands it back in the statement's own reply.
+_MOVE_HEAD_SQLITE = "UPDATE log_head SET last_seq = last_seq + ? WHERE id = 1"
+_MOVE_HEAD_FORMAT = "UPDATE log_head SET last_seq = LAST_INSERT_ID(last_seq + %s) WHERE id = 1"
 #: The same, for a fenced writer: the head moves only while the term is its own.
-_MOVE_HEAD_RETURNING_FENCED = _MOVE_HEAD_RETURNING.where(
-    log_head.c.fence_term == sa.bindparam("term"))
-_MOVE_HEAD_LAST_INSERT_ID_FENCED = _MOVE_HEAD_LAST_INSERT_ID.where(
-    log_head.c.fence_term == sa.bindparam("term"))
+_FENCED_SQLITE = " AND fence_term = ?"
+_FENCED_FORMAT = " AND fence_term = %s"
 _EVENT_COLUMNS = "seq, stream_id, version, type, schema_version, data, meta, recorded_at"
 #: The driver-level INSERT (qmark parameters for sqlite3; for PyMySQL the statement's
 #: head and one row's marks, sent as one multi-row INSERT by ``batched.send_rows``).
@@ -389,18 +381,20 @@ def _move_head(conn: Connection, count: int, fence: Fence | None) -> int:
     With a fence the same statement checks the term: it matches no row once another
     writer has taken the fence, and the append raises ``FencedOut``."""
     mysql = conn.dialect.name in ("mysql", "mariadb")
-    if fence is None:
-        if mysql:
-            return int(conn.execute(_MOVE_HEAD_LAST_INSERT_ID, {"count": count}).lastrowid)
-        return int(conn.execute(_MOVE_HEAD_RETURNING, {"count": count}).scalar_one())
-    values = {"count": count, "term": fence.term}
+    sql = _MOVE_HEAD_FORMAT if mysql else _MOVE_HEAD_SQLITE
+    values: tuple[int, ...] = (count,)
+    if fence is not None:
+        sql += _FENCED_FORMAT if mysql else _FENCED_SQLITE
+        values = (count, fence.term)
     if mysql:
         # The dialect counts matched rows (CLIENT.FOUND_ROWS): 0 is the fence's refusal.
-        result = conn.execute(_MOVE_HEAD_LAST_INSERT_ID_FENCED, values)
+        result = conn.exec_driver_sql(sql, values)
         head = int(result.lastrowid) if result.rowcount == 1 else None
     else:
-        head = conn.execute(_MOVE_HEAD_RETURNING_FENCED, values).scalar_one_or_none()
+        head = conn.exec_driver_sql(sql + " RETURNING last_seq", values).scalar_one_or_none()
     if head is None:
+        if fence is None:
+            raise RuntimeError("the log has no head row: the database was not upgraded")
         raise fencing.refusal(conn, fence)
     return int(head)
 
