@@ -8,6 +8,8 @@ import datetime as dt
 from types import MappingProxyType
 from typing import ClassVar
 
+import hypothesis
+import hypothesis.strategies
 import pytest
 import sqlalchemy as sa
 
@@ -146,3 +148,37 @@ def test_an_events_stored_text_is_json_dumps_of_its_data() -> None:
     assert fields_text(META.to_data()) == json.dumps(META.to_data())
     with pytest.raises(TypeError, match="not JSON serializable"):
         fields_text({"at": dt.date(2026, 11, 1)})
+
+
+_JSON_VALUES = hypothesis.strategies.recursive(
+    hypothesis.strategies.none() | hypothesis.strategies.booleans()
+    | hypothesis.strategies.integers() | hypothesis.strategies.floats(allow_nan=False)
+    | hypothesis.strategies.text(),
+    lambda inner: hypothesis.strategies.lists(inner, max_size=4)
+    | hypothesis.strategies.dictionaries(hypothesis.strategies.text(), inner, max_size=4),
+    max_leaves=12)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(value=_JSON_VALUES, before=hypothesis.strategies.sampled_from(["", " ", "\n"]),
+                  after=hypothesis.strategies.sampled_from(["", " ", "\t\n"]),
+                  ascii_only=hypothesis.strategies.booleans())
+def test_stored_json_reads_as_json_loads_reads_it(value: object, before: str, after: str,
+                                                  ascii_only: bool) -> None:
+    """The replay's decoder (the C scanner called directly) gives what ``json.loads``
+    gives, whitespace around the text included."""
+    from falcon_es.domain.event_json import json_value
+
+    text = before + json.dumps(value, ensure_ascii=ascii_only) + after
+    assert json_value(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "[1,]", "nul", '"\\x"'])
+def test_malformed_stored_json_says_what_json_loads_says(text: str) -> None:
+    from falcon_es.domain.event_json import json_value
+
+    with pytest.raises(json.JSONDecodeError) as expected:
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError) as found:
+        json_value(text)
+    assert str(found.value) == str(expected.value)

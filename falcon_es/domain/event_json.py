@@ -54,6 +54,29 @@ def _fields_encoder() -> Callable[[Any], str]:
 fields_text = _fields_encoder()
 
 
+def _value_decoder() -> Callable[[str], Any]:
+    """``json.loads`` of stored data by the standard library's own C scanner, called
+    directly: ``loads`` wraps it in a decoder that matches whitespace with regular
+    expressions on both sides, a third of a replay's decoding. Text the scanner does
+    not take whole (whitespace around it, anything malformed) goes to ``json.loads``,
+    which decodes it or says what is wrong, as before."""
+    scan = json.JSONDecoder().scan_once
+    loads = json.loads
+
+    def value_of(text: str) -> Any:
+        try:
+            value, end = scan(text, 0)
+        except (StopIteration, ValueError):
+            return loads(text)
+        return value if end == len(text) else loads(text)
+
+    return value_of
+
+
+#: The value of a stored JSON text, as ``json.loads`` gives it (the replay's decoder).
+json_value = _value_decoder()
+
+
 def conversions(cls: type) -> Conversions:
     """Fields whose JSON form differs from their Python form (datetimes, tuples)."""
     found: list[tuple[str, Callable[[Any], Any]]] = []

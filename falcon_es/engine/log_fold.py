@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -28,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from falcon_es.domain import events as ev
+from falcon_es.domain.event_json import json_value
 from falcon_es.storage.tables import log_head, task_events
 from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, evolve, new_state
 
@@ -86,7 +86,7 @@ def _fold_batch(rows: Sequence[Any], inflight: dict[str, TaskState], last: dict[
     event type's reader is worked out once (``readers``), a state in flight is the
     fold's own until handed out, so it is updated in place (a watcher gets a copy),
     and a watch is only asked about when there is one."""
-    loads, parse, task_types = json.loads, dt.datetime.fromisoformat, TASK_EVENT_TYPES
+    loads, parse, task_types = json_value, dt.datetime.fromisoformat, TASK_EVENT_TYPES
     watching = on_watched if watch else None
     finished: list[TaskState] = []
     for _, stream_id, version, type_name, schema_version, data, recorded_at in rows:
