@@ -117,3 +117,25 @@ def test_the_reader_pool_takes_one_statement_per_query(bare_db_url: str) -> None
             assert batched.takes_batches(conn) == (engine.dialect.name == "mysql")
     finally:
         engine.dispose()
+
+
+def test_batches_can_be_turned_off_for_a_proxy_that_refuses_them(bare_db_url: str) -> None:
+    """``FALCON_DB_BATCH_WRITES=false``: every write goes alone, in a batch's block too."""
+    from falcon_es.config.settings import Settings
+
+    limits = Settings.of(db_url=bare_db_url, batch_writes=False).database
+    engine = db.make_engine(bare_db_url, limits)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE solo (k VARCHAR(20) PRIMARY KEY)")
+        sent = _statements_sent(engine)
+        m = _mark(engine)
+        with engine.begin() as conn, batched.collecting(conn):
+            assert not batched.takes_batches(conn)
+            batched.send(conn, f"INSERT INTO solo (k) VALUES ({m})", ["a"])
+            batched.send(conn, f"INSERT INTO solo (k) VALUES ({m})", ["b"])
+        assert len([s for s in sent if s.startswith("INSERT")]) == 2
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE solo")
+        engine.dispose()

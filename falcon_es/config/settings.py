@@ -141,6 +141,11 @@ class DatabaseSettings(BaseModel):
         300, "FALCON_DB_OUTAGE_LIMIT",
         doc="Seconds a controller retries an unreachable or hung database before it "
             "exits (rc 3) for its restarter")
+    batch_writes: Flag = setting(
+        True, "FALCON_DB_BATCH_WRITES",
+        doc="MySQL/MariaDB: send an append's writes as one multi-statement query (one "
+            "round trip); false sends each statement alone, for a proxy between the "
+            "controller and the database that refuses multi-statement queries")
 
     @model_validator(mode="after")
     def _bounded_waits(self) -> DatabaseSettings:

@@ -89,7 +89,8 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
         reader = sa.create_engine(parsed, pool_recycle=3600, **_reading(kwargs))
         engine = sa.create_engine(parsed, isolation_level="READ COMMITTED", pool_recycle=3600,
                                   **_writing(kwargs, reader))
-        batched.allow_on(engine)
+        if limits is None or limits.batch_writes:
+            batched.allow_on(engine)
         for each in (engine, reader):
             _ping_idle_connections(each)
             if limits is not None:
