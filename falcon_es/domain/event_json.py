@@ -60,7 +60,8 @@ def _value_decoder() -> Callable[[str], Any]:
     expressions on both sides, a third of a replay's decoding. Text the scanner does
     not take whole (whitespace around it, anything malformed) goes to ``json.loads``,
     which decodes it or says what is wrong, as before."""
-    scan = json.JSONDecoder().scan_once
+    decoder: Any = json.JSONDecoder()  # ``scan_once`` is not in the type stubs
+    scan: Callable[[str, int], tuple[Any, int]] = decoder.scan_once
     loads = json.loads
 
     def value_of(text: str) -> Any:
