@@ -470,21 +470,14 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
     if deleted:
         batched.send(conn, f"DELETE FROM live_streams WHERE stream_id IN "
                            f"({', '.join([mark] * len(deleted))})", deleted)
-    served = [(c, t, a) for (c, t), a in sorted(plan.served.items())]
-    if sqlite:
-        if inserted:
-            conn.exec_driver_sql("INSERT OR IGNORE INTO live_streams (stream_id, fold_from) "
-                                 "VALUES (?, ?)", inserted)
-        if served:
-            conn.exec_driver_sql(
-                "INSERT INTO last_served (cluster_id, topology, actor) VALUES (?, ?, ?) "
-                "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor",
-                served)
-        return
-    batched.send_rows(conn, "INSERT IGNORE INTO live_streams (stream_id, fold_from) VALUES",
-                      "(%s, %s)", inserted)
+    batched.send_rows(conn, f"{'INSERT OR IGNORE' if sqlite else 'INSERT IGNORE'} INTO "
+                            "live_streams (stream_id, fold_from) VALUES",
+                      f"({mark}, {mark})", inserted)
     batched.send_rows(conn, "INSERT INTO last_served (cluster_id, topology, actor) VALUES",
-                      "(%s, %s, %s)", served, "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
+                      f"({mark}, {mark}, {mark})",
+                      [(c, t, a) for (c, t), a in sorted(plan.served.items())],
+                      "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
+                      if sqlite else "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
 
 
 class _FromLog:

@@ -218,24 +218,31 @@ def _not_duplicate_sql(names: JobSql) -> str:
 BY_ID_ROWS = 10
 
 
+#: A named PyMySQL mark, ``%(name)s``.
+_NAMED_MARK = re.compile(r"%\((\w+)\)s")
+
+
 def _row_mark(row: int) -> Callable[[str], str]:
     """A parameter's PyMySQL ``pyformat`` mark in row ``row``."""
     return lambda name: f"%({name}_{row})s"
 
 
-def _by_id_update_sql(rows: int, names: JobSql) -> str:
+def _by_id_update_sql(rows: int, names: JobSql) -> tuple[str, tuple[str, ...]]:
     """One single-table UPDATE for a few rows, each column's new value chosen by the
-    row's id (one row: the value itself); PyMySQL ``pyformat`` parameters, ``<name>_<n>``
-    for row n. The joined form costs MySQL/MariaDB a derived table to build and each of
-    its SELECTs to plan: several times the update itself for the one or few rows of
-    most appends."""
+    row's id (one row: the value itself), with ``%s`` marks (a batch, ``storage.batched``,
+    is one string with positional marks), and the parameter each mark takes, in order
+    (``<name>_<n>`` for row n). The joined form costs MySQL/MariaDB a derived table to
+    build and each of its SELECTs to plan: several times the update itself for the one
+    or few rows of most appends."""
     return _by_id_statement(rows, names.table, tuple(names.columns.items()))
 
 
 @functools.cache
-def _by_id_statement(rows: int, table: str, columns: tuple[tuple[str, str], ...]) -> str:
+def _by_id_statement(rows: int, table: str,
+                     columns: tuple[tuple[str, str], ...]) -> tuple[str, tuple[str, ...]]:
     """``_by_id_update_sql``, built once per row count and names (at most
-    ``BY_ID_ROWS`` a table): building it cost the client more than sending it."""
+    ``BY_ID_ROWS`` a table): building it cost the client more than sending it. Written
+    with named marks, which the CASEs repeat, then made positional."""
     names = JobSql(table, MappingProxyType(dict(columns)))
     col = names.columns
     row_id = f"{table}.{col['id']}"
@@ -250,18 +257,10 @@ def _by_id_statement(rows: int, table: str, columns: tuple[tuple[str, str], ...]
     assignments = [f"{table}.{column} = {chosen(index)}"
                    for index, (column, _) in enumerate(per_row[0])]
     ids = ", ".join(f"%(b_id_{n})s" for n in range(rows))
-    return (f"UPDATE {table} SET {', '.join(assignments)} "
-            f"WHERE {row_id} IN ({ids}) AND {_not_duplicate_sql(names)}")
+    named = (f"UPDATE {table} SET {', '.join(assignments)} "
+             f"WHERE {row_id} IN ({ids}) AND {_not_duplicate_sql(names)}")
+    return _NAMED_MARK.sub("%s", named), tuple(_NAMED_MARK.findall(named))
 
-
-@functools.cache
-def _positional(sql: str) -> tuple[str, tuple[str, ...]]:
-    """``sql`` with its ``%(name)s`` marks made ``%s``, and the names in their order: a
-    batch (``storage.batched``) is one string with positional marks."""
-    return _NAMED_MARK.sub("%s", sql), tuple(_NAMED_MARK.findall(sql))
-
-
-_NAMED_MARK = re.compile(r"%\((\w+)\)s")
 
 
 def _write_joined(conn: Connection, job: JobTable,
@@ -276,7 +275,7 @@ def _write_joined(conn: Connection, job: JobTable,
         keyed = {f"{name}_{n}": row[name] if process is None or row[name] is None
                  else process(row[name])
                  for n, row in enumerate(params) for name, process in zip(_JOINED_PARAMS, processors)}
-        sql, order = _positional(_by_id_update_sql(len(params), job.sql(dialect)))
+        sql, order = _by_id_update_sql(len(params), job.sql(dialect))
         return batched.send(conn, sql, [keyed[name] for name in order])
     flat = tuple(
         value if process is None or value is None else process(value)

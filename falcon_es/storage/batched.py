@@ -21,6 +21,7 @@ one string.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -77,8 +78,8 @@ def _read_every_answer(cursor: Any, statement: str, parameters: Any, context: An
     if context is None or not context.execution_options.get(MANY_ANSWERS):
         return None
     cursor.execute(statement, parameters)
-    while cursor.nextset():
-        pass
+    # ``nextset`` reads the next statement's answer, raising its error; None: none left.
+    collections.deque(iter(cursor.nextset, None), maxlen=0)
     return True
 
 
@@ -111,14 +112,7 @@ def send(conn: Connection, sql: str, values: Sequence[Any] = ()) -> int | None:
     queue: _Queue | None = conn.info.get(_QUEUE)
     if queue is None:
         return conn.exec_driver_sql(sql, tuple(values)).rowcount
-    queue.statements.append(sql)
-    queue.values.extend(values)
-    on_queued = conn.get_execution_options().get(ON_QUEUED)
-    if on_queued is not None:
-        on_queued(sql)
-    queue.characters += len(sql) + sum(len(v) if isinstance(v, str) else 8 for v in values)
-    if queue.characters >= FLUSH_CHARACTERS:
-        flush(conn)
+    _queue(conn, queue, sql, values, _characters(values))
     return None
 
 
@@ -126,23 +120,46 @@ def send_rows(conn: Connection, insert: str, marks: str, rows: Sequence[Sequence
               suffix: str = "") -> None:
     """``insert`` (``INSERT ... VALUES``) of every row, ``marks`` being one row's
     ``(%s, ...)``, then ``suffix`` (``ON DUPLICATE KEY UPDATE ...``): multi-row
-    statements, as PyMySQL's executemany would send them, queued while ``collecting``."""
+    statements, as PyMySQL's executemany would send them, queued while ``collecting``
+    (run at once otherwise, as the driver's executemany, on any dialect)."""
     if not rows:
         return
-    if _QUEUE not in conn.info:
-        conn.exec_driver_sql(f"{insert} {marks} {suffix}", [tuple(row) for row in rows])
+    queue: _Queue | None = conn.info.get(_QUEUE)
+    if queue is None:
+        conn.exec_driver_sql(f"{insert} {marks} {suffix}".rstrip(), list(rows))
         return
     chunk: list[Any] = []
     count = characters = 0
     for row in rows:
         chunk.extend(row)
         count += 1
-        characters += sum(len(v) if isinstance(v, str) else 8 for v in row)
+        characters += _characters(row)
         if characters >= FLUSH_CHARACTERS // 2:
-            send(conn, f"{insert} {', '.join([marks] * count)} {suffix}", chunk)
+            _queue(conn, queue, f"{insert} {', '.join([marks] * count)} {suffix}", chunk,
+                   characters)
             chunk, count, characters = [], 0, 0
     if count:
-        send(conn, f"{insert} {', '.join([marks] * count)} {suffix}", chunk)
+        _queue(conn, queue, f"{insert} {', '.join([marks] * count)} {suffix}", chunk,
+               characters)
+
+
+def _characters(values: Sequence[Any]) -> int:
+    """About how much of a query ``values`` take (a string its length, else 8)."""
+    return sum(len(v) if isinstance(v, str) else 8 for v in values)
+
+
+def _queue(conn: Connection, queue: _Queue, sql: str, values: Sequence[Any],
+           characters: int) -> None:
+    """Queue one statement (``characters``: its values' share of the query), telling a
+    counter that asked (``ON_QUEUED``); send the queue once it outgrew one packet."""
+    queue.statements.append(sql)
+    queue.values.extend(values)
+    on_queued = conn.get_execution_options().get(ON_QUEUED)
+    if on_queued is not None:
+        on_queued(sql)
+    queue.characters += len(sql) + characters
+    if queue.characters >= FLUSH_CHARACTERS:
+        flush(conn)
 
 
 def flush(conn: Connection) -> None:

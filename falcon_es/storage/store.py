@@ -247,10 +247,8 @@ class EventStore:
                 rows.append((seq, a.stream_id, version, event.type_name, event.schema_version,
                              event.to_json_text(), meta_text, stored_at))
                 recorded.append(RecordedEvent(seq, a.stream_id, version, event, meta, now))
-        if sqlite:
-            conn.exec_driver_sql(_INSERT_EVENTS_SQLITE, rows)
-        else:
-            batched.send_rows(conn, _INSERT_EVENTS_FORMAT, _EVENT_MARKS, rows)
+        batched.send_rows(conn, _INSERT_EVENTS, _EVENT_MARKS_QMARK if sqlite else _EVENT_MARKS,
+                          rows)
         return recorded
 
     # ------------------------------------------------------------------ reading
@@ -362,10 +360,10 @@ _MOVE_HEAD_FORMAT = "UPDATE log_head SET last_seq = LAST_INSERT_ID(last_seq + %s
 _FENCED_SQLITE = " AND fence_term = ?"
 _FENCED_FORMAT = " AND fence_term = %s"
 _EVENT_COLUMNS = "seq, stream_id, version, type, schema_version, data, meta, recorded_at"
-#: The driver-level INSERT (qmark parameters for sqlite3; for PyMySQL the statement's
-#: head and one row's marks, sent as one multi-row INSERT by ``batched.send_rows``).
-_INSERT_EVENTS_SQLITE = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES ({', '.join('?' * 8)})"
-_INSERT_EVENTS_FORMAT = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES"
+#: The driver-level INSERT: its head and one row's marks (qmark for sqlite3, an
+#: executemany there; format for PyMySQL, one multi-row INSERT), ``batched.send_rows``.
+_INSERT_EVENTS = f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES"
+_EVENT_MARKS_QMARK = f"({', '.join('?' * 8)})"
 _EVENT_MARKS = f"({', '.join(['%s'] * 8)})"
 _STREAM_VERSIONS = (
     sa.select(task_events.c.stream_id, sa.func.max(task_events.c.version))
