@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import hypothesis
+from hypothesis import strategies as st
+
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
 from falcon_es.domain import events as ev
 from falcon_es.domain.spec import TaskSpec
@@ -118,3 +121,69 @@ def test_a_poll_lives_beside_the_index_and_spends_a_retry_already_due() -> None:
 
     index.update(dataclasses.replace(state, version=4))  # the task moved on: look afresh
     assert index.polls.of("p") is None and index.next_wake() == retry_at
+
+
+# ---------------------------------------------------------------- pool watch, kept per task
+def _took(task_id: str, minute: int, state: str = "Running") -> TaskState:
+    return replaced(waiting(task_id, minute), state=state, node_pool_name="falcon-ms-2x2",
+                    pool_intent="ready", pool_from_task="ms")
+
+
+HOLDER_LIFE = (ended_two_slice(),
+               replaced(ended_two_slice(), pool_disposition="delete-requested"),
+               replaced(ended_two_slice(), pool_disposition="deleted", pools_retained={}))
+#: Lives a taker of the holder's pools may lead, each state a later one of the last.
+TAKER_LIVES = (
+    (lambda t, m: waiting(t, m), lambda t, m: waiting(t, m, "ClusterBusy"),
+     lambda t, m: waiting(t, m), _took, lambda t, m: _took(t, m, state="Succeeded")),
+    (lambda t, m: replaced(waiting(t, m), cluster_id="c-2"), lambda t, m: waiting(t, m),
+     lambda t, m: replaced(waiting(t, m), state="Failed")),
+    (lambda t, m: waiting(t, m, "ClusterBusy"),
+     lambda t, m: replaced(waiting(t, m), state="Succeeded")),
+)
+
+
+class _Known:
+    """The committed states the index reads (``get``, ``all``), set by the test."""
+
+    def __init__(self, states: dict[str, TaskState] | None = None) -> None:
+        self.states = dict(states or {})
+
+    def get(self, task_id: str) -> TaskState | None:
+        return self.states.get(task_id)
+
+    def all(self) -> list[TaskState]:
+        return list(self.states.values())
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> list[TaskState]:
+    """The holder's and two takers' lives, each cut short somewhere, interleaved."""
+    lives = {"ms": [lambda t, m, state=state: state for state in HOLDER_LIFE]}
+    for taker in ("s1", "s2"):
+        lives[taker] = list(draw(st.sampled_from(TAKER_LIVES)))
+    steps = {t: draw(st.integers(1, len(life))) for t, life in lives.items()}
+    order = draw(st.permutations([t for t, n in steps.items() for _ in range(n)]))
+    made = dict.fromkeys(lives, 0)
+    history = []
+    for task_id in order:
+        history.append(lives[task_id][made[task_id]](task_id, int(task_id[1:]) if task_id != "ms" else 0))
+        made[task_id] += 1
+    return history
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(_histories())
+def test_the_pool_watch_kept_as_tasks_change_is_the_one_built_from_scratch(
+        history: list[TaskState]) -> None:
+    """Whatever order the holder and its takers move in, the pool watch names the tasks
+    an index built from scratch on the same states names."""
+    known = _Known()
+    index = LifecycleIndex(known)  # type: ignore[arg-type]
+    for state in history:
+        known.states[state.task_id] = state
+        index.update(state)
+        rebuilt = LifecycleIndex(_Known(known.states))  # type: ignore[arg-type]
+        rebuilt.rebuild()
+        assert index.pool_watch() == rebuilt.pool_watch()
+        assert index.ids(Group.POOL_WATCH) == rebuilt.ids(Group.POOL_WATCH)

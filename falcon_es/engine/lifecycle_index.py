@@ -104,6 +104,10 @@ class LifecycleIndex:
         self._promised_by: dict[str, set[HeldPool]] = {}
         self._kept: set[HeldPool] = set()
         self._only_retained: set[str] = set()
+        #: The ``Group.POOL_WATCH`` tasks that need a look whatever a tick changed: kept
+        #: per task as the three above change (``_settle``), since deprovisioning asks
+        #: every tick and most watched tasks only wait for a taker that still can take.
+        self._unsettled: set[str] = set()
         #: Reservation VMs asked for by creates in flight, per (cluster id, reservation):
         #: Compute's inUseCount counts VMs that exist, so a create not yet up is not in
         #: it, and two queues sharing a reservation would both see room.
@@ -126,6 +130,7 @@ class LifecycleIndex:
         self.polls.clear()
         self._kept.clear()
         self._only_retained.clear()
+        self._unsettled.clear()
         self._superseded.clear()
         for state in self.tasks.all():
             self.update(state)
@@ -200,6 +205,7 @@ class LifecycleIndex:
                 self._taker_order[taker].discard(self._ranks.pop(task_id))
             if retained is not None:
                 self._retained[retained].difference_update((task_id, p) for p in pools)
+        self._unsettled.discard(task_id)
 
     def update(self, state: TaskState) -> None:
         task_id = state.task_id
@@ -230,6 +236,7 @@ class LifecycleIndex:
         self._member[task_id] = (groups, taker, retained, waiting)
         if waiting:
             self._track_promises(state, waiting)
+        self._settle(task_id)
         for held in self._promised_by.get(task_id, ()):
             holder = self.tasks.get(held[0])
             if holder is not None:
@@ -297,6 +304,7 @@ class LifecycleIndex:
                 holders.discard(held)
                 if not holders:
                     del self._promised_by[taker_id]
+        self._settle(holder_id)
 
     def _judge_promise(self, holder: TaskState, pool: str) -> None:
         taker_id = holder.pool.retained.get(pool)
@@ -307,6 +315,18 @@ class LifecycleIndex:
             self._kept.add(held)
         else:
             self._kept.discard(held)
+        self._settle(holder.task_id)
+
+    def _settle(self, task_id: str) -> None:
+        """Whether the task is among ``_unsettled`` now: watched, with a duty besides
+        retained pools or with a retained pool whose taker could not take it."""
+        member = self._member.get(task_id)
+        if member is not None and task_id in self._groups[Group.POOL_WATCH] and (
+                task_id not in self._only_retained
+                or any((task_id, p) not in self._kept for p in member[3])):
+            self._unsettled.add(task_id)
+        else:
+            self._unsettled.discard(task_id)
 
     def _set_wake(self, task_id: str, moment: dt.datetime | None) -> None:
         previous = self._wake_at.get(task_id)
@@ -378,6 +398,7 @@ class LifecycleIndex:
             self._groups[Group.POOL_WATCH].discard(task_id)
             groups = tuple(g for g in groups if g != Group.POOL_WATCH)
         self._member[task_id] = (groups, taker, retained if waiting else None, waiting)
+        self._settle(task_id)
 
     # ------------------------------------------------------------------ reading
     def ids(self, *groups: Group) -> set[str]:
@@ -391,9 +412,7 @@ class LifecycleIndex:
         of a retained pool whose taker could still take it at the last commit, unless
         that taker is among ``changed`` (states a tick has moved since)."""
         watch = self._groups[Group.POOL_WATCH]
-        found = {task_id for task_id in watch
-                 if task_id not in self._only_retained
-                 or any((task_id, p) not in self._kept for p in self._member[task_id][3])}
+        found = set(self._unsettled)
         for task_id in changed:
             found.update(h for h, _ in self._promised_by.get(task_id, ()) if h in watch)
         return found
