@@ -1,7 +1,8 @@
 """Database round trips counted, and told where they came from.
 
-A round trip is a statement sent, a transaction ended (commit or rollback) or a ping
-the pool sends first. Totals say that a change cost round trips; the sites say which
+A round trip is a statement sent, a transaction ended (commit or rollback, the pool's
+rollback of a connection given back included) or a ping the pool sends first; an end
+that sends nothing (``storage.transaction_ends``) is none. Totals say that a change cost round trips; the sites say which
 handler, projection or read path did: each round trip is put down to the handler or
 inline projection under way (labelled by ``label_sites``, one attribute set per call),
 or else to the innermost Falcon-ES function outside the database plumbing that sent it
@@ -10,17 +11,18 @@ or else to the innermost Falcon-ES function outside the database plumbing that s
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 
-from falcon_es.storage import batched, db
+from falcon_es.storage import batched, db, transaction_ends
 from falcon_es.storage.store import RecordedEvent
 
 if TYPE_CHECKING:
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 #: in ``batched_sites``).
 BATCH_SITE = "storage.batched:flush"
 #: Modules whose frames are plumbing, never a site: the database helpers and this one.
-_PLUMBING = ("falcon_es.storage.db", "falcon_es.storage.batched", "falcon_es.bench.round_trips")
+_PLUMBING = ("falcon_es.storage.db", "falcon_es.storage.batched",
+             "falcon_es.storage.transaction_ends", "falcon_es.bench.round_trips")
 
 
 class StatementCounter:
@@ -56,6 +59,8 @@ class StatementCounter:
         self.batched_sites: Counter[str] = Counter()
         #: The handler or projection under way (innermost last), set by ``label_sites``.
         self.under_way: list[str] = []
+        #: The pool-reset listener of each engine counted (to remove it again).
+        self._resets: dict[Engine, Callable[..., None]] = {}
 
     def __enter__(self) -> StatementCounter:
         for engine in self._engines():
@@ -63,6 +68,8 @@ class StatementCounter:
             sa.event.listen(engine, "commit", self._commit)
             sa.event.listen(engine, "rollback", self._rollback)
             sa.event.listen(engine.pool, "checkout", self._checkout)
+            sa.event.listen(engine.pool, "reset", self._resets.setdefault(
+                engine, functools.partial(self._reset, engine.dialect)))
         self.engine.update_execution_options(**{batched.ON_QUEUED: self._queued})
         return self
 
@@ -72,6 +79,7 @@ class StatementCounter:
             sa.event.remove(engine, "commit", self._commit)
             sa.event.remove(engine, "rollback", self._rollback)
             sa.event.remove(engine.pool, "checkout", self._checkout)
+            sa.event.remove(engine.pool, "reset", self._resets.pop(engine))
         self.engine.update_execution_options(**{batched.ON_QUEUED: None})
 
     def _engines(self) -> tuple[Engine, ...]:
@@ -110,10 +118,10 @@ class StatementCounter:
         """Every site's statements carried in batches per task, most first."""
         return {label: round(count / tasks, 2) for label, count in self.batched_sites.most_common()}
 
-    def _queued(self, _statement: str) -> None:
+    def _queued(self, statement: str) -> None:
         if self.counting:
             label = self.under_way[-1] if self.under_way else _sender(sys._getframe(2))
-            self.batched_sites[label] += 1
+            self.batched_sites[f"{label} (commit)" if statement == batched.COMMIT else label] += 1
 
     def _count_site(self, kind: str) -> None:
         label = self.under_way[-1] if self.under_way else _sender(sys._getframe(2))
@@ -129,15 +137,26 @@ class StatementCounter:
             else:
                 self._count_site("statement")
 
-    def _commit(self, _conn: Any) -> None:
-        if self.counting:
+    def _commit(self, conn: Connection) -> None:
+        if self.counting and transaction_ends.ending_sends(
+                conn.dialect, conn.connection.dbapi_connection, rollback=False):
             self.commits += 1
             self._count_site("commit")
 
-    def _rollback(self, conn: Any) -> None:
-        if self.counting and not db.ends_nothing(conn):
+    def _rollback(self, conn: Connection) -> None:
+        if self.counting and transaction_ends.ending_sends(
+                conn.dialect, conn.connection.dbapi_connection, rollback=True):
             self.rollbacks += 1
             self._count_site("rollback")
+
+    def _reset(self, dialect: Dialect, dbapi_connection: Any, _record: Any,
+               state: Any) -> None:
+        """The pool's rollback of a connection given back (none after ``close`` ended
+        the transaction, nor when the connection is only being closed)."""
+        if (self.counting and not state.terminate_only and not state.transaction_was_reset
+                and transaction_ends.ending_sends(dialect, dbapi_connection, rollback=True)):
+            self.rollbacks += 1
+            self._count_site("pool reset")
 
     def _checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         if self.counting:

@@ -16,7 +16,8 @@ queue first, so the transaction's statements keep their order whoever sends them
 Anywhere else (SQLite, where a statement is a function call; a connection without
 the flag; no ``collecting`` under way) a write runs at once, so callers need not know.
 A queued statement must use ``%s`` marks and no other ``%``: the queue is formatted as
-one string.
+one string. An append's queue ends with its COMMIT (``end_with_commit``), which then
+costs no round trip of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import sqlalchemy as sa
 from pymysql.constants import CLIENT
 from sqlalchemy.engine import Connection, Engine
 
+from falcon_es.storage import transaction_ends
+
 #: ``Connection.info`` key of the queue ``collecting`` opened.
 _QUEUE = "falcon_batched_writes"
 #: Execution option marking the statement whose every answer must be read.
@@ -38,6 +41,8 @@ MANY_ANSWERS = "falcon_many_answers"
 #: Execution option of an engine whose queued statements someone counts: a callable
 #: taking each statement as it is queued (``bench.round_trips``).
 ON_QUEUED = "falcon_on_queued"
+#: The statement ``end_with_commit`` queues last.
+COMMIT = "COMMIT"
 #: A queue this long (characters of SQL and values) is sent at once: one packet stays
 #: far below the server's ``max_allowed_packet`` (16 MiB by default, 4 MiB at least).
 FLUSH_CHARACTERS = 1 << 20
@@ -48,6 +53,8 @@ class _Queue:
     statements: list[str] = dataclasses.field(default_factory=list)
     values: list[Any] = dataclasses.field(default_factory=list)
     characters: int = 0
+    #: The last statement is the transaction's COMMIT (``end_with_commit``).
+    commits: bool = False
 
 
 def allow_on(engine: Engine) -> None:
@@ -103,7 +110,10 @@ def collecting(conn: Connection) -> Iterator[None]:
         yield
         flush(conn)
     finally:
-        conn.info.pop(_QUEUE, None)
+        # A connection lost meanwhile took its ``info`` with it (and asking for it
+        # would raise: the transaction must be rolled back first).
+        if not conn.invalidated:
+            conn.info.pop(_QUEUE, None)
 
 
 def send(conn: Connection, sql: str, values: Sequence[Any] = ()) -> int | None:
@@ -143,6 +153,21 @@ def send_rows(conn: Connection, insert: str, marks: str, rows: Sequence[Sequence
                characters)
 
 
+def end_with_commit(conn: Connection) -> None:
+    """Commit the transaction as the last statement of the queue, sent when
+    ``collecting`` ends; the connection then sends no COMMIT of its own for SQLAlchemy's
+    (``transaction_ends``). Nothing but that commit may follow on ``conn``. Outside
+    ``collecting`` (SQLite, batches off) nothing is queued: the transaction commits as
+    it would have."""
+    queue: _Queue | None = conn.info.get(_QUEUE)
+    if queue is not None:
+        queue.statements.append(COMMIT)
+        queue.commits = True
+        on_queued = conn.get_execution_options().get(ON_QUEUED)
+        if on_queued is not None:
+            on_queued(COMMIT)
+
+
 def _characters(values: Sequence[Any]) -> int:
     """About how much of a query ``values`` take (a string its length, else 8)."""
     return sum(len(v) if isinstance(v, str) else 8 for v in values)
@@ -168,5 +193,8 @@ def flush(conn: Connection) -> None:
     if queue is None or not queue.statements:
         return
     sql, values = ";\n".join(queue.statements), tuple(queue.values)
+    commits, queue.commits = queue.commits, False
     queue.statements, queue.values, queue.characters = [], [], 0
     conn.exec_driver_sql(sql, values, execution_options={MANY_ANSWERS: True})
+    if commits:  # every answer was read: the COMMIT's too
+        transaction_ends.ended_by_query(conn.connection.dbapi_connection)

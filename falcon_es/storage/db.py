@@ -21,7 +21,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 from falcon_es.config.job_mapping import JobMapping
-from falcon_es.storage import batched
+from falcon_es.storage import batched, transaction_ends
 from falcon_es.storage.tables import (
     ACTOR_LENGTH, STREAM_ID_LENGTH, JobTable, MessageRoom, WantedIndex,
 )
@@ -57,7 +57,9 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
     (``falcon_es.storage.batched``). ``limits`` (a controller's) bound
     every wait of every connection: connecting, each read and write, each lock wait,
     and how long the server keeps a write transaction that went quiet; without them
-    (migrations, one-off commands) only connecting is bounded, by the driver.
+    (migrations, one-off commands) only connecting is bounded, by the driver. The
+    writer's MySQL/MariaDB connections end a transaction only when one may be open
+    (``falcon_es.storage.transaction_ends``).
 
     Beside it, with a pool of its own, the engine ``read_only`` returns: see there."""
     try:
@@ -91,6 +93,7 @@ def make_engine(url: str, limits: DatabaseSettings | None = None, **kwargs: Any)
                                   **_writing(kwargs, reader))
         if limits is None or limits.batch_writes:
             batched.allow_on(engine)
+        transaction_ends.use_on(engine)
         for each in (engine, reader):
             _ping_idle_connections(each)
             if limits is not None:
@@ -117,14 +120,6 @@ def read_only(engine: Engine) -> Engine:
     if reader is not None:
         return cast(Engine, reader)
     return engine.execution_options(**{READ_ONLY_OPTION: True})
-
-
-def ends_nothing(conn: sa.Connection) -> bool:
-    """Whether ending this connection's transaction sends nothing to the database (an
-    autocommit reader of ``read_only``): what round-trip counts leave out."""
-    dialect, dbapi_connection = conn.dialect, conn.connection.dbapi_connection
-    return (bool(dialect.skip_autocommit_rollback) and dbapi_connection is not None
-            and bool(dialect.detect_autocommit_setting(dbapi_connection)))
 
 
 #: Execution option carrying an engine's autocommit reader (see ``read_only``).

@@ -139,12 +139,14 @@ class EventStore:
             return []
         try:
             with self.engine.begin() as conn:
-                # The writes after the head's move go in one query (``batched``).
+                # The writes after the head's move go in one query (``batched``), the
+                # COMMIT last: nothing may run on ``conn`` after it.
                 with batched.collecting(conn):
                     recorded = self._append(conn, appends, self.clock.now() if at is None else at)
                     self._project(conn, recorded)
-                for write in extra:
-                    write(conn)
+                    for write in extra:
+                        write(conn)
+                    batched.end_with_commit(conn)
         except sa.exc.IntegrityError as error:
             self._discard()
             raise self._concurrency_error(appends, error) from error
