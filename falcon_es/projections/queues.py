@@ -49,6 +49,7 @@ from falcon_es.domain.clock import Clock
 from falcon_es.domain.eta import Calibration, Estimate, SlotTimes
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.queue_places import Entry, Placement, QueueKey
+from falcon_es.storage import batched
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage.tables import JobTable
 from falcon_es.domain.task import Change, TaskState, TaskStates
@@ -556,8 +557,10 @@ class QueueView:
         try:
             rows = self._stage(False, now)
             if rows:
-                with engine.begin() as conn:
+                # On MySQL/MariaDB the UPDATEs and the COMMIT go in one query.
+                with engine.begin() as conn, batched.collecting(conn):
                     write_positions(conn, rows, job=self.job)
+                    batched.end_with_commit(conn)
         except BaseException:
             self._drop_staged()
             raise
