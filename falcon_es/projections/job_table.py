@@ -25,7 +25,8 @@ from falcon_es.domain.spec import DUPLICATE_ID
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage import batched
 from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
-from falcon_es.domain.task import Change, TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import Change, TaskStates
 from falcon_es.projections.messages import fit_message, render, task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
