@@ -16,6 +16,7 @@ from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.fold_steps import STEP_OUTCOMES, STEPS
 from falcon_es.domain.task import evolve, new_state
+from falcon_es.domain.task_states import TaskStates
 
 AT = dt.datetime(2026, 11, 1, 9)
 TEXTS = ("a", "b", *sorted(STEP_OUTCOMES))
@@ -67,3 +68,49 @@ def test_in_place_fold_gives_the_copying_folds_states(data: st.DataObject) -> No
         assert evolve(own, event, at, in_place=True) is own
         assert own == copied
         assert before.version == copied.version - 1
+
+
+class _Record(typing.NamedTuple):
+    stream_id: str
+    event: ev.Event
+    recorded_at: dt.datetime
+
+
+def _walks(data: st.DataObject, streams: int) -> list[_Record]:
+    """Legal walks of a few tasks, their events interleaved in a drawn order."""
+    states = {f"t-{n}": new_state(f"t-{n}") for n in range(streams)}
+    records: list[_Record] = []
+    for second in range(data.draw(st.integers(1, 40))):
+        task_id = data.draw(st.sampled_from(sorted(states)))
+        choices = NEXT[states[task_id].state]
+        if not choices:
+            continue
+        event = data.draw(EVENTS[data.draw(st.sampled_from(choices))])
+        at = AT + dt.timedelta(seconds=second)
+        states[task_id] = evolve(states[task_id], event, at)
+        records.append(_Record(task_id, event, at))
+    return records
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_an_appends_fold_gives_the_per_event_folds_states_and_changes(
+        data: st.DataObject) -> None:
+    """``TaskStates.apply`` (an append's fold: one copy per task, then in place) stages
+    the states and net changes ``TaskStates.fold`` stages, append after append, and
+    leaves the states it started from untouched."""
+    records = _walks(data, data.draw(st.integers(1, 3)))
+    per_event, in_place = TaskStates(), TaskStates()
+    while records:
+        size = data.draw(st.integers(1, len(records)))
+        append, records = records[:size], records[size:]
+        held = {r.stream_id: (s, dict(s.__dict__)) for r in append
+                if (s := in_place.get(r.stream_id)) is not None}
+        per_event.fold(append)
+        in_place.apply(None, append)
+        assert in_place.changes() == per_event.changes()
+        assert in_place.all() == per_event.all()
+        for state, fields in held.values():
+            assert state.__dict__ == fields
+        per_event.committed()
+        in_place.committed()

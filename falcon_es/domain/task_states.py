@@ -72,7 +72,29 @@ class TaskStates:
         return changes
 
     def apply(self, conn: Any, recorded: Any) -> None:
-        self.fold(recorded)
+        """``fold`` for an append, whose states between its events nobody reads: each
+        task's state is copied at its first event and evolved in place after it
+        (``evolve``'s ``in_place``), and only the net ``Change`` is kept."""
+        staged, states, tracked = self._staged, self._states, self._changes
+        own: set[str] = set()  # tasks whose staged state this fold built: nobody holds it
+        for record in recorded:
+            event = record.event
+            if type(event).__name__ not in TASK_EVENT_TYPES:
+                continue
+            task_id = record.stream_id
+            if task_id in own:
+                change = tracked[task_id]
+                evolve(change.after, event, record.recorded_at, in_place=True)
+                if event.folds_abort and not change.folds_abort:
+                    tracked[task_id] = change._replace(folds_abort=True)
+                continue
+            own.add(task_id)
+            previous = tracked.get(task_id)
+            before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
+            after = staged[task_id] = evolve(before, event, record.recorded_at)
+            tracked[task_id] = (Change(before, after, event.folds_abort) if previous is None
+                                else Change(previous.before, after,
+                                            event.folds_abort or previous.folds_abort))
 
     def changes(self) -> list[Change]:
         """Per task, the net change made by the append in progress."""
