@@ -9,13 +9,17 @@ import datetime as dt
 import typing
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from falcon_es.domain import chart
 from falcon_es.domain import events as ev
 from falcon_es.domain.fold_steps import STEP_OUTCOMES, STEPS
-from falcon_es.domain.task import evolve, new_state
+from falcon_es.domain.intents import Intent, IntentKind, JobIntent, PoolDisposition, PoolIntent
+from falcon_es.domain.naming import pool_group
+from falcon_es.domain.task import TaskState, evolve, new_state
+from falcon_es.domain.task_intents import task_intents
 from falcon_es.domain.task_states import TaskStates
 
 AT = dt.datetime(2026, 11, 1, 9)
@@ -114,3 +118,47 @@ def test_an_appends_fold_gives_the_per_event_folds_states_and_changes(
             assert state.__dict__ == fields
         per_event.committed()
         in_place.committed()
+
+
+def _plain_took(state: TaskState) -> tuple[tuple[str, str], ...]:
+    pool = state.pool
+    if pool.from_task and pool.name and not pool.taken_pools:
+        return ((pool.name, pool.from_task),)
+    return tuple(zip(pool.taken_pools, pool.taken_from, strict=True))
+
+
+def _plain_intents(state: TaskState) -> tuple[Intent, ...]:
+    """``task_intents`` as first written: every check in turn, no shortcut."""
+    cluster_id = state.placement.cluster_id or ""
+    found = []
+    if state.pool.intent == PoolIntent.CREATE_REQUESTED and state.pool.name:
+        request = state.pool.request
+        own = request.pool_name if request is not None else state.pool.name
+        found.append(Intent(IntentKind.POOL_CREATE, state.task_id, own, cluster_id))
+    if state.job.name and state.job.intent == JobIntent.SUBMIT_REQUESTED:
+        found.append(Intent(IntentKind.JOB_SUBMIT, state.task_id, state.job.name, cluster_id))
+    if state.job.name and state.job.intent == JobIntent.DELETE_REQUESTED:
+        found.append(Intent(IntentKind.JOB_DELETE, state.task_id, state.job.name, cluster_id))
+    deleting = state.pool.deleting or state.node_pools[:1]
+    if deleting and state.pool.disposition in (PoolDisposition.DELETE_REQUESTED,
+                                               PoolDisposition.DELETE_FAILED):
+        found.append(Intent(IntentKind.POOL_DELETE, state.task_id, deleting[0], cluster_id))
+    return tuple(found)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_the_reads_of_every_commit_give_their_plain_definitions(data: st.DataObject) -> None:
+    """What the projections read of each changed state (pools taken, the intents
+    open) is what the plain definitions give, on every state of legal walks."""
+    state = new_state("t-1")
+    for record in _walks(data, 1):
+        state = evolve(state, record.event, record.recorded_at)
+        assert state.took == _plain_took(state)
+        assert task_intents(state) == _plain_intents(state)
+
+
+@pytest.mark.parametrize("slices", [0, 1, 2, 3])
+def test_a_pool_group_names_one_pool_per_slice(slices: int) -> None:
+    assert pool_group("falcon-a-2x2", slices) == (
+        "falcon-a-2x2", *(f"falcon-a-2x2-s{i}" for i in range(1, slices)))

@@ -135,7 +135,7 @@ class TaskState:
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose fate the task decides when it ends: those it took and those
         its create may have made (none when GKE refused the create outright)."""
-        if self.pool.intent in (None, PoolIntent.NOT_CREATED):
+        if self.pool.intent in (None, _NOT_CREATED):
             return self.pool.taken_pools
         return self.node_pools
 
@@ -149,8 +149,8 @@ class TaskState:
     def took(self) -> tuple[tuple[str, str], ...]:
         """(pool, task it came from) of every pool the task took over."""
         pool = self.pool
-        if pool.from_task and pool.name and not pool.taken_pools:
-            return ((pool.name, pool.from_task),)
+        if not pool.taken_pools:  # most tasks: built nothing to zip
+            return ((pool.name, pool.from_task),) if pool.from_task and pool.name else ()
         return tuple(zip(pool.taken_pools, pool.taken_from, strict=True))
 
     @property
@@ -212,7 +212,7 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime, *,
         # replace one record.
         old = fields[record]
         replaced = object.__new__(type(old))
-        object.__setattr__(replaced, "__dict__", {**old.__dict__, **changed})
+        object.__setattr__(replaced, "__dict__", old.__dict__ | changed)
         fields[record] = replaced
     return state if in_place else _built(fields)
 
