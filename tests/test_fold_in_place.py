@@ -150,12 +150,14 @@ def _plain_intents(state: TaskState) -> tuple[Intent, ...]:
 @given(st.data())
 def test_the_reads_of_every_commit_give_their_plain_definitions(data: st.DataObject) -> None:
     """What the projections read of each changed state (pools taken, the intents
-    open) is what the plain definitions give, on every state of legal walks."""
+    open, whether it ended) is what the plain definitions give, on every state of
+    legal walks."""
     state = new_state("t-1")
     for record in _walks(data, 1):
         state = evolve(state, record.event, record.recorded_at)
         assert state.took == _plain_took(state)
         assert task_intents(state) == _plain_intents(state)
+        assert state.is_terminal == (state.status in chart.TERMINAL_STATUSES)
 
 
 @pytest.mark.parametrize("slices", [0, 1, 2, 3])

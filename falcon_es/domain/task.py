@@ -33,6 +33,10 @@ from falcon_es.domain.task_records import (
 
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
+#: Whether each chart state's Status is terminal: every projection asks it of every
+#: task a commit changed.
+_TERMINAL_OF: Mapping[str, bool] = MappingProxyType(
+    {s: status in chart.TERMINAL_STATUSES for s, status in _STATUS_OF.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +159,8 @@ class TaskState:
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in chart.TERMINAL_STATUSES
+        terminal = _TERMINAL_OF.get(self.state)
+        return self.status in chart.TERMINAL_STATUSES if terminal is None else terminal
 
     @property
     def holds_slot(self) -> bool:
