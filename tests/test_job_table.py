@@ -392,7 +392,8 @@ def test_the_per_row_and_the_batched_update_write_the_same_rows(
     """SQLite before 3.33 has no UPDATE ... FROM and gets the per-row compare-and-set;
     every batched form must leave the same rows, an unfolded abort included."""
     from falcon_es.projections import job_table
-    from falcon_es.domain.task import Change, fold
+    from falcon_es.domain.task import fold
+    from falcon_es.domain.task_states import Change
 
     monkeypatch.setattr(job_table, "BY_ID_ROWS", by_id_rows)
 

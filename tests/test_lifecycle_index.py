@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from falcon_es.engine.lifecycle_index import Group, LifecycleIndex
 from falcon_es.domain import events as ev
 from falcon_es.domain.spec import TaskSpec
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from tests.support.task_states import replaced
 
 T0 = dt.datetime(2026, 11, 1, 9)

@@ -11,7 +11,7 @@ from types import MappingProxyType
 import pytest
 
 from falcon_es.domain import events as ev
-from falcon_es.domain import task
+from falcon_es.domain import task, task_states
 from falcon_es.adapters.sim.config import Span, StockoutConfig
 from falcon_es.domain.clock import VirtualClock
 from falcon_es.projections import replay
@@ -505,7 +505,7 @@ def test_the_node_pool_view_shows_each_pool_of_a_group_with_its_own_fate() -> No
     assert ms.node_pools == ("falcon-a-4x4", "falcon-ms-4x4-s1")
     assert project_message(ms) == ("succeeded (8 pod(s)); node pool falcon-ms-4x4-s1 handed "
                                    "over to w; deleting node pool falcon-a-4x4")
-    samples = pool_samples(task.TaskStates([ms]), {})
+    samples = pool_samples(task_states.TaskStates([ms]), {})
     assert {(s.name, s.state, s.owner_task) for s in samples} == {
         ("falcon-a-4x4", "deleting", "ms"), ("falcon-ms-4x4-s1", "idle-retained", "ms")}
 

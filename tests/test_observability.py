@@ -26,7 +26,8 @@ from falcon_es.observability.metrics import Metrics, PoolSample, error_code, que
 from falcon_es.domain.ports import QUOTA_EXCEEDED, PortError
 from falcon_es.domain.clusters import Cluster
 from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, StreamAppend
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from tests.support.task_states import task_state
 from tests.conftest import migrate
 

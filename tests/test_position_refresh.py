@@ -487,7 +487,7 @@ def test_zero_writes_every_change_with_its_append(db_url: str, clock: VirtualClo
 
 
 def test_an_interval_needs_a_clock_and_cannot_be_negative() -> None:
-    from falcon_es.domain.task import TaskStates
+    from falcon_es.domain.task_states import TaskStates
 
     with pytest.raises(ValueError, match="needs the clock"):
         QueueView(TaskStates(), refresh_seconds=5)

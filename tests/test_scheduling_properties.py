@@ -32,7 +32,8 @@ from falcon_es.engine.runtime import Tick
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.handlers import scheduling
 from falcon_es.projections.queues import QueueView
 

@@ -30,7 +30,7 @@ from falcon_es.domain.ports import (
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.spec import SimBehaviour, parse_spec
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.tpu import slice_shape
 
 START = dt.datetime(2026, 11, 1, 9, 0, 0)

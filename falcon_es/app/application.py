@@ -17,7 +17,7 @@ from falcon_es.config.settings import Settings
 from falcon_es.domain.clock import Clock, WallClock
 from falcon_es.domain.clusters import Cluster
 from falcon_es.domain.queue_book import QueueBook
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.engine.cluster_cache import ClusterCache
 from falcon_es.engine.follow import LogFollower
 from falcon_es.engine.lifecycle_index import LifecycleIndex

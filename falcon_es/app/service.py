@@ -23,7 +23,7 @@ from falcon_es.storage import db
 from falcon_es.storage.fence import FencedOut
 from falcon_es.domain.ports import Ports
 from falcon_es.engine.runtime import Controller, TickReport
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 
 if TYPE_CHECKING:  # a service names what it was built of
     from falcon_es.adapters.sim import SimWorld

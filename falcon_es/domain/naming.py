@@ -92,6 +92,8 @@ def pool_group(first: str, slices: int) -> tuple[str, ...]:
     """The pools of a task of ``slices`` slices whose first pool is ``first`` (the
     single-slice name, so a one-slice task is unchanged): slice ``i`` is ``first``
     plus ``-s<i>``."""
+    if slices <= 1:
+        return (first,)  # most tasks: nothing to name or check
     names = (first, *(f"{first}{_SLICE_SUFFIX}{i}" for i in range(1, slices)))
     for name in names[1:]:
         if not _POOL_NAME.match(name):

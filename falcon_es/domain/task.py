@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from falcon_es.domain import chart, naming
 from falcon_es.domain import events as ev
@@ -33,6 +33,10 @@ from falcon_es.domain.task_records import (
 
 #: The Status of each chart state, looked up once per folded event.
 _STATUS_OF: Mapping[str, str] = MappingProxyType({s: chart.status_of(s) for s in chart.STATES})
+#: Whether each chart state's Status is terminal: every projection asks it of every
+#: task a commit changed.
+_TERMINAL_OF: Mapping[str, bool] = MappingProxyType(
+    {s: status in chart.TERMINAL_STATUSES for s, status in _STATUS_OF.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +139,7 @@ class TaskState:
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose fate the task decides when it ends: those it took and those
         its create may have made (none when GKE refused the create outright)."""
-        if self.pool.intent in (None, PoolIntent.NOT_CREATED):
+        if self.pool.intent in (None, _NOT_CREATED):
             return self.pool.taken_pools
         return self.node_pools
 
@@ -149,13 +153,14 @@ class TaskState:
     def took(self) -> tuple[tuple[str, str], ...]:
         """(pool, task it came from) of every pool the task took over."""
         pool = self.pool
-        if pool.from_task and pool.name and not pool.taken_pools:
-            return ((pool.name, pool.from_task),)
+        if not pool.taken_pools:  # most tasks: built nothing to zip
+            return ((pool.name, pool.from_task),) if pool.from_task and pool.name else ()
         return tuple(zip(pool.taken_pools, pool.taken_from, strict=True))
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in chart.TERMINAL_STATUSES
+        terminal = _TERMINAL_OF.get(self.state)
+        return self.status in chart.TERMINAL_STATUSES if terminal is None else terminal
 
     @property
     def holds_slot(self) -> bool:
@@ -212,7 +217,7 @@ def evolve(state: TaskState, event: ev.Event, recorded_at: dt.datetime, *,
         # replace one record.
         old = fields[record]
         replaced = object.__new__(type(old))
-        object.__setattr__(replaced, "__dict__", {**old.__dict__, **changed})
+        object.__setattr__(replaced, "__dict__", old.__dict__ | changed)
         fields[record] = replaced
     return state if in_place else _built(fields)
 
@@ -601,94 +606,3 @@ def fold(task_id: str, recorded: list[tuple[ev.Event, dt.datetime]]) -> TaskStat
 
 
 TASK_EVENT_TYPES = frozenset(cls.__name__ for cls in ev.TASK_EVENTS)
-
-
-class Change(NamedTuple):
-    """One task's state before and after the events of one append (a named tuple:
-    immutable, and cheap to build once per folded event)."""
-
-    before: TaskState
-    after: TaskState
-    folds_abort: bool
-
-
-class TaskStates:
-    """Every task's current state, folded inline with each append.
-
-    Writes are staged during the append's transaction and become visible only after
-    it commits, so a rolled-back tick leaves no trace here either.
-    """
-
-    def __init__(self, states: Iterable[TaskState] = ()) -> None:
-        self._states: dict[str, TaskState] = {state.task_id: state for state in states}
-        self._staged: dict[str, TaskState] = {}
-        self._changes: dict[str, Change] = {}
-        #: Committed tasks that have not ended, kept on each commit so that "is any task
-        #: still live?" does not look at every task ever seen.
-        self._live: set[str] = {s.task_id for s in self._states.values() if not s.is_terminal}
-
-    def get(self, task_id: str) -> TaskState | None:
-        return self._staged.get(task_id) or self._states.get(task_id)
-
-    def __contains__(self, task_id: str) -> bool:
-        return self.get(task_id) is not None
-
-    def all(self) -> list[TaskState]:
-        return list({**self._states, **self._staged}.values())
-
-    def live(self) -> list[TaskState]:
-        return [s for s in self.all() if not s.is_terminal]
-
-    def fold(self, recorded: Any) -> list[Change]:
-        """Fold recorded events (``store.RecordedEvent``-like) into staged states."""
-        changes: list[Change] = []
-        staged, states, tracked = self._staged, self._states, self._changes
-        for record in recorded:
-            event = record.event
-            if type(event).__name__ not in TASK_EVENT_TYPES:
-                continue
-            task_id = record.stream_id
-            before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
-            after = evolve(before, event, record.recorded_at)
-            staged[task_id] = after
-            previous = tracked.get(task_id)
-            if previous is None:
-                change = Change(before, after, event.folds_abort)
-            else:
-                change = Change(previous.before, after,
-                                event.folds_abort or previous.folds_abort)
-            tracked[task_id] = change
-            changes.append(change)
-        return changes
-
-    def apply(self, conn: Any, recorded: Any) -> None:
-        self.fold(recorded)
-
-    def changes(self) -> list[Change]:
-        """Per task, the net change made by the append in progress."""
-        return list(self._changes.values())
-
-    def live_count(self) -> int:
-        """How many committed tasks have not ended (staged states not included)."""
-        return len(self._live)
-
-    def committed(self) -> None:
-        live = self._live
-        for task_id, state in self._staged.items():
-            if state.is_terminal:
-                live.discard(task_id)
-            else:
-                live.add(task_id)
-        self._states.update(self._staged)
-        self._staged.clear()
-        self._changes.clear()
-
-    def discarded(self) -> None:
-        self._staged.clear()
-        self._changes.clear()
-
-    def forget(self, task_ids: Any) -> None:
-        """Drop cached states (after a concurrency error another writer won)."""
-        for task_id in task_ids:
-            self._states.pop(task_id, None)
-            self._live.discard(task_id)

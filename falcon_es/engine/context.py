@@ -22,7 +22,8 @@ from falcon_es.domain.queue_book import QueueBook
 from falcon_es.config.retry import retry_due_at
 from falcon_es.config.settings import Settings
 from falcon_es.domain.spec import SpecLimits
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 
 
 @dataclasses.dataclass

@@ -53,7 +53,8 @@ from falcon_es.config.retry import (
 )
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import EventStore, RecordedEvent
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.engine.task_manifests import (
     POOL_TASK_LABEL, pool_labels, pool_owner, render_task_job, workload_kind,
 )

@@ -26,7 +26,8 @@ from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.live_set import LiveSet
 from falcon_es.domain.queue_book import QueueBook
 from falcon_es.storage.store import EventStore, RecordedEvent
-from falcon_es.domain.task import TASK_EVENT_TYPES, Change, TaskStates
+from falcon_es.domain.task import TASK_EVENT_TYPES
+from falcon_es.domain.task_states import Change, TaskStates
 
 log = logging.getLogger("falcon_es.engine.follow")
 

@@ -27,7 +27,8 @@ from falcon_es.domain.handover import can_take_pool, needs_disposal, taker_rank
 from falcon_es.domain.intents import Intent, PoolDisposition, PoolIntent
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage.store import RecordedEvent
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.task_intents import task_intents
 from falcon_es.engine.operation_polls import OperationPolls, Poll
 

@@ -55,7 +55,8 @@ from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage import batched, fence as fencing
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import last_served, live_streams
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.task_intents import task_intents
 
 #: Dispositions under which an ended task still answers for its pool.

@@ -22,7 +22,8 @@ from falcon_es.domain import events as ev
 from falcon_es.engine.context import HandlerContext
 from falcon_es.storage import db
 from falcon_es.storage.store import ConcurrencyError, EventStore, Meta, RecordedEvent, StreamAppend
-from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, TaskStates, evolve
+from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, evolve
+from falcon_es.domain.task_states import TaskStates
 
 log = logging.getLogger("falcon_es.engine.runtime")
 

@@ -25,7 +25,8 @@ from falcon_es.domain.spec import DUPLICATE_ID
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage import batched
 from falcon_es.storage.tables import JobSql, JobTable, MessageRoom
-from falcon_es.domain.task import Change, TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import Change, TaskStates
 from falcon_es.projections.messages import fit_message, render, task_message
 
 #: Columns this projection owns (everything Falcon-ES writes back).
@@ -36,8 +37,6 @@ PROJECTED_COLUMNS = (
 
 
 _ABORT_STATUSES = frozenset({chart.ABORTING, chart.ABORTED})
-#: The compare-and-set UPDATE's parameter of each projected column, in their order.
-_BOUND_NAMES = tuple(f"b_{c}" for c in PROJECTED_COLUMNS)
 
 
 def row_values(state: TaskState, lang: str,
@@ -125,23 +124,26 @@ def write_rows(
     conn: Connection, changes: Iterable[Change], lang: str, update: sa.Update | None = None,
     *, job: JobTable,
 ) -> int:
-    params = []
     room = job.message_room
-    for change in changes:
-        values = _projected(change.after, lang, room)  # the status first
-        row = dict(zip(_BOUND_NAMES, values))
-        row["b_id"] = change.after.task_id
-        abort_folded = change.folds_abort or values[0] in _ABORT_STATUSES
-        row["b_folds_abort"] = 1 if abort_folded else 0
-        params.append(row)
-    if not params:
+    rows = [_row_params(change, lang, room) for change in changes]
+    if not rows:
         return 0
     if _joined_update_works(conn.dialect):
         # A batch's rows are counted by no one (``batched.send`` answers None).
-        return sum(_write_joined(conn, job, params[first:first + JOINED_ROWS]) or 0
-                   for first in range(0, len(params), JOINED_ROWS))
+        return sum(_write_joined(conn, job, rows[first:first + JOINED_ROWS]) or 0
+                   for first in range(0, len(rows), JOINED_ROWS))
+    params = [dict(zip(_JOINED_PARAMS, row)) for row in rows]
     result = conn.execute(update if update is not None else _cas_update(job), params)
     return result.rowcount
+
+
+def _row_params(change: Change, lang: str, room: MessageRoom) -> tuple[Any, ...]:
+    """One changed row's parameters, in ``_JOINED_PARAMS`` order: the statements take
+    them by position, so no dict is built per row only to be read back by name."""
+    after = change.after
+    values = _projected(after, lang, room)  # the status first
+    abort_folded = change.folds_abort or values[0] in _ABORT_STATUSES
+    return (after.task_id, 1 if abort_folded else 0, *values)
 
 
 #: Rows per statement of the joined update.
@@ -263,27 +265,36 @@ def _by_id_statement(rows: int, table: str,
 
 
 
-def _write_joined(conn: Connection, job: JobTable,
-                  params: Sequence[dict[str, Any]]) -> int | None:
+def _write_joined(conn: Connection, job: JobTable, rows: Sequence[tuple[Any, ...]]) -> int | None:
     """The statement goes to the driver as is, so each value first gets the column
     type's own bind processing (SQLite stores datetimes as text in SQLAlchemy's format,
     which the time comparisons rely on). On MySQL/MariaDB, up to ``BY_ID_ROWS`` rows
-    go as ``_by_id_update_sql``."""
+    go as ``_by_id_update_sql``. ``rows``: ``_row_params``."""
     dialect = conn.dialect
-    processors = _bind_processors(job, dialect)
-    if dialect.name in ("mysql", "mariadb") and len(params) <= BY_ID_ROWS:
-        keyed = {f"{name}_{n}": row[name] if process is None or row[name] is None
-                 else process(row[name])
-                 for n, row in enumerate(params) for name, process in zip(_JOINED_PARAMS, processors)}
-        sql, order = _by_id_update_sql(len(params), job.sql(dialect))
+    flat = _bound_flat(rows, _bind_processors(job, dialect))
+    if dialect.name in ("mysql", "mariadb") and len(rows) <= BY_ID_ROWS:
+        width = len(_JOINED_PARAMS)
+        keyed = {f"{name}_{n}": flat[n * width + index]
+                 for n in range(len(rows)) for index, name in enumerate(_JOINED_PARAMS)}
+        sql, order = _by_id_update_sql(len(rows), job.sql(dialect))
         return batched.send(conn, sql, [keyed[name] for name in order])
-    flat = tuple(
-        value if process is None or value is None else process(value)
-        for row in params
-        for value, process in zip((row[name] for name in _JOINED_PARAMS), processors)
-    )
-    sql = _joined_update_sql(len(params), dialect.name, job.sql(dialect))
+    sql = _joined_update_sql(len(rows), dialect.name, job.sql(dialect))
     return batched.send(conn, sql, flat)
+
+
+def _bound_flat(rows: Sequence[tuple[Any, ...]],
+                processors: tuple[Callable[[Any], Any] | None, ...]) -> list[Any]:
+    """The rows' values one after another, each bound by its column's processor (a
+    None value as is): a column at a time, over the columns that have one."""
+    flat = [value for row in rows for value in row]
+    width = len(processors)
+    for column, process in enumerate(processors):
+        if process is not None:
+            for index in range(column, len(flat), width):
+                value = flat[index]
+                if value is not None:
+                    flat[index] = process(value)
+    return flat
 
 
 @functools.lru_cache(maxsize=16)

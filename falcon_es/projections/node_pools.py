@@ -17,7 +17,8 @@ from falcon_es.domain.intents import PoolDisposition, PoolIntent
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.observability.metrics import PoolSample
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.task import TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import TaskStates
 
 CREATING, ACTIVE, IDLE_RETAINED, DELETING, DELETED = (
     "creating", "active", "idle-retained", "deleting", "deleted")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.projections.position_messages import positions
 from falcon_es.projections.queues import QueueView
 

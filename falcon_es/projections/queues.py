@@ -52,7 +52,8 @@ from falcon_es.domain.queue_places import Entry, Placement, QueueKey
 from falcon_es.storage import batched
 from falcon_es.storage.store import RecordedEvent
 from falcon_es.storage.tables import JobTable
-from falcon_es.domain.task import Change, TaskState, TaskStates
+from falcon_es.domain.task import TaskState
+from falcon_es.domain.task_states import Change, TaskStates
 from falcon_es.projections.position_messages import Wait, positions, positions_of, renderer
 from falcon_es.projections.position_rows import waiting_messages, write_positions
 from falcon_es.projections.messages import wait_reason

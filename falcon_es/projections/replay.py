@@ -42,7 +42,8 @@ from falcon_es.domain.queue_book import QueueBook
 from falcon_es.domain.queue_places import Placement, QueueKey
 from falcon_es.storage.store import EventStore, RecordedEvent
 from falcon_es.storage.tables import JobTable
-from falcon_es.domain.task import TASK_EVENT_TYPES, Change, TaskState, TaskStates, evolve, new_state
+from falcon_es.domain.task import TASK_EVENT_TYPES, TaskState, evolve, new_state
+from falcon_es.domain.task_states import Change, TaskStates
 from falcon_es.projections.job_table import (
     PROJECTED_COLUMNS, duplicate_update, refusal_update, row_values, write_refusals, write_rows,
 )

@@ -22,7 +22,7 @@ from falcon_es.adapters.sim.persist import SavedWorldError, WorldStore
 from falcon_es.adapters.sim.world import SimWorld, behaviour_from_tasks
 from falcon_es.domain.clock import Clock
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.storage import registry
 from falcon_es.storage.store import EventStore
 

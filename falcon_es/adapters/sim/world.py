@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from falcon_es.domain.clock import Clock
 from falcon_es.domain.ports import JobObservation, Ports
 from falcon_es.domain.clusters import Cluster
-from falcon_es.domain.task import TaskStates
+from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.tpu import TPU_TYPES
 
 from falcon_es.adapters.sim.bus import SimBus
