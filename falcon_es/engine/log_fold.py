@@ -21,10 +21,11 @@ import copy
 import datetime as dt
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from falcon_es.domain import events as ev
 from falcon_es.domain.event_json import json_value
@@ -63,10 +64,11 @@ def final_states(connect: Connect, *, until: int | None = None,
     position = 0
     with connect() as conn:
         page, versions = _statements(conn.dialect.name)
+        compiled = cast(SQLCompiler, page.compile(dialect=conn.dialect))
     while position < until:
         with connect() as conn:
-            rows = conn.execute(page, {"position": position, "until": until,
-                                       "limit": batch_size}).all()
+            rows = _rows_of(conn, compiled, {"position": position, "until": until,
+                                             "limit": batch_size})
             if not rows:
                 return
             fresh = {row[1] for row in rows if row[3] in TASK_EVENT_TYPES}.difference(last)
@@ -74,6 +76,20 @@ def final_states(connect: Connect, *, until: int | None = None,
                 last.update(conn.execute(versions, {"ids": sorted(fresh), "until": until}).all())
         position = rows[-1][0]
         yield from _fold_batch(rows, inflight, last, readers, watch, on_watched)
+
+
+def _rows_of(conn: Connection, compiled: SQLCompiler,
+             values: dict[str, Any]) -> list[Any]:
+    """A page of the log as the driver's tuples: SQLAlchemy's rows cost a replay a
+    sixth of its reads (the columns need no processing: ``_statements``)."""
+    params: Any = compiled.construct_params(values)
+    if compiled.positional:
+        params = tuple(params[name] for name in compiled.positiontup or ())
+    result = conn.exec_driver_sql(str(compiled), params)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def _fold_batch(rows: Sequence[Any], inflight: dict[str, TaskState], last: dict[str, int],
