@@ -1,8 +1,8 @@
 """Every setting of Falcon-ES, declared once: grouped, each field with its variable,
 type, default and one line of doc.
 
-``Settings.from_env`` is the one reader of the environment (through
-``falcon_es.config.source``); ``Settings()`` alone is the defaults, whatever the
+``Settings.from_env`` is the one reader of the environment (its variables are put in
+place by ``falcon_es.config.source``); ``Settings()`` alone is the defaults, whatever the
 environment holds, so a test or a benchmark states what it changes. Command-line
 flags are overrides applied when the settings are built (``overrides``), never a
 second reading of a variable. ``falcon_es.config.reference`` writes the reference
@@ -12,6 +12,7 @@ page from these declarations.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any
@@ -521,7 +522,7 @@ class Settings(BaseSettings):
         """The settings the environment (``environ``, else the process's) holds, with
         ``overrides`` (group -> field -> value: the command line's flags) on top. A bad
         value raises one ``SettingsError`` naming the variable and what is wrong."""
-        read = Variables(cls, environ)()
+        read = Variables(cls, os.environ if environ is None else environ)()
         for group, values in (overrides or {}).items():
             read[group] = {**read.get(group, {}), **values}
         try:

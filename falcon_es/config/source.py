@@ -1,10 +1,9 @@
-"""The one reader of the environment: the declared variables' values, as text, put
-where the declaration says; and a refused value turned into one sentence naming the
-variable, the text and what is wrong with it."""
+"""The declared variables' values, as text, put where the declaration says, from the
+environment ``Settings.from_env`` (its one reader) hands over; and a refused value
+turned into one sentence naming the variable, the text and what is wrong with it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,13 +24,12 @@ def groups_of(settings_cls: type[BaseModel]) -> Iterator[tuple[str, type[BaseMod
 
 
 class Variables(PydanticBaseSettingsSource):
-    """The declared variables set in ``environ`` (the process's when None), as
-    group -> field -> text. An empty value is no value: the default applies."""
+    """The declared variables set in ``environ``, as group -> field -> text. An empty
+    value is no value: the default applies."""
 
-    def __init__(self, settings_cls: type[BaseSettings],
-                 environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
-        self.environ = os.environ if environ is None else environ
+        self.environ = environ
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # the groups are read whole, in __call__

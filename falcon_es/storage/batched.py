@@ -161,11 +161,8 @@ def end_with_commit(conn: Connection) -> None:
     it would have."""
     queue: _Queue | None = conn.info.get(_QUEUE)
     if queue is not None:
-        queue.statements.append(COMMIT)
-        queue.commits = True
-        on_queued = conn.get_execution_options().get(ON_QUEUED)
-        if on_queued is not None:
-            on_queued(COMMIT)
+        queue.commits = True  # set first: a queue sent at once knows it ends there
+        _queue(conn, queue, COMMIT, (), 0)
 
 
 def _characters(values: Sequence[Any]) -> int:
