@@ -2,11 +2,12 @@
 
 A round trip is a statement sent, a transaction ended (commit or rollback, the pool's
 rollback of a connection given back included) or a ping the pool sends first; an end
-that sends nothing (``storage.transaction_ends``) is none. Totals say that a change cost round trips; the sites say which
-handler, projection or read path did: each round trip is put down to the handler or
-inline projection under way (labelled by ``label_sites``, one attribute set per call),
-or else to the innermost Falcon-ES function outside the database plumbing that sent it
-(the log's own insert, the append's commit, the loop's reads).
+that sends nothing (``storage.transaction_ends``) is none. Totals say that a change cost
+round trips; the sites say which handler, projection or read path did: each round trip
+is put down to the handler or inline projection under way (labelled by ``label_sites``,
+one attribute set per call), or else to the innermost Falcon-ES function outside the
+database plumbing that sent it (the log's own insert, the append's commit, the loop's
+reads).
 """
 
 from __future__ import annotations

@@ -22,6 +22,15 @@ class Change(NamedTuple):
     folds_abort: bool
 
 
+def _net(previous: Change | None, before: TaskState, after: TaskState,
+         folds_abort: bool) -> Change:
+    """The task's change so far in the append: from its state before the append's
+    first event of it (``previous``, if any) to ``after``."""
+    if previous is None:
+        return Change(before, after, folds_abort)
+    return Change(previous.before, after, folds_abort or previous.folds_abort)
+
+
 class TaskStates:
     """Every task's current state, folded inline with each append.
 
@@ -61,13 +70,8 @@ class TaskStates:
             before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
             after = evolve(before, event, record.recorded_at)
             staged[task_id] = after
-            previous = tracked.get(task_id)
-            if previous is None:
-                change = Change(before, after, event.folds_abort)
-            else:
-                change = Change(previous.before, after,
-                                event.folds_abort or previous.folds_abort)
-            tracked[task_id] = change
+            change = tracked[task_id] = _net(tracked.get(task_id), before, after,
+                                             event.folds_abort)
             changes.append(change)
         return changes
 
@@ -89,12 +93,9 @@ class TaskStates:
                     tracked[task_id] = change._replace(folds_abort=True)
                 continue
             own.add(task_id)
-            previous = tracked.get(task_id)
             before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
             after = staged[task_id] = evolve(before, event, record.recorded_at)
-            tracked[task_id] = (Change(before, after, event.folds_abort) if previous is None
-                                else Change(previous.before, after,
-                                            event.folds_abort or previous.folds_abort))
+            tracked[task_id] = _net(tracked.get(task_id), before, after, event.folds_abort)
 
     def changes(self) -> list[Change]:
         """Per task, the net change made by the append in progress."""
