@@ -19,13 +19,15 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect, Engine
 
+from falcon_es.storage import literals
 
-class Connection(pymysql.connections.Connection):  # type: ignore[misc]
-    """A PyMySQL connection that knows whether a transaction may be open."""
+
+class Connection(literals.Connection):  # type: ignore[misc]
+    """A PyMySQL connection that knows whether a transaction may be open (and makes
+    its literals fast: ``literals``)."""
 
     #: No query went out since the last COMMIT or ROLLBACK this side saw answered.
     #: False at first: what ran while connecting is not followed.
