@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymysql import converters
+from pymysql.constants import SERVER_STATUS
 from sqlalchemy.engine import Engine
 
 from falcon_es.storage import batched, db, literals, transaction_ends
@@ -42,13 +43,35 @@ class _Unconnected(literals.Connection):
         self.server_status = 0
         self.encoders = dict(converters.encoders)
         self.encoding = "utf8mb4"
+        self.own_literals = True
 
 
-def test_other_values_are_left_to_pymysql() -> None:
+def test_every_literal_is_pymysqls() -> None:
     connection = _Unconnected()
     aware = dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc)
-    for value in (None, 7, 2.5, True, b"\x00'", aware, dt.date(2026, 1, 2), ("a", 1)):
+    for value in (None, 7, -2**70, 2.5, True, b"\x00'", aware, dt.date(2026, 1, 2), ("a", 1),
+                  "it's", dt.datetime(2026, 1, 2, 3, 4, 5)):
         assert connection.escape(value) == pymysql_escape(connection, value)
+
+
+def test_a_caller_encoder_or_no_backslash_escapes_leaves_every_literal_to_pymysql() -> None:
+    quoting = _Unconnected()
+    quoting.server_status = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+    assert quoting.escape("it's \\") == "'it''s \\'"
+
+
+
+def test_a_connection_given_encoders_of_its_own_leaves_literals_to_them(engine: Engine) -> None:
+    url = engine.url
+    quoted = {**converters.conversions, int: lambda value, _mapping=None: f"'{value}'"}
+    connection = literals.Connection(host=url.host, port=url.port or 3306, user=url.username,
+                                     password=url.password or "", database=url.database,
+                                     conv=quoted)
+    try:
+        assert not connection.own_literals
+        assert connection.escape(7) == "'7'"
+    finally:
+        connection.close()
 
 
 def pymysql_escape(connection: literals.Connection, value: object) -> str:
@@ -73,7 +96,8 @@ def engine() -> Iterator[Engine]:
 def test_values_written_in_a_batch_read_back_unchanged(
         engine: Engine, values: list[tuple[str, dt.datetime]]) -> None:
     with engine.begin() as conn, batched.collecting(conn):
-        assert isinstance(conn.connection.dbapi_connection, transaction_ends.Connection)
+        writer = conn.connection.dbapi_connection
+        assert isinstance(writer, transaction_ends.Connection) and writer.own_literals
         batched.send(conn, "DELETE FROM texts")
         batched.send_rows(conn, "INSERT INTO texts (k, v, at) VALUES", "(%s, %s, %s)",
                           [(i, text, at) for i, (text, at) in enumerate(values)])
