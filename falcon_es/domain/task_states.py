@@ -61,15 +61,14 @@ class TaskStates:
     def fold(self, recorded: Any) -> list[Change]:
         """Fold recorded events (``store.RecordedEvent``-like) into staged states."""
         changes: list[Change] = []
-        staged, states, tracked = self._staged, self._states, self._changes
+        staged, tracked = self._staged, self._changes
         for record in recorded:
             event = record.event
             if type(event).__name__ not in TASK_EVENT_TYPES:
                 continue
             task_id = record.stream_id
-            before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
-            after = evolve(before, event, record.recorded_at)
-            staged[task_id] = after
+            before = self._before(task_id)
+            after = staged[task_id] = evolve(before, event, record.recorded_at)
             change = tracked[task_id] = _net(tracked.get(task_id), before, after,
                                              event.folds_abort)
             changes.append(change)
@@ -79,7 +78,7 @@ class TaskStates:
         """``fold`` for an append, whose states between its events nobody reads: each
         task's state is copied at its first event and evolved in place after it
         (``evolve``'s ``in_place``), and only the net ``Change`` is kept."""
-        staged, states, tracked = self._staged, self._states, self._changes
+        staged, tracked = self._staged, self._changes
         own: set[str] = set()  # tasks whose staged state this fold built: nobody holds it
         for record in recorded:
             event = record.event
@@ -93,9 +92,13 @@ class TaskStates:
                     tracked[task_id] = change._replace(folds_abort=True)
                 continue
             own.add(task_id)
-            before = staged.get(task_id) or states.get(task_id) or new_state(task_id)
+            before = self._before(task_id)
             after = staged[task_id] = evolve(before, event, record.recorded_at)
             tracked[task_id] = _net(tracked.get(task_id), before, after, event.folds_abort)
+
+    def _before(self, task_id: str) -> TaskState:
+        """The task's state before the next event folded: staged, committed, or new."""
+        return self.get(task_id) or new_state(task_id)
 
     def changes(self) -> list[Change]:
         """Per task, the net change made by the append in progress."""

@@ -229,11 +229,11 @@ def _row_mark(row: int) -> Callable[[str], str]:
     return lambda name: f"%({name}_{row})s"
 
 
-def _by_id_update_sql(rows: int, names: JobSql) -> tuple[str, tuple[str, ...]]:
+def _by_id_update_sql(rows: int, names: JobSql) -> tuple[str, tuple[int, ...]]:
     """One single-table UPDATE for a few rows, each column's new value chosen by the
     row's id (one row: the value itself), with ``%s`` marks (a batch, ``storage.batched``,
-    is one string with positional marks), and the parameter each mark takes, in order
-    (``<name>_<n>`` for row n). The joined form costs MySQL/MariaDB a derived table to
+    is one string with positional marks), and the value each mark takes, in order, as
+    its index in the rows' values one after another (``_bound_flat``). The joined form costs MySQL/MariaDB a derived table to
     build and each of its SELECTs to plan: several times the update itself for the one
     or few rows of most appends."""
     return _by_id_statement(rows, names.table, tuple(names.columns.items()))
@@ -241,7 +241,7 @@ def _by_id_update_sql(rows: int, names: JobSql) -> tuple[str, tuple[str, ...]]:
 
 @functools.cache
 def _by_id_statement(rows: int, table: str,
-                     columns: tuple[tuple[str, str], ...]) -> tuple[str, tuple[str, ...]]:
+                     columns: tuple[tuple[str, str], ...]) -> tuple[str, tuple[int, ...]]:
     """``_by_id_update_sql``, built once per row count and names (at most
     ``BY_ID_ROWS`` a table): building it cost the client more than sending it. Written
     with named marks, which the CASEs repeat, then made positional."""
@@ -261,7 +261,11 @@ def _by_id_statement(rows: int, table: str,
     ids = ", ".join(f"%(b_id_{n})s" for n in range(rows))
     named = (f"UPDATE {table} SET {', '.join(assignments)} "
              f"WHERE {row_id} IN ({ids}) AND {_not_duplicate_sql(names)}")
-    return _NAMED_MARK.sub("%s", named), tuple(_NAMED_MARK.findall(named))
+    width = len(_JOINED_PARAMS)
+    flat_index = {f"{name}_{n}": n * width + index
+                  for n in range(rows) for index, name in enumerate(_JOINED_PARAMS)}
+    return (_NAMED_MARK.sub("%s", named),
+            tuple(flat_index[mark] for mark in _NAMED_MARK.findall(named)))
 
 
 
@@ -273,11 +277,8 @@ def _write_joined(conn: Connection, job: JobTable, rows: Sequence[tuple[Any, ...
     dialect = conn.dialect
     flat = _bound_flat(rows, _bind_processors(job, dialect))
     if dialect.name in ("mysql", "mariadb") and len(rows) <= BY_ID_ROWS:
-        width = len(_JOINED_PARAMS)
-        keyed = {f"{name}_{n}": flat[n * width + index]
-                 for n in range(len(rows)) for index, name in enumerate(_JOINED_PARAMS)}
         sql, order = _by_id_update_sql(len(rows), job.sql(dialect))
-        return batched.send(conn, sql, [keyed[name] for name in order])
+        return batched.send(conn, sql, [flat[index] for index in order])
     sql = _joined_update_sql(len(rows), dialect.name, job.sql(dialect))
     return batched.send(conn, sql, flat)
 
