@@ -62,11 +62,11 @@ def test_every_task_ends_and_the_report_has_its_figures(server: str | None) -> N
     carried = report["batched_statements_per_task_by_site"]
     if report["backend"] == "sqlite":
         assert "projection JobTableProjection" in sites and not carried
-        assert "storage.store:EventStore.append (commit)" in sites
+        assert "storage.store:EventStore._write (commit)" in sites
     else:
         assert "projection JobTableProjection" in carried and "storage.batched:flush" in sites
-        assert "storage.store:EventStore.append (commit)" in carried
-        assert not {"projection JobTableProjection", "storage.store:EventStore.append (commit)"} & set(sites)
+        assert "storage.store:EventStore._write (commit)" in carried
+        assert not {"projection JobTableProjection", "storage.store:EventStore._write (commit)"} & set(sites)
     assert any(site.startswith("handler intake.") for site in sites)
     # Only MySQL connections are pinged, and only after sitting idle (none does here).
     assert report["pool_pings"] == 0 and report["pool_checkouts"] > 0

@@ -116,6 +116,11 @@ def collecting(conn: Connection) -> Iterator[None]:
             conn.info.pop(_QUEUE, None)
 
 
+def queuing(conn: Connection) -> bool:
+    """Whether writes ``send`` gets on ``conn`` are queued now (``collecting``)."""
+    return _QUEUE in conn.info
+
+
 def send(conn: Connection, sql: str, values: Sequence[Any] = ()) -> int | None:
     """Run ``sql`` with ``values`` (the driver's marks), or queue it while ``collecting``:
     the rows it matched when run at once, None when queued."""

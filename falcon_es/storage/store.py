@@ -40,6 +40,10 @@ class _Probed(Exception):
     """Rolls back the transaction of ``EventStore.refusal``."""
 
 
+class _HeadMissed(Exception):
+    """The head was not where the append expected it: nothing was written."""
+
+
 class ConcurrencyError(RuntimeError):
     """A stream's version differs from the one the writer expected; nothing was written."""
 
@@ -122,6 +126,10 @@ class EventStore:
         self.projections = tuple(projections)
         #: The writer fence term every append is checked against (None: unchecked).
         self.fence = fence
+        #: Where this store's last append left the head (None: unknown, read it).
+        self._known_head: int | None = None
+        #: Whether the server raises on an integer overflow (None: not asked yet).
+        self._overflows: bool | None = None
 
     # ------------------------------------------------------------------ writing
     def append(
@@ -138,11 +146,23 @@ class EventStore:
         if not appends:
             return []
         try:
+            return self._write(appends, extra, at, self._known_head)
+        except _HeadMissed:
+            # The head was not where this store left it (another writer appended, or
+            # took the fence): once more, reading the head, which says which it was.
+            return self._write(appends, extra, at, None)
+
+    def _write(self, appends: Sequence[StreamAppend], extra: Iterable[Any],
+               at: dt.datetime | None, known_head: int | None) -> list[RecordedEvent]:
+        """``append``'s transaction; ``known_head``: where the head is expected (None:
+        read it), see ``_reserve``."""
+        try:
             with self.engine.begin() as conn:
                 # The writes after the head's move go in one query (``batched``), the
                 # COMMIT last: nothing may run on ``conn`` after it.
                 with batched.collecting(conn):
-                    recorded = self._append(conn, appends, self.clock.now() if at is None else at)
+                    recorded = self._append(conn, appends, self.clock.now() if at is None else at,
+                                            known_head)
                     self._project(conn, recorded)
                     for write in extra:
                         write(conn)
@@ -150,9 +170,15 @@ class EventStore:
         except sa.exc.IntegrityError as error:
             self._discard()
             raise self._concurrency_error(appends, error) from error
+        except sa.exc.DBAPIError as error:
+            self._discard()
+            if known_head is not None and _missed_head(error):
+                raise _HeadMissed() from error
+            raise
         except BaseException:
             self._discard()
             raise
+        self._known_head = recorded[-1].seq
         for projection in self.projections:
             projection.committed()
         return recorded
@@ -164,7 +190,8 @@ class EventStore:
         moved meanwhile). Finds which new row a failed append could not take."""
         try:
             with self.engine.begin() as conn, batched.collecting(conn):
-                recorded = self._append(conn, [a for a in appends if a.events], self.clock.now())
+                recorded = self._append(conn, [a for a in appends if a.events],
+                                        self.clock.now(), None)
                 self._project(conn, recorded)
                 batched.flush(conn)
                 raise _Probed()
@@ -212,16 +239,19 @@ class EventStore:
         return ""
 
     def _discard(self) -> None:
+        """Forget what a transaction that did not commit had staged, the head's place
+        with it."""
+        self._known_head = None
         for projection in self.projections:
             projection.discarded()
 
     def _append(self, conn: Connection, appends: Sequence[StreamAppend],
-                now: dt.datetime) -> list[RecordedEvent]:
+                now: dt.datetime, known_head: int | None) -> list[RecordedEvent]:
         stream_ids = [a.stream_id for a in appends]
         if len(set(stream_ids)) != len(stream_ids):
             raise ValueError("each stream may appear once per append")
         count = sum(len(a.events) for a in appends)
-        head = _move_head(conn, count, self.fence) - count
+        head = self._reserve(conn, count, known_head)
         unexpected = [a.stream_id for a in appends if a.expected_version is None]
         current = _stream_versions(conn, unexpected) if unexpected else {}
         sqlite = conn.dialect.name == "sqlite"
@@ -252,6 +282,35 @@ class EventStore:
         batched.send_rows(conn, _INSERT_EVENTS, _EVENT_MARKS_QMARK if sqlite else _EVENT_MARKS,
                           rows)
         return recorded
+
+    def _reserve(self, conn: Connection, count: int, known_head: int | None) -> int:
+        """Reserve ``count`` seqs; the seq before the first. While the writes are
+        queued (``batched``) and the head is expected at ``known_head``, the head's move
+        joins the queue: it needs no answer of its own, since it moves the head only
+        from there (and, fenced, only in this store's term), and otherwise raises an
+        overflow that stops the query before anything else runs (``_MOVE_KNOWN_HEAD``;
+        ``append`` tries again reading the head). Otherwise the move reads the head."""
+        if known_head is None or not batched.queuing(conn) or not self._overflow_raises(conn):
+            return _move_head(conn, count, self.fence) - count
+        if self.fence is None:
+            batched.send(conn, _MOVE_KNOWN_HEAD, (known_head, count))
+        else:
+            batched.send(conn, _MOVE_KNOWN_HEAD_FENCED, (known_head, self.fence.term, count))
+        return known_head
+
+    def _overflow_raises(self, conn: Connection) -> bool:
+        """Whether the server raises on an integer overflow, as MySQL's manual says it
+        does whatever the ``sql_mode``, asked once: were it to clip the value instead, a
+        head move that missed would let the rest of its query write."""
+        if self._overflows is None:
+            try:
+                conn.exec_driver_sql(_OVERFLOW_PROBE, (1,))
+                self._overflows = False
+            except sa.exc.DBAPIError as error:
+                if _error_code(error) != _OUT_OF_RANGE:
+                    raise
+                self._overflows = True
+        return self._overflows
 
     # ------------------------------------------------------------------ reading
     def head(self) -> int:
@@ -361,6 +420,19 @@ _MOVE_HEAD_FORMAT = "UPDATE log_head SET last_seq = LAST_INSERT_ID(last_seq + %s
 #: The same, for a fenced writer: the head moves only while the term is its own.
 _FENCED_SQLITE = " AND fence_term = ?"
 _FENCED_FORMAT = " AND fence_term = %s"
+#: The head's move when the store knows where the head is (MySQL/MariaDB, queued with
+#: the append's writes): from there, and only from there (and in this store's term), or
+#: an integer overflow, which the server raises as an error whatever the ``sql_mode``
+#: (ER_DATA_OUT_OF_RANGE) and which stops the multi-statement query before the INSERT.
+#: The overflowing sum names the head's column, so it is computed only when chosen.
+_MOVE_KNOWN_HEAD_AS = ("UPDATE log_head SET last_seq = IF(last_seq = %s{fenced}, "
+                       "last_seq + %s, 9223372036854775807 + last_seq + 1) WHERE id = 1")
+_MOVE_KNOWN_HEAD = _MOVE_KNOWN_HEAD_AS.format(fenced="")
+_MOVE_KNOWN_HEAD_FENCED = _MOVE_KNOWN_HEAD_AS.format(fenced=" AND fence_term = %s")
+#: MySQL/MariaDB's ER_DATA_OUT_OF_RANGE, and the table its message names.
+_OUT_OF_RANGE, _MISSED_HEAD = 1690, "log_head"
+#: An overflow the server must refuse for ``_MOVE_KNOWN_HEAD`` to be used.
+_OVERFLOW_PROBE = "SELECT 9223372036854775807 + %s"
 _EVENT_COLUMNS = "seq, stream_id, version, type, schema_version, data, meta, recorded_at"
 #: The driver-level INSERT: its head and one row's marks (qmark for sqlite3, an
 #: executemany there; format for PyMySQL, one multi-row INSERT), ``batched.send_rows``.
@@ -397,6 +469,19 @@ def _move_head(conn: Connection, count: int, fence: Fence | None) -> int:
             raise RuntimeError("the log has no head row: the database was not upgraded")
         raise fencing.refusal(conn, fence)
     return int(head)
+
+
+def _missed_head(error: sa.exc.DBAPIError) -> bool:
+    """Whether ``error`` is the overflow of a head move that did not find the head
+    where it was expected (``_MOVE_KNOWN_HEAD``)."""
+    return (_error_code(error) == _OUT_OF_RANGE
+            and _MISSED_HEAD in str(getattr(error.orig, "args", ("",))[-1]))
+
+
+def _error_code(error: sa.exc.DBAPIError) -> int | None:
+    """The server's error number (PyMySQL: the first of the error's arguments)."""
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
 
 
 def _stream_versions(conn: Connection, stream_ids: Sequence[str]) -> dict[str, int]:
