@@ -60,7 +60,6 @@ def test_a_caller_encoder_or_no_backslash_escapes_leaves_every_literal_to_pymysq
     assert quoting.escape("it's \\") == "'it''s \\'"
 
 
-
 def test_a_connection_given_encoders_of_its_own_leaves_literals_to_them(engine: Engine) -> None:
     url = engine.url
     quoted = {**converters.conversions, int: lambda value, _mapping=None: f"'{value}'"}

@@ -214,14 +214,20 @@ def is_transient(error: BaseException) -> bool:
         orig = error
     else:
         return False
-    args = getattr(orig, "args", ())
-    if args and isinstance(args[0], int) and args[0] in TRANSIENT_CODES:
+    if error_code(orig) in TRANSIENT_CODES:
         return True
     if type(orig).__name__ == "InterfaceError":
         return True
     text = str(orig).lower()
     return type(orig).__name__ == "OperationalError" and any(
         words in text for words in _SQLITE_BUSY)
+
+
+def error_code(error: BaseException | None) -> int | None:
+    """The server's error number of a driver error (PyMySQL: its first argument), or
+    None (SQLite's errors, and anything else, carry none)."""
+    args = getattr(error, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
 
 
 def first_line(error: BaseException) -> str:

@@ -307,7 +307,7 @@ class EventStore:
                 conn.exec_driver_sql(_OVERFLOW_PROBE, (1,))
                 self._overflows = False
             except sa.exc.DBAPIError as error:
-                if _error_code(error) != _OUT_OF_RANGE:
+                if db.error_code(error.orig) != _OUT_OF_RANGE:
                     raise
                 self._overflows = True
         return self._overflows
@@ -474,14 +474,7 @@ def _move_head(conn: Connection, count: int, fence: Fence | None) -> int:
 def _missed_head(error: sa.exc.DBAPIError) -> bool:
     """Whether ``error`` is the overflow of a head move that did not find the head
     where it was expected (``_MOVE_KNOWN_HEAD``)."""
-    return (_error_code(error) == _OUT_OF_RANGE
-            and _MISSED_HEAD in str(getattr(error.orig, "args", ("",))[-1]))
-
-
-def _error_code(error: sa.exc.DBAPIError) -> int | None:
-    """The server's error number (PyMySQL: the first of the error's arguments)."""
-    args = getattr(error.orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
+    return db.error_code(error.orig) == _OUT_OF_RANGE and _MISSED_HEAD in str(error.orig)
 
 
 def _stream_versions(conn: Connection, stream_ids: Sequence[str]) -> dict[str, int]:

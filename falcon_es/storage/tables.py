@@ -222,6 +222,10 @@ class JobSql:
     table: str
     columns: Mapping[str, str]
 
+    def __hash__(self) -> int:
+        # The statements written from these names are cached by them.
+        return hash((self.table, tuple(self.columns.items())))
+
 
 class JobTable:
     """The upper layer's job table under the names of a ``JobMapping``.
