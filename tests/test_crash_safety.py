@@ -76,7 +76,7 @@ def lifecycle(db_url: str, plan: CrashPlan, *, chain: bool = False,
             h.step()
             ticks_since_restart += 1
         except Crash:
-            h.restart()
+            h.restart(died=True)
             ticks_since_restart = 0
     raise AssertionError(f"not settled after {MAX_STEPS} steps: {h.statuses()}")
 

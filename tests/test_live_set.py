@@ -20,12 +20,14 @@ from falcon_es.domain.clock import VirtualClock
 from falcon_es.domain.ports import NodePoolSpec
 from falcon_es.config.settings import Settings
 from falcon_es.storage.store import EventStore, Meta, StreamAppend
-from falcon_es.storage.tables import JobTable, last_served, live_streams
+from falcon_es.storage.tables import JobTable, checkpoints, last_served, live_streams
 
 #: The job table under Falcon-ES's own names (what the tests create).
 job = JobTable().table
 from falcon_es.engine.task_manifests import pool_labels
 from falcon_es.domain.tpu import slice_shape
+from falcon_es.engine import live_set
+from falcon_es.app.application import open_app
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 
 Make = Callable[..., Harness]
@@ -353,3 +355,125 @@ def test_another_writers_event_on_a_stream_that_left_memory_is_read_whole_quietl
     finally:
         mine.close()
         other.close()
+
+
+# ------------------------------------------------------------------ who a queue served, lazily
+
+
+def served_rows(engine: sa.engine.Engine) -> list[tuple[str, str, str]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(sa.select(last_served))]
+
+
+def served_through(engine: sa.engine.Engine) -> int | None:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(checkpoints.c.position).where(
+            checkpoints.c.name == live_set.SERVED_CHECKPOINT)).scalar()
+
+
+def pick(store: EventStore, task_id: str, actor: str, *, cluster_id: str = "c-1") -> int:
+    """A task accepted and picked in one append; the seq of its pick."""
+    recorded = store.append([StreamAppend(task_id, 0, (
+        accepted(actor), ev.ClusterChosen(cluster_id, "gke-a", "2x2", "only-candidate", ()),
+        ev.TaskPicked(cluster_id, "2x2", "only-waiting", (), None)), Meta(actor="controller"))])
+    return recorded[-1].seq
+
+
+def test_picks_reach_last_served_lazily_with_the_seq_they_hold_every_pick_through(
+        db_url: str, clock: VirtualClock) -> None:
+    app = open_app(Settings(db_url=db_url), clock)
+    try:
+        # No checkpoint yet: the first pick writes its row and the checkpoint at once.
+        first = pick(app.store, "t1", "user-a")
+        assert served_rows(app.engine) == [("c-1", "2x2", "user-a")]
+        assert served_through(app.engine) == first
+        clock.advance(1)
+        pick(app.store, "t2", "user-b")
+        clock.advance(live_set.LAZY_WRITE_SECONDS - 1)
+        pick(app.store, "t3", "user-c", cluster_id="c-2")
+        assert served_rows(app.engine) == [("c-1", "2x2", "user-a")]  # waiting
+        assert served_through(app.engine) == first
+        clock.advance(1)  # the oldest waiting pick is LAZY_WRITE_SECONDS old now
+        last = pick(app.store, "t4", "user-d", cluster_id="c-3")
+        assert sorted(served_rows(app.engine)) == [
+            ("c-1", "2x2", "user-b"), ("c-2", "2x2", "user-c"), ("c-3", "2x2", "user-d")]
+        assert served_through(app.engine) == last
+    finally:
+        app.close()
+
+
+def test_a_start_reads_the_picks_after_the_checkpoint_that_a_crash_left_unwritten(
+        db_url: str, clock: VirtualClock) -> None:
+    from falcon_es.app.application import load_task_states
+
+    app = open_app(Settings(db_url=db_url), clock)
+    pick(app.store, "t1", "user-a")
+    clock.advance(1)
+    pick(app.store, "t2", "user-b")
+    app.store.append([StreamAppend("t2", 3, (
+        ev.AbortRequested(clock.now(), "Pending/Provisioning"), ev.TaskAborted("Pending")),
+        Meta(actor="user-b"))])
+    assert "t2" not in app.tasks  # it left memory: only the log knows its actor
+    app.engine.dispose()  # the process dies: nothing waiting is written
+    assert served_rows(app.engine) == [("c-1", "2x2", "user-a")]
+
+    again = open_app(Settings(db_url=db_url), clock)
+    try:
+        load_task_states(again)
+        assert again.live.served() == {("c-1", "2x2"): "user-b"}
+        assert again.queue_view.book.last_actor(("c-1", "2x2")) == "user-b"
+        again.close()  # a closing app writes what waits, through the head
+        assert served_rows(again.engine) == [("c-1", "2x2", "user-b")]
+        assert served_through(again.engine) == again.store.head()
+    finally:
+        again.close()
+
+
+def test_while_another_writer_may_append_each_append_writes_its_picks(
+        db_url: str, clock: VirtualClock) -> None:
+    app = open_app(Settings(db_url=db_url), clock, follow_log=True)
+    try:
+        pick(app.store, "t1", "user-a")
+        clock.advance(1)
+        pick(app.store, "t2", "user-b")
+        assert served_rows(app.engine) == [("c-1", "2x2", "user-b")]
+    finally:
+        app.close()
+
+
+def test_a_lost_race_reads_who_was_served_again_and_writes_each_pick_from_then_on(
+        db_url: str, clock: VirtualClock) -> None:
+    app = open_app(Settings(db_url=db_url), clock)
+    other = open_app(Settings(db_url=db_url), clock)
+    try:
+        pick(app.store, "t1", "user-a")
+        clock.advance(1)
+        pick(app.store, "t2", "user-b")  # waits here
+        clock.advance(1)
+        pick(other.store, "t3", "user-c")  # the other writer's, after it in the log
+        app.live.resync([])  # what a lost race to that writer calls
+        assert app.live.served() == {("c-1", "2x2"): "user-c"}
+        clock.advance(1)
+        pick(app.store, "t4", "user-c", cluster_id="c-2")
+        assert sorted(served_rows(app.engine)) == [("c-1", "2x2", "user-c"),
+                                                   ("c-2", "2x2", "user-c")]
+    finally:
+        other.close()
+        app.close()
+
+
+def test_a_long_log_without_picks_moves_the_checkpoint(
+        db_url: str, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_set, "SERVED_TAIL_EVENTS", 5)
+    app = open_app(Settings(db_url=db_url), clock)
+    try:
+        first = pick(app.store, "t1", "user-a")
+        version = 3
+        for _ in range(3):
+            clock.advance(1)
+            recorded = app.store.append([StreamAppend("t1", version, (
+                ev.ReservationInsufficient("r", 0, 1, 1),) * 2, Meta(actor="controller"))])
+            version += 2
+        assert served_through(app.engine) == recorded[-1].seq > first
+    finally:
+        app.close()

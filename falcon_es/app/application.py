@@ -95,7 +95,8 @@ def open_app(settings: Settings, clock: Clock | None = None, *, engine: Engine |
     index = LifecycleIndex(tasks, wake_of=timeouts.wake_of(settings))
     follower = LogFollower(tasks) if follow_log else None
     cluster_cache = ClusterCache(engine)
-    live = LiveSet(tasks, index, create_grace_seconds=settings.lifecycle.create_visibility_grace_seconds)
+    live = LiveSet(tasks, index, create_grace_seconds=settings.lifecycle.create_visibility_grace_seconds,
+                   served_with_each_append=follow_log)
     language = settings.job_table.language
     # Refusals before the task rows: a row refused DuplicateId is never its id's task's.
     projections: list[InlineProjection] = [

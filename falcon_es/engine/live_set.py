@@ -23,7 +23,14 @@ Two facts outlive the tasks they came from, because the rules of the running
 controller read them:
 
 - who each queue served last (its latest ``TaskPicked``): the pick rule makes that
-  actor yield, so the ``last_served`` table keeps one row per queue;
+  actor yield, so the ``last_served`` table keeps one row per queue. Its rows change
+  with nearly every pick and are read only at start, so they are written lazily too,
+  with the rows that wait for their delete, together with the seq through which they
+  hold every pick (the ``last-served`` checkpoint): a starting controller reads the
+  picks the log holds after it (at most about ``LAZY_WRITE_SECONDS`` of log, or
+  ``SERVED_TAIL_EVENTS`` events). While another writer may append (``open_app``'s
+  ``follow_log``), each append writes its picks itself, as its rows would otherwise
+  go after that writer's;
 - when a task asked for its pool: the orphan sweep spares a pool younger than the
   create-visibility grace even when its creator recorded it deleted (GKE may list a
   pool late), so a creator that holds nothing stays in memory (and in the table)
@@ -54,7 +61,7 @@ from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
 from falcon_es.storage import batched, fence as fencing
 from falcon_es.storage.store import EventStore, RecordedEvent
-from falcon_es.storage.tables import last_served, live_streams
+from falcon_es.storage.tables import checkpoints, last_served, live_streams, log_head
 from falcon_es.domain.task import TaskState
 from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.task_intents import task_intents
@@ -136,9 +143,15 @@ class NothingRetired:
 
 
 #: Rows of retired tasks waiting for their delete that make the next append delete
-#: them; and how long the oldest may wait (event clock).
+#: them; and how long the oldest change may wait (event clock), a pick not in
+#: ``last_served`` included.
 RETIRED_ROWS_PER_WRITE = 200
 LAZY_WRITE_SECONDS = 60.0
+#: Events the log may hold past the ``last-served`` checkpoint before an append moves
+#: it (a start reads them): picks are rare while every task runs, events are not.
+SERVED_TAIL_EVENTS = 10_000
+#: The checkpoint (``checkpoints``) through whose seq ``last_served`` holds every pick.
+SERVED_CHECKPOINT = "last-served"
 
 
 @dataclasses.dataclass
@@ -156,7 +169,12 @@ class _Plan:
     at: dt.datetime = dt.datetime.min
     evicted: set[str] = dataclasses.field(default_factory=set)
     lingering: dict[str, dt.datetime | None] = dataclasses.field(default_factory=dict)
+    #: Who each queue served, where this append changed it.
     served: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    #: The ``last_served`` rows this append writes, and the seq it writes as the
+    #: checkpoint they hold every pick through (None: it leaves the checkpoint).
+    served_rows: dict[QueueKey, str] = dataclasses.field(default_factory=dict)
+    served_through: int | None = None
     orphans: dict[str, dict[OrphanKey, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -172,7 +190,7 @@ class LiveSet:
     staged, and evicts only after the others have taken the commit in."""
 
     def __init__(self, tasks: TaskStates, index: LifecycleIndex, *,
-                 create_grace_seconds: float) -> None:
+                 create_grace_seconds: float, served_with_each_append: bool = False) -> None:
         self.tasks = tasks
         self.index = index
         self.grace = dt.timedelta(seconds=create_grace_seconds)
@@ -186,6 +204,16 @@ class LiveSet:
         self._linger_at: dict[str, dt.datetime] = {}
         self._lingering: SortedKeyList = SortedKeyList(key=_linger_moment)
         self._served: dict[QueueKey, str] = {}
+        #: Who each queue served, where ``last_served`` does not say so yet; written
+        #: with each append instead while another writer may append.
+        self._unwritten: dict[QueueKey, str] = {}
+        self._served_with_each_append = served_with_each_append
+        #: The seq through which ``last_served`` holds every pick (None: no checkpoint
+        #: yet: the table's rows are as the appends of older versions wrote them, each
+        #: its own picks).
+        self._served_through: int | None = None
+        #: A pick was committed past the checkpoint (its row written or not).
+        self._uncovered = False
         #: Per orphan stream, its orphans found and not deleted yet (and their version).
         self._orphans: dict[str, dict[OrphanKey, int]] = {}
         self._recalled: set[str] = set()
@@ -205,12 +233,18 @@ class LiveSet:
                                           live_streams.c.fold_from)).all()
             self._served = {(c, t): a for c, t, a in conn.execute(sa.select(
                 last_served.c.cluster_id, last_served.c.topology, last_served.c.actor))}
+            through = conn.execute(_SERVED_THROUGH).scalar()
         tasks = {s: v for s, v in rows if not s.startswith(ORPHAN_STREAM_PREFIX)}
         for batch in store.read_streams(tasks):
             self.tasks.fold(batch)
             self.tasks.committed()
         self._rows = set(tasks)
         self._retiring, self._waiting_since = set(), None
+        self._served_through = None if through is None else int(through)
+        self._unwritten = ({} if self._served_through is None
+                           else self._picks_after(self._served_through))
+        self._served.update(self._unwritten)
+        self._uncovered = bool(self._unwritten)
         self._orphans = {}
         for stream_id, start in rows:
             if stream_id.startswith(ORPHAN_STREAM_PREFIX):
@@ -252,33 +286,48 @@ class LiveSet:
             self._judge(plan, state, handed.get(task_id, ()), now)
         self._plan_served(plan, recorded)
         self._plan_orphans(plan, recorded)
-        self._plan_waiting(plan, now)
+        self._plan_waiting(plan, now, recorded[-1].seq)
         _write(conn, plan, self._orphans)
         self._plan = plan
 
-    def _plan_waiting(self, plan: _Plan, now: dt.datetime) -> None:
-        """Whether this append also deletes the rows that wait (module docstring)."""
+    def _plan_waiting(self, plan: _Plan, now: dt.datetime, head: int) -> None:
+        """Whether this append also writes what waits: the rows of retired tasks and who
+        the queues served, with the checkpoint (module docstring). ``head``: the
+        append's last seq."""
+        if self._served_with_each_append:
+            plan.served_rows = {**self._unwritten, **plan.served}
         retiring = self._retiring | plan.retired
-        if not retiring:
+        picked = self._uncovered or bool(plan.served)
+        through = self._served_through
+        long_tail = through is not None and head - through >= SERVED_TAIL_EVENTS
+        if not (retiring or picked or long_tail):
             return
         since = self._waiting_since or now
         # Retiring rows are rows of the table: none other left, none new, is nothing live.
-        nothing_live = not plan.inserted and len(retiring) >= len(self._rows)
-        if (len(retiring) >= RETIRED_ROWS_PER_WRITE or nothing_live
+        nothing_live = retiring and not plan.inserted and len(retiring) >= len(self._rows)
+        if (len(retiring) >= RETIRED_ROWS_PER_WRITE or nothing_live or long_tail
+                or (picked and through is None)  # no checkpoint yet: the first at once
                 or (now - since).total_seconds() >= LAZY_WRITE_SECONDS):
             plan.deleted |= retiring
+            plan.served_rows = {**self._unwritten, **plan.served}
+            plan.served_through = head
             plan.writes_waiting = True
 
     def write_waiting(self) -> None:
         """Delete the rows that wait, in a transaction of its own (an app that closes);
         not once another controller's term has begun: that one keeps the table then."""
-        plan = _Plan(deleted=set(self._retiring), writes_waiting=True)
-        if not plan.deleted:
+        plan = _Plan(deleted=set(self._retiring), served_rows=dict(self._unwritten),
+                     writes_waiting=True)
+        if not (plan.deleted or self._uncovered):
             return
         store = self._store()
         with store.engine.begin() as conn:
             if store.fence is not None and fencing.current(conn).term != store.fence.term:
                 return
+            # This writer's appends are the log (while another may append, each of them
+            # wrote its picks itself): the rows hold every pick through the head.
+            plan.served_through = conn.execute(sa.select(log_head.c.last_seq)).scalar_one()
+            plan.at = store.clock.now()
             _write(conn, plan, self._orphans)
         self._wrote_waiting(plan)
 
@@ -286,6 +335,9 @@ class LiveSet:
         self._rows -= plan.deleted
         self._retiring -= plan.deleted
         self._waiting_since = None
+        self._unwritten.clear()
+        self._uncovered = False
+        self._served_through = plan.served_through
 
     def committed(self) -> None:
         plan, self._plan = self._plan, None
@@ -300,8 +352,14 @@ class LiveSet:
         self._retiring |= plan.retired
         if plan.writes_waiting:
             self._wrote_waiting(plan)
-        elif plan.retired and self._waiting_since is None:
-            self._waiting_since = plan.at
+        else:
+            if self._served_with_each_append:
+                self._unwritten.clear()
+            else:
+                self._unwritten.update(plan.served)
+            self._uncovered = self._uncovered or bool(plan.served)
+            if (plan.retired or plan.served) and self._waiting_since is None:
+                self._waiting_since = plan.at
         for stream_id, open_now in plan.orphans.items():
             if open_now:
                 self._orphans[stream_id] = open_now
@@ -316,8 +374,17 @@ class LiveSet:
         """States folded from another writer's events (a lost race, the log follower):
         that writer kept the table; here they are only judged, and evicted when they
         hold nothing. Whom that writer served is not known here: the next pick of
-        each queue writes ``last_served`` whatever it was."""
-        self._served.clear()
+        each queue writes ``last_served`` whatever it was. A lost race while the
+        picks were written lazily says another writer appends: who served whom is read
+        again from the picks after the checkpoint, and each append writes its picks
+        from then on (the rows waiting here would go after that writer's)."""
+        if self._served_with_each_append:
+            self._served.clear()
+        else:
+            self._served_with_each_append = True
+            if self._served_through is not None:
+                self._unwritten = self._picks_after(self._served_through)
+                self._served.update(self._unwritten)
         plan = _Plan()
         states = list(states)
         handed: dict[str, set[str]] = {}
@@ -413,6 +480,19 @@ class LiveSet:
             if self._served.get(key) == actor:
                 del plan.served[key]
 
+    def _picks_after(self, position: int) -> dict[QueueKey, str]:
+        """Who each queue served by the picks the log holds after ``position`` (those
+        ``last_served`` may not hold), the tasks folded apart when they left memory."""
+        picks = [(record.stream_id, record.event) for record in
+                 self._store().read_after(position) if isinstance(record.event, ev.TaskPicked)]
+        apart = self.final_states({s for s, _ in picks if self.tasks.get(s) is None})
+        served: dict[QueueKey, str] = {}
+        for stream_id, pick in picks:
+            state = self.tasks.get(stream_id) or apart.get(stream_id)
+            if state is not None:
+                served[(pick.cluster_id, pick.topology)] = state.submission.actor
+        return served
+
     def _plan_orphans(self, plan: _Plan, recorded: Sequence[RecordedEvent]) -> None:
         by_stream: dict[str, list[RecordedEvent]] = {}
         for record in recorded:
@@ -453,6 +533,11 @@ def _open_orphans(open_before: Mapping[OrphanKey, int],
     return open_now
 
 
+#: The seq through which ``last_served`` holds every pick (``SERVED_CHECKPOINT``).
+_SERVED_THROUGH = sa.select(checkpoints.c.position).where(
+    checkpoints.c.name == SERVED_CHECKPOINT)
+
+
 def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[OrphanKey, int]]) -> None:
     """The plan's rows, in as few statements as the dialect allows: most appends
     change nothing here (their streams were live and stay live)."""
@@ -476,9 +561,19 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
                       f"({mark}, {mark})", inserted)
     batched.send_rows(conn, "INSERT INTO last_served (cluster_id, topology, actor) VALUES",
                       f"({mark}, {mark}, {mark})",
-                      [(c, t, a) for (c, t), a in sorted(plan.served.items())],
+                      [(c, t, a) for (c, t), a in sorted(plan.served_rows.items())],
                       "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
                       if sqlite else "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
+    if plan.served_through is not None:
+        # SQLite keeps a timestamp as the text SQLAlchemy's DateTime writes there.
+        at: object = plan.at.isoformat(" ", "microseconds") if sqlite else plan.at
+        batched.send_rows(conn, "INSERT INTO checkpoints (name, position, updated_at) VALUES",
+                          f"({mark}, {mark}, {mark})",
+                          [(SERVED_CHECKPOINT, plan.served_through, at)],
+                          "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
+                          "updated_at = excluded.updated_at" if sqlite else
+                          "ON DUPLICATE KEY UPDATE position = VALUES(position), "
+                          "updated_at = VALUES(updated_at)")
 
 
 class _FromLog:

@@ -290,9 +290,13 @@ class Harness:
     def executor(self) -> EffectExecutor:
         return self.service.executor
 
-    def restart(self) -> None:
-        """A new process: fresh app and controller, same database, same world."""
-        self.app.close()
+    def restart(self, *, died: bool = False) -> None:
+        """A new process: fresh app and controller, same database, same world.
+        ``died``: the old one did not close (what a closing app writes is not written)."""
+        if died:
+            self.app.engine.dispose()
+        else:
+            self.app.close()
         self.app = self._open_app()
         self.rebuild()
         self.restarts += 1
