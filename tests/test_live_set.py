@@ -477,3 +477,32 @@ def test_a_long_log_without_picks_moves_the_checkpoint(
         assert served_through(app.engine) == recorded[-1].seq > first
     finally:
         app.close()
+
+
+def test_picks_a_start_read_from_the_log_are_written_once_they_waited_long_enough(
+        db_url: str, clock: VirtualClock) -> None:
+    from falcon_es.app.application import load_task_states
+
+    app = open_app(Settings(db_url=db_url), clock)
+    pick(app.store, "t1", "user-a")
+    clock.advance(1)
+    pick(app.store, "t2", "user-b")
+    app.engine.dispose()  # the process dies with user-b's pick unwritten
+
+    again = open_app(Settings(db_url=db_url), clock)
+    try:
+        load_task_states(again)
+        version = 3
+        for _ in range(2):  # appends without picks: the read pick waits from the first
+            clock.advance(live_set.LAZY_WRITE_SECONDS / 2)
+            again.store.append([StreamAppend("t1", version, (
+                ev.ReservationInsufficient("r", 0, 1, 1),), Meta(actor="controller"))])
+            version += 1
+        assert served_rows(again.engine) == [("c-1", "2x2", "user-a")]
+        clock.advance(live_set.LAZY_WRITE_SECONDS / 2)
+        last = again.store.append([StreamAppend("t1", version, (
+            ev.ReservationInsufficient("r", 0, 1, 1),), Meta(actor="controller"))])
+        assert served_rows(again.engine) == [("c-1", "2x2", "user-b")]
+        assert served_through(again.engine) == last[-1].seq
+    finally:
+        again.close()

@@ -358,7 +358,8 @@ class LiveSet:
             else:
                 self._unwritten.update(plan.served)
             self._uncovered = self._uncovered or bool(plan.served)
-            if (plan.retired or plan.served) and self._waiting_since is None:
+            # Picks a start read from the log wait too, from the first append after it.
+            if self._waiting_since is None and (self._retiring or self._uncovered):
                 self._waiting_since = plan.at
         for stream_id, open_now in plan.orphans.items():
             if open_now:
@@ -385,6 +386,7 @@ class LiveSet:
             if self._served_through is not None:
                 self._unwritten = self._picks_after(self._served_through)
                 self._served.update(self._unwritten)
+                self._uncovered = self._uncovered or bool(self._unwritten)
         plan = _Plan()
         states = list(states)
         handed: dict[str, set[str]] = {}
