@@ -27,7 +27,7 @@ job = JobTable().table
 from falcon_es.engine.task_manifests import pool_labels
 from falcon_es.domain.tpu import slice_shape
 from falcon_es.engine import live_set
-from falcon_es.app.application import open_app
+from falcon_es.app.application import App, load_task_states, open_app
 from tests.support.harness import Harness, Harnesses, reserved_cluster
 
 Make = Callable[..., Harness]
@@ -379,6 +379,13 @@ def pick(store: EventStore, task_id: str, actor: str, *, cluster_id: str = "c-1"
     return recorded[-1].seq
 
 
+def started(db_url: str, clock: VirtualClock) -> App:
+    """A controller started on the database, its live set folded."""
+    app = open_app(Settings(db_url=db_url), clock)
+    load_task_states(app)
+    return app
+
+
 def test_picks_reach_last_served_lazily_with_the_seq_they_hold_every_pick_through(
         db_url: str, clock: VirtualClock) -> None:
     app = open_app(Settings(db_url=db_url), clock)
@@ -404,8 +411,6 @@ def test_picks_reach_last_served_lazily_with_the_seq_they_hold_every_pick_throug
 
 def test_a_start_reads_the_picks_after_the_checkpoint_that_a_crash_left_unwritten(
         db_url: str, clock: VirtualClock) -> None:
-    from falcon_es.app.application import load_task_states
-
     app = open_app(Settings(db_url=db_url), clock)
     pick(app.store, "t1", "user-a")
     clock.advance(1)
@@ -417,9 +422,8 @@ def test_a_start_reads_the_picks_after_the_checkpoint_that_a_crash_left_unwritte
     app.engine.dispose()  # the process dies: nothing waiting is written
     assert served_rows(app.engine) == [("c-1", "2x2", "user-a")]
 
-    again = open_app(Settings(db_url=db_url), clock)
+    again = started(db_url, clock)
     try:
-        load_task_states(again)
         assert again.live.served() == {("c-1", "2x2"): "user-b"}
         assert again.queue_view.book.last_actor(("c-1", "2x2")) == "user-b"
         again.close()  # a closing app writes what waits, through the head
@@ -481,17 +485,14 @@ def test_a_long_log_without_picks_moves_the_checkpoint(
 
 def test_picks_a_start_read_from_the_log_are_written_once_they_waited_long_enough(
         db_url: str, clock: VirtualClock) -> None:
-    from falcon_es.app.application import load_task_states
-
     app = open_app(Settings(db_url=db_url), clock)
     pick(app.store, "t1", "user-a")
     clock.advance(1)
     pick(app.store, "t2", "user-b")
     app.engine.dispose()  # the process dies with user-b's pick unwritten
 
-    again = open_app(Settings(db_url=db_url), clock)
+    again = started(db_url, clock)
     try:
-        load_task_states(again)
         version = 3
         for _ in range(2):  # appends without picks: the read pick waits from the first
             clock.advance(live_set.LAZY_WRITE_SECONDS / 2)
