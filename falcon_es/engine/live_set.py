@@ -27,8 +27,9 @@ controller read them:
   with nearly every pick and are read only at start, so they are written lazily too,
   with the rows that wait for their delete, together with the seq through which they
   hold every pick (the ``last-served`` checkpoint): a starting controller reads the
-  picks the log holds after it (at most about ``LAZY_WRITE_SECONDS`` of log, or
-  ``SERVED_TAIL_EVENTS`` events). While another writer may append (``open_app``'s
+  picks the log holds after it (an append moves it once a pick waited
+  ``LAZY_WRITE_SECONDS`` or ``SERVED_TAIL_EVENTS`` events passed it, so that tail
+  stays short). While another writer may append (``open_app``'s
   ``follow_log``), each append writes its picks itself, as its rows would otherwise
   go after that writer's;
 - when a task asked for its pool: the orphan sweep spares a pool younger than the
