@@ -315,8 +315,9 @@ class LiveSet:
             plan.writes_waiting = True
 
     def write_waiting(self) -> None:
-        """Delete the rows that wait, in a transaction of its own (an app that closes);
-        not once another controller's term has begun: that one keeps the table then."""
+        """Write what waits (the retired rows' deletes, who the queues served and the
+        checkpoint) in a transaction of its own (an app that closes); not once another
+        controller's term has begun: that one keeps the tables then."""
         plan = _Plan(deleted=set(self._retiring), served_rows=dict(self._unwritten),
                      writes_waiting=True)
         if not (plan.deleted or self._uncovered):

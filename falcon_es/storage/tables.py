@@ -57,7 +57,8 @@ log_head = sa.Table(
     sa.Column("fence_holder", sa.String(FENCE_HOLDER_LENGTH), nullable=True),
 )
 
-#: Position of each asynchronous consumer (outbox publisher, rebuilt views).
+#: Position of each asynchronous consumer (outbox publisher, rebuilt views), and the
+#: seq through which ``last_served`` holds every pick (``engine.live_set``).
 checkpoints = sa.Table(
     "checkpoints", metadata,
     sa.Column("name", sa.String(64), primary_key=True),
@@ -79,7 +80,8 @@ live_streams = sa.Table(
 
 #: Per (cluster, topology) queue, the actor served last (its latest ``TaskPicked``):
 #: the pick rule makes that actor yield, and the task it picked may have left the
-#: live set long ago. Kept in the append's own transaction, like ``live_streams``.
+#: live set long ago. Written lazily, with the deletes of ``live_streams`` rows, up to a
+#: checkpoint: a start reads the picks the log holds after it.
 last_served = sa.Table(
     "last_served", metadata,
     sa.Column("cluster_id", sa.String(36), primary_key=True),
