@@ -476,6 +476,14 @@ def test_bench_store_prints_a_readable_report(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the scratch file beside x.db is removed, x.db never made"
 
 
+def test_bench_store_takes_sqlite_for_a_temporary_file_as_bench_e2e_does(
+        mysql_url: str) -> None:
+    """``--db sqlite`` measures SQLite whatever database the settings name."""
+    report = json.loads(ok(cli(mysql_url, "bench", "store", "--db", "sqlite", "--events", "100",
+                               "--tick", "50", "--json")))
+    assert report["backend"] == "sqlite" and report["events"] == 100
+
+
 def test_bench_store_bad_input() -> None:
     result = cli(None, "bench", "store", "--events", "0")
     assert result.exit_code == EXIT_BAD_INPUT and "Traceback" not in result.output

@@ -11,6 +11,7 @@ import click
 
 from falcon_es.storage import db
 from falcon_es.cli.common import EXIT_DATABASE, EXIT_PROBLEM, Failure, friendly
+from falcon_es.config.db_urls import DEFAULT_URL
 from falcon_es.config.settings import Settings
 
 
@@ -21,10 +22,13 @@ def bench_group() -> None:
 
 def _measured_on(ctx: click.Context, db_url: str | None) -> Settings:
     """The settings with the database kind ``--db`` names (checked before any work
-    starts, so a bad URL is reported at once)."""
+    starts, so a bad URL is reported at once); ``sqlite`` names temporary SQLite files,
+    as it does for ``bench e2e``."""
     settings: Settings = ctx.obj["settings"]
     if not db_url:
         return settings
+    if db_url == "sqlite":
+        return settings.overridden(database={"db_url": DEFAULT_URL})
     db.make_engine(db_url).dispose()
     return settings.overridden(database={"db_url": db_url})
 
@@ -32,8 +36,8 @@ def _measured_on(ctx: click.Context, db_url: str | None) -> Settings:
 @bench_group.command("store")
 @click.option("--db", "db_url", default=None,
               help="Database kind to measure: a scratch database on this MySQL/MariaDB "
-                   "server, or a scratch SQLite file beside this one (default: a temporary "
-                   "SQLite file). The database itself is not touched.")
+                   "server, or a scratch SQLite file beside this one ('sqlite', the "
+                   "default: a temporary SQLite file). The database itself is not touched.")
 @click.option("--events", "count", type=click.IntRange(min=1), default=20_000, show_default=True)
 @click.option("--tick", type=click.IntRange(min=1), default=100, show_default=True,
               help="Events per tick transaction.")
@@ -78,8 +82,8 @@ def bench_scheduler(sizes: str, server: str | None, as_json: bool) -> None:
 @bench_group.command("restart")
 @click.option("--db", "db_url", default=None,
               help="Database kind to measure: scratch databases on this MySQL/MariaDB "
-                   "server, or scratch SQLite files beside this one (default: temporary "
-                   "SQLite files). The database itself is not touched.")
+                   "server, or scratch SQLite files beside this one ('sqlite', the "
+                   "default: temporary SQLite files). The database itself is not touched.")
 @click.option("--history", type=click.IntRange(min=0), default=1_000_000, show_default=True,
               help="Finished tasks in the log before the live ones.")
 @click.option("--live", type=click.IntRange(min=1), default=1000, show_default=True,
