@@ -379,6 +379,16 @@ def pick(store: EventStore, task_id: str, actor: str, *, cluster_id: str = "c-1"
     return recorded[-1].seq
 
 
+def two_picks(db_url: str, clock: VirtualClock) -> App:
+    """A controller that picked t1 (user-a), then a second later t2 (user-b), in one
+    queue: the first pick is in ``last_served``, the second waits."""
+    app = open_app(Settings(db_url=db_url), clock)
+    pick(app.store, "t1", "user-a")
+    clock.advance(1)
+    pick(app.store, "t2", "user-b")
+    return app
+
+
 def started(db_url: str, clock: VirtualClock) -> App:
     """A controller started on the database, its live set folded."""
     app = open_app(Settings(db_url=db_url), clock)
@@ -411,10 +421,7 @@ def test_picks_reach_last_served_lazily_with_the_seq_they_hold_every_pick_throug
 
 def test_a_start_reads_the_picks_after_the_checkpoint_that_a_crash_left_unwritten(
         db_url: str, clock: VirtualClock) -> None:
-    app = open_app(Settings(db_url=db_url), clock)
-    pick(app.store, "t1", "user-a")
-    clock.advance(1)
-    pick(app.store, "t2", "user-b")
+    app = two_picks(db_url, clock)
     app.store.append([StreamAppend("t2", 3, (
         ev.AbortRequested(clock.now(), "Pending/Provisioning"), ev.TaskAborted("Pending")),
         Meta(actor="user-b"))])
@@ -485,10 +492,7 @@ def test_a_long_log_without_picks_moves_the_checkpoint(
 
 def test_picks_a_start_read_from_the_log_are_written_once_they_waited_long_enough(
         db_url: str, clock: VirtualClock) -> None:
-    app = open_app(Settings(db_url=db_url), clock)
-    pick(app.store, "t1", "user-a")
-    clock.advance(1)
-    pick(app.store, "t2", "user-b")
+    app = two_picks(db_url, clock)
     app.engine.dispose()  # the process dies with user-b's pick unwritten
 
     again = started(db_url, clock)

@@ -60,9 +60,9 @@ from falcon_es.domain.intents import ORPHAN_STREAM_PREFIX, PoolDisposition
 from falcon_es.engine.lifecycle_index import LifecycleIndex
 from falcon_es.engine.log_fold import Connect, final_states
 from falcon_es.domain.queue_places import QueueKey
-from falcon_es.storage import batched, fence as fencing
+from falcon_es.storage import batched, checkpoints, fence as fencing
 from falcon_es.storage.store import EventStore, RecordedEvent
-from falcon_es.storage.tables import checkpoints, last_served, live_streams, log_head
+from falcon_es.storage.tables import last_served, live_streams, log_head
 from falcon_es.domain.task import TaskState
 from falcon_es.domain.task_states import TaskStates
 from falcon_es.domain.task_intents import task_intents
@@ -234,14 +234,14 @@ class LiveSet:
                                           live_streams.c.fold_from)).all()
             self._served = {(c, t): a for c, t, a in conn.execute(sa.select(
                 last_served.c.cluster_id, last_served.c.topology, last_served.c.actor))}
-            through = conn.execute(_SERVED_THROUGH).scalar()
+            through = checkpoints.position(conn, SERVED_CHECKPOINT)
         tasks = {s: v for s, v in rows if not s.startswith(ORPHAN_STREAM_PREFIX)}
         for batch in store.read_streams(tasks):
             self.tasks.fold(batch)
             self.tasks.committed()
         self._rows = set(tasks)
         self._retiring, self._waiting_since = set(), None
-        self._served_through = None if through is None else int(through)
+        self._served_through = through
         self._unwritten = ({} if self._served_through is None
                            else self._picks_after(self._served_through))
         self._served.update(self._unwritten)
@@ -295,8 +295,9 @@ class LiveSet:
         """Whether this append also writes what waits: the rows of retired tasks and who
         the queues served, with the checkpoint (module docstring). ``head``: the
         append's last seq."""
+        rows = {**self._unwritten, **plan.served}
         if self._served_with_each_append:
-            plan.served_rows = {**self._unwritten, **plan.served}
+            plan.served_rows = rows
         retiring = self._retiring | plan.retired
         picked = self._uncovered or bool(plan.served)
         through = self._served_through
@@ -310,7 +311,7 @@ class LiveSet:
                 or (picked and through is None)  # no checkpoint yet: the first at once
                 or (now - since).total_seconds() >= LAZY_WRITE_SECONDS):
             plan.deleted |= retiring
-            plan.served_rows = {**self._unwritten, **plan.served}
+            plan.served_rows = rows
             plan.served_through = head
             plan.writes_waiting = True
 
@@ -537,11 +538,6 @@ def _open_orphans(open_before: Mapping[OrphanKey, int],
     return open_now
 
 
-#: The seq through which ``last_served`` holds every pick (``SERVED_CHECKPOINT``).
-_SERVED_THROUGH = sa.select(checkpoints.c.position).where(
-    checkpoints.c.name == SERVED_CHECKPOINT)
-
-
 def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[OrphanKey, int]]) -> None:
     """The plan's rows, in as few statements as the dialect allows: most appends
     change nothing here (their streams were live and stay live)."""
@@ -569,15 +565,7 @@ def _write(conn: Connection, plan: _Plan, orphans_before: Mapping[str, Mapping[O
                       "ON CONFLICT (cluster_id, topology) DO UPDATE SET actor = excluded.actor"
                       if sqlite else "ON DUPLICATE KEY UPDATE actor = VALUES(actor)")
     if plan.served_through is not None:
-        # SQLite keeps a timestamp as the text SQLAlchemy's DateTime writes there.
-        at: object = plan.at.isoformat(" ", "microseconds") if sqlite else plan.at
-        batched.send_rows(conn, "INSERT INTO checkpoints (name, position, updated_at) VALUES",
-                          f"({mark}, {mark}, {mark})",
-                          [(SERVED_CHECKPOINT, plan.served_through, at)],
-                          "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
-                          "updated_at = excluded.updated_at" if sqlite else
-                          "ON DUPLICATE KEY UPDATE position = VALUES(position), "
-                          "updated_at = VALUES(updated_at)")
+        checkpoints.send(conn, SERVED_CHECKPOINT, plan.served_through, plan.at)
 
 
 class _FromLog:
